@@ -1,0 +1,3 @@
+from attnconv.cli import main
+
+raise SystemExit(main())
