@@ -1,0 +1,325 @@
+"""SelfAttention2d: multi-head self-attention over pixels, a drop-in for nn.Conv2d.
+
+Eq. (1)-(3), (7) of the paper, with tokens = pixels (T = H*W):
+
+    SA_h(X)_q = sum_k softmax(A^h_{q,:})_k  X_k W_val^h
+    MHSA(X)   = concat_h SA_h(X) W_out + b_out
+
+Value modes:
+  - "shared" (the paper's models): W_val^h = I, every head averages the whole
+    input, and one Linear(heads * C_in -> C_out) mixes the heads.
+  - "project": a per-head value projection Linear(C_in -> heads * head_dim), then
+    Linear(heads * head_dim -> C_out).
+
+Implementations (`impl`), all computing the same function:
+  - "dense": the plain formulation, softmax over a (T x T) score matrix per head
+    (the baseline every fast path is measured against).
+  - "separable": for encodings whose score is a row term plus a column term, the
+    probabilities factor as P_h = P_h^row (x) P_h^col and are applied as two
+    small matmuls, O(B h H W (H + W) D) instead of O(B h (HW)^2 D); the T x T
+    matrix is never formed.
+  - "sdpa": torch.nn.functional.scaled_dot_product_attention with the positional
+    term as a float bias (content attention's natural fast path).
+  - "auto": separable when the encoding allows it, sdpa for content attention,
+    dense otherwise.
+
+Position-only probabilities do not depend on the input: they are computed once
+per forward and shared by the whole batch. Scores and softmax are computed in
+at least float32 even under autocast (float64 layers stay float64).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnconv.errors import AttnconvError
+from attnconv.positional import ENCODINGS, build_encoding
+
+IMPLS = ("auto", "dense", "separable", "sdpa")
+VALUE_MODES = ("shared", "project")
+
+
+class SelfAttention2d(nn.Module):
+    """Multi-head self-attention on images with relative positional encodings.
+
+    Args:
+        in_channels: C_in.
+        out_channels: C_out (default: C_in).
+        heads: number of heads N_h.
+        encoding: "quadratic" (isotropic Gaussian, learnable centers and widths),
+            "quadratic-diag" (axis-aligned), "quadratic-aniso" (full 2x2 inverse
+            covariance), "learned" (row/column tables, no content), or
+            "learned-content" (q.k plus q.r).
+        impl: "auto", "dense", "separable" or "sdpa" (see the module docstring).
+        value: "shared" (W_val = I, the paper's) or "project" (per-head values of size head_dim).
+        head_dim: per-head value width for value="project" (default ceil(C_out / heads)).
+        key_dim: per-head query/key width for content attention (default C_in, the paper's).
+        pos_dim: width D_p of the "learned" tables (default C_in; the paper uses 400).
+        max_size: largest image side the learned tables cover.
+        attn_dropout: dropout on the attention probabilities (training only).
+        bias: bias of the output projection.
+
+    Shapes: forward (B, C_in, H, W) -> (B, C_out, H, W); `forward_tokens` does the
+    same on channels-last (B, H, W, C_in) -> (B, H, W, C_out) without transposes.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int | None = None,
+        heads: int = 9,
+        encoding: str = "quadratic",
+        impl: str = "auto",
+        value: str = "shared",
+        head_dim: int | None = None,
+        key_dim: int | None = None,
+        pos_dim: int | None = None,
+        max_size: int = 32,
+        attn_dropout: float = 0.0,
+        bias: bool = True,
+    ):
+        super().__init__()
+        out_channels = in_channels if out_channels is None else out_channels
+        for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("heads", heads)):
+            if not isinstance(v, int) or v < 1:
+                raise AttnconvError(f"SelfAttention2d: {name} must be a positive integer, got {v!r}")
+        if encoding not in ENCODINGS:
+            raise AttnconvError(f"unknown encoding {encoding!r}; choose one of: {', '.join(ENCODINGS)}")
+        if value not in VALUE_MODES:
+            raise AttnconvError(f"unknown value mode {value!r}; choose one of: {', '.join(VALUE_MODES)}")
+        if not 0.0 <= attn_dropout < 1.0:
+            raise AttnconvError(f"attn_dropout must be in [0, 1), got {attn_dropout}")
+        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.encoding_name, self.value_mode, self.attn_dropout = encoding, value, attn_dropout
+        self.key_dim = key_dim or in_channels
+        self.encoding = build_encoding(
+            encoding, heads, pos_dim=pos_dim or in_channels, key_dim=self.key_dim, max_size=max_size
+        )
+        if not self.position_only:
+            self.query = nn.Linear(in_channels, heads * self.key_dim)
+            self.key = nn.Linear(in_channels, heads * self.key_dim)
+        if value == "project":
+            self.head_dim = head_dim or math.ceil(out_channels / heads)
+            self.value = nn.Linear(in_channels, heads * self.head_dim)
+        else:
+            if head_dim is not None:
+                raise AttnconvError("head_dim applies to value='project' only (shared values have width in_channels)")
+            self.head_dim = in_channels
+        self.out = nn.Linear(heads * self.head_dim, out_channels, bias=bias)
+        self.impl = impl  # validated by the setter below
+
+    # ----------------------------------------------------------------- config
+    @property
+    def position_only(self) -> bool:
+        return self.encoding_name != "learned-content"
+
+    @property
+    def separable(self) -> bool:
+        return bool(getattr(self.encoding, "separable", False))
+
+    @property
+    def impl(self) -> str:
+        return self._impl
+
+    @impl.setter
+    def impl(self, impl: str) -> None:
+        if impl not in IMPLS:
+            raise AttnconvError(f"unknown impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+        if impl == "separable" and not self.separable:
+            raise AttnconvError(
+                f"impl='separable' needs a separable encoding (quadratic, quadratic-diag, learned); "
+                f"{self.encoding_name!r} is not: use impl='dense' or 'sdpa'"
+            )
+        self._impl = impl
+
+    def resolved_impl(self) -> str:
+        """The path `impl='auto'` takes for this layer."""
+        if self._impl != "auto":
+            return self._impl
+        if not self.position_only:
+            return "sdpa"
+        return "separable" if self.separable else "dense"
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, encoding={self.encoding_name!r}, "
+            f"value={self.value_mode!r}, impl={self._impl!r}, attn_dropout={self.attn_dropout}"
+        )
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise AttnconvError(
+                f"SelfAttention2d expects input (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )
+        y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
+        return y.permute(0, 3, 1, 2)
+
+    def forward_tokens(self, x: Tensor) -> Tensor:
+        """Channels-last forward: (B, H, W, C_in) -> (B, H, W, C_out)."""
+        B, H, W, _ = x.shape
+        impl = self.resolved_impl()
+        v = self._values(x)  # (B, H, W, C_in) shared, or (B, H, W, heads, D)
+        if impl == "separable":
+            out = self._separable(v, H, W)
+        elif impl == "dense":
+            out = self._dense(x, v, H, W)
+        else:
+            out = self._sdpa(x, v, H, W)
+        return self.out(out.reshape(B, H, W, self.heads * self.head_dim))  # (B, H, W, C_out)
+
+    def _values(self, x: Tensor) -> Tensor:
+        if self.value_mode == "shared":
+            return x
+        B, H, W, _ = x.shape
+        return self.value(x).view(B, H, W, self.heads, self.head_dim)
+
+    def _drop(self, p: Tensor, rate: float) -> Tensor:
+        return F.dropout(p, rate, training=True) if self.training and rate > 0 else p
+
+    def _separable(self, v: Tensor, H: int, W: int) -> Tensor:
+        """P_h = P_h^row (x) P_h^col applied as two matmuls: (B, H, W, heads, D) out."""
+        with _fp32():
+            row, col = self.encoding.factors(H, W)  # (heads, H, H), (heads, W, W)
+            row, col = row.softmax(-1), col.softmax(-1)
+        row, col = row.to(v.dtype), col.to(v.dtype)
+        B = v.shape[0]
+        if self.training and self.attn_dropout > 0:
+            # Factorized dropout: each factor drops entries with rate r, 1 - (1 - r)^2 = p, so an
+            # entry of P = P^row (x) P^col survives with probability 1 - p and keeps its expectation
+            # as in the dense path (the masks of one row/column are correlated, unlike dense dropout).
+            r = 1.0 - math.sqrt(1.0 - self.attn_dropout)
+            row = self._drop(row.expand(B, -1, -1, -1), r)  # (B, heads, H, H)
+            col = self._drop(col.expand(B, -1, -1, -1), r)  # (B, heads, W, W)
+            if self.value_mode == "shared":
+                tmp = torch.einsum("bhjl,bild->bhijd", col, v)
+            else:
+                tmp = torch.einsum("bhjl,bilhd->bhijd", col, v)
+            return torch.einsum("bhik,bhkjd->bijhd", row, tmp)
+        if self.value_mode == "shared":
+            tmp = torch.einsum("hjl,bild->hbijd", col, v)  # (heads, B, H, W, C): mix columns
+        else:
+            tmp = torch.einsum("hjl,bilhd->hbijd", col, v)
+        return torch.einsum("hik,hbkjd->bijhd", row, tmp)  # (B, H, W, heads, D): mix rows
+
+    def _dense(self, x: Tensor, v: Tensor, H: int, W: int) -> Tensor:
+        """The plain formulation: (heads, T, T) probabilities times the values."""
+        B, T = x.shape[0], H * W
+        probs = self._probs(x, H, W).to(v.dtype)  # (1 or B, heads, T, T)
+        if self.training and self.attn_dropout > 0:
+            probs = self._drop(probs.expand(B, -1, -1, -1), self.attn_dropout)
+        if self.value_mode == "shared":
+            v = v.reshape(B, 1, T, self.in_channels)  # every head sees the same values
+        else:
+            v = v.reshape(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
+        out = probs @ v  # (B, heads, T, D)
+        return out.transpose(1, 2)
+
+    def _sdpa(self, x: Tensor, v: Tensor, H: int, W: int) -> Tensor:
+        B, T = x.shape[0], H * W
+        if self.value_mode == "shared":
+            v = v.reshape(B, 1, T, self.in_channels).expand(B, self.heads, T, self.in_channels)
+        else:
+            v = v.reshape(B, T, self.heads, self.head_dim).transpose(1, 2)
+        dropout = self.attn_dropout if self.training else 0.0
+        if self.position_only:
+            # No content term: zero-width queries and keys would be rejected, so give SDPA a single
+            # zero channel; q.k = 0 and the positional logits are the whole score.
+            bias = self._position_logits(H, W).to(v.dtype)[None]  # (1, heads, T, T)
+            zeros = v.new_zeros(B, self.heads, T, 1)
+            out = F.scaled_dot_product_attention(zeros, zeros, v, attn_mask=bias, dropout_p=dropout)
+        else:
+            q, k = self._queries_keys(x)
+            with _fp32():
+                bias = self.encoding.position_logits(_wide(q), H, W)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
+        return out.transpose(1, 2)  # (B, T, heads, D)
+
+    # --------------------------------------------------------------- analysis
+    def _queries_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        B, H, W, _ = x.shape
+        q = self.query(x).view(B, H * W, self.heads, self.key_dim).transpose(1, 2)  # (B, heads, T, D_k)
+        k = self.key(x).view(B, H * W, self.heads, self.key_dim).transpose(1, 2)
+        return q, k
+
+    def _position_logits(self, H: int, W: int) -> Tensor:
+        with _fp32():
+            return self.encoding.logits(H, W)  # (heads, T, T), the parameters' dtype
+
+    def _scores(self, x: Tensor | None, H: int, W: int) -> dict[str, Tensor]:
+        """Score terms, float32: 'position' and, for content layers, 'content' and their sum 'combined'."""
+        if self.position_only:
+            pos = self._position_logits(H, W)[None]  # (1, heads, T, T)
+            return {"position": pos, "combined": pos}
+        if x is None:
+            raise AttnconvError("a content-attention layer needs the input x to compute its attention")
+        q, k = self._queries_keys(x)
+        with _fp32():
+            q, k = _wide(q), _wide(k)
+            content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)  # (B, heads, T, T)
+            pos = self.encoding.position_logits(q, H, W)
+        return {"content": content, "position": pos, "combined": content + pos}
+
+    def _probs(self, x: Tensor, H: int, W: int) -> Tensor:
+        with _fp32():
+            return self._scores(x if not self.position_only else None, H, W)["combined"].softmax(-1)
+
+    def attention_scores(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> dict[str, Tensor]:
+        """Pre-softmax score terms (Eq. 6) as (B or 1, heads, T, T) float32 tensors.
+
+        Keys: "combined" always; "position" always; "content" for content layers.
+        x is (B, C_in, H, W); position-only layers accept `size=(H, W)` instead.
+        """
+        x_tokens, H, W = self._analysis_input(x, size)
+        return self._scores(x_tokens, H, W)
+
+    def attention_probs(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> Tensor:
+        """Softmax probabilities (B or 1, heads, T, T), T = H*W, rows = queries (row-major pixels)."""
+        return self.attention_scores(x, size)["combined"].softmax(-1)
+
+    def _analysis_input(self, x: Tensor | None, size) -> tuple[Tensor | None, int, int]:
+        if x is not None:
+            if x.ndim != 4 or x.shape[1] != self.in_channels:
+                raise AttnconvError(f"expected x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+            return x.permute(0, 2, 3, 1), x.shape[2], x.shape[3]
+        if size is None:
+            raise AttnconvError("give the input x, or size=(H, W) for a position-only layer")
+        if not self.position_only:
+            raise AttnconvError("a content-attention layer needs the input x to compute its attention")
+        H, W = size
+        return None, int(H), int(W)
+
+    def value_maps(self) -> tuple[Tensor, Tensor]:
+        """Per-head linear maps (heads, C_out, C_in) and bias (C_out,) (Lemma 1: W_val^h W_out^h).
+
+        For a position-only layer: y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias.
+        """
+        w_out = self.out.weight.view(self.out_channels, self.heads, self.head_dim)  # (C_out, heads, D)
+        bias = self.out.bias if self.out.bias is not None else w_out.new_zeros(self.out_channels)
+        if self.value_mode == "shared":
+            return w_out.permute(1, 0, 2), bias
+        w_val = self.value.weight.view(self.heads, self.head_dim, self.in_channels)  # (heads, D, C_in)
+        maps = torch.einsum("ohd,hdc->hoc", w_out, w_val)
+        b_val = self.value.bias.view(self.heads, self.head_dim)
+        # attention rows sum to one, so the value bias passes through unchanged
+        return maps, bias + torch.einsum("ohd,hd->o", w_out, b_val)
+
+
+def _fp32() -> ExitStack:
+    """Disable autocast so scores and softmax stay in float32 (fp16 softmax overflows to NaN)."""
+    stack = ExitStack()
+    for device in ("cpu", "cuda"):
+        if (device == "cpu" or torch.cuda.is_available()) and torch.is_autocast_enabled(device):
+            stack.enter_context(torch.autocast(device_type=device, enabled=False))
+    return stack
+
+
+def _wide(t: Tensor) -> Tensor:
+    """At least float32 (float64 stays float64)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()

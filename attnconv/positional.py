@@ -1,0 +1,243 @@
+"""Relative positional encodings for attention over an H x W pixel grid.
+
+Tokens are pixels in row-major order: query q = (i, j) has index i * W + j.
+The shift from query q to key k is delta = k - q = (delta_1, delta_2) (row, column).
+
+Position-only encodings (`QuadraticEncoding`, `LearnedRelativeEncoding`) produce,
+per head h, the scores A^h_{q,k} of Eq. (6)'s position-only term:
+
+    logits(H, W) -> (heads, H*W, H*W)
+
+and, when the score is a sum of a row term and a column term (`separable`),
+
+    factors(H, W) -> (row (heads, H, H), col (heads, W, W))
+    logits[h, (i, j), (k, l)] == row[h, i, k] + col[h, j, l]
+
+A softmax over a rectangular grid of exp(f(delta_1) + g(delta_2)) is the outer
+product of a softmax over rows and one over columns, which is what makes the
+separable attention path exact.
+
+`LearnedContentEncoding` is the content-dependent positional term q . r_delta of
+Ramachandran et al. (2019), used with content attention q . k.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from attnconv.errors import AttnconvError
+
+
+def relative_offsets(n: int, device=None, dtype=torch.float32) -> Tensor:
+    """(n, n) tensor with [q, k] = k - q along one axis."""
+    r = torch.arange(n, device=device, dtype=dtype)
+    return r[None, :] - r[:, None]
+
+
+def _outer_sum(row: Tensor, col: Tensor) -> Tensor:
+    """(..., H, H) and (..., W, W) -> (..., H*W, H*W) with [(i,j),(k,l)] = row[i,k] + col[j,l]."""
+    H, W = row.shape[-1], col.shape[-1]
+    full = row[..., :, None, :, None] + col[..., None, :, None, :]  # (..., H, W, H, W)
+    return full.reshape(*row.shape[:-2], H * W, H * W)
+
+
+class QuadraticEncoding(nn.Module):
+    """Quadratic (Gaussian) relative encoding, Lemma 2 and the paper's code.
+
+    Per head h, with learnable center Delta_h (mu) and inverse covariance Sigma_h^-1:
+
+        A^h_{q,k} = -1/2 (delta - Delta_h)^T Sigma_h^-1 (delta - Delta_h)
+
+    which equals v^h . r_delta for the encoding r_delta = (||delta||^2, d1, d2)
+    (isotropic) or (d1, d2, d1^2, d2^2, d1*d2) (full covariance), up to a
+    per-query constant that the softmax ignores.
+
+    kind:
+      - "isotropic": Sigma^-1 = a_h^2 I, i.e. A = -alpha_h ||delta - Delta_h||^2 with alpha_h = a_h^2 / 2.
+        Init (paper): Delta ~ N(0, 2^2), a = 1 + N(0, 0.01^2).  Separable.
+      - "diagonal": Sigma^-1 = diag(a_h1^2, a_h2^2) (axis-aligned ellipses).  Separable.
+      - "full": Sigma^-1 = A_h A_h^T with A_h a free 2x2 matrix, init I + N(0, 0.01^2).  Not separable.
+
+    Centers and widths take no weight decay (`no_weight_decay = True`).
+    """
+
+    no_weight_decay = True
+    KINDS = ("isotropic", "diagonal", "full")
+
+    def __init__(self, heads: int, kind: str = "isotropic", center_std: float = 2.0, width_std: float = 0.01):
+        super().__init__()
+        if kind not in self.KINDS:
+            raise AttnconvError(f"quadratic encoding kind {kind!r}: choose one of {self.KINDS}")
+        self.heads, self.kind = heads, kind
+        self.centers = nn.Parameter(torch.randn(heads, 2) * center_std)  # (heads, 2): (row, col)
+        if kind == "isotropic":
+            self.widths = nn.Parameter(1.0 + torch.randn(heads) * width_std)  # (heads,): a_h
+        elif kind == "diagonal":
+            self.widths = nn.Parameter(1.0 + torch.randn(heads, 2) * width_std)  # (heads, 2)
+        else:
+            self.widths = nn.Parameter(torch.eye(2).repeat(heads, 1, 1) + torch.randn(heads, 2, 2) * width_std)
+
+    @property
+    def separable(self) -> bool:
+        return self.kind != "full"
+
+    def inverse_covariance(self) -> Tensor:
+        """Sigma_h^-1 as (heads, 2, 2)."""
+        if self.kind == "isotropic":
+            return torch.eye(2, device=self.widths.device, dtype=self.widths.dtype) * self.widths[:, None, None] ** 2
+        if self.kind == "diagonal":
+            return torch.diag_embed(self.widths**2)
+        return self.widths @ self.widths.transpose(-1, -2)
+
+    def _axis_precisions(self) -> tuple[Tensor, Tensor]:
+        if self.kind == "isotropic":
+            return self.widths**2, self.widths**2
+        return self.widths[:, 0] ** 2, self.widths[:, 1] ** 2
+
+    def factors(self, H: int, W: int) -> tuple[Tensor, Tensor]:
+        """Row (heads, H, H) and column (heads, W, W) terms: -1/2 s_axis (delta_axis - mu_axis)^2."""
+        if not self.separable:
+            raise AttnconvError("a full-covariance quadratic encoding is not separable; use impl='dense' or 'sdpa'")
+        s1, s2 = self._axis_precisions()
+        d1 = relative_offsets(H, self.centers.device, self.centers.dtype)
+        d2 = relative_offsets(W, self.centers.device, self.centers.dtype)
+        row = -0.5 * s1[:, None, None] * (d1[None] - self.centers[:, 0, None, None]) ** 2
+        col = -0.5 * s2[:, None, None] * (d2[None] - self.centers[:, 1, None, None]) ** 2
+        return row, col
+
+    def logits(self, H: int, W: int) -> Tensor:
+        if self.separable:
+            return _outer_sum(*self.factors(H, W))
+        d1 = relative_offsets(H, self.centers.device, self.centers.dtype)  # (H, H)
+        d2 = relative_offsets(W, self.centers.device, self.centers.dtype)  # (W, W)
+        e1 = d1[None, :, None, :, None] - self.centers[:, 0, None, None, None, None]  # (heads, H, 1, H, 1)
+        e2 = d2[None, None, :, None, :] - self.centers[:, 1, None, None, None, None]  # (heads, 1, W, 1, W)
+        S = self.inverse_covariance()[:, :, :, None, None, None, None]  # (heads, 2, 2, 1, 1, 1, 1)
+        quad = S[:, 0, 0] * e1**2 + 2 * S[:, 0, 1] * e1 * e2 + S[:, 1, 1] * e2**2  # (heads, H, W, H, W)
+        return (-0.5 * quad).reshape(self.heads, H * W, H * W)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, kind={self.kind!r}"
+
+
+class LearnedRelativeEncoding(nn.Module):
+    """Learned relative encoding without content (the paper's "SA learned" model).
+
+    Separate row and column embedding tables with 2S - 1 rows (S = `max_size`,
+    the largest image side) and width D_p; per head a row key u_row^h and column
+    key u_col^h:
+
+        A^h_{q,k} = u_row^h . r_row(delta_1) + u_col^h . r_col(delta_2)
+
+    Separable by construction. Init: N(0, 0.02^2), as BERT's embeddings and Linear layers.
+    """
+
+    def __init__(self, heads: int, dim: int, max_size: int, init_std: float = 0.02):
+        super().__init__()
+        self.heads, self.dim, self.max_size = heads, dim, max_size
+        self.row_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, dim) * init_std)
+        self.col_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, dim) * init_std)
+        self.row_keys = nn.Parameter(torch.randn(heads, dim) * init_std)
+        self.col_keys = nn.Parameter(torch.randn(heads, dim) * init_std)
+
+    separable = True
+
+    def factors(self, H: int, W: int) -> tuple[Tensor, Tensor]:
+        _check_size(H, W, self.max_size)
+        row_scores = self.row_keys @ self.row_embeddings.T  # (heads, 2S-1): score per row shift
+        col_scores = self.col_keys @ self.col_embeddings.T  # (heads, 2S-1)
+        return _gather_shifts(row_scores, H, self.max_size), _gather_shifts(col_scores, W, self.max_size)
+
+    def logits(self, H: int, W: int) -> Tensor:
+        return _outer_sum(*self.factors(H, W))
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, dim={self.dim}, max_size={self.max_size}"
+
+
+class LearnedContentEncoding(nn.Module):
+    """Relative term of content attention (Ramachandran et al. 2019; the paper's "learned + content").
+
+    The query of each head (width D_k) is split in two: its first half is dotted
+    with the row embedding of delta_1, its second half with the column embedding
+    of delta_2. The tables (2S - 1 rows) are shared by the heads.
+
+        A^h_{q,k} = q^h . k^h / sqrt(D_k) + q^h_{:D_k/2} . r_row(delta_1) + q^h_{D_k/2:} . r_col(delta_2)
+
+    This module computes the second and third terms from the queries.
+    """
+
+    position_only = False
+
+    def __init__(self, key_dim: int, max_size: int, init_std: float = 0.02):
+        super().__init__()
+        self.key_dim, self.max_size = key_dim, max_size
+        self.row_dim = key_dim // 2
+        self.row_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, self.row_dim) * init_std)
+        self.col_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, key_dim - self.row_dim) * init_std)
+
+    separable = False
+
+    def position_logits(self, q: Tensor, H: int, W: int) -> Tensor:
+        """q: (B, heads, H*W, D_k) queries -> (B, heads, H*W, H*W) positional scores."""
+        _check_size(H, W, self.max_size)
+        B, heads = q.shape[:2]
+        q = q.reshape(B, heads, H, W, self.key_dim)
+        S = self.max_size
+        row_scores = q[..., : self.row_dim] @ self.row_embeddings.T  # (B, heads, H, W, 2S-1)
+        col_scores = q[..., self.row_dim :] @ self.col_embeddings.T  # (B, heads, H, W, 2S-1)
+        # score of key row k for query row i sits at shift index k - i + S - 1
+        row_idx = (relative_offsets(H, q.device, torch.long) + S - 1)  # (H_q, H_k)
+        col_idx = (relative_offsets(W, q.device, torch.long) + S - 1)  # (W_q, W_k)
+        row = torch.gather(row_scores, -1, row_idx[:, None, :].expand(B, heads, H, W, H))  # (B, h, H, W, H_k)
+        col = torch.gather(col_scores, -1, col_idx[None, :, :].expand(B, heads, H, W, W))  # (B, h, H, W, W_k)
+        full = row[..., :, None] + col[..., None, :]  # (B, h, H, W, H_k, W_k)
+        return full.reshape(B, heads, H * W, H * W)
+
+    def extra_repr(self) -> str:
+        return f"key_dim={self.key_dim}, max_size={self.max_size}"
+
+
+def _check_size(H: int, W: int, max_size: int) -> None:
+    if H > max_size or W > max_size:
+        raise AttnconvError(
+            f"image of {H}x{W} tokens is larger than the learned encoding's max_size={max_size}; "
+            f"build the layer with max_size >= {max(H, W)}"
+        )
+
+
+def _gather_shifts(scores: Tensor, n: int, max_size: int) -> Tensor:
+    """scores (heads, 2S-1) per shift -> (heads, n, n) with [h, q, k] = scores[h, k - q + S - 1]."""
+    idx = relative_offsets(n, scores.device, torch.long) + max_size - 1  # (n, n)
+    return scores[:, idx]
+
+
+ENCODINGS = ("quadratic", "quadratic-diag", "quadratic-aniso", "learned", "learned-content")
+
+
+def build_encoding(name: str, heads: int, *, pos_dim: int, key_dim: int, max_size: int) -> nn.Module:
+    """Encoding by its SelfAttention2d name."""
+    if name == "quadratic":
+        return QuadraticEncoding(heads, "isotropic")
+    if name == "quadratic-diag":
+        return QuadraticEncoding(heads, "diagonal")
+    if name == "quadratic-aniso":
+        return QuadraticEncoding(heads, "full")
+    if name == "learned":
+        return LearnedRelativeEncoding(heads, pos_dim, max_size)
+    if name == "learned-content":
+        return LearnedContentEncoding(key_dim, max_size)
+    raise AttnconvError(f"unknown encoding {name!r}; choose one of: {', '.join(ENCODINGS)}")
+
+
+__all__ = [
+    "ENCODINGS",
+    "LearnedContentEncoding",
+    "LearnedRelativeEncoding",
+    "QuadraticEncoding",
+    "build_encoding",
+    "relative_offsets",
+]
+

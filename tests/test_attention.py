@@ -1,0 +1,259 @@
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from attnconv.attention import SelfAttention2d
+from attnconv.errors import AttnconvError
+from attnconv.positional import ENCODINGS
+
+POSITION_ONLY = ["quadratic", "quadratic-diag", "quadratic-aniso", "learned"]
+
+
+def _impls(layer):
+    return [i for i in ("dense", "separable", "sdpa") if i != "separable" or layer.separable]
+
+
+def _randomize(layer, scale=1.0):
+    """Random parameters, with widths small enough that attention is spread (a harder test)."""
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "widths" in name else scale))
+    return layer
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def reference_mhsa(layer, x):
+    """Eq. (1)-(3), (7) written out head by head, independent of the layer's paths."""
+    B, C, H, W = x.shape
+    tokens = x.permute(0, 2, 3, 1).reshape(B, H * W, C).double()
+    out_w = layer.out.weight.double().view(layer.out_channels, layer.heads, layer.head_dim)
+    y = layer.out.bias.double().expand(B, H * W, -1).clone() if layer.out.bias is not None else 0
+    scores = layer.attention_scores(x.double() if not layer.position_only else None, size=(H, W))["combined"]
+    for h in range(layer.heads):
+        if layer.value_mode == "shared":
+            v = tokens  # W_val^h = I
+        else:
+            wv = layer.value.weight.double().view(layer.heads, layer.head_dim, C)[h]
+            bv = layer.value.bias.double().view(layer.heads, layer.head_dim)[h]
+            v = tokens @ wv.T + bv
+        p = torch.softmax(scores[:, h].double(), dim=-1)  # (B or 1, T, T)
+        y = y + (p @ v) @ out_w[:, h, :].T
+    return y.view(B, H, W, -1).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("value", ["shared", "project"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_every_path_matches_the_equations(encoding, value):
+    layer = _randomize(SelfAttention2d(5, 7, heads=3, encoding=encoding, value=value, max_size=9)).double()
+    x = torch.randn(2, 5, 4, 6, dtype=torch.float64)
+    ref = reference_mhsa(layer, x)
+    for impl in _impls(layer):
+        layer.impl = impl
+        assert _rel(layer(x), ref) < 1e-12, impl
+
+
+# Seeded sweep over random shapes: all paths agree in float32, forward and backward.
+_SWEEP = []
+_g = torch.Generator().manual_seed(1234)
+for _i in range(24):
+    _r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=_g))  # noqa: E731
+    _SWEEP.append(
+        dict(
+            encoding=ENCODINGS[_i % len(ENCODINGS)],
+            value=("shared", "project")[_i % 2],
+            heads=_r(1, 9),
+            cin=_r(1, 12),
+            cout=_r(1, 12),
+            B=_r(1, 3),
+            H=_r(1, 9),
+            W=_r(1, 9),
+        )
+    )
+
+
+@pytest.mark.parametrize("cfg", _SWEEP, ids=lambda c: "{encoding}-{value}-h{heads}-{H}x{W}".format(**c))
+def test_paths_agree_forward_and_backward_float32(cfg):
+    layer = _randomize(
+        SelfAttention2d(cfg["cin"], cfg["cout"], heads=cfg["heads"], encoding=cfg["encoding"], value=cfg["value"], max_size=9)
+    )
+    x = torch.randn(cfg["B"], cfg["cin"], cfg["H"], cfg["W"])
+    upstream = torch.randn(cfg["B"], cfg["cout"], cfg["H"], cfg["W"])
+    results = {}
+    for impl in _impls(layer):
+        layer.impl = impl
+        layer.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        (y * upstream).sum().backward()
+        grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        results[impl] = (y.detach(), xi.grad, grads)
+    y0, gx0, gp0 = results["dense"]
+    # Some gradients are exactly zero in exact arithmetic (key.bias: softmax is invariant to a
+    # per-query shift; a 1-wide axis's factor); float32 paths return rounding noise for them.
+    layer64 = layer.double()
+    layer64.impl = "dense"
+    layer64.zero_grad()
+    (layer64(x.double()) * upstream.double()).sum().backward()
+    zero = {n for n, p in layer64.named_parameters() if p.grad.norm() < 1e-9}
+    scale = max(g.norm() for g in gp0.values())
+    for impl, (y, gx, gp) in results.items():
+        assert _rel(y, y0) <= 1e-5, impl
+        assert _rel(gx, gx0) <= 1e-5, impl
+        for n in zero:
+            assert gp[n].norm() <= 1e-5 * scale, (impl, n)
+        for n in set(gp0) - zero:
+            # Gradients of positional parameters are sums over all (q, k) of softmax-Jacobian terms
+            # that cancel (each row's sums to zero); in float32 they carry about eps * (number of
+            # terms) of rounding relative to their small total (1.7e-5 seen). float64 agreement of
+            # every gradient is checked to 1e-10 in test_paths_agree_in_float64_backward.
+            tol = 1e-4 if n.startswith("encoding.") else 1e-5
+            assert _rel(gp[n], gp0[n]) <= tol, (impl, n)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_paths_agree_in_float64_backward(encoding):
+    layer = _randomize(SelfAttention2d(5, 4, heads=3, encoding=encoding, value="project", max_size=7)).double()
+    x = torch.randn(2, 5, 7, 3, dtype=torch.float64)
+    grads = {}
+    for impl in _impls(layer):
+        layer.impl = impl
+        layer.zero_grad()
+        layer(x).pow(2).sum().backward()
+        grads[impl] = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    for impl, g in grads.items():
+        for n in g:
+            if n != "key.bias":  # exactly zero in exact arithmetic (softmax shift invariance)
+                assert _rel(g[n], grads["dense"][n]) < 1e-10, (impl, n)
+            else:
+                assert g[n].abs().max() < 1e-10
+
+
+def test_state_dict_moves_between_impls():
+    a = SelfAttention2d(4, 6, heads=3, encoding="learned", impl="dense", max_size=8)
+    b = SelfAttention2d(4, 6, heads=3, encoding="learned", impl="separable", max_size=8)
+    assert set(a.state_dict()) == set(b.state_dict())
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 4, 5, 8)
+    assert _rel(b(x), a(x)) < 1e-6
+
+
+def test_drop_in_replacement_for_conv2d():
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+    net[2] = SelfAttention2d(8, 8, heads=4)
+    y = net(torch.randn(2, 3, 10, 6))
+    assert y.shape == (2, 8, 10, 6)
+    y.sum().backward()
+    assert net[2].encoding.centers.grad is not None and net[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("encoding", POSITION_ONLY)
+def test_value_maps_and_probs_reproduce_the_layer(encoding):
+    layer = _randomize(SelfAttention2d(4, 5, heads=3, encoding=encoding, value="project", max_size=6)).double()
+    x = torch.randn(2, 4, 3, 6, dtype=torch.float64)
+    P = layer.attention_probs(size=(3, 6))[0]  # (heads, T, T)
+    maps, bias = layer.value_maps()  # (heads, C_out, C_in), (C_out,)
+    tokens = x.permute(0, 2, 3, 1).reshape(2, 18, 4)
+    y = torch.einsum("hqk,hoc,bkc->bqo", P, maps, tokens) + bias
+    assert _rel(y.view(2, 3, 6, 5).permute(0, 3, 1, 2), layer(x)) < 1e-12
+    assert torch.allclose(P.sum(-1), torch.ones(3, 18, dtype=torch.float64))
+
+
+def test_attention_scores_split_content_and_position_terms():
+    layer = _randomize(SelfAttention2d(4, 4, heads=2, encoding="learned-content", max_size=5))
+    x = torch.randn(3, 4, 5, 4)
+    s = layer.attention_scores(x)
+    assert s["content"].shape == (3, 2, 20, 20)
+    assert torch.allclose(s["combined"], s["content"] + s["position"])
+    with pytest.raises(AttnconvError, match="needs the input"):
+        layer.attention_probs(size=(5, 4))
+
+
+@pytest.mark.parametrize("impl", ["dense", "separable", "sdpa"])
+def test_position_probabilities_are_computed_once_per_forward(impl, monkeypatch):
+    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl=impl)
+    calls = []
+    factors = layer.encoding.factors  # every path (dense logits too) goes through the factors once
+    monkeypatch.setattr(layer.encoding, "factors", lambda *a: calls.append(a) or factors(*a))
+    layer(torch.randn(16, 4, 5, 5))
+    assert len(calls) == 1  # once per forward, not once per sample
+
+
+def test_eval_dropout_is_identity_and_train_dropout_is_unbiased():
+    torch.manual_seed(3)
+    layer = _randomize(SelfAttention2d(3, 3, heads=2, encoding="quadratic", attn_dropout=0.3, impl="separable"))
+    x = torch.randn(1, 3, 4, 4)
+    layer.eval()
+    ref = layer(x)
+    assert torch.equal(ref, layer(x))
+    layer.train()
+    with torch.no_grad():
+        for impl in ("separable", "dense"):
+            layer.impl = impl
+            samples = torch.stack([layer(x) for _ in range(3000)])
+            assert not torch.allclose(samples[0], samples[1])
+            # E[dropout(P)] = P, and the layer is linear in P
+            assert _rel(samples.mean(0), ref) < 0.03, impl
+
+
+def test_bf16_autocast_keeps_scores_in_float32():
+    layer = SelfAttention2d(8, 8, heads=3, encoding="learned-content", max_size=6)
+    x = torch.randn(2, 8, 6, 6)
+    ref = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+        scores = layer.attention_scores(x)["combined"]
+    assert scores.dtype == torch.float32
+    assert torch.isfinite(y).all() and _rel(y.float(), ref) < 5e-2
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(AttnconvError, match="unknown encoding"):
+        SelfAttention2d(4, encoding="gaussian")
+    with pytest.raises(AttnconvError, match="separable"):
+        SelfAttention2d(4, encoding="quadratic-aniso", impl="separable")
+    with pytest.raises(AttnconvError, match="unknown impl"):
+        SelfAttention2d(4, impl="fast")
+    with pytest.raises(AttnconvError, match=r"\(B, 4, H, W\)"):
+        SelfAttention2d(4)(torch.randn(2, 3, 5, 5))
+    with pytest.raises(AttnconvError, match="max_size"):
+        SelfAttention2d(4, encoding="learned", max_size=4)(torch.randn(1, 4, 5, 5))
+    with pytest.raises(AttnconvError, match="positive integer"):
+        SelfAttention2d(0)
+
+
+def test_auto_picks_the_cheap_valid_path():
+    assert SelfAttention2d(4, encoding="quadratic").resolved_impl() == "separable"
+    assert SelfAttention2d(4, encoding="learned").resolved_impl() == "separable"
+    assert SelfAttention2d(4, encoding="quadratic-aniso").resolved_impl() == "dense"
+    assert SelfAttention2d(4, encoding="learned-content").resolved_impl() == "sdpa"
+
+
+def test_separable_path_never_forms_the_token_by_token_matrix(monkeypatch):
+    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl="separable")
+    monkeypatch.setattr(layer.encoding, "logits", lambda *a: pytest.fail("dense logits formed"))
+    H = W = 12
+    seen = []
+
+    def hook(mod, args, out):
+        seen.append(out.numel())
+
+    layer.out.register_forward_hook(hook)
+    layer(torch.randn(1, 4, H, W))
+    assert seen  # ran, without calling logits()
+
+
+def test_quadratic_layer_with_large_alpha_attends_to_its_center():
+    layer = SelfAttention2d(1, 1, heads=1, encoding="quadratic", bias=False).double()
+    with torch.no_grad():
+        layer.encoding.centers.copy_(torch.tensor([[0.0, 1.0]]))
+        layer.encoding.widths.fill_(math.sqrt(2 * 60))
+        layer.out.weight.fill_(1.0)
+    x = torch.randn(1, 1, 4, 5, dtype=torch.float64)
+    y = layer(x)
+    # every query but the last column reads its right neighbour (Lemma 2)
+    assert torch.allclose(y[..., :-1], x[..., 1:], atol=1e-12)

@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from attnconv.errors import AttnconvError
+from attnconv.models import build_model, no_weight_decay
+
+# The exact integers the paper's architectures give (Table 1: 12.1M, 12.1M, 12.3M, 29.5M).
+PAPER_COUNTS = {
+    "sa-quadratic": 12_086_844,
+    "sa-quadratic-aniso": 12_087_006,
+    "sa-learned": 12_278_682,
+    "sa-learned-content": 29_484_282,
+}
+
+
+@pytest.mark.parametrize("name,count", PAPER_COUNTS.items())
+def test_parameter_counts_are_the_papers(name, count):
+    model = build_model(name)
+    assert sum(p.numel() for p in model.parameters()) == count
+    assert round(count / 1e6, 1) == {"sa-quadratic": 12.1, "sa-quadratic-aniso": 12.1, "sa-learned": 12.3,
+                                     "sa-learned-content": 29.5}[name]
+
+
+@pytest.mark.parametrize("name", list(PAPER_COUNTS))
+def test_output_does_not_depend_on_impl(name):
+    small = dict(hidden=16, heads=4, layers=2, intermediate=24, image_size=12, in_channels=1, dropout=0.0, attn_dropout=0.0)
+    torch.manual_seed(0)
+    ref = build_model(name, impl="dense", **small).eval()
+    x = torch.randn(3, 1, 12, 12)
+    y_ref = ref(x)
+    for impl in ("auto", "sdpa", "separable"):
+        try:
+            model = build_model(name, impl=impl, **small).eval()
+        except AttnconvError:
+            assert impl == "separable" and name in ("sa-quadratic-aniso", "sa-learned-content")
+            continue
+        model.load_state_dict(ref.state_dict())
+        assert torch.allclose(model(x), y_ref, rtol=1e-5, atol=1e-5), impl
+
+
+def test_centers_and_widths_take_no_weight_decay():
+    model = build_model("sa-quadratic", hidden=8, heads=2, layers=2, intermediate=8)
+    names = no_weight_decay(model)
+    assert names == {f"layers.{i}.attention.encoding.{p}" for i in range(2) for p in ("centers", "widths")}
+
+
+def test_model_rejects_bad_overrides_and_inputs():
+    with pytest.raises(AttnconvError, match="divisible"):
+        build_model("sa-quadratic", image_size=27)
+    with pytest.raises(AttnconvError, match="unknown model"):
+        build_model("vit")
+    with pytest.raises(AttnconvError, match="sa-quadratic"):
+        build_model("sa-quadratic", colour=True)
+    model = build_model("sa-learned", hidden=8, heads=2, layers=1, intermediate=8)
+    with pytest.raises(AttnconvError, match=r"\(B, 3, H, W\)"):
+        model(torch.randn(1, 1, 32, 32))
+
+
+def test_downsample_is_invertible_space_to_depth():
+    model = build_model("sa-quadratic", hidden=8, heads=2, layers=1, intermediate=8, image_size=8, in_channels=2)
+    x = torch.randn(2, 2, 8, 8)
+    down = model.downsample(x)
+    assert down.shape == (2, 8, 4, 4)
+    assert torch.equal(torch.nn.PixelShuffle(2)(down), x)
