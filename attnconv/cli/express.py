@@ -1,0 +1,260 @@
+"""`attnconv express`: show Theorem 1 at work on one convolution.
+
+Builds a random convolution (or loads `weight`/`bias` from a safetensors file), converts
+it with `conv_to_attention` into one attention head per kernel tap, runs both on the same
+random input, and prints the configuration, the measured error, the error bound, alpha
+and the heads' centers. `--plot` draws each head's attention around a middle pixel (2-D).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
+from attnconv.errors import AttnconvError
+
+_CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _int_list(minimum: int):
+    """argparse type: "3" or "3,5,3" -> [3] / [3, 5, 3], every entry >= minimum."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list, got {text!r}")
+        if min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {text!r}")
+        return values
+
+    return parse
+
+
+def _padding(text: str) -> str | list[int]:
+    if text in ("same", "valid"):
+        return text
+    return _int_list(0)(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "express",
+        help="convert a convolution into an exactly equivalent attention layer (Theorem 1)",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--dim", type=int, choices=(1, 2, 3), default=2, help="spatial dimensions (Conv1d/2d/3d)")
+    p.add_argument("--kernel", type=_int_list(1), default=[3], metavar="K[,K..]", help="kernel size (per axis)")
+    p.add_argument("--in-channels", type=_positive_int, default=4, metavar="C")
+    p.add_argument("--out-channels", type=_positive_int, default=4, metavar="C")
+    p.add_argument("--stride", type=_int_list(1), default=[1], metavar="S[,S..]")
+    p.add_argument(
+        "--padding",
+        type=_padding,
+        default=None,
+        metavar="P[,P..]|same|valid",
+        help="default: dilation*(K-1)//2 per axis (keeps the size at stride 1)",
+    )
+    p.add_argument("--dilation", type=_int_list(1), default=[1], metavar="D[,D..]")
+    p.add_argument("--groups", type=_positive_int, default=1)
+    p.add_argument("--padding-mode", choices=("zeros", "reflect", "replicate", "circular"), default="zeros")
+    p.add_argument("--dtype", choices=tuple(_DTYPES), default="float64")
+    p.add_argument("--alpha", type=_positive_float, default=None, help="softmax width (default: from the dtype)")
+    p.add_argument("--size", type=_int_list(1), default=[12], metavar="N[,N..]", help="input side(s) (default 12)")
+    p.add_argument(
+        "--bias",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random conv: with bias unless --no-bias; weights file: must agree with the file",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weights", type=Path, default=None, metavar="FILE.safetensors", help="load weight (and bias)")
+    p.add_argument("--plot", type=Path, default=None, metavar="heads.png", help="draw each head's attention (2-D)")
+    p.set_defaults(func=run)
+
+
+def _per_axis(name: str, values: list[int], dim: int) -> tuple[int, ...]:
+    if len(values) == 1:
+        return tuple(values) * dim
+    if len(values) != dim:
+        raise AttnconvError(f"--{name} needs 1 or {dim} values for --dim {dim}, got {len(values)}")
+    return tuple(values)
+
+
+def _load_weights(
+    path: Path, weight_shape: tuple[int, ...], bias_flag: bool | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Read `weight` (and optional `bias`) from a safetensors file, checked against the flags."""
+    from safetensors.torch import load_file
+
+    if not path.exists():
+        raise AttnconvError(f"weights file {path} does not exist")
+    if not path.is_file():
+        raise AttnconvError(f"weights file {path} is not a regular file")
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for corrupt headers
+        raise AttnconvError(f"cannot read {path} as a safetensors file ({type(err).__name__}: {err})") from None
+    unknown = sorted(set(tensors) - {"weight", "bias"})
+    if "weight" not in tensors or unknown:
+        raise AttnconvError(
+            f"{path} must hold a tensor 'weight' and optionally 'bias'; found {sorted(tensors) or 'nothing'}"
+        )
+    weight, bias = tensors["weight"], tensors.get("bias")
+    if tuple(weight.shape) != weight_shape:
+        raise AttnconvError(
+            f"'weight' in {path} has shape {tuple(weight.shape)}, but the flags give {weight_shape} "
+            "(out_channels, in_channels/groups, *kernel)"
+        )
+    if bias is not None and tuple(bias.shape) != (weight_shape[0],):
+        raise AttnconvError(f"'bias' in {path} has shape {tuple(bias.shape)}, expected ({weight_shape[0]},)")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and not t.is_floating_point():
+            raise AttnconvError(f"'{name}' in {path} has dtype {t.dtype}; expected floating point")
+    if bias_flag is True and bias is None:
+        raise AttnconvError(f"--bias given but {path} has no 'bias' tensor")
+    if bias_flag is False and bias is not None:
+        raise AttnconvError(f"--no-bias given but {path} has a 'bias' tensor")
+    return weight, bias
+
+
+def _build_conv(args: argparse.Namespace) -> nn.Module:
+    dim = args.dim
+    kernel = _per_axis("kernel", args.kernel, dim)
+    stride = _per_axis("stride", args.stride, dim)
+    dilation = _per_axis("dilation", args.dilation, dim)
+    if args.padding is None:
+        padding: str | tuple[int, ...] = tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))
+    elif isinstance(args.padding, str):
+        padding = args.padding
+    else:
+        padding = _per_axis("padding", args.padding, dim)
+    for name, channels in (("--in-channels", args.in_channels), ("--out-channels", args.out_channels)):
+        if channels % args.groups:
+            raise AttnconvError(f"--groups {args.groups} must divide {name} {channels}")
+    if padding == "same" and max(stride) > 1:
+        raise AttnconvError("--padding same needs --stride 1 (PyTorch rejects 'same' for strided convolutions)")
+    with_bias = args.bias if args.weights is None else True
+    try:
+        conv = _CONVS[dim](
+            args.in_channels,
+            args.out_channels,
+            kernel,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=args.groups,
+            bias=with_bias is not False,
+            padding_mode=args.padding_mode,
+            dtype=_DTYPES[args.dtype],
+        )
+    except (ValueError, RuntimeError) as err:
+        raise AttnconvError(f"invalid convolution: {err}") from None
+    if args.weights is not None:
+        weight, bias = _load_weights(args.weights, tuple(conv.weight.shape), args.bias)
+        conv.weight = nn.Parameter(weight.to(conv.weight.dtype))
+        conv.bias = None if bias is None else nn.Parameter(bias.to(conv.weight.dtype))
+    return conv
+
+
+def _plot_heads(attn: ConvAttention, size: tuple[int, ...], path: Path) -> None:
+    """One panel per head (laid out like the kernel): its attention around the middle query."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out = attn.output_size(size)
+    mid = (out[0] // 2) * out[1] + out[1] // 2  # flat index of the middle output pixel
+    probs = attn.attention_probs(size=size)[0, :, mid].reshape(attn.heads, *size).float().cpu()  # (heads, H, W)
+    qi, qj = attn.query_positions(size)[mid].tolist()
+    reach = int(attn.centers.abs().max()) + 2  # show the window the heads can reach, plus a margin
+    rows = slice(max(qi - reach, 0), min(qi + reach + 1, size[0]))
+    cols = slice(max(qj - reach, 0), min(qj + reach + 1, size[1]))
+    k_rows, k_cols = attn.kernel_size
+    fig = Figure(figsize=(1.6 * k_cols + 0.8, 1.6 * k_rows + 0.6))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(k_rows, k_cols, squeeze=False)
+    centers = attn.centers.tolist()
+    for h, ax in enumerate(axes.flat):
+        ax.imshow(
+            probs[h, rows, cols].numpy(),
+            vmin=0.0,
+            vmax=1.0,
+            cmap="viridis",
+            extent=(cols.start - 0.5, cols.stop - 0.5, rows.stop - 0.5, rows.start - 0.5),
+        )
+        ax.plot([qj], [qi], marker="s", markersize=4, markerfacecolor="none", markeredgecolor="red")
+        ax.set_title(f"head {h}: {tuple(centers[h])}", fontsize=7)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"attention of each head at query {(qi, qj)} (red), alpha={attn.alpha:g}", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.plot is not None and args.dim != 2:
+        raise AttnconvError(f"--plot draws 2-D attention maps only; got --dim {args.dim} (drop --plot or use --dim 2)")
+    torch.manual_seed(args.seed)
+    conv = _build_conv(args)
+    size = _per_axis("size", args.size, args.dim)
+    attn = conv_to_attention(conv, alpha=args.alpha)
+    attn.output_size(size)  # a clear error when the input is too small for this conv
+    x = torch.randn(2, args.in_channels, *size, dtype=conv.weight.dtype)  # (B, C_in, *size)
+    with torch.no_grad(), warnings.catch_warnings():
+        # PyTorch warns that 'same' with an even kernel pads a copy of the input: expected here.
+        warnings.filterwarnings("ignore", message=".*padding='same' with even kernel.*")
+        y_conv, y_attn = conv(x), attn(x)
+    diff = y_attn - y_conv
+    rel = float(diff.norm() / y_conv.norm().clamp_min(torch.finfo(y_conv.dtype).tiny))
+    lam = leakage_bound(attn.alpha, attn.ndim)
+
+    source = f"weights from {args.weights}" if args.weights is not None else f"random weights (seed {args.seed})"
+    print(f"convolution   {conv}  [{source}]")
+    print(f"input         {tuple(x.shape)} {args.dtype} -> output {tuple(y_conv.shape)}")
+    print(f"attention     {attn.heads} heads (one per kernel tap), alpha = {attn.alpha:g}")
+    print(f"relative error ||attn(x) - conv(x)|| / ||conv(x)|| = {rel:.3e}")
+    print(f"max abs error  {float(diff.abs().max()):.3e}")
+    print(
+        f"bound          {attn.error_bound(x):.3e}  (= 2 lambda ||W||_inf,1 max|x|, "
+        f"lambda = leakage_bound(alpha, {attn.ndim}) = {lam:.3e}; rounding comes on top)"
+    )
+    print("head  center (Delta_h)")
+    for h, center in enumerate(attn.centers.tolist()):
+        print(f"{h:4d}  {tuple(center)}")
+    if args.plot is not None:
+        _plot_heads(attn, size, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,722 @@
+"""Convolution <-> attention: the exact construction of Theorem 1 and its reverse.
+
+Forward direction (Theorem 1, via Lemma 1 and Lemma 2): `conv_to_attention` turns an
+`nn.Conv1d/2d/3d` into a `ConvAttention`, a multi-head self-attention layer with one
+head per kernel tap. Head h has the isotropic quadratic positional score of Lemma 2,
+
+    A^h_{q,k} = -alpha * ||(k - q) - Delta_h||^2,      Delta_h = dilation * (tap_h - anchor),
+
+softmax over keys, and value map W_val^h W_out^h = W[:, :, tap_h]^T (Lemma 1, with
+W_val^h = I). As alpha grows each head's softmax becomes a one-hot on the pixel at
+offset Delta_h, so the layer computes the cross-correlation that `nn.ConvNd` computes.
+
+Reverse direction: any position-only attention layer is linear in its input,
+y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias, so `effective_kernel` extracts that
+map in factored form and `conv_likeness` measures how close it is to a small convolution.
+
+Conventions: tokens are pixels in row-major order over the spatial axes (for 2-D,
+q = i * W + j); `size` is always the *input* spatial size (unpadded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnconv.errors import AttnconvError
+
+__all__ = [
+    "ConvAttention",
+    "ConvLikeness",
+    "EffectiveKernel",
+    "conv_likeness",
+    "conv_to_attention",
+    "default_alpha",
+    "effective_kernel",
+    "leakage_bound",
+]
+
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+# Dense probability tensors above this many elements are refused (they would not fit anyway).
+_MAX_DENSE = 2**28
+
+
+# ----------------------------------------------------------------------------------------
+# Softmax leakage: the error of the construction, and the default width alpha
+# ----------------------------------------------------------------------------------------
+
+
+def leakage_bound(alpha: float, ndim: int) -> float:
+    """Upper bound on the attention mass a head of `ConvAttention` puts off its target pixel.
+
+    Derivation. The isotropic score of Lemma 2 is a sum of per-axis terms,
+    -alpha * sum_a (k_a - q_a - Delta_a)^2, so on a box-shaped grid the softmax factorizes
+    into one softmax per axis. Along one axis the target key has score 0 (the maximum)
+    and a key at integer distance d != 0 from it has score -alpha d^2, so the target's
+    per-axis probability is 1 / (1 + S) with
+
+        S <= sum_{d in Z, d != 0} e^{-alpha d^2}
+          <= 2 e^{-alpha} sum_{j >= 0} e^{-3 alpha j}        (d^2 >= 1 + 3 (d - 1) for d >= 1)
+           = 2 e^{-alpha} / (1 - e^{-3 alpha}) =: s(alpha).
+
+    The target's probability in `ndim` dimensions is the product of the per-axis ones,
+    at least (1 + s)^{-ndim}, so the mass on all wrong keys together is at most
+
+        lambda(alpha, ndim) = 1 - (1 + s(alpha))^{-ndim}   (<= ndim * s(alpha) ~ 2 ndim e^{-alpha}).
+
+    `ConvAttention.error_bound` turns this into a bound on the output error.
+    """
+    if not alpha > 0:
+        raise AttnconvError(f"alpha must be positive, got {alpha}")
+    s = 2.0 * math.exp(-alpha) / -math.expm1(-3.0 * alpha)
+    return -math.expm1(-ndim * math.log1p(s))
+
+
+def default_alpha(dtype: torch.dtype, ndim: int) -> float:
+    """The width alpha that `conv_to_attention` uses for `dtype` when none is given.
+
+    Rule: the smallest alpha with 2 * lambda(alpha, ndim) <= eps / 16, where eps is
+    `torch.finfo(dtype).eps` and lambda is `leakage_bound`. By `ConvAttention.error_bound`
+    the attention error is then at most eps / 16 times ||W||_{inf,1} * max|x|, the
+    scale of the output: a sixteenth of one rounding unit, so the construction is as
+    exact as the arithmetic. Since lambda ~ 2 ndim e^{-alpha}, this is about
+    alpha = ln(64 ndim / eps): float64 -> 40.9, float32 -> 20.8, float16 -> 11.8,
+    bfloat16 -> 9.7 (for ndim = 2). A larger alpha is never worse numerically: scores are
+    <= 0 with the maximum at 0, so exp only underflows to 0.
+    """
+    eps = torch.finfo(dtype).eps
+    target = eps / 32.0  # lambda <= eps / 32  <=>  2 lambda <= eps / 16
+    lo, hi = 0.0, 200.0
+    for _ in range(100):  # lambda decreases in alpha: bisect
+        mid = 0.5 * (lo + hi)
+        if mid > 0 and leakage_bound(mid, ndim) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return math.ceil(hi * 100.0) / 100.0
+
+
+# ----------------------------------------------------------------------------------------
+# Padding as indexing
+# ----------------------------------------------------------------------------------------
+
+
+def _source_index(n: int, lo: int, hi: int, mode: str) -> Tensor:
+    """For each position of a padded axis (lo + n + hi,), the input pixel it copies (-1: zero)."""
+    p = torch.arange(-lo, n + hi)  # positions in input coordinates
+    if mode == "zeros":
+        return torch.where((p >= 0) & (p < n), p, torch.full_like(p, -1))
+    if mode == "replicate":
+        return p.clamp(0, n - 1)
+    if mode == "circular":
+        return p.remainder(n)
+    if mode == "reflect":  # mirror about the edge pixels, without repeating them
+        p = p.abs()
+        return torch.where(p > n - 1, 2 * (n - 1) - p, p)
+    raise AssertionError(mode)
+
+
+# ----------------------------------------------------------------------------------------
+# ConvAttention: Theorem 1
+# ----------------------------------------------------------------------------------------
+
+
+class ConvAttention(nn.Module):
+    """Multi-head self-attention that computes exactly an N-d convolution (Theorem 1).
+
+    One head per kernel tap, in row-major tap order (the order of
+    `weight.flatten(2)` of the convolution). Head h:
+
+    - scores (Lemma 2, isotropic quadratic encoding): A^h_{q,k} = -alpha ||k - q - Delta_h||^2
+      with the center Delta_h = dilation * (tap_h - anchor), softmax over the keys;
+    - values (Lemma 1): W_val^h = I and W_out^h = W[:, :, tap_h]^T; `out_weight[h]` holds
+      (W_val^h W_out^h)^T, restricted to each group's channels (block-diagonal for groups).
+
+    The query of output pixel o sits on the padded grid at o * stride + dilation * anchor,
+    where anchor = (kernel_size - 1) // 2 is the tap whose pixel is the query itself, so
+    every head's target key o * stride + dilation * tap exists on the padded grid. For
+    odd kernels the centers are symmetric about 0; even kernels are handled exactly too,
+    with centers -dilation * (K/2 - 1) ... dilation * K/2.
+
+    Borders: attention has no "outside", so the input is placed in a padded grid (zero
+    tokens for padding_mode="zeros", copied pixels for reflect/replicate/circular), the
+    heads attend over that grid, and only the strided queries are computed.
+
+    Fast path: the per-head probability over the box-shaped padded grid factorizes into
+    per-axis softmaxes, P_h = P^(1)_{h_1} (x) ... (x) P^(n)_{h_n} (h_a the head's tap along
+    axis a), and it is applied as one small matmul per axis. No T x T matrix is formed and
+    no convolution op is called. The probabilities depend only on positions, so they are
+    computed once per forward and shared by the whole batch.
+
+    `alpha` is a plain float (not a parameter or buffer, so not in the state dict either):
+    `.to(dtype)` converts the value maps and leaves alpha as chosen. A float64 alpha (~41)
+    stays more than sharp enough in lower precisions; going *up* in precision keeps a
+    float32 alpha (~21) and its leakage (~1e-9 relative), so set
+    `module.alpha = default_alpha(torch.float64, module.ndim)` after such a cast.
+
+    Build it with `conv_to_attention(conv)`; the constructor takes normalized arguments
+    (tuples; `padding` as per-axis (low, high) pairs) and initializes like `nn.ConvNd`.
+    """
+
+    position_only = True
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Sequence[int],
+        *,
+        stride: Sequence[int],
+        padding: Sequence[tuple[int, int]],
+        dilation: Sequence[int],
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        alpha: float,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        ndim = len(kernel_size)
+        if not (len(stride) == len(padding) == len(dilation) == ndim):
+            raise AttnconvError("kernel_size, stride, padding and dilation need one entry per axis")
+        if padding_mode not in _PADDING_MODES:
+            raise AttnconvError(f"padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
+        if in_channels % groups or out_channels % groups:
+            raise AttnconvError(
+                f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}"
+            )
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = tuple(int(k) for k in kernel_size)
+        self.stride = tuple(int(s) for s in stride)
+        self.dilation = tuple(int(d) for d in dilation)
+        self.padding = tuple((int(lo), int(hi)) for lo, hi in padding)
+        self.padding_mode = padding_mode
+        self.ndim = ndim
+        self.heads = math.prod(self.kernel_size)
+        if not (math.isfinite(alpha) and alpha > 0):
+            raise AttnconvError(f"alpha must be positive and finite, got {alpha}")
+        self.alpha = float(alpha)
+        self.anchor = tuple((k - 1) // 2 for k in self.kernel_size)
+
+        factory = {"device": device, "dtype": dtype}
+        # out_weight[h] = (W_val^h W_out^h)^T per group: (heads, C_out, C_in // groups)
+        self.out_weight = nn.Parameter(torch.empty(self.heads, out_channels, in_channels // groups, **factory))
+        self.register_parameter("out_bias", nn.Parameter(torch.empty(out_channels, **factory)) if bias else None)
+        bound = 1.0 / math.sqrt(self.heads * in_channels // groups)  # nn.ConvNd's default init
+        nn.init.uniform_(self.out_weight, -bound, bound)
+        if self.out_bias is not None:
+            nn.init.uniform_(self.out_bias, -bound, bound)
+
+    # -- geometry ------------------------------------------------------------------------
+
+    def axis_offsets(self, axis: int) -> Tensor:
+        """Center coordinates along `axis` of the K_a head families: dilation * (tap - anchor)."""
+        k, d, c = self.kernel_size[axis], self.dilation[axis], self.anchor[axis]
+        return d * (torch.arange(k) - c)  # (K_a,)
+
+    @property
+    def centers(self) -> Tensor:
+        """The heads' centers Delta_h (Lemma 2), (heads, ndim) int64, row-major tap order."""
+        grids = torch.meshgrid(*[self.axis_offsets(a) for a in range(self.ndim)], indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], dim=-1)
+
+    def output_size(self, size: Sequence[int]) -> tuple[int, ...]:
+        """Output spatial size for an input of spatial `size`; AttnconvError where the conv fails."""
+        size = tuple(int(s) for s in size)
+        if len(size) != self.ndim:
+            raise AttnconvError(f"expected a {self.ndim}-d spatial size, got {size}")
+        out = []
+        for a, n in enumerate(size):
+            lo, hi = self.padding[a]
+            reach = self.dilation[a] * (self.kernel_size[a] - 1) + 1
+            if n < 1:
+                raise AttnconvError(f"input size must be positive on every axis, got {size}")
+            if self.padding_mode == "reflect" and max(lo, hi) >= n:
+                raise AttnconvError(
+                    f"reflect padding {max(lo, hi)} needs an input side larger than the padding "
+                    f"on axis {a}, got {n}; use a larger input or another padding_mode"
+                )
+            if self.padding_mode == "circular" and max(lo, hi) > n:
+                raise AttnconvError(
+                    f"circular padding {max(lo, hi)} wraps more than once on axis {a} of size {n}; "
+                    "use a larger input or another padding_mode"
+                )
+            if n + lo + hi < reach:
+                raise AttnconvError(
+                    f"input side {n} on axis {a} is too small: padded to {n + lo + hi} pixels, "
+                    f"but the kernel reaches {reach}; use a larger input or more padding"
+                )
+            out.append((n + lo + hi - reach) // self.stride[a] + 1)
+        return tuple(out)
+
+    def query_positions(self, size: Sequence[int]) -> Tensor:
+        """Input-frame position of every output pixel's query: (T_out, ndim) int64.
+
+        Output pixel o along axis a attends around input position
+        o * stride + dilation * anchor - padding_low; head h's target is that plus Delta_h.
+        """
+        out = self.output_size(size)
+        axes = [
+            torch.arange(n) * self.stride[a] + self.dilation[a] * self.anchor[a] - self.padding[a][0]
+            for a, n in enumerate(out)
+        ]
+        grids = torch.meshgrid(*axes, indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], dim=-1)
+
+    # -- attention probabilities -----------------------------------------------------------
+
+    def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
+        """Per-axis softmax factors over the padded grid (Lemma 2 scores, split by axis).
+
+        Returns one tensor per axis a of shape (K_a, n_a, P_a): the probability that the
+        query of output index o attends to padded position i, for the heads whose tap
+        along axis a is t. Head h = (t_1, ..., t_n) has P_h = (x)_a factors[a][t_a].
+        """
+        out = self.output_size(size)
+        dtype = self.out_weight.dtype
+        work = torch.promote_types(dtype, torch.float32)  # softmax of half types in float32
+        device = self.out_weight.device
+        factors = []
+        for a, n in enumerate(size):
+            lo, hi = self.padding[a]
+            q = torch.arange(out[a], device=device) * self.stride[a] + self.dilation[a] * self.anchor[a]  # (n_a,)
+            k = torch.arange(n + lo + hi, device=device)  # (P_a,) padded positions
+            delta = self.axis_offsets(a).to(device)  # (K_a,)
+            diff = (k[None, None, :] - q[None, :, None] - delta[:, None, None]).to(work)  # (K_a, n_a, P_a)
+            factors.append(torch.softmax(-self.alpha * diff.square(), dim=-1).to(dtype))
+        return factors
+
+    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None) -> Tensor:
+        """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
+
+        `size` is the input spatial size (or pass an input tensor `x`, or the size as the
+        first argument). The padded grid is folded back onto the input pixels: a zero
+        padding key drops out, a reflect/replicate/circular padding key adds its probability
+        to the input pixel it copies. Hence the layer is exactly
+        y[q] = sum_h sum_k P[0, h, q, k] value_maps()[0][h] @ x[k] + bias.
+        Memory is heads * T_out * T_in: for analysis; forward never builds it.
+        """
+        if size is None:
+            if isinstance(x, Tensor):
+                size = x.shape[-self.ndim :]
+            elif x is not None:
+                size = x
+            else:
+                raise AttnconvError("attention_probs needs the input size (or an input tensor)")
+        size = tuple(int(s) for s in size)
+        out = self.output_size(size)
+        if self.heads * math.prod(out) * math.prod(size) > _MAX_DENSE:
+            raise AttnconvError(
+                f"dense probabilities for input size {size} would have "
+                f"{self.heads * math.prod(out) * math.prod(size)} entries; use axis_probs(size)"
+            )
+        dense = None
+        for a, factor in enumerate(self.axis_probs(size)):  # factor: (K_a, n_a, P_a)
+            src = _source_index(size[a], *self.padding[a], self.padding_mode).to(factor.device)  # (P_a,)
+            keep = src >= 0
+            folded = factor.new_zeros(factor.shape[0], factor.shape[1], size[a])  # (K_a, n_a, S_a)
+            folded.index_add_(2, src[keep], factor[:, :, keep])
+            if dense is None:
+                dense = folded
+            else:  # Kronecker product over axes; heads and tokens stay row-major
+                h, tq, tk = dense.shape
+                dense = torch.einsum("hqk,top->htqokp", dense, folded)
+                dense = dense.reshape(h * folded.shape[0], tq * folded.shape[1], tk * folded.shape[2])
+        return dense.unsqueeze(0)
+
+    # -- values ----------------------------------------------------------------------------
+
+    def value_maps(self) -> tuple[Tensor, Tensor]:
+        """Lemma 1's W_val^h W_out^h per head, as maps on column vectors.
+
+        Returns (maps (heads, C_out, C_in), bias (C_out,)); maps[h] = W[:, :, tap_h] of the
+        convolution, zero outside each group's diagonal block; bias is zeros when absent.
+        """
+        g, o, i = self.groups, self.out_channels // self.groups, self.in_channels // self.groups
+        maps = self.out_weight.new_zeros(self.heads, self.out_channels, self.in_channels)
+        for j in range(g):
+            maps[:, j * o : (j + 1) * o, j * i : (j + 1) * i] = self.out_weight[:, j * o : (j + 1) * o]
+        bias = self.out_bias if self.out_bias is not None else self.out_weight.new_zeros(self.out_channels)
+        return maps, bias
+
+    def error_bound(self, x: Tensor) -> float:
+        """Bound on max |self(x) - conv(x)| over all outputs (absolute, elementwise).
+
+        With lambda = leakage_bound(alpha, ndim), each head's probability row differs from
+        the one-hot on its target by at most 2 lambda in l1 norm (the target loses at most
+        lambda, the other keys gain it), and every padded token is a zero or a copy of
+        some x entry, so
+
+            |y_attn - y_conv|[o, q] <= sum_{c, h} |W[o, c, tap_h]| * 2 lambda * max|x|
+                                   <= 2 lambda * ||W||_{inf,1} * max|x|,
+
+        with ||W||_{inf,1} the largest absolute row sum of the weight over (C_in, taps).
+        The bias cancels. Rounding error of the arithmetic comes on top.
+        """
+        row_sums = self.out_weight.detach().abs().sum(dim=(0, 2))  # (C_out,)
+        w_norm = float(row_sums.max()) if row_sums.numel() else 0.0
+        return 2.0 * leakage_bound(self.alpha, self.ndim) * w_norm * float(x.detach().abs().max())
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def _pad(self, x: Tensor) -> Tensor:
+        """Place x (B, C, *S) on the padded grid (B, C, *P); padding tokens per padding_mode."""
+        pad = [p for lo_hi in reversed(self.padding) for p in lo_hi]  # F.pad order: last axis first
+        if not any(pad):
+            return x
+        if self.padding_mode == "zeros":
+            return F.pad(x, pad)
+        return F.pad(x, pad, mode=self.padding_mode)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C_in, *S) -> (B, C_out, *S_out), equal to the source convolution (Theorem 1)."""
+        unbatched = x.dim() == self.ndim + 1
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.dim() != self.ndim + 2 or x.shape[1] != self.in_channels:
+            raise AttnconvError(
+                f"expected input (B, {self.in_channels}, <{self.ndim} spatial sizes>), got {tuple(x.shape)}"
+            )
+        size = tuple(x.shape[2:])
+        out = self.output_size(size)
+        z = self._pad(x)  # (B, C_in, P_1, ..., P_n)
+        # Attend along one axis at a time; each step consumes the leading spatial axis and
+        # appends (n_a, K_a): the queries' outputs and the head family along that axis.
+        for factor in self.axis_probs(size):  # (K_a, n_a, P_a)
+            z = torch.einsum("bci...,toi->bc...ot", z, factor)
+        # z: (B, C_in, n_1, K_1, ..., n_n, K_n): head h = (t_1..t_n) averaged tokens, per query
+        b, g = x.shape[0], self.groups
+        c_in, c_out = self.in_channels // g, self.out_channels // g
+        z = z.reshape(b, g, c_in, *z.shape[2:])
+        # W_out per group: (g, C_out/g, C_in/g, K_1, ..., K_n)
+        w = self.out_weight.permute(1, 2, 0).reshape(g, c_out, c_in, *self.kernel_size)
+        n_letters, t_letters = "ijklmn"[: self.ndim], "uvwxyz"[: self.ndim]
+        z_idx = "".join(nl + tl for nl, tl in zip(n_letters, t_letters))
+        y = torch.einsum(f"bgc{z_idx},goc{t_letters}->bgo{n_letters}", z, w)
+        y = y.reshape(b, self.out_channels, *out)
+        if self.out_bias is not None:
+            y = y + self.out_bias.view(-1, *([1] * self.ndim))
+        return y.squeeze(0) if unbatched else y
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+            f"bias={self.out_bias is not None}, padding_mode={self.padding_mode!r}, alpha={self.alpha:g}"
+        )
+
+
+def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Per-axis (low, high) padding of a conv, as nn.ConvNd applies it (incl. 'same'/'valid')."""
+    if conv.padding == "valid":
+        return tuple((0, 0) for _ in conv.kernel_size)
+    if conv.padding == "same":  # total dilation*(K-1); the odd pixel goes to the high side
+        totals = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size)]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    return tuple((int(p), int(p)) for p in conv.padding)
+
+
+def conv_to_attention(conv: nn.Module, *, alpha: float | None = None) -> ConvAttention:
+    """Build the attention layer of Theorem 1 that computes `conv` exactly.
+
+    `conv` is an `nn.Conv1d`, `nn.Conv2d` or `nn.Conv3d` with any kernel size, stride,
+    padding (int, tuple, 'same', 'valid'), dilation, groups, bias and padding_mode. The
+    result has one head per kernel tap (Lemma 2 centers, Lemma 1 value maps), lives on
+    the conv's device and dtype, and its output equals conv(x) up to the bound of
+    `ConvAttention.error_bound`. `alpha` defaults to `default_alpha(dtype, ndim)`.
+    """
+    if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")
+    if isinstance(conv.weight, nn.parameter.UninitializedParameter):
+        raise AttnconvError("the convolution is lazy and uninitialized; run it once on an input first")
+    weight = conv.weight.detach()  # (C_out, C_in / groups, *K)
+    if not weight.is_floating_point():
+        raise AttnconvError(f"conv weights must be floating point, got {weight.dtype}")
+    ndim = weight.dim() - 2
+    layer = ConvAttention(
+        conv.in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=_conv_padding(conv),
+        dilation=conv.dilation,
+        groups=conv.groups,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        alpha=default_alpha(weight.dtype, ndim) if alpha is None else alpha,
+        device=weight.device,
+        dtype=weight.dtype,
+    )
+    with torch.no_grad():
+        layer.out_weight.copy_(weight.flatten(2).permute(2, 0, 1))  # (heads, C_out, C_in / groups)
+        if conv.bias is not None:
+            layer.out_bias.copy_(conv.bias.detach())
+    return layer
+
+
+# ----------------------------------------------------------------------------------------
+# Reverse direction: the effective kernel of a position-only attention layer
+# ----------------------------------------------------------------------------------------
+
+
+def _as_size(size: Sequence[Any]) -> tuple[int, ...]:
+    """effective_kernel(layer, 8, 8) and effective_kernel(layer, (8, 8)) both mean (8, 8)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    size = tuple(int(s) for s in size)
+    if not size or min(size) < 1:
+        raise AttnconvError(f"size must be one or more positive integers, got {size}")
+    return size
+
+
+def _grid(size: Sequence[int]) -> Tensor:
+    """Row-major coordinates of every pixel of a grid: (prod(size), ndim) int64."""
+    grids = torch.meshgrid(*[torch.arange(n) for n in size], indexing="ij")
+    return torch.stack([g.reshape(-1) for g in grids], dim=-1)
+
+
+@dataclass
+class EffectiveKernel:
+    """A position-only attention layer as a linear map, kept factored.
+
+    y[q] = sum_h sum_k probs[h, q, k] maps[h] @ x[k] + bias, i.e. the kernel output
+    pixel q applies to input pixel k is K_q(k) = sum_h probs[h, q, k] maps[h]. Away from
+    the borders, where probs[h, q, q + delta] does not depend on q, this is the convolution
+    kernel K_eff(delta) = sum_h P_h(delta) W_val^h W_out^h. The (T_out, T_in, C_out, C_in)
+    tensor is only built by `dense()`.
+    """
+
+    probs: Tensor  # (heads, T_out, T_in)
+    maps: Tensor  # (heads, C_out, C_in)
+    bias: Tensor  # (C_out,)
+    in_size: tuple[int, ...]
+    out_size: tuple[int, ...]
+    query_pos: Tensor  # (T_out, ndim) int64: input-frame position each output pixel attends from
+    centers: Tensor | None = None  # (heads, ndim): the layer's own head centers (layer.centers or
+    # layer.encoding.centers), when it has them
+
+    def _query(self, query: int | Sequence[int]) -> int:
+        if isinstance(query, int):
+            t_out = math.prod(self.out_size)
+            if not -t_out <= query < t_out:
+                raise AttnconvError(f"query index {query} out of range for {t_out} output pixels")
+            return query % t_out
+        query = tuple(int(i) for i in query)
+        if len(query) != len(self.out_size) or any(not 0 <= i < n for i, n in zip(query, self.out_size)):
+            raise AttnconvError(f"query {query} is not a pixel of the output grid {self.out_size}")
+        flat = 0
+        for i, n in zip(query, self.out_size):
+            flat = flat * n + i
+        return flat
+
+    def at(self, query: int | Sequence[int]) -> Tensor:
+        """The kernel output pixel `query` (flat index or coordinates) applies: (C_out, C_in, *in_size)."""
+        q = self._query(query)
+        kernel = torch.einsum("hk,hoc->ock", self.probs[:, q], self.maps)  # (C_out, C_in, T_in)
+        return kernel.reshape(*kernel.shape[:2], *self.in_size)
+
+    def dense(self) -> Tensor:
+        """The full map (T_out, T_in, C_out, C_in); refused when it has more than 2^28 entries."""
+        numel = self.probs.shape[1] * self.probs.shape[2] * self.maps.shape[1] * self.maps.shape[2]
+        if numel > _MAX_DENSE:
+            raise AttnconvError(f"the dense kernel would have {numel} entries; use .at(query) instead")
+        return torch.einsum("hqk,hoc->qkoc", self.probs, self.maps)
+
+    def apply(self, x: Tensor) -> Tensor:
+        """Evaluate the factored map on x (B, C_in, *in_size) -> (B, C_out, *out_size)."""
+        b = x.shape[0]
+        z = torch.einsum("hqk,bck->bhcq", self.probs, x.reshape(b, x.shape[1], -1))  # (B, heads, C_in, T_out)
+        y = torch.einsum("hoc,bhcq->boq", self.maps, z) + self.bias[:, None]  # (B, C_out, T_out)
+        return y.reshape(b, -1, *self.out_size)
+
+
+def effective_kernel(layer: nn.Module, *size: int | Sequence[int]) -> EffectiveKernel:
+    """Extract the linear map of a position-only attention layer at input size `size`.
+
+    `layer` needs `attention_probs(size=...) -> (1, heads, T_out, T_in)` and
+    `value_maps() -> (maps (heads, C_out, C_in), bias (C_out,))` (`ConvAttention`,
+    `SelfAttention2d` with a position-only encoding). Content-dependent layers
+    (`position_only = False`) have no input-independent kernel and are refused.
+    Call as `effective_kernel(layer, H, W)` or `effective_kernel(layer, (H, W))`.
+    """
+    size = _as_size(size)
+    if not getattr(layer, "position_only", True):
+        raise AttnconvError(
+            f"{type(layer).__name__} uses content attention, so its kernel depends on the input; "
+            "effective_kernel needs a position-only layer"
+        )
+    if not (hasattr(layer, "attention_probs") and hasattr(layer, "value_maps")):
+        raise AttnconvError(f"{type(layer).__name__} has no attention_probs/value_maps; it is not an attention layer")
+    with torch.no_grad():
+        probs = layer.attention_probs(size=size)  # (1, heads, T_out, T_in)
+        maps, bias = layer.value_maps()  # (heads, C_out, C_in), (C_out,)
+    out_size = tuple(layer.output_size(size)) if hasattr(layer, "output_size") else size
+    if hasattr(layer, "query_positions"):
+        query_pos = layer.query_positions(size)
+    else:
+        query_pos = _grid(out_size)
+    heads, t_out, t_in = probs.shape[1:]
+    if probs.shape[0] != 1 or t_in != math.prod(size) or t_out != math.prod(out_size):
+        raise AttnconvError(
+            f"attention_probs returned shape {tuple(probs.shape)}, expected (1, heads, {math.prod(out_size)}, "
+            f"{math.prod(size)}) for input size {size}"
+        )
+    if maps.shape[0] != heads:
+        raise AttnconvError(f"value_maps has {maps.shape[0]} heads but attention_probs has {heads}")
+    centers = getattr(layer, "centers", None)
+    if centers is None:  # SelfAttention2d keeps them in its quadratic encoding (Lemma 2's Delta_h)
+        centers = getattr(getattr(layer, "encoding", None), "centers", None)
+    if not (isinstance(centers, Tensor) and centers.shape == (heads, len(size))):
+        centers = None
+    return EffectiveKernel(
+        probs=probs[0].detach(),
+        maps=maps.detach(),
+        bias=bias.detach(),
+        in_size=size,
+        out_size=out_size,
+        query_pos=query_pos,
+        centers=None if centers is None else centers.detach(),
+    )
+
+
+@dataclass
+class ConvLikeness:
+    """How convolutional a position-only attention layer is (see `conv_likeness`)."""
+
+    kernel_size: int
+    size: tuple[int, ...]
+    centers: Tensor  # (heads, ndim): head centers (offsets from the query)
+    window_mass: Tensor  # (heads,): attention mass inside the K^ndim window around the center
+    distance: float  # relative Frobenius distance to the nearest K^ndim zero-padded convolution
+    kernel: Tensor  # (C_out, C_in, K, ..., K): that nearest convolution's weights
+
+    @property
+    def mean_window_mass(self) -> float:
+        return float(self.window_mass.mean())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the kernel itself is left out: it can be large)."""
+        return {
+            "kernel_size": self.kernel_size,
+            "size": list(self.size),
+            "heads": int(self.window_mass.numel()),
+            "centers": self.centers.tolist(),
+            "window_mass": self.window_mass.tolist(),
+            "mean_window_mass": self.mean_window_mass,
+            "distance": self.distance,
+            "kernel_shape": list(self.kernel.shape),
+        }
+
+
+def conv_likeness(
+    layer_or_kernel: nn.Module | EffectiveKernel,
+    size: int | Sequence[int] | None = None,
+    kernel_size: int = 3,
+) -> ConvLikeness:
+    """Measure how close a position-only attention layer is to a K x K convolution.
+
+    Two numbers, computed from the factored `EffectiveKernel` (probs P (heads, T_out, T_in),
+    maps M (heads, C_out, C_in)); all in float64.
+
+    Window mass, per head: the center c_h is the layer's own head center when it has one
+    (`layer.centers`), else the probability-weighted mean offset k - q seen from the
+    query in the middle of the grid. The mass is sum_k P_h[q, k] over keys with
+    k - q - round(c_h) in the K^ndim window, averaged over the interior queries (those
+    whose window lies inside the grid; all queries if none does).
+
+    Distance: the layer is the linear map L[q, k] = sum_h P[h, q, k] M_h (the bias is
+    ignored: it is the same for the conv). A zero-padded K^ndim convolution is
+    C[q, k] = W_c[k - q] for k - q in the window and 0 elsewhere. min ||L - C||_F
+    splits over the pairs (q, k):
+      - pairs outside the window contribute ||L[q, k]||^2 whatever W_c is;
+      - for each offset delta in the window, the pairs N_delta with k - q = delta
+        contribute sum ||L[q, k] - W_c[delta]||^2, minimized by the mean:
+        W_c[delta] = sum_h pbar_h(delta) M_h with pbar_h(delta) the mean of P[h, q, q + delta].
+    With the Gram matrix G[h, h'] = <M_h, M_h'>_F, ||sum_h a_h M_h||^2 = a^T G a, so
+        ||L||^2    = sum_{h,h'} G[h, h'] O[h, h'],        O = sum_{q,k} P[h,q,k] P[h',q,k],
+        residual   = sum G * O_out + sum G * (R R^T),
+    where O_out is the overlap restricted to pairs outside the window and R (heads, pairs
+    in window) holds P[:, q, k] - pbar(k - q). Both terms are computed directly (no
+    ||L||^2 - ||C||^2 cancellation), so a converted conv gives a distance of ~1e-16, not
+    sqrt(eps). distance = sqrt(residual / ||L||^2). For strided layers q is the query's
+    input-frame position (`query_positions`), so the comparison is a strided conv.
+    """
+    if isinstance(layer_or_kernel, EffectiveKernel):
+        ek = layer_or_kernel
+        if size is not None:
+            want = (size,) * len(ek.in_size) if isinstance(size, int) else _as_size(size)
+            if want != ek.in_size:
+                raise AttnconvError(f"size {size} does not match the effective kernel's input size {ek.in_size}")
+    else:
+        if size is None:
+            raise AttnconvError("conv_likeness needs the input size for a layer")
+        if isinstance(size, int):
+            size = (size,) * getattr(layer_or_kernel, "ndim", 2)
+        ek = effective_kernel(layer_or_kernel, tuple(size))
+    if kernel_size < 1:
+        raise AttnconvError(f"kernel_size must be positive, got {kernel_size}")
+
+    p = ek.probs.double()  # (heads, T_out, T_in)
+    maps = ek.maps.double()  # (heads, C_out, C_in)
+    heads, t_out, t_in = p.shape
+    ndim = len(ek.in_size)
+    device = p.device
+    in_size = torch.tensor(ek.in_size, device=device)
+    keys = _grid(ek.in_size).to(device)  # (T_in, ndim)
+    pos = ek.query_pos.to(device)  # (T_out, ndim)
+    rel = keys[None, :, :] - pos[:, None, :]  # (T_out, T_in, ndim): delta = k - q
+    w_lo, w_hi = -((kernel_size - 1) // 2), kernel_size // 2  # window offsets, the conv's anchor convention
+
+    # Centers: the layer's own, else the mean offset from the middle query.
+    if ek.centers is not None:
+        centers = ek.centers.to(device, torch.float64)
+    else:
+        mid = ek._query(tuple(n // 2 for n in ek.out_size))
+        centers = torch.einsum("hk,kd->hd", p[:, mid], rel[mid].double())  # (heads, ndim)
+    shift = centers.round().long()  # (heads, ndim)
+
+    # Window mass per head, over interior queries.
+    rel_h = rel[None] - shift[:, None, None, :]  # (heads, T_out, T_in, ndim)
+    in_win_h = ((rel_h >= w_lo) & (rel_h <= w_hi)).all(-1)  # (heads, T_out, T_in)
+    mass_q = (p * in_win_h).sum(-1)  # (heads, T_out)
+    first = pos[None] + shift[:, None, :] + w_lo  # (heads, T_out, ndim)
+    interior = ((first >= 0) & (first + kernel_size - 1 < in_size)).all(-1)  # (heads, T_out)
+    window_mass = torch.stack(
+        [(mass_q[h][interior[h]] if interior[h].any() else mass_q[h]).mean() for h in range(heads)]
+    )
+
+    # Nearest zero-padded convolution (least squares, see docstring).
+    gram = torch.einsum("hoc,goc->hg", maps, maps)  # (heads, heads)
+    flat = p.reshape(heads, -1)  # (heads, T_out * T_in)
+    total = float((gram * (flat @ flat.T)).sum())
+    in_win = ((rel >= w_lo) & (rel <= w_hi)).all(-1).reshape(-1)  # (T_out * T_in,)
+    outside = flat[:, ~in_win]
+    residual = (gram * (outside @ outside.T)).sum()
+    n_win = kernel_size**ndim
+    win_idx = torch.zeros(rel.shape[:2], dtype=torch.long, device=device)  # (T_out, T_in): flat window index of delta
+    for d in range(ndim):
+        win_idx = win_idx * kernel_size + (rel[..., d] - w_lo).clamp(0, kernel_size - 1)
+    win_idx = win_idx.reshape(-1)[in_win]  # (pairs,)
+    inside = flat[:, in_win]  # (heads, pairs)
+    counts = torch.bincount(win_idx, minlength=n_win).double()  # (n_win,)
+    sums = torch.zeros(heads, n_win, dtype=torch.float64, device=device).index_add_(1, win_idx, inside)
+    pbar = sums / counts.clamp(min=1)  # (heads, n_win)
+    dev = inside - pbar[:, win_idx]  # (heads, pairs)
+    residual = float(residual + (gram * (dev @ dev.T)).sum())
+    distance = math.sqrt(max(residual, 0.0) / total) if total > 0 else 0.0
+    kernel = torch.einsum("hw,hoc->ocw", pbar, maps).reshape(*maps.shape[1:], *([kernel_size] * ndim))
+
+    return ConvLikeness(
+        kernel_size=kernel_size,
+        size=ek.in_size,
+        centers=centers,
+        window_mass=window_mass,
+        distance=distance,
+        kernel=kernel,
+    )

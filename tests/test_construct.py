@@ -1,0 +1,496 @@
+"""Tests for attnconv.construct: Theorem 1 (conv -> attention) and the reverse direction.
+
+Relative error throughout: rel(a, b) = ||a - b||_F / max(||b||_F, tiny), b the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnconv.construct import (
+    ConvAttention,
+    EffectiveKernel,
+    conv_likeness,
+    conv_to_attention,
+    default_alpha,
+    effective_kernel,
+    leakage_bound,
+)
+from attnconv.errors import AttnconvError
+
+_CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_MODES = ("zeros", "reflect", "replicate", "circular")
+_RTOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(torch.finfo(b.dtype).tiny))
+
+
+def _conv_forward(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():  # 'same' + even kernel: PyTorch warns about a padded copy
+        warnings.simplefilter("ignore", UserWarning)
+        return conv(x)
+
+
+def _random_case(seed: int, dtype: torch.dtype):
+    """A random valid (conv, x): any dim, kernel, stride, padding, dilation, groups, mode, size."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(200):
+        dim = rng.choice((1, 2, 2, 3))
+        kernels = (1, 3, 5, 2, 4) if dim < 3 else (1, 3, 2)
+        kernel = tuple(rng.choice(kernels) for _ in range(dim))
+        stride = tuple(rng.choice((1, 1, 2, 3)) for _ in range(dim))
+        dilation = tuple(rng.choice((1, 1, 2)) for _ in range(dim))
+        padding = rng.choice(("int", "tuple", "same", "valid"))
+        if padding == "int":
+            padding = rng.randint(0, 3)
+        elif padding == "tuple":
+            padding = tuple(rng.randint(0, 3) for _ in range(dim))
+        elif padding == "same" and max(stride) > 1:
+            continue  # PyTorch rejects 'same' for strided convolutions
+        kind = rng.choice(("plain", "grouped", "depthwise"))
+        if kind == "plain":
+            groups, c_in, c_out = 1, rng.randint(1, 4), rng.randint(1, 4)
+        elif kind == "grouped":
+            groups = rng.choice((2, 3))
+            c_in, c_out = groups * rng.randint(1, 2), groups * rng.randint(1, 2)
+        else:
+            c_in = rng.randint(2, 4)
+            groups, c_out = c_in, c_in * rng.randint(1, 2)
+        mode = rng.choice(_MODES)
+        max_side = {1: 13, 2: 9, 3: 6}[dim]
+        size = tuple(rng.randint(1, max_side) for _ in range(dim))
+        conv = _CONVS[dim](
+            c_in,
+            c_out,
+            kernel,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            groups=groups,
+            bias=rng.random() < 0.5,
+            padding_mode=mode,
+            dtype=dtype,
+        )
+        with torch.no_grad():
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=gen, dtype=dtype))
+        x = torch.randn(2, c_in, *size, generator=gen, dtype=dtype)
+        try:
+            y = _conv_forward(conv, x)
+        except RuntimeError:  # input too small for this padding/kernel: draw again
+            continue
+        return conv, x, y
+    raise AssertionError("no valid configuration drawn")
+
+
+# ---------------------------------------------------------------- Theorem 1: exactness
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("seed", range(80))
+def test_conv_to_attention_matches_random_convs(seed, dtype):
+    conv, x, y = _random_case(seed, dtype)
+    attn = conv_to_attention(conv)
+    out = attn(x)
+    assert out.shape == y.shape and out.dtype == dtype
+    assert rel(out, y) <= _RTOL[dtype], conv
+
+
+@pytest.mark.parametrize("seed", range(0, 80, 3))
+def test_attention_probs_and_value_maps_reproduce_the_conv(seed):
+    """The contract effective_kernel relies on: y[q] = sum_h sum_k P[h,q,k] maps[h] x[k] + bias."""
+    conv, x, y = _random_case(seed, torch.float64)
+    attn = conv_to_attention(conv)
+    ek = effective_kernel(attn, tuple(x.shape[2:]))
+    assert ek.probs.shape == (attn.heads, math.prod(y.shape[2:]), math.prod(x.shape[2:]))
+    assert rel(ek.apply(x), y) <= 1e-10
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_borders_use_the_padding_mode(mode):
+    """Tiny image, big padding: most keys are padding tokens, yet the result is exact."""
+    conv = nn.Conv2d(3, 2, 5, padding=(2, 3), padding_mode=mode, dtype=torch.float64)
+    x = torch.randn(1, 3, 3, 4, dtype=torch.float64)
+    assert rel(conv_to_attention(conv)(x), conv(x)) <= 1e-12
+
+
+def test_unbatched_input_like_conv():
+    conv = nn.Conv2d(2, 3, 3, padding=1, dtype=torch.float64)
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    assert rel(conv_to_attention(conv)(x), conv(x)) <= 1e-12
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_even_kernels_are_exact_with_asymmetric_centers(dim):
+    """Even K: the query is tap (K-1)//2 and the centers run -(K/2-1)..K/2 (no half shift)."""
+    conv = _CONVS[dim](2, 3, 4, padding="same", dtype=torch.float64)
+    x = torch.randn(2, 2, *([7] * dim), dtype=torch.float64)
+    attn = conv_to_attention(conv)
+    assert rel(attn(x), _conv_forward(conv, x)) <= 1e-12
+    assert attn.centers[:, 0].unique().tolist() == [-1, 0, 1, 2]
+
+
+def test_centers_and_heads_follow_the_kernel_taps():
+    conv = nn.Conv2d(1, 1, (3, 5), dilation=(2, 1))
+    attn = conv_to_attention(conv)
+    assert attn.heads == 15
+    # row-major taps, Delta_h = dilation * (tap - center)  (Lemma 2)
+    expected = [(2 * (a - 1), b - 2) for a in range(3) for b in range(5)]
+    assert [tuple(c) for c in attn.centers.tolist()] == expected
+    maps, bias = attn.value_maps()
+    assert torch.equal(maps, conv.weight.detach().flatten(2).permute(2, 0, 1))
+    assert torch.equal(bias, conv.bias.detach())
+
+
+def test_value_maps_are_block_diagonal_for_groups():
+    conv = nn.Conv2d(4, 6, 3, groups=2, bias=False)
+    maps, bias = conv_to_attention(conv).value_maps()
+    assert maps.shape == (9, 6, 4)
+    assert torch.all(maps[:, :3, 2:] == 0) and torch.all(maps[:, 3:, :2] == 0)
+    assert torch.equal(maps[:, 3:, 2:], conv.weight.detach()[3:].flatten(2).permute(2, 0, 1))
+    assert torch.all(bias == 0)
+
+
+def test_per_axis_softmax_equals_the_full_quadratic_softmax():
+    """Lemma 2 scores over the whole padded grid, softmaxed jointly == product of axis softmaxes."""
+    conv = nn.Conv2d(1, 1, 3, padding=1, stride=(1, 2), dtype=torch.float64)
+    attn = conv_to_attention(conv, alpha=0.7)  # small alpha: the probabilities are far from one-hot
+    size = (4, 5)
+    fy, fx = attn.axis_probs(size)  # (3, n_1, P_1), (3, n_2, P_2)
+    padded = (size[0] + 2, size[1] + 2)
+    keys = torch.cartesian_prod(torch.arange(padded[0]), torch.arange(padded[1])).double()  # (P, 2)
+    out = attn.output_size(size)
+    queries = torch.cartesian_prod(torch.arange(out[0]) + 1, torch.arange(out[1]) * 2 + 1).double()
+    for h, center in enumerate(attn.centers.double()):
+        scores = -attn.alpha * (keys[None] - queries[:, None] - center).square().sum(-1)  # (T_out, P)
+        full = torch.softmax(scores, dim=-1)
+        t1, t2 = divmod(h, 3)
+        factored = torch.einsum("qi,pj->qpij", fy[t1], fx[t2]).reshape(full.shape)
+        torch.testing.assert_close(factored, full, rtol=0, atol=1e-15)
+
+
+def test_no_convolution_op_is_called():
+    class RecordOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, padding_mode="reflect")
+    attn = conv_to_attention(conv)
+    x = torch.randn(2, 4, 9, 8, requires_grad=True)
+    with RecordOps() as recorder:
+        attn(x).square().sum().backward()
+        attn.attention_probs(size=(9, 8))
+    assert recorder.ops, "the dispatch mode recorded nothing"
+    assert any("einsum" in op or "bmm" in op or "mm" in op for op in recorder.ops)
+    assert not [op for op in recorder.ops if "conv" in op]
+    # and the same op recorder does see a real convolution
+    with RecordOps() as recorder:
+        conv(x)
+    assert any("convolution" in op for op in recorder.ops)
+
+
+def test_gradients_match_the_conv():
+    """The value maps are parameters: training the attention layer trains the conv's weights."""
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, padding_mode="circular", dtype=torch.float64)
+    attn = conv_to_attention(conv)
+    assert {n for n, _ in attn.named_parameters()} == {"out_weight", "out_bias"}
+    x = torch.randn(2, 4, 7, 8, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 6, 4, 4, dtype=torch.float64)
+    (conv(x) * g).sum().backward()
+    grad_x_conv, x.grad = x.grad, None
+    (attn(x) * g).sum().backward()
+    torch.testing.assert_close(x.grad, grad_x_conv, rtol=1e-10, atol=1e-12)
+    grad_w = conv.weight.grad.flatten(2).permute(2, 0, 1)  # (heads, C_out, C_in / groups)
+    torch.testing.assert_close(attn.out_weight.grad, grad_w, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(attn.out_bias.grad, conv.bias.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_follows_the_conv_device_and_dtype_and_keeps_alpha_on_to():
+    conv = nn.Conv2d(3, 4, 3, padding=1, dtype=torch.float64)
+    attn = conv_to_attention(conv)
+    assert attn.out_weight.dtype == torch.float64 and attn.alpha == default_alpha(torch.float64, 2)
+    attn32 = attn.to(torch.float32)
+    assert attn32.alpha == default_alpha(torch.float64, 2)
+    x = torch.randn(2, 3, 6, 6)
+    assert attn32(x).dtype == torch.float32
+    assert rel(attn32(x), conv.float()(x)) <= 1e-5
+
+
+def test_rejects_what_is_not_a_conv_and_input_the_conv_rejects():
+    with pytest.raises(AttnconvError, match="Conv1d/2d/3d"):
+        conv_to_attention(nn.ConvTranspose2d(2, 2, 3))
+    with pytest.raises(AttnconvError, match="alpha must be positive"):
+        conv_to_attention(nn.Conv2d(1, 1, 3), alpha=0.0)
+    attn = conv_to_attention(nn.Conv2d(2, 2, 3, padding=1))
+    with pytest.raises(AttnconvError, match="expected input"):
+        attn(torch.randn(1, 3, 5, 5))
+    # every input size where nn.ConvNd fails also fails here, with an AttnconvError
+    for mode, pad, side in [("zeros", 0, 2), ("reflect", 2, 2), ("circular", 3, 2), ("replicate", 0, 1)]:
+        conv = nn.Conv2d(1, 1, 3, padding=pad, padding_mode=mode)
+        x = torch.randn(1, 1, side, 6)
+        with pytest.raises(RuntimeError):
+            conv(x)
+        with pytest.raises(AttnconvError, match="axis 0"):
+            conv_to_attention(conv)(x)
+
+
+# ---------------------------------------------------------------- leakage bound and alpha
+
+
+def test_leakage_bound_covers_the_exact_one_axis_leakage():
+    for alpha in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        wrong = sum(math.exp(-alpha * d * d) for d in range(-50, 51) if d)
+        exact = wrong / (1.0 + wrong)  # mass off target on an unbounded axis
+        bound = leakage_bound(alpha, 1)
+        assert exact <= bound
+        if alpha >= 4:
+            assert bound <= exact * (1 + 1e-4)  # and it is tight once alpha is large
+    assert leakage_bound(3.0, 2) > leakage_bound(3.0, 1)
+    assert leakage_bound(3.0, 2) == pytest.approx(1 - (1 - leakage_bound(3.0, 1)) ** 2)
+
+
+def test_error_decreases_with_alpha_and_stays_under_the_bound():
+    torch.manual_seed(1)
+    conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect", dtype=torch.float64)
+    x = torch.randn(2, 3, 8, 7, dtype=torch.float64)
+    y = conv(x)
+    errors = []
+    for alpha in (1.0, 2.0, 4.0, 8.0, 16.0):
+        attn = conv_to_attention(conv, alpha=alpha)
+        err = float((attn(x) - y).detach().abs().max())
+        assert err <= attn.error_bound(x), alpha
+        errors.append(err)
+    assert all(a > b for a, b in zip(errors, errors[1:])), errors
+    assert errors[-1] < 1e-5 < errors[0]
+
+
+def test_probability_mass_off_target_is_within_the_leakage_bound():
+    conv = nn.Conv3d(1, 1, 3, padding=1, dtype=torch.float64)
+    attn = conv_to_attention(conv, alpha=2.0)
+    probs = attn.attention_probs(size=(5, 4, 6))[0]  # (27, T, T) with zero padding: rows may sum < 1
+    targets = attn.query_positions((5, 4, 6))[None] + attn.centers[:, None]  # (27, T, 3)
+    inside = ((targets >= 0) & (targets < torch.tensor([5, 4, 6]))).all(-1)
+    flat = (targets[..., 0] * 4 + targets[..., 1]) * 6 + targets[..., 2]
+    on_target = probs.gather(2, flat.clamp(0, 119)[..., None])[..., 0]
+    assert float((1 - on_target[inside]).max()) <= leakage_bound(2.0, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_default_alpha_is_the_smallest_width_within_a_sixteenth_of_eps(dtype, ndim):
+    eps = torch.finfo(dtype).eps
+    alpha = default_alpha(dtype, ndim)
+    assert 2 * leakage_bound(alpha, ndim) <= eps / 16
+    assert 2 * leakage_bound(alpha - 0.02, ndim) > eps / 16
+    assert alpha == pytest.approx(math.log(64 * ndim / eps), abs=0.02)
+
+
+def test_default_alpha_values():
+    assert 40 < default_alpha(torch.float64, 2) < 46
+    assert 19 < default_alpha(torch.float32, 2) < 23
+
+
+def test_error_bound_at_the_default_alpha_is_a_sixteenth_of_eps_times_the_output_scale():
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+    x = torch.randn(2, 8, 10, 10)
+    attn = conv_to_attention(conv)
+    eps = torch.finfo(torch.float32).eps
+    scale = float(conv.weight.detach().abs().sum((1, 2, 3)).max()) * float(x.abs().max())  # ||W||_inf,1 max|x|
+    assert attn.error_bound(x) <= eps / 16 * scale
+
+
+# ---------------------------------------------------------------- effective kernel
+
+
+def test_effective_kernel_at_an_interior_query_is_the_conv_weight():
+    conv = nn.Conv2d(3, 2, 3, padding=1, dtype=torch.float64)
+    ek = effective_kernel(conv_to_attention(conv), 6, 7)
+    assert ek.in_size == ek.out_size == (6, 7)
+    kernel = ek.at((2, 3))  # (C_out, C_in, 6, 7)
+    assert kernel.shape == (2, 3, 6, 7)
+    torch.testing.assert_close(kernel[:, :, 1:4, 2:5], conv.weight.detach(), rtol=0, atol=1e-14)
+    kernel[:, :, 1:4, 2:5] = 0
+    assert float(kernel.abs().max()) < 1e-14
+    corner = ek.at(0)  # the zero padding drops the taps that fall outside
+    torch.testing.assert_close(corner[:, :, :2, :2], conv.weight.detach()[:, :, 1:, 1:], rtol=0, atol=1e-14)
+
+
+def test_effective_kernel_dense_matches_at_and_is_factored_by_default():
+    conv = nn.Conv1d(2, 3, 3, stride=2, padding=1, padding_mode="replicate", dtype=torch.float64)
+    ek = effective_kernel(conv_to_attention(conv), (9,))
+    assert ek.probs.shape == (3, 5, 9) and ek.maps.shape == (3, 3, 2)  # factored storage
+    dense = ek.dense()  # (T_out, T_in, C_out, C_in)
+    assert dense.shape == (5, 9, 3, 2)
+    for q in range(5):
+        torch.testing.assert_close(dense[q].permute(1, 2, 0), ek.at(q))
+    x = torch.randn(4, 2, 9, dtype=torch.float64)
+    y = torch.einsum("qkoc,bck->boq", dense, x) + conv.bias[:, None]
+    assert rel(y, conv(x)) <= 1e-12
+    with pytest.raises(AttnconvError, match="query"):
+        ek.at(5)
+
+
+def test_replicated_padding_keys_fold_onto_the_edge_pixel():
+    conv = nn.Conv1d(1, 1, 3, padding=1, padding_mode="replicate", dtype=torch.float64)
+    probs = conv_to_attention(conv).attention_probs(size=(4,))[0]  # (3, 4, 4)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4, dtype=torch.float64))  # nothing drops out
+    assert probs[0, 0, 0] == pytest.approx(1.0)  # head -1 at query 0 reads the copy of pixel 0
+    zeros = conv_to_attention(nn.Conv1d(1, 1, 3, padding=1, dtype=torch.float64)).attention_probs((4,))[0]
+    assert float(zeros[0, 0].sum()) < 1e-15  # ... while a zero padding key drops out
+
+
+class _StubLayer(nn.Module):
+    """A position-only attention layer given by explicit probabilities (heads, T, T)."""
+
+    def __init__(self, probs: torch.Tensor, maps: torch.Tensor, position_only: bool = True):
+        super().__init__()
+        self.probs, self.maps, self.position_only = probs, maps, position_only
+
+    def attention_probs(self, x=None, size=None):
+        return self.probs[None]
+
+    def value_maps(self):
+        return self.maps, torch.zeros(self.maps.shape[1], dtype=self.maps.dtype)
+
+
+def _shift_probs(size: tuple[int, int], shift: tuple[int, int]) -> torch.Tensor:
+    """One head attending exactly to q + shift (rows of border queries whose target is outside: 0)."""
+    h, w = size
+    probs = torch.zeros(1, h * w, h * w, dtype=torch.float64)
+    for i in range(h):
+        for j in range(w):
+            ti, tj = i + shift[0], j + shift[1]
+            if 0 <= ti < h and 0 <= tj < w:
+                probs[0, i * w + j, ti * w + tj] = 1.0
+    return probs
+
+
+def test_effective_kernel_refuses_content_attention_and_bad_shapes():
+    maps = torch.randn(1, 2, 2, dtype=torch.float64)
+    with pytest.raises(AttnconvError, match="content"):
+        effective_kernel(_StubLayer(_shift_probs((3, 3), (0, 0)), maps, position_only=False), 3, 3)
+    with pytest.raises(AttnconvError, match="expected"):
+        effective_kernel(_StubLayer(_shift_probs((3, 3), (0, 0)), maps), 4, 4)
+    with pytest.raises(AttnconvError, match="not an attention layer"):
+        effective_kernel(nn.Linear(2, 2), 3, 3)
+
+
+# ---------------------------------------------------------------- conv-likeness
+
+
+@pytest.mark.parametrize(
+    "kwargs, size",
+    [({"padding": 1}, (8, 8)), ({"padding": "same"}, (7, 9)), ({"stride": 2}, (9, 8))],
+    ids=["pad1", "same", "valid-stride2"],
+)
+def test_conv_likeness_of_a_converted_conv_recovers_its_weights(kwargs, size):
+    conv = nn.Conv2d(3, 5, 3, dtype=torch.float64, **kwargs)
+    attn = conv_to_attention(conv)
+    report = conv_likeness(attn, size, kernel_size=3)
+    assert report.distance < 1e-12
+    torch.testing.assert_close(report.kernel, conv.weight.detach(), rtol=0, atol=1e-14)
+    torch.testing.assert_close(report.window_mass, torch.ones(9, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert torch.equal(report.centers, attn.centers.double())
+    # a 5x5 window contains the 3x3 conv: still distance 0, with the outer ring of the kernel 0
+    wide = conv_likeness(attn, size, kernel_size=5)
+    assert wide.distance < 1e-12
+    torch.testing.assert_close(wide.kernel[:, :, 1:4, 1:4], conv.weight.detach(), rtol=0, atol=1e-14)
+
+
+def test_conv_likeness_of_a_dilated_conv_needs_a_wider_window():
+    conv = nn.Conv2d(2, 2, 3, padding=2, dilation=2, dtype=torch.float64)
+    attn = conv_to_attention(conv)
+    assert conv_likeness(attn, 9, kernel_size=3).distance > 0.5
+    assert conv_likeness(attn, 9, kernel_size=5).distance < 1e-12
+
+
+def test_conv_likeness_of_uniform_attention_is_far_from_a_conv():
+    h, w, k = 7, 9, 3
+    t = h * w
+    maps = torch.randn(2, 4, 3, dtype=torch.float64)
+    layer = _StubLayer(torch.full((2, t, t), 1.0 / t, dtype=torch.float64), maps)
+    report = conv_likeness(layer, (h, w), kernel_size=k)
+    # L[q, k] is the same block for every pair: the best conv matches it on the pairs inside
+    # the window and misses every other pair, so distance^2 = 1 - (# pairs in window) / T^2.
+    pairs = sum((h - abs(a)) * (w - abs(b)) for a in range(-1, 2) for b in range(-1, 2))
+    assert report.distance == pytest.approx(math.sqrt(1 - pairs / t**2), rel=1e-12)
+    assert report.distance > 0.9
+    torch.testing.assert_close(report.window_mass, torch.full((2,), k * k / t, dtype=torch.float64))
+    torch.testing.assert_close(report.centers, torch.zeros(2, 2, dtype=torch.float64), rtol=0, atol=1e-12)
+    kernel = maps.sum(0) / t
+    torch.testing.assert_close(report.kernel, kernel[:, :, None, None].expand(4, 3, 3, 3))
+
+
+def test_conv_likeness_of_a_shift_outside_the_window():
+    maps = torch.randn(1, 2, 2, dtype=torch.float64)
+    layer = _StubLayer(_shift_probs((6, 6), (2, 0)), maps)
+    three = conv_likeness(layer, (6, 6), kernel_size=3)
+    assert three.distance == pytest.approx(1.0, abs=1e-12)  # all of the map lies outside 3x3
+    assert three.centers.tolist() == [[2.0, 0.0]]
+    assert float(three.window_mass[0]) == pytest.approx(1.0)  # but it is one-hot around its center
+    five = conv_likeness(layer, (6, 6), kernel_size=5)
+    assert five.distance < 1e-12
+    torch.testing.assert_close(five.kernel[:, :, 4, 2], maps[0])
+
+
+def test_conv_likeness_1d_and_to_dict():
+    conv = nn.Conv1d(2, 3, 3, padding=1, dtype=torch.float64)
+    report = conv_likeness(conv_to_attention(conv), 10)
+    assert report.distance < 1e-12 and report.kernel.shape == (3, 2, 3)
+    ek = effective_kernel(conv_to_attention(conv), 10)
+    assert isinstance(ek, EffectiveKernel)
+    assert conv_likeness(ek, 10).distance == pytest.approx(report.distance, abs=1e-15)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["heads"] == 3 and data["size"] == [10] and data["kernel_shape"] == [3, 2, 3]
+    with pytest.raises(AttnconvError, match="does not match"):
+        conv_likeness(ek, 11)
+
+
+def test_conv_attention_is_a_module_of_its_own():
+    layer = ConvAttention(
+        4, 4, (3, 3), stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1), groups=4, alpha=20.0
+    )
+    out = layer(torch.randn(1, 4, 5, 5))
+    assert out.shape == (1, 4, 5, 5)
+    assert "heads=9" in repr(layer)
+
+
+def test_self_attention2d_with_conv_centers_is_a_replicate_padded_conv():
+    """A real SelfAttention2d (quadratic encoding) set up as in Theorem 1. With no padding its
+    softmax renormalizes over the pixels that exist, so a head whose target is one pixel
+    outside lands on the edge pixel: the layer is the replicate-padded convolution."""
+    SelfAttention2d = pytest.importorskip("attnconv.attention").SelfAttention2d
+    layer = SelfAttention2d(3, 4, heads=9, encoding="quadratic").double()
+    with torch.no_grad():
+        layer.encoding.centers.copy_(torch.cartesian_prod(torch.arange(-1, 2), torch.arange(-1, 2)))
+        layer.encoding.widths.fill_(math.sqrt(2 * 40.0))  # score -a^2/2 ||delta - mu||^2: alpha = 40
+    maps, bias = layer.value_maps()  # (9, 4, 3)
+    conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode="replicate", dtype=torch.float64)
+    with torch.no_grad():
+        conv.weight.copy_(maps.permute(1, 2, 0).reshape(4, 3, 3, 3))
+        conv.bias.copy_(bias)
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    ek = effective_kernel(layer, 7, 8)
+    assert rel(ek.apply(x), layer(x)) <= 1e-12  # the factored contract on the real layer
+    assert rel(layer(x), conv(x)) <= 1e-12
+    report = conv_likeness(layer, (7, 8))
+    assert torch.equal(report.centers, layer.encoding.centers.detach())  # the head's own parameter
+    reference = conv_likeness(conv_to_attention(conv), (7, 8))
+    assert 0.1 < report.distance == pytest.approx(reference.distance, abs=1e-9)
+    torch.testing.assert_close(report.kernel, reference.kernel)
