@@ -17,6 +17,8 @@ from attnconv.errors import AttnconvError
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
     "attnconv.cli.express",
+    "attnconv.cli.train",
+    "attnconv.cli.evaluate",
 ]
 
 

@@ -248,8 +248,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"relative error ||attn(x) - conv(x)|| / ||conv(x)|| = {rel:.3e}")
     print(f"max abs error  {float(diff.abs().max()):.3e}")
     print(
-        f"bound          {attn.error_bound(x):.3e}  (= 2 lambda ||W||_inf,1 max|x|, "
-        f"lambda = leakage_bound(alpha, {attn.ndim}) = {lam:.3e}; rounding comes on top)"
+        f"leakage bound  {attn.error_bound(x):.3e}  on max abs error from softmax leakage "
+        f"(= 2 lambda ||W||_inf,1 max|x|, lambda = leakage_bound(alpha, {attn.ndim}) = {lam:.3e}); "
+        f"float rounding (eps = {torch.finfo(x.dtype).eps:.1e}) comes on top"
     )
     print("head  center (Delta_h)")
     for h, center in enumerate(attn.centers.tolist()):
