@@ -1,0 +1,146 @@
+"""Writers for tiny datasets in the real on-disk formats (IDX, CIFAR-10 pickle batches, tar.gz).
+
+The writers are independent of attnconv.data (they follow the format descriptions:
+yann.lecun.com/exdb/mnist "THE IDX FILE FORMAT" and the CIFAR-10 page's
+"Python version"), so the tests check our readers against the formats, not against
+themselves.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+import struct
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+FASHION_STEMS = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+CIFAR_BATCHES = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch")
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """IDX encoding of a uint8 array: 0, 0, type 0x08, ndim, big-endian uint32 dims, payload."""
+    assert array.dtype == np.uint8
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, gz: bool) -> Path:
+    """Write ``array`` as IDX to ``path`` (``path`` + '.gz', gzipped, when ``gz``)."""
+    raw = idx_bytes(array)
+    if gz:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(raw))
+    else:
+        path.write_bytes(raw)
+    return path
+
+
+def fashion_arrays(n_train: int = 7, n_test: int = 5, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random 28x28 uint8 images and labels 0..9 keyed by IDX file stem."""
+    rng = np.random.default_rng(seed)
+    return {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+
+
+def write_fashion(folder: Path, gz: bool = True, **kwargs: int) -> dict[str, np.ndarray]:
+    """Write the four Fashion-MNIST IDX files into ``folder``; return the arrays written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = fashion_arrays(**kwargs)
+    for stem, array in arrays.items():
+        write_idx(folder / stem, array, gz)
+    return arrays
+
+
+class _Py2StylePickler(pickle._Pickler):  # the pure-Python pickler, so its dispatch table can be changed
+    """Protocol 2 with bytes written as (SHORT_)BINSTRING, as Python 2's cPickle wrote the real batches."""
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def _save_str8(self, obj: bytes) -> None:
+        if len(obj) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(obj)]) + obj)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(obj)) + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_str8
+
+
+def cifar_batch_bytes(images: np.ndarray, labels: np.ndarray, py2: bool = True) -> bytes:
+    """A CIFAR-10 batch pickle: {b'batch_label', b'labels': list, b'data': uint8 (N, 3072), b'filenames'}."""
+    batch = {
+        b"batch_label": b"testing batch 1 of 1",
+        b"labels": [int(v) for v in labels],
+        b"data": images.reshape(len(images), -1),  # (N, 3072): 1024 R, 1024 G, 1024 B
+        b"filenames": [f"img_{i}.png".encode() for i in range(len(images))],
+    }
+    if not py2:
+        return pickle.dumps(batch, protocol=4)
+    buf = io.BytesIO()
+    _Py2StylePickler(buf, protocol=2).dump(batch)
+    return buf.getvalue()
+
+
+def cifar_arrays(n_per_batch: int = 3, n_test: int = 4, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Random (images uint8 (N, 3, 32, 32), labels int64 (N,)) per batch name."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in CIFAR_BATCHES:
+        n = n_test if name == "test_batch" else n_per_batch
+        out[name] = (rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, n))
+    return out
+
+
+def write_cifar(folder: Path, py2: bool = True, **kwargs: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Write the six CIFAR-10 batch files into ``folder``; return the arrays written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = cifar_arrays(**kwargs)
+    for name, (images, labels) in arrays.items():
+        (folder / name).write_bytes(cifar_batch_bytes(images, labels, py2))
+    return arrays
+
+
+def write_cifar_tar(
+    path: Path, arrays: dict[str, tuple[np.ndarray, np.ndarray]], extra: dict[str, bytes] | None = None
+) -> Path:
+    """A cifar-10-python.tar.gz with the batches under cifar-10-batches-py/ (plus ``extra`` members)."""
+    members = {f"cifar-10-batches-py/{n}": cifar_batch_bytes(*a) for n, a in arrays.items()}
+    members["cifar-10-batches-py/readme.html"] = b"<html></html>"
+    members.update(extra or {})
+    with tarfile.open(path, "w:gz") as tar:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return path
+
+
+class FakeResponse(io.BytesIO):
+    """What urllib.request.urlopen returns, enough for attnconv.data.download (read, context manager)."""
+
+
+def fake_urlopen(served: dict[str, bytes], calls: list[str] | None = None):
+    """An urlopen replacement serving ``served[url]``; other URLs fail like a machine without network."""
+    import urllib.error
+
+    def urlopen(url: str, timeout: float | None = None) -> FakeResponse:
+        if calls is not None:
+            calls.append(url)
+        if url not in served:
+            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+        return FakeResponse(served[url])
+
+    return urlopen
