@@ -5,6 +5,7 @@
 
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import conv_likeness, conv_to_attention, effective_kernel
+from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model, list_models
 
@@ -14,6 +15,7 @@ __all__ = [
     "AttnconvError",
     "SelfAttention2d",
     "build_model",
+    "cnn_to_attention",
     "conv_likeness",
     "conv_to_attention",
     "effective_kernel",

@@ -1,0 +1,458 @@
+"""Tests for attnconv.convert: whole CNNs -> exact attention networks (Theorem 1 per layer).
+
+Relative error throughout: rel(a, b) = ||a - b||_F / ||b||_F, b the original network's output.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnconv
+from attnconv import data
+from attnconv.construct import ConvAttention
+from attnconv.convert import cnn_to_attention, conversion_report
+from attnconv.errors import AttnconvError
+
+_RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(torch.finfo(b.dtype).tiny))
+
+
+class RecordOps(TorchDispatchMode):
+    """Records the name of every aten op that runs (a local copy of test_construct's recorder)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(f"{func.__name__} {func}")
+        return func(*args, **(kwargs or {}))
+
+
+def _randomize_bn(model: nn.Module, gen: torch.Generator) -> nn.Module:
+    """Non-trivial BatchNorms: random running stats and affine parameters (else BN is ~identity)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=gen) * 0.5)
+                m.running_var.copy_(torch.rand(n, generator=gen) * 1.5 + 0.5)
+                if m.affine:
+                    m.weight.copy_(torch.rand(n, generator=gen) + 0.5)
+                    m.bias.copy_(torch.randn(n, generator=gen) * 0.3)
+    return model
+
+
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _has(model: nn.Module, kind: type) -> bool:
+    return any(isinstance(m, kind) for m in model.modules())
+
+
+# ----------------------------------------------------------------------------------------
+# ResNet-18 (the paper's baseline) on real Fashion-MNIST images
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fashion():
+    """Normalized real Fashion-MNIST: (4 test images, 64 train images, their labels)."""
+    try:
+        train, test = data.load_dataset("fashion-mnist", download=False)
+    except AttnconvError as err:
+        pytest.skip(f"real Fashion-MNIST not available here ({err}); the random-image tests still run")
+    info = data.dataset_info("fashion-mnist")
+    return data.normalize(test.images[:4], info), data.normalize(train.images[:64], info), train.labels[:64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """ResNet-18 on a busy 2-core machine: one intra-op thread avoids oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _resnet18(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = attnconv.build_model("resnet18", in_channels=1, num_classes=10)
+    return _randomize_bn(model, torch.Generator().manual_seed(seed)).eval()
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    """A random-weight ResNet-18 (random BN statistics), a snapshot of it, and both conversions."""
+    model = _resnet18()
+    snapshot = (_state(model), {name: type(m) for name, m in model.named_modules()})
+    return model, snapshot, cnn_to_attention(model), cnn_to_attention(model, fold_bn=True)
+
+
+@pytest.mark.parametrize("fold_bn", [False, True])
+def test_resnet18_random_weights_matches_on_real_fashion_mnist(fashion, resnet, fold_bn):
+    images = fashion[0]  # (4, 1, 28, 28), full size
+    model, _, plain, folded = resnet
+    converted = folded if fold_bn else plain
+    with torch.no_grad():
+        assert rel(converted(images), model(images)) <= _RTOL[torch.float32]
+    assert not _has(converted, nn.Conv2d)
+    assert _has(converted, nn.BatchNorm2d) != fold_bn  # fold_bn folds every BN of a ResNet
+
+
+def test_resnet18_matches_on_random_images_and_fold_bn_removes_every_batchnorm(resnet):
+    """Always runs (no dataset needed): the same equivalence on random 16x16 images."""
+    model, _, plain, folded = resnet
+    x = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        ref = model(x)
+        assert rel(plain(x), ref) <= _RTOL[torch.float32]
+        assert rel(folded(x), ref) <= _RTOL[torch.float32]
+    assert not _has(folded, nn.modules.batchnorm._BatchNorm) and not _has(folded, nn.Conv2d)
+    report = conversion_report(model, folded)
+    assert len(report.converted) == 20 and len(report.folded_bn) == 20  # 17 convs + 3 shortcuts, each with a BN
+    assert report.kept_convs == [] and report.kept_bn == []
+    assert report.heads == 17 * 9 + 3  # one head per kernel tap: 3x3 convs and 1x1 shortcuts
+    assert isinstance(folded.stages[1][0].shortcut[0], ConvAttention)
+    assert isinstance(folded.stages[1][0].bn1, nn.Identity)
+
+
+def test_resnet18_after_sgd_steps_matches(fashion):
+    """'Trained' weights, cheaply: 5 SGD steps in train mode move the weights and BN statistics.
+
+    The equivalence of a fully trained network is checked on real runs by the CLI.
+    """
+    test_images, train_images, labels = fashion
+    model = _resnet18(seed=2).train()
+    before = _state(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    crops = train_images[..., 6:22, 6:22]  # 16x16 centre crops keep the steps cheap
+    for _ in range(5):
+        loss = F.cross_entropy(model(crops), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    moved = model.stages[0][0].bn1.running_mean
+    assert not torch.equal(moved, before["stages.0.0.bn1.running_mean"])
+    model.eval()
+    with torch.no_grad():
+        ref = model(test_images)
+        for fold_bn in (False, True):
+            assert rel(cnn_to_attention(model, fold_bn=fold_bn)(test_images), ref) <= _RTOL[torch.float32]
+
+
+def test_converted_resnet18_calls_no_convolution_op(resnet):
+    model, _, _, converted = resnet
+    x = torch.randn(1, 1, 16, 16)
+    with torch.no_grad(), RecordOps() as recorder:
+        converted(x)
+    assert recorder.ops, "the dispatch mode recorded nothing"
+    assert not [op for op in recorder.ops if "conv" in op]
+    assert not [op for op in recorder.ops if "batch_norm" in op]
+    with torch.no_grad(), RecordOps() as recorder:  # the recorder does see the original's convs
+        model(x)
+    assert any("convolution" in op for op in recorder.ops)
+
+
+def test_original_model_is_unchanged(resnet):
+    model, (state, kinds), plain, folded = resnet  # the fixture converted it twice
+    assert {name: type(m) for name, m in model.named_modules()} == kinds
+    after = model.state_dict()
+    assert after.keys() == state.keys() and all(torch.equal(after[k], v) for k, v in state.items())
+    originals = {id(p) for p in model.parameters()}
+    assert not any(id(p) in originals for p in [*plain.parameters(), *folded.parameters()])
+
+
+# ----------------------------------------------------------------------------------------
+# Small CNNs of other shapes
+# ----------------------------------------------------------------------------------------
+
+
+class _Branches(nn.Module):
+    """Convs inside a ModuleList and a ModuleDict, called from a custom forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 1)])
+        self.heads = nn.ModuleDict({"a": nn.Conv2d(4, 2, 3, stride=2), "b": nn.Sequential(nn.Conv2d(4, 2, 2))})
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = torch.tanh(conv(x))
+        return torch.cat([self.heads["a"](x).flatten(1), self.heads["b"][0](x).flatten(1)], dim=1)
+
+
+_NETS = {
+    "conv1d": (
+        lambda: nn.Sequential(
+            nn.Conv1d(2, 6, 5, padding=2), nn.BatchNorm1d(6), nn.ReLU(), nn.Conv1d(6, 3, 3, stride=2, dilation=2)
+        ),
+        (2, 2, 19),
+    ),
+    "conv3d": (
+        lambda: nn.Sequential(
+            nn.Conv3d(2, 4, 3, padding=1), nn.BatchNorm3d(4), nn.ReLU(), nn.Conv3d(4, 2, 2, stride=2)
+        ),
+        (2, 2, 5, 6, 4),
+    ),
+    "depthwise_separable": (
+        lambda: nn.Sequential(
+            nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+            nn.Conv2d(4, 8, 1), nn.BatchNorm2d(8),
+        ),
+        (2, 4, 9, 8),
+    ),
+    "strided_dilated": (
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 5, 3, stride=2, padding=1), nn.GELU(), nn.Conv2d(5, 4, 3, dilation=2, padding=2),
+            nn.Conv2d(4, 4, (3, 5), stride=(1, 2), padding="valid", groups=2),
+        ),
+        (2, 3, 13, 14),
+    ),
+    "reflect_circular": (
+        lambda: nn.Sequential(
+            nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.ReLU(),
+            nn.Conv2d(4, 4, 3, padding=2, dilation=2, padding_mode="circular"), nn.BatchNorm2d(4, affine=False),
+            nn.Conv2d(4, 2, 4, padding="same", padding_mode="replicate"),
+        ),
+        (2, 3, 8, 9),
+    ),
+    "module_list_dict": (_Branches, (2, 3, 9, 9)),
+    "root_conv": (lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1, padding_mode="reflect"), (2, 3, 7, 8)),
+}
+
+
+@pytest.mark.parametrize("fold_bn", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", list(_NETS))
+def test_small_cnns_match(name, dtype, fold_bn):
+    build, shape = _NETS[name]
+    gen = torch.Generator().manual_seed(3)
+    model = _randomize_bn(build(), gen).to(dtype).eval()
+    x = torch.randn(*shape, generator=gen, dtype=dtype)
+    converted = cnn_to_attention(model, fold_bn=fold_bn)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # 'same' + even kernel: PyTorch's padded-copy warning
+        ref = model(x)
+        out = converted(x)
+    assert out.dtype == dtype
+    assert rel(out, ref) <= _RTOL[dtype]
+    assert not _has(converted, nn.modules.conv._ConvNd)
+    if fold_bn:  # every BN of these nets follows a conv in a Sequential
+        assert not _has(converted, nn.modules.batchnorm._BatchNorm)
+
+
+def test_root_conv_becomes_an_attention_layer():
+    conv = nn.Conv1d(2, 3, 3, padding=1)
+    converted = cnn_to_attention(conv)
+    assert isinstance(converted, ConvAttention) and isinstance(conv, nn.Conv1d)
+
+
+def test_copy_keeps_modes_dtype_and_requires_grad():
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Conv2d(3, 3, 1)).double()
+    model[0].train()
+    model[1].eval()
+    model[2].eval()
+    model[2].weight.requires_grad_(False)
+    converted = cnn_to_attention(model)
+    assert [m.training for m in converted] == [True, False, False]
+    assert all(p.dtype == torch.float64 for p in converted.parameters())
+    assert converted[0].out_weight.requires_grad and not converted[2].out_weight.requires_grad
+    assert converted[2].out_bias.requires_grad
+
+
+def test_shared_conv_becomes_one_shared_attention_layer():
+    conv = nn.Conv2d(2, 2, 3, padding=1)
+    model = nn.Sequential(conv, nn.ReLU(), conv)
+    converted = cnn_to_attention(model)
+    assert converted[0] is converted[2] and isinstance(converted[0], ConvAttention)
+    x = torch.randn(1, 2, 6, 6)
+    assert rel(converted(x), model(x)) <= _RTOL[torch.float32]
+
+
+# ----------------------------------------------------------------------------------------
+# BatchNorm folding: what is detected and what is left in place
+# ----------------------------------------------------------------------------------------
+
+
+class _Block(nn.Module):
+    def __init__(self, preact: bool = False, reuse: bool = False):
+        super().__init__()
+        self.preact, self.reuse = preact, reuse
+        self.conv1, self.bn1 = nn.Conv2d(3, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3)
+        self.conv2, self.bn2 = nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        if self.preact:  # pre-activation: bn1 comes *before* conv1, bn2 after conv1
+            return self.conv2(F.relu(self.bn2(self.conv1(F.relu(self.bn1(x))))))
+        y = self.conv1(x)
+        out = F.relu(self.bn1(y))
+        if self.reuse:  # conv1's output also feeds the residual: bn1 cannot be folded
+            out = out + y
+        return self.bn2(self.conv2(out)) + x
+
+
+class _Stack(nn.Module):
+    """conv/BN pairs held in two ModuleLists and paired in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(3, 3, 3, padding=1) for _ in range(2)])
+        self.norms = nn.ModuleList([nn.BatchNorm2d(3) for _ in range(2)])
+
+    def forward(self, x):
+        for conv, norm in zip(self.convs, self.norms):
+            x = torch.relu(norm(conv(x)))
+        return x
+
+
+class _Untraceable(_Block):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+            return self.bn1(self.conv1(x))
+        return self.bn2(self.conv2(x))
+
+
+def _check(model: nn.Module, **kwargs) -> nn.Module:
+    model = _randomize_bn(model, torch.Generator().manual_seed(4)).double().eval()
+    x = torch.randn(2, 3, 6, 7, dtype=torch.float64)
+    converted = cnn_to_attention(model, fold_bn=True, **kwargs)
+    with torch.no_grad():
+        assert rel(converted(x), model(x)) <= _RTOL[torch.float64]
+    return converted
+
+
+def test_fold_bn_attribute_pairs_are_verified_on_the_traced_forward():
+    converted = _check(_Block())
+    assert isinstance(converted.bn1, nn.Identity) and isinstance(converted.bn2, nn.Identity)
+    assert converted.conv1.out_bias is not None  # created by the fold (the conv had no bias)
+
+
+def test_fold_bn_finds_pairs_inside_module_lists():
+    converted = _check(_Stack())
+    assert all(isinstance(m, nn.Identity) for m in converted.norms)
+
+
+def test_fold_bn_leaves_preactivation_and_shared_outputs_alone():
+    pre = _check(_Block(preact=True))
+    assert isinstance(pre.bn1, nn.BatchNorm2d)  # bn1 feeds conv1: not a conv -> BN pair
+    assert isinstance(pre.bn2, nn.Identity)  # bn2 consumes conv1 only: folded into conv1
+    reuse = _check(_Block(reuse=True))
+    assert isinstance(reuse.bn1, nn.BatchNorm2d) and isinstance(reuse.bn2, nn.Identity)
+
+
+def test_fold_bn_warns_and_keeps_bns_of_an_untraceable_forward():
+    with pytest.warns(UserWarning, match=r"<root> \(_Untraceable\)"):
+        converted = _check(_Untraceable())
+    assert isinstance(converted.bn1, nn.BatchNorm2d) and isinstance(converted.conv1, ConvAttention)
+
+
+def test_fold_bn_keeps_batchnorms_without_running_stats():
+    model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3, track_running_stats=False)).eval()
+    converted = cnn_to_attention(model, fold_bn=True)
+    assert isinstance(converted[1], nn.BatchNorm2d)  # eval still uses batch statistics: not foldable
+    x = torch.randn(4, 3, 6, 6)
+    assert rel(converted(x), model(x)) <= _RTOL[torch.float32]
+
+
+def test_fold_bn_refuses_a_model_in_training_mode():
+    model = nn.Sequential(nn.Conv2d(3, 3, 3), nn.BatchNorm2d(3))
+    with pytest.raises(AttnconvError, match=r"1 \(BatchNorm2d\).*model\.eval\(\)"):
+        cnn_to_attention(model, fold_bn=True)
+    assert isinstance(cnn_to_attention(model)[1], nn.BatchNorm2d)  # without folding, train mode is fine
+
+
+# ----------------------------------------------------------------------------------------
+# Modules that cannot be converted
+# ----------------------------------------------------------------------------------------
+
+
+class _UpBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(4, 4, 3, padding=1)
+        self.conv2 = nn.ConvTranspose2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv2(self.conv1(x))
+
+
+class _UpNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer3 = nn.Sequential(_UpBlock())
+
+    def forward(self, x):
+        return self.layer3(x)
+
+
+def _with_transpose() -> nn.Module:
+    return _UpNet()
+
+
+def test_transposed_conv_is_refused_with_its_path_in_strict_mode():
+    model = _with_transpose()
+    with pytest.raises(AttnconvError, match=r"layer3\.0\.conv2 \(ConvTranspose2d\): .*strict=False"):
+        cnn_to_attention(model)
+    assert isinstance(model.layer3[0].conv1, nn.Conv2d)
+
+
+def test_strict_false_warns_and_keeps_the_layer():
+    model = _with_transpose()
+    with pytest.warns(UserWarning, match=r"layer3\.0\.conv2 \(ConvTranspose2d\)"):
+        converted = cnn_to_attention(model, strict=False)
+    block = converted.layer3[0]
+    assert isinstance(block.conv1, ConvAttention) and isinstance(block.conv2, nn.ConvTranspose2d)
+    assert isinstance(model.layer3[0].conv1, nn.Conv2d)  # original untouched
+    report = conversion_report(model, converted)
+    assert report.converted == ["layer3.0.conv1"] and report.kept_convs == ["layer3.0.conv2"]
+    x = torch.randn(1, 4, 5, 5)
+    assert rel(converted(x), model(x)) <= _RTOL[torch.float32]
+
+
+class _CustomConv(nn.Conv2d):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _hooked() -> nn.Conv2d:
+    conv = nn.Conv2d(2, 2, 3)
+    conv.register_forward_hook(lambda m, i, o: o * 2)
+    return conv
+
+
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (lambda: nn.LazyConv2d(4, 3), "lazy and uninitialized"),
+        (lambda: _CustomConv(2, 2, 3), "its own forward"),
+        (_hooked, "forward hooks"),
+        (lambda: nn.ConvTranspose1d(2, 2, 3), "transposed"),
+    ],
+)
+def test_unconvertible_modules_are_named_with_the_fix(bad, reason):
+    model = nn.Sequential(nn.Conv2d(2, 2, 1), nn.Sequential(nn.ReLU(), bad()))
+    name = type(model[1][1]).__name__
+    with pytest.raises(AttnconvError, match=rf"1\.1 \({name}\): .*{reason}.*strict=False"):
+        cnn_to_attention(model)
+    with pytest.warns(UserWarning, match=rf"1\.1 \({name}\)"):
+        converted = cnn_to_attention(model, strict=False)
+    assert type(converted[1][1]) is type(model[1][1]) and isinstance(converted[0], ConvAttention)
+
+
+def test_rejects_what_is_not_a_module():
+    with pytest.raises(AttnconvError, match="nn.Module"):
+        cnn_to_attention(torch.zeros(3))
+    with pytest.raises(AttnconvError, match="alpha"):
+        cnn_to_attention(nn.Conv2d(1, 1, 1), alpha=-1.0)
