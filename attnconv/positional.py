@@ -23,6 +23,8 @@ Ramachandran et al. (2019), used with content attention q . k.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 from torch import Tensor
@@ -82,6 +84,29 @@ class QuadraticEncoding(nn.Module):
     @property
     def separable(self) -> bool:
         return self.kind != "full"
+
+    @torch.no_grad()
+    def init_grid(self, locality: float = 1.0) -> None:
+        """Start from a convolution-like layout instead of the paper's random centers.
+
+        Centers go on the K x K grid of shifts {-(K-1)/2, ..., (K-1)/2}^2 with
+        K = ceil(sqrt(heads)) (row-major, the first `heads` points; as in ConViT's
+        locality initialization), and every head gets the isotropic width
+        alpha = `locality` (A = -alpha ||delta - Delta_h||^2). Full-covariance heads get
+        Sigma^-1 = 2 alpha I. Larger `locality` means each head starts closer to one pixel
+        (Lemma 2's limit).
+        """
+        if not locality > 0:
+            raise AttnconvError(f"locality must be positive, got {locality}")
+        k = math.ceil(math.sqrt(self.heads))
+        shifts = torch.arange(k, dtype=self.centers.dtype) - (k - 1) // 2
+        grid = torch.cartesian_prod(shifts, shifts)[: self.heads]  # (heads, 2)
+        self.centers.copy_(grid)
+        a = math.sqrt(2.0 * locality)  # alpha = a^2 / 2
+        if self.kind == "full":
+            self.widths.copy_(torch.eye(2).repeat(self.heads, 1, 1) * a)
+        else:
+            self.widths.fill_(a)
 
     def inverse_covariance(self) -> Tensor:
         """Sigma_h^-1 as (heads, 2, 2)."""

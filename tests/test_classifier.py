@@ -62,3 +62,24 @@ def test_downsample_is_invertible_space_to_depth():
     down = model.downsample(x)
     assert down.shape == (2, 8, 4, 4)
     assert torch.equal(torch.nn.PixelShuffle(2)(down), x)
+
+
+def test_grid_init_puts_centers_on_the_kernel_grid():
+    model = build_model("sa-quadratic", hidden=8, heads=9, layers=2, intermediate=8, init="grid", locality=2.0)
+    enc = model.layers[1].attention.encoding
+    expected = {(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)}
+    assert {tuple(c) for c in enc.centers.tolist()} == expected
+    # alpha = a^2 / 2 = locality: the score of a head is -2 ||delta - Delta_h||^2
+    assert torch.allclose(enc.widths**2 / 2, torch.full((9,), 2.0))
+    probs = model.layers[0].attention.attention_probs(size=(7, 7))[0]  # (9, 49, 49)
+    q = 3 * 7 + 3
+    for h, (di, dj) in enumerate(enc.centers.tolist()):
+        assert probs[h, q].argmax().item() == (3 + int(di)) * 7 + (3 + int(dj))
+
+
+def test_grid_init_needs_a_quadratic_encoding():
+    with pytest.raises(AttnconvError, match="quadratic"):
+        build_model("sa-learned", init="grid")
+    aniso = build_model("sa-quadratic-aniso", hidden=8, heads=4, layers=1, intermediate=8, init="grid")
+    assert torch.allclose(aniso.layers[0].attention.encoding.centers,
+                          torch.tensor([[-0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]))

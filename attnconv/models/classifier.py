@@ -44,6 +44,8 @@ class ClassifierConfig:
     attn_dropout: float = 0.1  # dropout on the attention probabilities
     pos_dim: int | None = None  # learned tables' width D_p (default: hidden, 400 in the paper)
     impl: str = "auto"
+    init: str = "paper"  # "paper": centers ~ N(0, 2^2); "grid": centers on the K x K grid (quadratic only)
+    locality: float = 1.0  # alpha of every head with init="grid"
 
     def validate(self) -> None:
         for name in ("in_channels", "image_size", "num_classes", "hidden", "heads", "layers", "intermediate", "downsample"):
@@ -55,6 +57,12 @@ class ClassifierConfig:
                 f"image_size {self.image_size} is not divisible by downsample {self.downsample}; "
                 f"choose a downsample factor that divides it"
             )
+        if self.init not in ("paper", "grid"):
+            raise AttnconvError(f"model option init must be 'paper' or 'grid', got {self.init!r}")
+        if self.init == "grid" and not self.encoding.startswith("quadratic"):
+            raise AttnconvError(f"init='grid' places quadratic centers; the {self.encoding!r} encoding has none")
+        if not self.locality > 0:
+            raise AttnconvError(f"model option locality must be positive, got {self.locality}")
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise AttnconvError(f"model option {name} must be in [0, 1), got {getattr(self, name)}")
@@ -105,6 +113,9 @@ class AttentionClassifier(nn.Module):
         self.embed = nn.Linear(cfg.in_channels * d * d, cfg.hidden)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.head = nn.Linear(cfg.hidden, cfg.num_classes)
+        if cfg.init == "grid":
+            for layer in self.attention_layers:
+                layer.encoding.init_grid(cfg.locality)
 
     @property
     def attention_layers(self) -> list[SelfAttention2d]:
