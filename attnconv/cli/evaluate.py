@@ -1,0 +1,68 @@
+"""`attnconv eval` and `attnconv table`: accuracy, parameters and FLOPs of trained runs.
+
+    attnconv eval runs/sa [--json]
+    attnconv table runs/resnet runs/sa > table.md
+
+FLOPs are per image at batch size 1. "all ops" is what torch.utils.flop_counter
+counts: matrix products, convolutions and attention (2 per multiply-add); it leaves
+out elementwise ops (softmax, activations, normalization, residual adds).
+"Linear only" is the paper's convention: nn.Linear layers alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval", help="test accuracy, parameters and FLOPs of a run", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train`")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--batch-size", type=int, default=500)
+    p.set_defaults(func=run_eval)
+
+    t = subparsers.add_parser(
+        "table", help="Table 1 of the paper (Markdown) from run directories", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
+    t.set_defaults(func=run_table)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv.errors import AttnconvError
+    from attnconv.evaluate import describe_run
+
+    if args.batch_size < 1:
+        raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise AttnconvError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
+                     batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"run          {s['run']}")
+    print(f"model        {s['model']} on {s['dataset']} (epoch {s['epochs']}, step {s['step']})")
+    print(f"test acc     {s['test_acc']:.4f}  (loss {s['test_loss']:.4f})")
+    print(f"parameters   {s['params']:,}")
+    print(f"FLOPs/image  {s['flops_total']:,} (all ops counted by torch.utils.flop_counter)")
+    print(f"             {s['flops_linear']:,} (Linear layers only, the paper's convention)")
+    top = sorted(s["flops_by_op"].items(), key=lambda kv: -kv[1])
+    print("by op        " + ", ".join(f"{op} {v:,}" for op, v in top))
+    return 0
+
+
+def run_table(args: argparse.Namespace) -> int:
+    from attnconv.evaluate import describe_run, format_table
+
+    print(format_table(describe_run(d) for d in args.run_dirs), end="")
+    return 0

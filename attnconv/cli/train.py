@@ -1,0 +1,107 @@
+"""`attnconv train`: train a named model on a dataset into a run directory.
+
+    attnconv train --preset fmnist-sa-quadratic --out runs/sa
+    attnconv train --model resnet18 --dataset fashion-mnist --width 16 --epochs 5 --out runs/r
+    attnconv train --out runs/sa --resume            # continue after any interruption
+    torchrun --nproc-per-node 2 -m attnconv train --preset ... --out runs/ddp
+
+Explicit flags override the preset; model flags (--hidden, --layers, ...) override
+the model's defaults. With --resume, a run directory's saved config is the base, and
+only --device, --workers, --data-dir, --checkpoint-every and --compile may change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from attnconv.errors import AttnconvError
+
+# Model overrides as flags: (flag, type, help). None (the default) keeps the preset's or model's value.
+MODEL_FLAGS = (
+    ("in-channels", int, "input channels (set from the dataset)"),
+    ("image-size", int, "image side (set from the dataset)"),
+    ("num-classes", int, "classes (set from the dataset)"),
+    ("hidden", int, "attention models: hidden width (paper: 400)"),
+    ("heads", int, "attention models: heads (paper: 9)"),
+    ("layers", int, "attention models: layers (paper: 6)"),
+    ("intermediate", int, "attention models: MLP width (paper: 512)"),
+    ("downsample", int, "attention models: space-to-depth factor (paper: 2)"),
+    ("dropout", float, "attention models: dropout after attention and MLP (paper: 0.1)"),
+    ("attn-dropout", float, "attention models: dropout on attention probabilities (paper: 0.1)"),
+    ("impl", str, "attention models: auto, dense, separable or sdpa"),
+    ("width", int, "resnet18: base channels (paper: 64)"),
+)
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions like 0.27,0.5,0.83, got {text!r}")
+
+
+def register(subparsers) -> None:
+    from attnconv.models import list_models
+    from attnconv.train import OPTIMIZERS, PRESETS, SCHEDULES
+
+    p = subparsers.add_parser(
+        "train", help="train a model (paper presets, resume, DDP)", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory (config, metrics, checkpoints)")
+    p.add_argument("--preset", metavar="NAME", help=f"named recipe: {', '.join(PRESETS)}")
+    p.add_argument("--model", metavar="NAME", help=f"model: {', '.join(list_models())}")
+    p.add_argument("--dataset", metavar="NAME", help="cifar10 or fashion-mnist")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from RUN_DIR's last checkpoint (starts fresh if there is none)")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--max-steps", type=int, help="stop after this many steps")
+    g.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--momentum", type=float, help="SGD momentum (AdamW: beta1)")
+    g.add_argument("--weight-decay", type=float, help="not applied to attention centers and widths")
+    g.add_argument("--schedule", choices=SCHEDULES)
+    g.add_argument("--warmup", type=float, help="warm-up length, as a fraction of all steps (warmup-cosine)")
+    g.add_argument("--milestones", type=_fractions, help="multistep: fractions of all steps, e.g. 0.27,0.5,0.83")
+    g.add_argument("--gamma", type=float, help="multistep: LR factor at each milestone")
+    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help="random crop (pad 4) and horizontal flip")
+    g.add_argument("--seed", type=int)
+    r = p.add_argument_group("execution")
+    r.add_argument("--device", help="cpu or cuda")
+    r.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bfloat16 autocast")
+    r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model")
+    r.add_argument("--workers", type=int, help="CPU threads for torch")
+    r.add_argument("--data-dir", help="folder with the dataset files")
+    r.add_argument("--checkpoint-every", type=int, metavar="STEPS",
+                   help="also checkpoint every STEPS steps (default: at epoch ends only)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    m = p.add_argument_group("model overrides")
+    for flag, kind, text in MODEL_FLAGS:
+        m.add_argument(f"--{flag}", type=kind, help=text)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.train import CONFIG_FILE, TrainConfig, make_config, read_config, train
+
+    out = Path(args.out)
+    base = None
+    if args.resume and args.preset is None and args.model is None and (out / CONFIG_FILE).exists():
+        base = TrainConfig.from_dict(read_config(out)["config"])
+    fields = ("model", "dataset", "epochs", "max_steps", "batch_size", "optimizer", "lr", "momentum",
+              "weight_decay", "schedule", "warmup", "milestones", "gamma", "augment", "seed", "device", "amp",
+              "compile", "workers", "data_dir", "checkpoint_every")
+    overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
+    config = make_config(preset=args.preset, base=base, model_overrides=overrides,
+                         **{f: getattr(args, f) for f in fields})
+    if out.exists() and not out.is_dir():
+        raise AttnconvError(f"--out {out} is a file; give a directory")
+    row = train(config, out, resume=args.resume, progress=not args.no_progress)
+    if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
+        print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
+    return 0
