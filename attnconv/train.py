@@ -391,8 +391,14 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
     from safetensors.torch import load_file
 
     run_dir = Path(run_dir)
-    config = TrainConfig.from_dict(read_config(run_dir)["config"])
+    meta = read_config(run_dir)
+    config = TrainConfig.from_dict(meta["config"])
     model = build_model(config.model, **config.model_overrides)
+    if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
+        from attnconv.convert import cnn_to_attention
+
+        conv = meta["converted"]
+        model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
     path = run_dir / WEIGHTS_FILE
     if not path.exists():
         raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)")

@@ -19,6 +19,7 @@ _COMMANDS = [
     "attnconv.cli.express",
     "attnconv.cli.train",
     "attnconv.cli.evaluate",
+    "attnconv.cli.convert",
 ]
 
 

@@ -1,0 +1,78 @@
+"""`attnconv convert`: a trained CNN run as an equivalent all-attention run (Theorem 1, network-wide).
+
+    attnconv convert runs/resnet --out runs/resnet-attention
+
+Every convolution becomes its exact attention equivalent (one head per kernel tap)
+and, by default, each BatchNorm that follows a convolution is folded into it. The new
+run directory works with every other command (eval, table, ...). Both networks are
+evaluated on the test set; their accuracies must be identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "convert", help="convert a trained CNN run into an equivalent attention run", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run of a CNN written by `attnconv train`")
+    p.add_argument("--out", required=True, metavar="NEW_RUN_DIR", help="where to write the converted run (new)")
+    p.add_argument("--no-fold-bn", dest="fold_bn", action="store_false",
+                   help="keep BatchNorm layers instead of folding them into the attention layers")
+    p.add_argument("--alpha", type=float, default=None, help="attention width (default: chosen from float32)")
+    p.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    p.add_argument("--batch-size", type=int, default=250)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv import data as D
+    from attnconv.convert import convert_run
+    from attnconv.errors import AttnconvError
+    from attnconv.evaluate import count_flops, count_params
+    from attnconv.train import load_run
+
+    if args.batch_size < 1:
+        raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
+    if args.alpha is not None and not args.alpha > 0:
+        raise AttnconvError(f"--alpha {args.alpha} is invalid: give a positive number")
+    cnn, config = load_run(args.run_dir)
+    info = D.dataset_info(config.dataset)
+    _, test = D.load_dataset(config.dataset, args.data_dir or _existing(config.data_dir))
+    out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
+    attn, _ = load_run(out)
+
+    correct = {"cnn": 0, "attention": 0}
+    disagree = 0
+    max_rel = 0.0
+    with torch.no_grad():
+        for i in range(0, len(test), args.batch_size):
+            x = D.normalize(test.images[i : i + args.batch_size], info)
+            y = test.labels[i : i + args.batch_size]
+            a, b = cnn(x), attn(x)
+            max_rel = max(max_rel, ((a - b).norm() / a.norm()).item())
+            correct["cnn"] += (a.argmax(1) == y).sum().item()
+            correct["attention"] += (b.argmax(1) == y).sum().item()
+            disagree += (a.argmax(1) != b.argmax(1)).sum().item()
+    shape = (info.channels, info.size, info.size)
+    n = len(test)
+    print(f"converted {args.run_dir} -> {out}  (BatchNorm {'folded' if args.fold_bn else 'kept'})")
+    print(f"{'network':<10} {'test acc':>9} {'params':>12} {'FLOPs/image':>15}")
+    for name, model in (("cnn", cnn), ("attention", attn)):
+        flops = count_flops(model, shape)["total"]
+        print(f"{name:<10} {correct[name] / n:>9.4f} {count_params(model):>12,} {flops:>15,}")
+    print(f"predictions that differ: {disagree} of {n}; max relative difference of the logits per batch: {max_rel:.2e}")
+    if correct["cnn"] != correct["attention"]:
+        raise AttnconvError("the converted network's accuracy differs from the CNN's; please report this")
+    return 0
+
+
+def _existing(path):
+    from pathlib import Path
+
+    return path if path is not None and Path(path).is_dir() else None

@@ -1,0 +1,80 @@
+"""`attnconv convert`: a trained CNN run becomes an attention run the other commands accept."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from fixtures_data import write_idx
+
+from attnconv.cli import main
+from attnconv.construct import ConvAttention
+from attnconv.train import load_run
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fmnist-conv")
+    rng = np.random.default_rng(1)
+    for prefix, n in (("train", 128), ("t10k", 64)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 60, (n, 28, 28)) + 20 * labels[:, None, None]
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", images.astype(np.uint8), gz=False)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels.astype(np.uint8), gz=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cnn_run(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("runs") / "resnet"
+    rc = main(["train", "--model", "resnet18", "--width", "4", "--dataset", "fashion-mnist", "--data-dir",
+               str(data_dir), "--epochs", "1", "--batch-size", "32", "--workers", "1", "--no-progress",
+               "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_convert_writes_an_attention_run_with_identical_accuracy(cnn_run, data_dir, tmp_path, capsys):
+    new = tmp_path / "resnet-attn"
+    assert main(["convert", str(cnn_run), "--out", str(new), "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    accs = {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line.split()[:1] in (["cnn"], ["attention"])}
+    assert accs["cnn"] == accs["attention"]
+    assert "predictions that differ: 0 of 64" in out
+
+    attn, config = load_run(new)
+    cnn, _ = load_run(cnn_run)
+    assert config.model == "resnet18"
+    assert not any(isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d)) for m in attn.modules())
+    assert sum(isinstance(m, ConvAttention) for m in attn.modules()) == 20
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        assert ((attn(x) - cnn(x)).norm() / cnn(x).norm()).item() < 1e-4
+    meta = json.loads((new / "config.json").read_text())
+    assert meta["converted"]["from"] == str(cnn_run) and meta["converted"]["fold_bn"] is True
+
+    # other commands accept it
+    assert main(["eval", str(new), "--data-dir", str(data_dir)]) == 0
+    assert "(as attention)" in capsys.readouterr().out
+
+
+def test_convert_refuses_bad_requests_without_writing(cnn_run, data_dir, tmp_path, capsys):
+    existing = tmp_path / "exists"
+    existing.mkdir()
+    assert main(["convert", str(cnn_run), "--out", str(existing), "--data-dir", str(data_dir)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_convert_rejects_a_model_without_convolutions(data_dir, tmp_path, capsys):
+    run = tmp_path / "sa"
+    assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4",
+                 "--intermediate", "8", "--downsample", "4", "--dataset", "fashion-mnist", "--data-dir",
+                 str(data_dir), "--max-steps", "1", "--batch-size", "32", "--workers", "1", "--no-progress",
+                 "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(run), "--out", str(tmp_path / "new"), "--data-dir", str(data_dir)]) == 2
+    assert "no convolution" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
