@@ -31,6 +31,8 @@ MODEL_FLAGS = (
     ("dropout", float, "attention models: dropout after attention and MLP (paper: 0.1)"),
     ("attn-dropout", float, "attention models: dropout on attention probabilities (paper: 0.1)"),
     ("impl", str, "attention models: auto, dense, separable or sdpa"),
+    ("init", str, "quadratic attention models: 'paper' (centers ~ N(0, 2^2)) or 'grid' (centers on the KxK grid)"),
+    ("locality", float, "quadratic attention models with --init grid: initial alpha of every head (default 1)"),
     ("width", int, "resnet18: base channels (paper: 64)"),
 )
 
