@@ -20,7 +20,6 @@ _COMMANDS = [
     "attnconv.cli.train",
     "attnconv.cli.evaluate",
     "attnconv.cli.convert",
-    "attnconv.cli.bench",
 ]
 
 
