@@ -259,7 +259,7 @@ class SelfAttention2d(nn.Module):
             return {"position": pos, "combined": pos}
         if x is None:
             raise AttnconvError("a content-attention layer needs the input x to compute its attention")
-        q, k = self._queries_keys(x)
+        q, k = self._queries_keys(x)  # projections run under autocast (bf16 on GPU), the scores do not
         with _fp32():
             q, k = _wide(q), _wide(k)
             content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)  # (B, heads, T, T)
@@ -267,8 +267,9 @@ class SelfAttention2d(nn.Module):
         return {"content": content, "position": pos, "combined": content + pos}
 
     def _probs(self, x: Tensor, H: int, W: int) -> Tensor:
+        scores = self._scores(x if not self.position_only else None, H, W)["combined"]
         with _fp32():
-            return self._scores(x if not self.position_only else None, H, W)["combined"].softmax(-1)
+            return scores.softmax(-1)
 
     def attention_scores(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> dict[str, Tensor]:
         """Pre-softmax score terms (Eq. 6) as (B or 1, heads, T, T) float32 tensors.

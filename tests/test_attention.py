@@ -200,15 +200,18 @@ def test_eval_dropout_is_identity_and_train_dropout_is_unbiased():
             assert _rel(samples.mean(0), ref) < 0.03, impl
 
 
-def test_bf16_autocast_keeps_scores_in_float32():
-    layer = SelfAttention2d(8, 8, heads=3, encoding="learned-content", max_size=6)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_bf16_autocast_keeps_scores_in_float32(encoding):
+    layer = SelfAttention2d(8, 8, heads=3, encoding=encoding, max_size=6)
     x = torch.randn(2, 8, 6, 6)
     ref = layer(x)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = layer(x)
-        scores = layer.attention_scores(x)["combined"]
-    assert scores.dtype == torch.float32
-    assert torch.isfinite(y).all() and _rel(y.float(), ref) < 5e-2
+    for impl in _impls(layer):
+        layer.impl = impl
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+            scores = layer.attention_scores(x)["combined"]
+        assert scores.dtype == torch.float32, impl
+        assert torch.isfinite(y).all() and _rel(y.float(), ref) < 5e-2, impl
 
 
 def test_bad_inputs_raise_clear_errors():

@@ -20,6 +20,7 @@ _COMMANDS = [
     "attnconv.cli.train",
     "attnconv.cli.evaluate",
     "attnconv.cli.convert",
+    "attnconv.cli.bench",
 ]
 
 

@@ -1,0 +1,148 @@
+"""`attnconv bench`: the fast attention paths against the dense baseline, in one run.
+
+    attnconv bench --quick                         # a few minutes on a CPU
+    attnconv bench --markdown out.md --json out.json
+    attnconv bench --only layer --sides 16,32 --repeats 7
+    attnconv bench --device cuda --amp --compile   # GPU: bf16 autocast, compiled variants, FlexAttention
+
+Each comparison runs in one process on the same inputs, after warm-up, with the
+variants' repeats interleaved; it prints the medians, dense/variant ratios next to
+their targets, the output error against a float64 reference, and peak memory.
+Benchmarks: matmul, layer, model (with utilization: model FLOP/s / matmul FLOP/s), data, memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from attnconv.errors import AttnconvError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark the attention paths, the models, the data pipeline", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--quick", action="store_true", help="reduced sizes and repeats (a few minutes on a CPU)")
+    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # toy sizes: the smoke test
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    p.add_argument("--amp", action="store_true", help="bf16 autocast around forward passes")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile'd fast variants")
+    p.add_argument("--only", type=_names, metavar="LIST",
+                   help="comma-separated subset of: matmul,layer,model,data,memory (default: all; "
+                        "utilization is reported when matmul and model both run)")
+    p.add_argument("--repeats", type=_positive, metavar="N", help="timed runs per variant (default 5, --quick 3)")
+    p.add_argument("--sides", type=_sides, metavar="LIST", help="layer image sides (default 8,16,32,64; --quick 8,16,32)")
+    p.add_argument("--threads", type=_positive, metavar="N", help="torch intra-op threads (default: torch's)")
+    p.add_argument("--memory-budget-gb", type=float, metavar="GB",
+                   help="skip cases estimated above this (default: 60%% of RAM, at most 80%% of what is free)")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.profiler on each case that misses its target (default: on, off with --quick)")
+    p.add_argument("--json", metavar="OUT.json", help="also write every number measured, as JSON")
+    p.add_argument("--markdown", metavar="OUT.md", help="also write a section for benchmarks/RESULTS.md")
+    p.set_defaults(func=run_bench)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _sides(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(_positive(v) for v in text.split(",") if v.strip()) or _bad_sides(text)
+    except argparse.ArgumentTypeError:
+        return _bad_sides(text)
+
+
+def _bad_sides(text: str):
+    raise argparse.ArgumentTypeError(f"expected comma-separated image sides such as 8,16,32, got {text!r}")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    from attnconv.bench import SECTIONS
+
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [n for n in names if n not in SECTIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown benchmark {', '.join(bad) or repr(text)}; "
+                                         f"choose from {','.join(SECTIONS)}")
+    return names
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command, rebuilt from the parsed options (those that differ from the defaults)."""
+    parts = ["attnconv", "bench"]
+    for flag in ("quick", "tiny", "amp", "compile"):
+        if getattr(args, flag):
+            parts.append(f"--{flag}")
+    if args.profile is not None:
+        parts.append("--profile" if args.profile else "--no-profile")
+    if args.device != "cpu":
+        parts += ["--device", args.device]
+    if args.only:
+        parts += ["--only", ",".join(args.only)]
+    if args.sides:
+        parts += ["--sides", ",".join(map(str, args.sides))]
+    for flag in ("repeats", "threads", "memory_budget_gb", "json", "markdown"):
+        value = getattr(args, flag)
+        if value is not None:
+            parts += [f"--{flag.replace('_', '-')}", str(value)]
+    return shlex.join(parts)
+
+
+def config_from_args(args: argparse.Namespace):
+    """BenchConfig for the parsed options (--quick / --tiny pick the base sizes)."""
+    from attnconv import bench
+
+    if args.quick and args.tiny:
+        raise AttnconvError("choose one of --quick and --tiny")
+    make = bench.tiny_config if args.tiny else bench.quick_config if args.quick else bench.BenchConfig
+    changes = {"device": args.device, "amp": args.amp, "compile": args.compile, "threads": args.threads}
+    if args.only:
+        changes["only"] = args.only
+    if args.repeats:
+        changes["repeats"] = args.repeats
+    if args.profile is not None:
+        changes["profile"] = args.profile
+    if args.sides:
+        changes["sides"] = args.sides
+    if args.memory_budget_gb is not None:
+        if args.memory_budget_gb <= 0:
+            raise AttnconvError(f"--memory-budget-gb must be positive, got {args.memory_budget_gb}")
+        changes["memory_budget"] = int(args.memory_budget_gb * 1e9)
+    return make(**changes)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from attnconv import bench
+
+    cfg = config_from_args(args)
+    cfg.validate()
+    for path in (args.json, args.markdown):
+        if path and not Path(path).parent.exists():
+            raise AttnconvError(f"cannot write {path}: the folder {Path(path).parent} does not exist")
+    command = command_line(args)
+    print(command, flush=True)
+    report = bench.run_benchmarks(cfg, command, on_section=lambda s: print("\n" + bench.format_section(s), flush=True))
+    m = report.machine
+    print(f"machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}"
+          + (f", GPU {m['gpu']}" if m.get("gpu") else "") + f"; load average at start {m['load']}; {report.date}")
+    if args.markdown:
+        Path(args.markdown).write_text(bench.format_report(report, markdown=True))
+        print(f"wrote {args.markdown}", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(bench.report_json(report))
+        print(f"wrote {args.json}", file=sys.stderr)
+    if report.failures:
+        print(f"error: {len(report.failures)} benchmark case(s) failed; their errors are in the notes", file=sys.stderr)
+        return 1
+    return 0

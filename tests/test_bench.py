@@ -1,0 +1,163 @@
+import json
+import warnings
+
+import pytest
+import torch
+
+from attnconv import bench
+from attnconv.attention import SelfAttention2d
+from attnconv.cli import main
+
+
+# ------------------------------------------------------------------ timing and ratio helpers
+
+
+def test_interleaved_order_alternates_direction():
+    assert bench.interleaved_order(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
+    assert bench.interleaved_order(["a"], 2) == ["a", "a"]
+
+
+def test_time_variants_warms_up_then_times_interleaved_runs():
+    now = [0.0]
+    calls = []
+
+    def clock():
+        return now[0]
+
+    def variant(name, seconds):
+        def run():
+            calls.append(name)
+            now[0] += seconds
+
+        return run
+
+    timings = bench.time_variants({"dense": variant("dense", 3.0), "fast": variant("fast", 1.0)},
+                                  warmup=2, repeats=3, clock=clock)
+    assert calls == ["dense", "fast"] * 2 + ["dense", "fast", "fast", "dense", "dense", "fast"]
+    assert timings["dense"].samples == [3.0, 3.0, 3.0] and timings["fast"].samples == [1.0, 1.0, 1.0]
+    assert bench.speedup(timings["dense"], timings["fast"]) == 3.0
+
+
+def test_timing_reports_median_min_max():
+    t = bench.Timing([5.0, 1.0, 2.0, 100.0, 3.0])
+    assert (t.median, t.min, t.max) == (3.0, 1.0, 100.0)
+    assert bench.Timing([1.0, 3.0]).median == 2.0
+
+
+def test_speedup_is_baseline_median_over_variant_median():
+    dense, fast = bench.Timing([4.0, 4.0, 40.0]), bench.Timing([2.0, 1.0, 2.0])
+    assert bench.speedup(dense, fast) == 2.0
+    assert bench.speedup(fast, dense) == 0.5
+
+
+def test_rel_diff_is_max_error_over_max_reference():
+    ref = torch.tensor([1.0, -4.0, 2.0])
+    assert bench.rel_diff(ref + torch.tensor([0.0, 0.0, 0.4]), ref) == pytest.approx(0.1)
+    assert bench.rel_diff(ref, ref) == 0.0
+    assert bench.rel_diff(torch.tensor([0.5]), torch.zeros(1)) == 0.5
+
+
+def test_target_status_says_met_or_missed():
+    assert bench.target_status(2.6, 2.5) == ">= 2.5x met"
+    assert bench.target_status(1.29, 1.3) == ">= 1.3x missed"
+    assert bench.target_status(3.0, None) == ""
+    assert bench.target_status(None, 1.2) == ""
+
+
+def test_fit_batch_halves_until_the_estimate_fits():
+    per_sample = lambda b: 10 * b  # noqa: E731
+    assert bench.fit_batch(per_sample, 32, 1000) == 32
+    assert bench.fit_batch(per_sample, 32, 100) == 8
+    assert bench.fit_batch(lambda b: 10 * b + 1000, 32, 100) == 0
+
+
+def test_dense_estimate_grows_with_tokens_squared_and_exceeds_separable():
+    small = bench.estimate_layer_bytes("dense", "quadratic", 32, 32, 400, 9)
+    large = bench.estimate_layer_bytes("dense", "quadratic", 32, 64, 400, 9)
+    assert large > 8 * small  # 4x the tokens: the (T x T) terms dominate
+    for side, factor in ((32, 1), (64, 2.5)):  # measured at 32x32, batch 2: dense 1.4x the separable path
+        assert bench.estimate_layer_bytes("dense", "quadratic", 32, side, 400, 9) > \
+            factor * bench.estimate_layer_bytes("separable", "quadratic", 32, side, 400, 9)
+    # the issue's 64x64 layer at batch 32: the dense probabilities alone are 32*9*4096^2 floats (19 GB)
+    assert bench.estimate_layer_bytes("dense", "quadratic", 32, 64, 400, 9) > 2 * 19e9
+
+
+def test_tables_format_as_text_and_markdown():
+    rows = [["quadratic", "1.50x"]]
+    assert bench.format_table(["encoding", "ratio"], rows, markdown=True).splitlines() == [
+        "| encoding | ratio |", "|---|---|", "| quadratic | 1.50x |"]
+    text = bench.format_table(["encoding", "ratio"], rows).splitlines()
+    assert text[0].split() == ["encoding", "ratio"] and text[2].split() == ["quadratic", "1.50x"]
+    assert bench.fmt_seconds(0.0123) == "12.3 ms" and bench.fmt_bytes(2.5e9) == "2.50 GB"
+
+
+def test_flex_attention_computes_the_content_layer():
+    if bench.flex_unavailable("cpu", needs_grad=False):
+        pytest.skip("FlexAttention not importable")
+    layer = SelfAttention2d(8, 8, heads=2, encoding="learned-content", impl="dense", max_size=5).eval()
+    x = torch.randn(2, 8, 3, 5)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention warns that it is the reference implementation
+        out = bench.FlexContentAttention(layer)(x)
+    assert bench.rel_diff(out, layer(x).detach()) < 1e-5
+
+
+def test_impl_of_every_layer_is_set_without_changing_parameters():
+    model = bench.build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    bench._set_impl(model, "auto")
+    assert [m.resolved_impl() for m in model.attention_layers] == ["separable", "separable"]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+# ------------------------------------------------------------------ the command
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_bench_runs_every_benchmark_end_to_end(tmp_path, capsys, keep_threads):
+    """Smoke test: the quick mode's code paths at toy sizes (--tiny), every section, JSON and Markdown."""
+    out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
+    assert main(["bench", "--tiny", "--threads", "1", "--profile", "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    stdout = capsys.readouterr().out
+    assert stdout.startswith("attnconv bench --tiny --profile --threads 1")
+    for title in ("Matrix multiply", "Attention layer", "Training step", "Utilization", "Data pipeline",
+                  "Peak memory"):
+        assert title in stdout
+
+    report = json.loads(out_json.read_text())
+    sections = {s["key"]: s for s in report["sections"]}
+    assert list(sections) == ["matmul", "layer", "model", "util", "data", "memory"]
+    layers = sections["layer"]["data"]
+    assert {r["encoding"] for r in layers} == set(bench.LAYER_ENCODINGS)
+    for r in layers + sections["model"]["data"]:
+        assert "skipped" not in r, r
+        assert min(r["seconds"]) > 0 and r["speedup"] > 0
+        assert r["error_vs_fp64"] < 1e-5  # every path computes the dense function, to float32 rounding
+    assert {r["variant"] for r in layers} == {"dense", "separable", "sdpa"}
+    assert all(0 < r["utilization"] for r in sections["util"]["data"])
+    assert sections["data"]["data"][0]["images_per_s"] > 0 and sections["data"]["data"][0]["ratio"] > 0
+    memory = sections["memory"]["data"]
+    assert {r["variant"] for r in memory} == {"dense", "separable"}
+    assert all(r.get("peak_bytes", 0) > 0 for r in memory), memory
+
+    markdown = out_md.read_text()
+    assert "- command: `attnconv bench --tiny --profile --threads 1" in markdown and "- machine: " in markdown
+    assert "| encoding | tokens |" in markdown
+
+
+def test_bench_without_cuda_is_a_clear_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert main(["bench", "--device", "cuda", "--tiny"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_bench_rejects_unknown_benchmark_names(capsys):
+    assert main(["bench", "--only", "layer,speed"]) == 2
+    assert "speed" in capsys.readouterr().err
