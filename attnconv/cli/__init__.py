@@ -21,6 +21,7 @@ _COMMANDS = [
     "attnconv.cli.evaluate",
     "attnconv.cli.convert",
     "attnconv.cli.bench",
+    "attnconv.cli.analyze",
 ]
 
 

@@ -1,0 +1,400 @@
+"""Figures of trained attention layers: head centers (Figures 4, 12, 14) and attention maps (Figures 5, 6).
+
+    from attnconv.plots import plot_centers, plot_maps
+    plot_centers("runs/sa")                          # runs/sa/centers.png
+    plot_maps("runs/sa", query=(3, 3), zoom=7)       # runs/sa/maps.png
+
+Coordinates are token-grid coordinates (the image after the model's d x d downsampling):
+a shift (row, col) = key - query, rows pointing down as in an image.
+
+Centers. One panel per layer, one color per head. The query pixel is the black square at
+(0, 0); each head's center is a dot, with the contours holding 50% (solid) and 90%
+(dotted) of its attention mass:
+  - quadratic heads: the level sets of their Gaussian, score -1/2 (d - Delta)^T Sigma^-1 (d - Delta).
+    Under that (continuous) Gaussian, d^T Sigma^-1 d is chi^2 with 2 degrees of freedom, so
+    the ellipse {d^T Sigma^-1 d = -2 ln(1 - m)} holds mass m (circles for isotropic heads);
+  - learned and content heads (no center parameter): the probabilities of the query in
+    the middle of the grid (content: averaged over test images), contoured at the levels
+    that enclose 50% / 90% of the mass (the fewest, most probable pixels), and the center
+    is the probability-weighted mean shift.
+Centers outside the window are drawn on its edge as open markers.
+
+Figures are written atomically (temporary file, then os.replace); parent folders are created.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from torch import Tensor
+
+from attnconv.errors import AttnconvError
+
+MASSES = (0.5, 0.9)  # contour masses: solid, dotted
+_STYLES = {0.5: "-", 0.9: ":"}
+_FORMATS = (".png", ".svg", ".pdf")
+
+__all__ = [
+    "MASSES",
+    "centers_figure",
+    "maps_figure",
+    "mass_level",
+    "plot_centers",
+    "plot_maps",
+    "save_figure",
+]
+
+
+# ----------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------
+
+
+def _check_out(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in _FORMATS:
+        raise AttnconvError(f"--out {path}: give a file name ending in {', '.join(_FORMATS)}")
+    if path.exists() and path.is_dir():
+        raise AttnconvError(f"--out {path} is a directory; give a file name such as {path / 'figure.png'}")
+    return path
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
+    """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders."""
+    from attnconv.train import atomic_write
+
+    path = _check_out(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=dpi, bbox_inches="tight"))
+    return path
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "hsv"]
+    return [cmap(i % cmap.N) if n <= 20 else cmap(i / n) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------
+# Centers (Figures 4, 12, 14)
+# ----------------------------------------------------------------------------------------
+
+
+def mass_level(p: np.ndarray, mass: float) -> float:
+    """The level L such that the pixels with p > L are the fewest, most probable ones holding `mass`.
+
+    Halfway between the last value needed and the next smaller distinct value, so a
+    contour at L separates the two sets cleanly (ties are kept together).
+    """
+    v = np.sort(p.ravel())[::-1]
+    total = v.sum()
+    if total <= 0:
+        return 0.0
+    k = int(np.searchsorted(np.cumsum(v), mass * total))
+    k = min(k, len(v) - 1)
+    below = v[v < v[k]]
+    return float((v[k] + (below[0] if len(below) else 0.0)) / 2)
+
+
+def _ellipse(center: np.ndarray, s: np.ndarray, mass: float) -> np.ndarray:
+    """Points (n, 2) as (row, col) of {d: (d - c)^T S (d - c) = -2 ln(1 - mass)}."""
+    r2 = -2.0 * math.log(1.0 - mass)
+    evals, evecs = np.linalg.eigh(s)
+    evals = np.maximum(evals, 1e-12)
+    t = np.linspace(0, 2 * math.pi, 121)
+    unit = np.stack([np.cos(t), np.sin(t)], axis=-1)  # (n, 2)
+    return center + (unit * np.sqrt(r2 / evals)) @ evecs.T
+
+
+def _window(layers: list[dict[str, Any]], grid: int) -> int:
+    """Half-width R of the shift window [-R, R]: enough for every center and 90% contour, at most grid."""
+    need = 2.0
+    for g in layers:
+        c = np.asarray(g["centers"], dtype=float)
+        need = max(need, float(np.abs(c).max()) + 0.5 if c.size else 0.0)
+        if g.get("inverse_covariance") is not None:
+            s = np.asarray(g["inverse_covariance"], dtype=float)
+            r2 = -2.0 * math.log(1.0 - max(MASSES))
+            for h in range(len(c)):
+                semi = math.sqrt(r2 / max(np.linalg.eigvalsh(s[h])[0], 1e-12))
+                need = max(need, float(np.abs(c[h]).max()) + semi)
+        elif g.get("map") is not None:
+            m = np.asarray(g["map"], dtype=float)
+            q = g["query"]
+            for h in range(len(m)):
+                rows, cols = np.nonzero(m[h] > mass_level(m[h], max(MASSES)))
+                if len(rows):
+                    need = max(need, float(np.abs(rows - q[0]).max()), float(np.abs(cols - q[1]).max()))
+    return int(min(math.ceil(need), grid))
+
+
+def _draw_centers(ax, g: dict[str, Any], colors: list, R: int, title: str) -> None:
+    from matplotlib.patches import Rectangle
+
+    lim = R + 0.5
+    c = np.asarray(g["centers"], dtype=float)  # (heads, 2): (row, col)
+    s = g.get("inverse_covariance")
+    for h in range(len(c)):
+        color = colors[h]
+        if s is not None:
+            for mass in MASSES:
+                pts = _ellipse(c[h], np.asarray(s[h], dtype=float), mass)
+                ax.plot(pts[:, 1], pts[:, 0], _STYLES[mass], color=color, lw=1.3)
+        elif g.get("map") is not None:
+            m = np.asarray(g["map"][h], dtype=float)  # (H, W) over keys
+            q = g["query"]
+            padded = np.pad(m, 1)  # zeros around, so every contour closes inside the grid
+            rows = np.arange(-1, m.shape[0] + 1) - q[0]
+            cols = np.arange(-1, m.shape[1] + 1) - q[1]
+            for mass in MASSES:
+                level = mass_level(m, mass)
+                if padded.max() > level > padded.min():
+                    ax.contour(cols, rows, padded, levels=[level], colors=[color],
+                               linestyles=[_STYLES[mass]], linewidths=1.3)
+        inside = bool(np.all(np.abs(c[h]) <= lim))
+        y, x = np.clip(c[h], -lim, lim)
+        ax.plot(x, y, "o", ms=5, color=color, mfc=color if inside else "none", mew=1.5, zorder=3)
+    ax.add_patch(Rectangle((-0.5, -0.5), 1, 1, color="black", zorder=4))
+    ax.set_xlim(-lim, lim)
+    ax.set_ylim(lim, -lim)  # rows point down, as in an image
+    ax.set_aspect("equal")
+    step = 1 if R <= 6 else 2 if R <= 12 else 4
+    ticks = np.arange(-(R // step) * step, R + 1, step)
+    ax.set_xticks(ticks)
+    ax.set_yticks(ticks)
+    ax.set_xticks(np.arange(-R, R + 2) - 0.5, minor=True)
+    ax.set_yticks(np.arange(-R, R + 2) - 0.5, minor=True)
+    ax.grid(which="minor", color="0.88", lw=0.6)
+    ax.tick_params(which="minor", length=0, labelsize=7)
+    ax.tick_params(which="major", labelsize=7)
+    ax.set_title(title, fontsize=9)
+
+
+def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
+    """One panel per layer of `analysis.head_geometry` dicts (centers, inverse_covariance or map, query)."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    n = len(layers)
+    if n == 0:
+        raise AttnconvError("no attention layers to draw")
+    heads = len(layers[0]["centers"])
+    ncols = n if n <= 4 else math.ceil(n / 2) if n <= 8 else 4
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(2.6 * ncols + 1.4, 2.6 * nrows + 0.5))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    R = _window(layers, grid)
+    colors = _colors(heads)
+    for i, g in enumerate(layers):
+        _draw_centers(axes.flat[i], g, colors, R, f"layer {i + 1}")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles = [Line2D([], [], color=colors[h], marker="o", ls="", label=f"head {h + 1}") for h in range(heads)]
+    handles += [
+        Line2D([], [], color="0.3", ls="-", label="50% of mass"),
+        Line2D([], [], color="0.3", ls=":", label="90% of mass"),
+        Line2D([], [], color="black", marker="s", ls="", label="query pixel"),
+    ]
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.supxlabel("column shift (tokens)", fontsize=8)
+    fig.supylabel("row shift (tokens, down)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
+    return fig
+
+
+# ----------------------------------------------------------------------------------------
+# Attention maps (Figures 5, 6)
+# ----------------------------------------------------------------------------------------
+
+
+def _crop(probs: Tensor, size: tuple[int, int], query: tuple[int, int], zoom: int) -> np.ndarray:
+    """probs (heads, T, T) -> the query's rows as (heads, zoom, zoom), NaN outside the grid."""
+    H, W = size
+    maps = probs[:, query[0] * W + query[1]].double().cpu().reshape(-1, H, W).numpy()
+    lo = -(zoom // 2)
+    out = np.full((maps.shape[0], zoom, zoom), np.nan)
+    for a in range(zoom):
+        r = query[0] + lo + a
+        if not 0 <= r < H:
+            continue
+        for b in range(zoom):
+            c = query[1] + lo + b
+            if 0 <= c < W:
+                out[:, a, b] = maps[:, r, c]
+    return out
+
+
+def maps_figure(
+    probs: list[Tensor],
+    size: tuple[int, int],
+    query: tuple[int, int],
+    zoom: int,
+    *,
+    image: np.ndarray | None = None,
+    downsample: int = 1,
+    title: str = "",
+):
+    """A layers x heads grid of the attention of `query` over a zoom x zoom window around it.
+
+    probs: per layer (heads, T, T). image: optional (H_img, W_img) or (H_img, W_img, 3) array
+    drawn on the left with the query token's cell (and the window) outlined; a token covers
+    `downsample` x `downsample` image pixels. Each map is scaled to its own maximum.
+    """
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    n_layers, heads = len(probs), probs[0].shape[0]
+    cell = 1.05
+    side = 2.6 if image is not None else 0.0
+    height = cell * n_layers + 1.2
+    fig = Figure(figsize=(cell * heads + side + 0.5, height))
+    margins = dict(top=1 - 0.95 / height, bottom=0.2 / height)  # room for the two-line title
+    if image is not None:
+        outer = fig.add_gridspec(1, 2, width_ratios=[side, cell * heads], wspace=0.12, **margins)
+        gs = outer[0, 1].subgridspec(n_layers, heads, wspace=0.06, hspace=0.25)
+    else:
+        gs = fig.add_gridspec(n_layers, heads, wspace=0.06, hspace=0.25, **margins)
+    cmap = colormaps["viridis"].with_extremes(bad="0.85")  # outside the grid: grey
+    lo = -(zoom // 2)
+    for layer in range(n_layers):
+        window = _crop(probs[layer], size, query, zoom)
+        for h in range(heads):
+            ax = fig.add_subplot(gs[layer, h])
+            m = window[h]
+            top = float(np.nanmax(m)) if np.isfinite(m).any() else 0.0
+            ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=0, vmax=top if top > 0 else 1.0,
+                      interpolation="nearest")
+            ax.add_patch(Rectangle((-lo - 0.5, -lo - 0.5), 1, 1, fill=False, ec="red", lw=1.2))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_xlabel(f"max {top:.2g}", fontsize=6, labelpad=1)
+            if layer == 0:
+                ax.set_title(f"head {h + 1}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(f"layer {layer + 1}", fontsize=8)
+    if image is not None:
+        ax = fig.add_subplot(outer[0, 0])
+        ax.imshow(image, cmap="gray" if image.ndim == 2 else None, interpolation="nearest")
+        d = downsample
+        ax.add_patch(Rectangle((query[1] * d - 0.5, query[0] * d - 0.5), d, d, fill=False, ec="red", lw=1.5))
+        ax.add_patch(Rectangle(((query[1] + lo) * d - 0.5, (query[0] + lo) * d - 0.5), zoom * d, zoom * d,
+                               fill=False, ec="yellow", lw=1, ls="--"))
+        ax.set_xlim(-0.5, image.shape[1] - 0.5)
+        ax.set_ylim(image.shape[0] - 0.5, -0.5)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title("input: query token (red),\nwindow (dashed)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------
+# From a run directory
+# ----------------------------------------------------------------------------------------
+
+
+def _load(run_dir, device: str):
+    from attnconv.analysis import attention_layers
+    from attnconv.train import load_run
+
+    if not Path(run_dir).is_dir():
+        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
+    model, config = load_run(run_dir, device)
+    attention_layers(model)
+    return model, config
+
+
+def plot_centers(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    images: int = 100,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> Path:
+    """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per layer.
+
+    Content models are averaged over the first `images` test images. Writes `out`
+    (default RUN_DIR/centers.png) and returns its path.
+    """
+    from attnconv.analysis import attention_layers, head_geometry, mean_layer_probs, needs_images, run_images, \
+        token_grid
+
+    out = _check_out(Path(run_dir) / "centers.png" if out is None else out)
+    model, config = _load(run_dir, device)
+    size = token_grid(model)
+    x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None
+    probs = mean_layer_probs(model, x)
+    layers = [head_geometry(layer, p, size) for layer, p in zip(attention_layers(model), probs)]
+    how = f", mean over {len(x)} test images" if x is not None else ""
+    title = f"{config.model}: attention centers ({size[0]}x{size[1]} token grid{how})"
+    fig = centers_figure(layers, max(size), title)
+    return save_figure(fig, out)
+
+
+def _parse_query(query: Sequence[int] | None, size: tuple[int, int]) -> tuple[int, int]:
+    if query is None:
+        return size[0] // 2, size[1] // 2
+    query = tuple(int(v) for v in query)
+    if len(query) != 2 or not (0 <= query[0] < size[0] and 0 <= query[1] < size[1]):
+        raise AttnconvError(
+            f"--query {','.join(map(str, query))} is outside the {size[0]}x{size[1]} token grid "
+            f"(rows 0..{size[0] - 1}, columns 0..{size[1] - 1}; coordinates are after downsampling)"
+        )
+    return query
+
+
+def plot_maps(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    images: int = 100,
+    query: Sequence[int] | None = None,
+    zoom: int = 7,
+    image: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> Path:
+    """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head.
+
+    query: (row, col) on the token grid (default its center). zoom: side of the window.
+    Content models: mean over the first `images` test images, or the single test image
+    `image` (drawn beside the grid; for position-only models the maps do not depend on it).
+    Writes `out` (default RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
+    """
+    from attnconv.analysis import mean_layer_probs, needs_images, run_images, token_grid
+
+    if not isinstance(zoom, int) or zoom < 1:
+        raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
+    default = "maps.png" if image is None else f"maps-image-{image}.png"
+    out = _check_out(Path(run_dir) / default if out is None else out)
+    model, config = _load(run_dir, device)
+    size = token_grid(model)
+    q = _parse_query(query, size)
+    raw, x = None, None
+    if image is not None:
+        raw, x = run_images(config, index=image, data_dir=data_dir)
+        how = f"test image {image}"
+    elif needs_images(model):
+        _, x = run_images(config, images, data_dir=data_dir)
+        how = f"mean over {len(x)} test images"
+    else:
+        how = "position-only: the same for every input"
+    probs = mean_layer_probs(model, None if x is None else x.to(device))
+    picture = None
+    if raw is not None:
+        picture = raw[0].permute(1, 2, 0).numpy()
+        picture = picture[..., 0] if picture.shape[-1] == 1 else picture
+    title = (f"{config.model}: attention of query {q}, {zoom}x{zoom} window\n"
+             f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max")
+    fig = maps_figure(probs, size, q, zoom, image=picture, downsample=model.config.downsample, title=title)
+    return save_figure(fig, out)
