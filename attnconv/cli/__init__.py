@@ -22,6 +22,7 @@ _COMMANDS = [
     "attnconv.cli.convert",
     "attnconv.cli.bench",
     "attnconv.cli.analyze",
+    "attnconv.cli.report",
 ]
 
 

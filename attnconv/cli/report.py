@@ -1,0 +1,89 @@
+"""`attnconv report` and `attnconv explore`: a run as one HTML page, and a live attention explorer.
+
+    attnconv report runs/sa [--out sa.html]              config, curves, Table-1 row, figures, analysis
+    attnconv explore runs/sa [--port 0] [--images 32]    pick an image and a query pixel, see every head
+
+`report` writes one self-contained file (figures embedded, no external assets).
+`explore` serves a page on 127.0.0.1 only; the attention of every layer and head is
+computed from the checkpoint for each request. Stop it with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    r = subparsers.add_parser(
+        "report", help="one self-contained HTML page of a run (config, curves, table row, attention)",
+        description=_doc("report"), formatter_class=fmt,
+    )
+    r.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train` or `convert`")
+    r.add_argument("--out", metavar="FILE.html", help="where to write the page (default RUN_DIR/report.html)")
+    r.add_argument("--images", type=int, default=100, metavar="N",
+                   help="content models: average the attention over the first N test images (default 100)")
+    r.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    r.add_argument("--device", default="cpu", help="cpu or cuda")
+    r.set_defaults(func=run_report)
+
+    e = subparsers.add_parser(
+        "explore", help="a local web page: pick a test image and a pixel, see every layer's and head's attention",
+        description=_doc("explorer"), formatter_class=fmt,
+    )
+    e.add_argument("run_dir", metavar="RUN_DIR", help="a run of an attention model (sa-*)")
+    e.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (default 8765; 0: any free port)")
+    e.add_argument("--images", type=int, default=32, metavar="N", help="offer the first N test images (default 32)")
+    e.add_argument("--no-browser", dest="browser", action="store_false", help="do not open a web browser")
+    e.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    e.add_argument("--device", default="cpu", help="cpu or cuda")
+    e.set_defaults(func=run_explore)
+
+
+def _doc(which: str) -> str:
+    if which == "report":
+        from attnconv import report
+
+        return report.__doc__
+    from attnconv.explorer import server
+
+    return server.__doc__
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    from attnconv.errors import AttnconvError
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise AttnconvError(f"--device {device}: CUDA is not available here; use --device cpu")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from attnconv.report import write_report
+
+    _check_device(args.device)
+    print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device))
+    return 0
+
+
+def run_explore(args: argparse.Namespace) -> int:
+    import sys
+    import webbrowser
+
+    from attnconv.explorer import Explorer, make_server
+
+    _check_device(args.device)
+    explorer = Explorer(args.run_dir, images=args.images, data_dir=args.data_dir, device=args.device)
+    server = make_server(explorer, args.port)
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    print(f"attnconv explorer: {explorer.title} at {url} (Ctrl-C to stop)", flush=True)
+    if args.browser:
+        webbrowser.open(url)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,320 @@
+"""The live attention explorer: a local web page over a run's checkpoint.
+
+    attnconv explore runs/sa                 opens http://127.0.0.1:8765/
+    attnconv explore runs/sa --port 0 --no-browser
+
+Pick one of the first N test images, then click (or hover, or move with the arrow
+keys) a query pixel on it: the page shows, for every layer and head, that query's
+attention over the token grid. Coordinates are token-grid coordinates (the image after
+the model's d x d downsampling, image_size // d tokens a side), (row, column), rows down.
+
+Nothing is precomputed: each request runs the model on the chosen image, captures
+every block's input tokens with forward pre-hooks, and calls each attention layer's
+`attention_scores` on them. `mode=scores` returns the pre-softmax term (Eq. 6);
+`mode=probs` its softmax over the keys, which for `term=combined` is the layer's
+actual attention. Content models also offer the content (q.k) and positional (q.r)
+terms alone; position-only models have one term (combined = position).
+
+JSON API (every response is JSON; bad parameters get HTTP 400 and {"error": message}):
+
+    GET /api/info                  run, model, dataset, layers, heads, grid, downsample, image size,
+                                   images, modes, terms
+    GET /api/image/K               test image K: height, width, channels, pixels (row-major H x W x C
+                                   uint8), label, class name, predicted class and its probability
+    GET /api/attention?image=K&i=I&j=J[&mode=probs|scores][&term=combined|content|position][&layer=L]
+                                   {"layers": [[heads x (H*W) numbers]], "layer_indices": [...], ...}:
+                                   row-major over the keys, one list per layer (all layers, or layer L)
+
+The server binds 127.0.0.1 only and serves its own page and script (no external assets,
+works offline).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import torch
+
+from attnconv.errors import AttnconvError
+
+__all__ = ["MODES", "TERMS", "BadRequest", "Explorer", "make_server"]
+
+MODES = ("probs", "scores")
+TERMS = ("combined", "content", "position")
+_STATIC = {  # URL path -> (file under explorer/static, content type)
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/index.html": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+
+
+class BadRequest(ValueError):
+    """A request the client got wrong (answered with HTTP 400 and the message)."""
+
+
+class Explorer:
+    """A run's model and its first `images` test images, answering the explorer's API.
+
+    Raises AttnconvError for a run without attention layers (a CNN, a converted CNN)
+    or a dataset that cannot be found.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        images: int = 32,
+        data_dir: str | os.PathLike | None = None,
+        device: str = "cpu",
+    ):
+        from attnconv.analysis import attention_layers, token_grid
+        from attnconv.data import dataset_info, normalize
+        from attnconv.train import load_run, read_config
+
+        if not isinstance(images, int) or images < 1:
+            raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
+        self.run_dir = Path(run_dir)
+        if not self.run_dir.is_dir():
+            raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
+        meta = read_config(self.run_dir)
+        if "converted" in meta:
+            raise AttnconvError(
+                f"{run_dir} is a CNN converted by `attnconv convert`; the explorer shows the attention "
+                "classifiers (sa-*), whose layers see a token grid"
+            )
+        self.model, self.config = load_run(self.run_dir, device)
+        self.layers = attention_layers(self.model)  # refuses CNN runs
+        self.grid = token_grid(self.model)
+        self.device = device
+        self.info_ = dataset_info(self.config.dataset)
+        test = _test_set(self.config, data_dir)
+        self.raw = test.images[:images]  # uint8 (N, C, H_img, W_img)
+        self.x = normalize(self.raw, self.info_)  # float32, as the model was trained
+        self.labels = test.labels[:images].tolist()
+        self.terms = ("combined", "position") if all(l.position_only for l in self.layers) else TERMS
+        self.title = f"{self.run_dir.resolve().name} ({self.config.model} on {self.info_.name})"
+        # One request at a time runs the model: the forward hooks below are per call.
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------ API
+    def info(self) -> dict[str, Any]:
+        heads = self.layers[0].heads
+        return {
+            "title": self.title,
+            "run": self.run_dir.resolve().name,
+            "model": self.config.model,
+            "dataset": self.info_.name,
+            "encoding": self.layers[0].encoding_name,
+            "layers": len(self.layers),
+            "heads": heads,
+            "grid": list(self.grid),
+            "downsample": self.model.config.downsample,
+            "image_size": [int(self.raw.shape[2]), int(self.raw.shape[3])],
+            "channels": int(self.raw.shape[1]),
+            "images": len(self.raw),
+            "modes": list(MODES),
+            "terms": list(self.terms),
+            "classes": list(self.info_.classes),
+        }
+
+    def image(self, k: int) -> dict[str, Any]:
+        k = self._image_index(k)
+        with self._lock, torch.no_grad():
+            p = self.model(self.x[k : k + 1].to(self.device)).float().softmax(-1)[0]
+        pred = int(p.argmax())
+        img = self.raw[k].permute(1, 2, 0)  # (H, W, C)
+        return {
+            "index": k,
+            "height": int(img.shape[0]),
+            "width": int(img.shape[1]),
+            "channels": int(img.shape[2]),
+            "pixels": img.reshape(-1).tolist(),
+            "label": self.labels[k],
+            "label_name": self.info_.classes[self.labels[k]],
+            "predicted": pred,
+            "predicted_name": self.info_.classes[pred],
+            "predicted_prob": float(p[pred]),
+        }
+
+    def layer_inputs(self, k: int) -> list:
+        """Every attention layer's input for test image k, (1, C, H, W) each, captured by forward pre-hooks."""
+        k = self._image_index(k)
+        captured: list = []
+
+        def grab(block, args):
+            captured.append(args[0].detach().permute(0, 3, 1, 2))  # block input (1, H, W, C) channels-last
+
+        with self._lock, torch.no_grad():
+            # A block's input goes straight into its attention layer (Block.forward), so a pre-hook
+            # on each block sees exactly what attention.forward_tokens gets.
+            hooks = [block.register_forward_pre_hook(grab) for block in self.model.layers]
+            try:
+                self.model(self.x[k : k + 1].to(self.device))
+            finally:
+                for h in hooks:
+                    h.remove()
+        return captured
+
+    def attention(self, image: int, i: int, j: int, mode: str = "probs", term: str = "combined",
+                  layer: int | None = None) -> dict[str, Any]:
+        """Query (i, j)'s attention over the token grid, per layer and head, for test image `image`."""
+        H, W = self.grid
+        if not (0 <= i < H and 0 <= j < W):
+            raise BadRequest(f"query pixel ({i}, {j}) is outside the {H}x{W} token grid "
+                             f"(i in 0..{H - 1}, j in 0..{W - 1}; coordinates are after downsampling)")
+        if mode not in MODES:
+            raise BadRequest(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+        if term not in self.terms:
+            why = " (this model has position-only attention)" if term in TERMS else ""
+            raise BadRequest(f"unknown term {term!r}{why}; choose one of: {', '.join(self.terms)}")
+        if layer is not None and not 0 <= layer < len(self.layers):
+            raise BadRequest(f"layer {layer} does not exist; the model has layers 0..{len(self.layers) - 1}")
+        self._image_index(image)
+        inputs = self.layer_inputs(image)
+        wanted = range(len(self.layers)) if layer is None else [layer]
+        q = i * W + j
+        out = []
+        with self._lock, torch.no_grad():
+            for n in wanted:
+                scores = self.layers[n].attention_scores(inputs[n])[term][0, :, q]  # (heads, T) over keys
+                values = scores.softmax(-1) if mode == "probs" else scores
+                out.append(values.float().cpu().tolist())
+        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W],
+                "layer_indices": list(wanted), "layers": _finite(out)}
+
+    # ------------------------------------------------------------------------------ helpers
+    def _image_index(self, k: int) -> int:
+        if not 0 <= k < len(self.raw):
+            raise BadRequest(f"image {k} is out of range: the explorer offers test images 0..{len(self.raw) - 1}")
+        return k
+
+
+def _test_set(config, data_dir):
+    """The run's test set: from `data_dir`, else the run's own data_dir, else where load_dataset searches."""
+    from attnconv import data as D
+
+    data_dir = data_dir or config.data_dir
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        data_dir = None  # the run's data folder is gone: search the usual places
+    return D.load_dataset(config.dataset, data_dir)[1]
+
+
+def _finite(values: list) -> list:
+    """Scores can be -inf (never here, but masked encodings could): JSON has no infinities, send None."""
+    return [[[v if math.isfinite(v) else None for v in head] for head in layer] for layer in values]
+
+
+# ---------------------------------------------------------------------------------- HTTP
+
+
+def _int(params: dict[str, list[str]], name: str, default: int | None = None) -> int | None:
+    if name not in params:
+        if default is None:
+            raise BadRequest(f"missing parameter {name!r}")
+        return default
+    text = params[name][0]
+    try:
+        return int(text)
+    except ValueError:
+        raise BadRequest(f"parameter {name}={text!r} is not an integer") from None
+
+
+def _str(params: dict[str, list[str]], name: str, default: str) -> str:
+    return params[name][0] if name in params else default
+
+
+class _Handler(BaseHTTPRequestHandler):
+    explorer: Explorer  # set on the subclass made by make_server
+    server_version = "attnconv-explorer"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        try:
+            status, body, ctype = self._route()
+        except BadRequest as err:
+            status, body, ctype = HTTPStatus.BAD_REQUEST, _json({"error": str(err)}), "application/json"
+        except Exception as err:  # never let a request take the server down; say what broke
+            print(f"explorer: {self.path}: {type(err).__name__}: {err}", file=sys.stderr)
+            status, body, ctype = (HTTPStatus.INTERNAL_SERVER_ERROR,
+                                   _json({"error": f"{type(err).__name__}: {err}"}), "application/json")
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the page dropped a request it no longer wants (a newer query)
+
+    def _route(self) -> tuple[int, bytes, str]:
+        url = urlsplit(self.path)
+        try:
+            params = parse_qs(url.query, keep_blank_values=True, strict_parsing=bool(url.query))
+        except ValueError:
+            raise BadRequest(f"malformed query string {url.query!r}") from None
+        for name, values in params.items():
+            if len(values) > 1:
+                raise BadRequest(f"parameter {name!r} is given {len(values)} times")
+        path, ex = url.path, self.explorer
+        if path in _STATIC:
+            name, ctype = _STATIC[path]
+            return HTTPStatus.OK, resources.files("attnconv.explorer").joinpath("static", name).read_bytes(), ctype
+        if path == "/api/info":
+            self._only(params, set())
+            return HTTPStatus.OK, _json(ex.info()), "application/json"
+        if path.startswith("/api/image/"):
+            self._only(params, set())
+            text = path[len("/api/image/"):]
+            try:
+                k = int(text)
+            except ValueError:
+                raise BadRequest(f"image index {text!r} is not an integer") from None
+            return HTTPStatus.OK, _json(ex.image(k)), "application/json"
+        if path == "/api/attention":
+            self._only(params, {"image", "i", "j", "mode", "term", "layer"})
+            layer = _int(params, "layer") if "layer" in params else None
+            result = ex.attention(_int(params, "image"), _int(params, "i"), _int(params, "j"),
+                                  _str(params, "mode", "probs"), _str(params, "term", "combined"), layer)
+            return HTTPStatus.OK, _json(result), "application/json"
+        return HTTPStatus.NOT_FOUND, _json({"error": f"no such page {url.path!r}; the API is under /api/"}), \
+            "application/json"
+
+    @staticmethod
+    def _only(params: dict[str, list[str]], allowed: set[str]) -> None:
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise BadRequest(f"unknown parameter(s) {', '.join(unknown)}"
+                             + (f"; allowed: {', '.join(sorted(allowed))}" if allowed else ""))
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        pass  # quiet: one line per request would drown the URL the user needs
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, allow_nan=False).encode()
+
+
+def make_server(explorer: Explorer, port: int = 0) -> ThreadingHTTPServer:
+    """A ThreadingHTTPServer for `explorer` on 127.0.0.1:`port` (0: a free port); call serve_forever()."""
+    if not 0 <= port <= 65535:
+        raise AttnconvError(f"--port {port} is invalid: give a TCP port in 0..65535 (0 picks a free one)")
+    handler = type("Handler", (_Handler,), {"explorer": explorer})
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as err:
+        raise AttnconvError(f"--port {port}: cannot listen on 127.0.0.1 ({err.strerror or err}); "
+                            "choose another port, or --port 0 for any free one") from None
+    server.daemon_threads = True
+    return server

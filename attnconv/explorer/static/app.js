@@ -1,0 +1,370 @@
+// attnconv explorer: pick a test image and a query token; draw every layer's and head's attention.
+// Talks to the JSON API of attnconv/explorer/server.py. No frameworks, no external assets.
+"use strict";
+
+const state = {
+  info: null,
+  images: [],          // per index: the /api/image/K JSON
+  image: 0,
+  pinned: null,        // {i, j}: the clicked / keyboard query
+  shown: null,         // {i, j}: the query on screen (pinned, or hovered)
+  mode: "probs",
+  term: "combined",
+  seq: 0,
+  abort: null,
+};
+// window.__lastAttention: the last /api/attention JSON drawn on the page (tests read it).
+window.__lastAttention = null;
+
+// viridis at 0, 0.1, ..., 1 (matplotlib), interpolated linearly.
+const VIRIDIS = ["#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70",
+                 "#7ad151", "#bddf26", "#fde725"].map((h) => [1, 3, 5].map((k) => parseInt(h.slice(k, k + 2), 16)));
+const MISSING = [210, 210, 210];
+
+function viridis(t) {
+  if (!Number.isFinite(t)) return MISSING;
+  t = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);
+  const k = Math.min(VIRIDIS.length - 2, Math.floor(t));
+  const f = t - k;
+  return VIRIDIS[k].map((a, c) => Math.round(a + f * (VIRIDIS[k + 1][c] - a)));
+}
+
+const $ = (id) => document.getElementById(id);
+
+async function getJSON(url, signal) {
+  const response = await fetch(url, { signal });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error || `HTTP ${response.status}`);
+  return body;
+}
+
+function fmt(v) {
+  return v === null || v === undefined ? "-" : v.toFixed(6);
+}
+
+// ------------------------------------------------------------------------------ setup
+
+async function start() {
+  const info = await getJSON("/api/info");
+  state.info = info;
+  document.title = `attnconv explorer: ${info.title}`;
+  $("title").textContent = `attnconv explorer: ${info.run} (${info.model})`;
+  $("subtitle").textContent =
+    `${info.model} (${info.encoding} encoding) on ${info.dataset}: ${info.layers} layers x ${info.heads} heads, ` +
+    `${info.grid[0]}x${info.grid[1]} token grid (${info.image_size[0]}x${info.image_size[1]} images, ` +
+    `downsampled ${info.downsample}x${info.downsample}); first ${info.images} test images.`;
+  for (const input of document.querySelectorAll('input[name="term"]')) {
+    const ok = info.terms.includes(input.value);
+    input.disabled = !ok;
+    input.parentElement.classList.toggle("disabled", !ok);
+  }
+  if (!info.terms.includes("content")) {
+    $("term-note").textContent = "Position-only attention: the score is the positional term alone.";
+  }
+  state.pinned = { i: Math.floor(info.grid[0] / 2), j: Math.floor(info.grid[1] / 2) };
+  state.shown = { ...state.pinned };
+  buildMaps();
+  buildImageCanvas();
+  await buildStrip();
+  selectImage(0);
+}
+
+function buildStrip() {
+  const strip = $("strip");
+  const jobs = [];
+  for (let k = 0; k < state.info.images; k++) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.id = `thumb-${k}`;
+    button.setAttribute("aria-pressed", "false");
+    button.setAttribute("aria-label", `test image ${k}`);
+    const canvas = document.createElement("canvas");
+    button.appendChild(canvas);
+    button.addEventListener("click", () => selectImage(k));
+    strip.appendChild(button);
+    jobs.push(getJSON(`/api/image/${k}`).then((img) => {
+      state.images[k] = img;
+      drawPixels(canvas, img, 1);
+      button.title = `test image ${k}: ${img.label_name}`;
+      button.setAttribute("aria-label", `test image ${k}, ${img.label_name}`);
+    }));
+  }
+  return Promise.all(jobs);
+}
+
+function buildImageCanvas() {
+  const canvas = $("image");
+  const [h, w] = state.info.image_size;
+  const scale = Math.max(1, Math.floor(256 / Math.max(h, w)));
+  canvas.width = w * scale;
+  canvas.height = h * scale;
+  canvas.addEventListener("click", (ev) => {
+    state.pinned = tokenAt(canvas, ev);
+    setQuery(state.pinned);
+  });
+  canvas.addEventListener("mousemove", (ev) => {
+    const t = tokenAt(canvas, ev);
+    if (t.i !== state.shown.i || t.j !== state.shown.j) setQuery(t);
+  });
+  canvas.addEventListener("mouseleave", () => {
+    if (state.pinned.i !== state.shown.i || state.pinned.j !== state.shown.j) setQuery(state.pinned);
+  });
+  canvas.addEventListener("keydown", (ev) => {
+    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    if (!(ev.key in moves)) return;
+    ev.preventDefault();
+    const [di, dj] = moves[ev.key];
+    const [gh, gw] = state.info.grid;
+    state.pinned = { i: Math.min(gh - 1, Math.max(0, state.pinned.i + di)),
+                     j: Math.min(gw - 1, Math.max(0, state.pinned.j + dj)) };
+    setQuery(state.pinned);
+  });
+  for (const input of document.querySelectorAll('input[name="mode"], input[name="term"]')) {
+    input.addEventListener("change", () => {
+      state[input.name] = input.value;
+      update();
+    });
+  }
+  $("shared").addEventListener("change", () => window.__lastAttention && render(window.__lastAttention));
+}
+
+// The token under a mouse event: image pixel = position * image size / drawn size; token = pixel / downsample.
+function tokenAt(canvas, ev) {
+  const rect = canvas.getBoundingClientRect();
+  const [h, w] = state.info.image_size;
+  const [gh, gw] = state.info.grid;
+  const d = state.info.downsample;
+  const x = ((ev.clientX - rect.left) * w) / rect.width;
+  const y = ((ev.clientY - rect.top) * h) / rect.height;
+  return { i: Math.min(gh - 1, Math.max(0, Math.floor(y / d))), j: Math.min(gw - 1, Math.max(0, Math.floor(x / d))) };
+}
+
+function buildMaps() {
+  const { layers, heads, grid } = state.info;
+  const maps = $("maps");
+  maps.style.gridTemplateColumns = `auto repeat(${heads}, max-content)`;
+  const cell = Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1])));
+  maps.appendChild(document.createElement("div"));
+  for (let h = 0; h < heads; h++) {
+    const label = document.createElement("div");
+    label.className = "col-label";
+    label.textContent = `head ${h}`;
+    maps.appendChild(label);
+  }
+  for (let l = 0; l < layers; l++) {
+    const label = document.createElement("div");
+    label.className = "row-label";
+    label.textContent = `layer ${l}`;
+    maps.appendChild(label);
+    for (let h = 0; h < heads; h++) {
+      const figure = document.createElement("figure");
+      figure.id = `map-${l}-${h}`;
+      figure.dataset.layer = l;
+      figure.dataset.head = h;
+      const canvas = document.createElement("canvas");
+      canvas.width = grid[1] * cell;
+      canvas.height = grid[0] * cell;
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", `layer ${l}, head ${h}`);
+      canvas.addEventListener("mousemove", (ev) => readCell(canvas, ev, l, h));
+      const caption = document.createElement("figcaption");
+      caption.className = "readout";
+      figure.append(canvas, caption);
+      maps.appendChild(figure);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ image and query
+
+function drawPixels(canvas, img, scale) {
+  canvas.width = img.width * scale;
+  canvas.height = img.height * scale;
+  const ctx = canvas.getContext("2d");
+  const data = ctx.createImageData(img.width, img.height);
+  for (let p = 0; p < img.width * img.height; p++) {
+    for (let c = 0; c < 3; c++) data.data[4 * p + c] = img.pixels[p * img.channels + (img.channels === 3 ? c : 0)];
+    data.data[4 * p + 3] = 255;
+  }
+  if (scale === 1) {
+    ctx.putImageData(data, 0, 0);
+    return;
+  }
+  const tmp = document.createElement("canvas");
+  tmp.width = img.width;
+  tmp.height = img.height;
+  tmp.getContext("2d").putImageData(data, 0, 0);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(tmp, 0, 0, canvas.width, canvas.height);
+}
+
+function drawImage() {
+  const img = state.images[state.image];
+  const canvas = $("image");
+  if (!img) return;
+  const scale = canvas.width / img.width;
+  drawPixels(canvas, img, scale);
+  const ctx = canvas.getContext("2d");
+  const d = state.info.downsample * scale;
+  const [gh, gw] = state.info.grid;
+  ctx.strokeStyle = "rgba(64, 150, 255, 0.6)";
+  ctx.lineWidth = 1;
+  ctx.beginPath();
+  for (let r = 1; r < gh; r++) { ctx.moveTo(0, r * d + 0.5); ctx.lineTo(canvas.width, r * d + 0.5); }
+  for (let c = 1; c < gw; c++) { ctx.moveTo(c * d + 0.5, 0); ctx.lineTo(c * d + 0.5, canvas.height); }
+  ctx.stroke();
+  const q = state.shown;
+  ctx.strokeStyle = "#ff2d2d";
+  ctx.lineWidth = 3;
+  ctx.strokeRect(q.j * d + 1.5, q.i * d + 1.5, d - 3, d - 3);
+  if (state.pinned.i !== q.i || state.pinned.j !== q.j) {
+    ctx.setLineDash([3, 3]);
+    ctx.lineWidth = 1.5;
+    ctx.strokeRect(state.pinned.j * d + 1, state.pinned.i * d + 1, d - 2, d - 2);
+    ctx.setLineDash([]);
+  }
+}
+
+function selectImage(k) {
+  state.image = k;
+  for (const b of document.querySelectorAll("#strip button")) {
+    b.setAttribute("aria-pressed", String(b.id === `thumb-${k}`));
+  }
+  const img = state.images[k];
+  $("prediction").textContent = img
+    ? `test image ${k}: label ${img.label_name}; the model predicts ${img.predicted_name} ` +
+      `(p = ${img.predicted_prob.toFixed(3)})`
+    : "";
+  setQuery(state.shown);
+}
+
+function setQuery(q) {
+  state.shown = { i: q.i, j: q.j };
+  const pinned = state.pinned.i === q.i && state.pinned.j === q.j;
+  $("query-readout").textContent = `query token (${q.i}, ${q.j})${pinned ? "" : " (hover preview; click to keep)"}`;
+  drawImage();
+  update();
+}
+
+// ------------------------------------------------------------------------------ attention
+
+async function update() {
+  const seq = ++state.seq;
+  if (state.abort) state.abort.abort();
+  state.abort = new AbortController();
+  const { i, j } = state.shown;
+  const url = `/api/attention?image=${state.image}&i=${i}&j=${j}&mode=${state.mode}&term=${state.term}`;
+  $("maps").dataset.status = "loading";
+  try {
+    const result = await getJSON(url, state.abort.signal);
+    if (seq !== state.seq) return;  // a newer request is on its way
+    window.__lastAttention = result;
+    render(result);
+    $("status").textContent = "";
+    $("status").className = "";
+  } catch (err) {
+    if (err.name === "AbortError" || seq !== state.seq) return;
+    $("status").textContent = `error: ${err.message}`;
+    $("status").className = "error";
+    $("maps").dataset.status = "error";
+  }
+}
+
+function range(values) {
+  let lo = Infinity, hi = -Infinity, arg = -1;
+  values.forEach((v, k) => {
+    if (v === null) return;
+    if (v < lo) lo = v;
+    if (v > hi) { hi = v; arg = k; }
+  });
+  return { lo, hi, arg };
+}
+
+function render(result) {
+  const { grid } = state.info;
+  const probs = result.mode === "probs";
+  const shared = $("shared").checked;
+  let all = { lo: Infinity, hi: -Infinity };
+  for (const layer of result.layers) for (const head of layer) {
+    const r = range(head);
+    all = { lo: Math.min(all.lo, r.lo), hi: Math.max(all.hi, r.hi) };
+  }
+  result.layers.forEach((layer, n) => {
+    const l = result.layer_indices[n];
+    layer.forEach((values, h) => {
+      const figure = $(`map-${l}-${h}`);
+      const canvas = figure.querySelector("canvas");
+      const own = range(values);
+      // probabilities from 0 (as the paper's maps); scores over their own range
+      const lo = probs ? 0 : shared ? all.lo : own.lo;
+      const hi = shared ? all.hi : own.hi;
+      drawMap(canvas, values, lo, hi, result.i, result.j, grid);
+      const r = Math.floor(own.arg / grid[1]), c = own.arg % grid[1];
+      figure.dataset.values = JSON.stringify(values);
+      figure.dataset.max = String(own.hi);
+      figure.dataset.argmax = `${r},${c}`;
+      figure.querySelector("figcaption").textContent = `max ${fmt(own.hi)} at (${r}, ${c})`;
+      canvas.setAttribute("aria-label", `layer ${l}, head ${h}: maximum ${fmt(own.hi)} at key (${r}, ${c})`);
+    });
+  });
+  drawLegend(probs, shared, all);
+  const maps = $("maps");
+  Object.assign(maps.dataset, {
+    image: result.image, query: `${result.i},${result.j}`, mode: result.mode, term: result.term, status: "ready",
+  });
+}
+
+function drawMap(canvas, values, lo, hi, qi, qj, grid) {
+  const ctx = canvas.getContext("2d");
+  const cw = canvas.width / grid[1], ch = canvas.height / grid[0];
+  const span = hi > lo ? hi - lo : 1;
+  values.forEach((v, k) => {
+    const [r, g, b] = v === null ? MISSING : viridis((v - lo) / span);
+    ctx.fillStyle = `rgb(${r},${g},${b})`;
+    ctx.fillRect((k % grid[1]) * cw, Math.floor(k / grid[1]) * ch, cw, ch);
+  });
+  ctx.strokeStyle = "#ff2d2d";
+  ctx.lineWidth = 2;
+  ctx.strokeRect(qj * cw + 1, qi * ch + 1, cw - 2, ch - 2);
+}
+
+function drawLegend(probs, shared, all) {
+  const bar = $("colorbar");
+  const ctx = bar.getContext("2d");
+  for (let x = 0; x < bar.width; x++) {
+    const [r, g, b] = viridis(x / (bar.width - 1));
+    ctx.fillStyle = `rgb(${r},${g},${b})`;
+    ctx.fillRect(x, 0, 1, bar.height);
+  }
+  const what = probs ? "probability" : "score";
+  if (shared) {
+    $("scale-lo").textContent = probs ? "0" : all.lo.toPrecision(4);
+    $("scale-hi").textContent = all.hi.toPrecision(4);
+    $("scale-note").textContent = `One scale for every map (${what}).`;
+  } else {
+    $("scale-lo").textContent = probs ? "0" : "map's min";
+    $("scale-hi").textContent = "map's max";
+    $("scale-note").textContent = `Each map is scaled to its own ${probs ? "maximum" : "range"} (${what}); ` +
+      "the caption gives the maximum and the key where it is.";
+  }
+}
+
+function readCell(canvas, ev, l, h) {
+  const result = window.__lastAttention;
+  if (!result) return;
+  const n = result.layer_indices.indexOf(l);
+  if (n < 0) return;
+  const { grid } = state.info;
+  const rect = canvas.getBoundingClientRect();
+  const c = Math.min(grid[1] - 1, Math.floor(((ev.clientX - rect.left) * grid[1]) / rect.width));
+  const r = Math.min(grid[0] - 1, Math.floor(((ev.clientY - rect.top) * grid[0]) / rect.height));
+  const v = result.layers[n][h][r * grid[1] + c];
+  $("cell-readout").textContent =
+    `layer ${l}, head ${h}, query (${result.i}, ${result.j}) -> key (${r}, ${c}): ` +
+    `${result.mode === "probs" ? "probability" : "score"} ${fmt(v)}`;
+}
+
+start().catch((err) => {
+  $("status").textContent = `error: ${err.message}`;
+  $("status").className = "error";
+});

@@ -1,0 +1,359 @@
+"""One self-contained HTML page per run: config, training curves, Table-1 row, attention figures, analysis.
+
+    from attnconv.report import write_report
+    write_report("runs/sa")                  # runs/sa/report.html
+
+The page has no external assets: figures are PNGs embedded as base64 data URIs and the
+style sheet is inline, so the file can be mailed, archived or opened offline. Sections:
+
+    config          config.json as a table (training and model options) and in full
+    training        train/test loss and accuracy per epoch (metrics.csv)
+    summary         the run's Table-1 row (`evaluate.describe_run` / `format_table`):
+                    test accuracy, parameters, FLOPs, seconds per epoch
+    attention       attention classifiers only: the centers figure (Fig. 4/12/14), the maps
+                    figure around the middle query (Fig. 5/6) and the `analyze` numbers per
+                    layer and head. CNN runs say they have no attention and skip it; runs
+                    written by `attnconv convert` (ConvAttention layers inside a CNN) get a
+                    note saying why the analysis does not apply.
+
+Content-attention models are averaged over the first `images` test images, as in
+`attnconv plot` and `attnconv analyze`. The figures are rendered to bytes in memory;
+the only file written is the report itself, atomically (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Collection
+
+from attnconv.errors import AttnconvError
+
+__all__ = ["build_report", "curves_figure", "figure_png", "write_report"]
+
+REPORT_FILE = "report.html"
+_MAPS_ZOOM = 7  # window side of the maps figure, as `attnconv plot maps`
+
+_CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1100px;
+       padding: 1.5rem; color: #1d2329; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+h2 { font-size: 1.25rem; border-bottom: 1px solid #d5dbe1; padding-bottom: .2rem; margin-top: 2rem; }
+h3 { font-size: 1.05rem; margin-bottom: .3rem; }
+.sub { color: #5a6570; margin-top: 0; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
+th, td { border: 1px solid #d5dbe1; padding: .2rem .55rem; text-align: left; vertical-align: top; }
+th { background: #f1f4f7; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.degenerate td { background: #fdf0ed; }
+pre { background: #f6f8fa; padding: .7rem; overflow-x: auto; font-size: .82rem; }
+img { max-width: 100%; height: auto; display: block; margin: .5rem 0; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: .5rem .8rem; }
+nav a { margin-right: 1rem; }
+"""
+
+
+# ----------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------
+
+
+def figure_png(fig, dpi: int = 110) -> bytes:
+    """A matplotlib Figure as PNG bytes (no file is written; no metadata naming a web address)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def curves_figure(rows: list[dict[str, float]], title: str = ""):
+    """Train and test loss (left) and accuracy (right) per epoch, from metrics.csv rows."""
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise AttnconvError("no epoch finished yet: metrics.csv has no rows to plot")
+    epochs = [r["epoch"] for r in rows]
+    fig = Figure(figsize=(9.5, 3.4))
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    marker = "o" if len(rows) <= 30 else None
+    for ax, key, name in ((loss_ax, "loss", "cross-entropy loss"), (acc_ax, "acc", "accuracy")):
+        ax.plot(epochs, [r[f"train_{key}"] for r in rows], marker=marker, ms=3, label="train")
+        ax.plot(epochs, [r[f"test_{key}"] for r in rows], marker=marker, ms=3, label="test")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(name)
+        ax.grid(color="0.9")
+        ax.legend(fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------
+# HTML pieces
+# ----------------------------------------------------------------------------------------
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{_e(text)}</p>'
+
+
+def _table(header: list[str], rows: list[list[Any]], *, numeric: Collection[int] = (),
+           row_class: list[str] | None = None) -> str:
+    head = "".join(f"<th scope=\"col\">{_e(h)}</th>" for h in header)
+    body = []
+    for n, row in enumerate(rows):
+        cls = f' class="{row_class[n]}"' if row_class and row_class[n] else ""
+        cells = "".join(f'<td class="num">{_e(v)}</td>' if i in numeric else f"<td>{_e(v)}</td>"
+                        for i, v in enumerate(row))
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _markdown_table(text: str) -> str:
+    """`format_table` Markdown -> an HTML table with the same cells (the second line is the rule)."""
+    lines = [line.strip().strip("|") for line in text.strip().splitlines()]
+    header = [c.strip() for c in lines[0].split("|")]
+    rows = [[c.strip() for c in line.split("|")] for line in lines[2:]]
+    return _table(header, rows, numeric=set(range(2, len(header))))
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_value(x) for x in v)
+    if v is None:
+        return "-"
+    return str(v)
+
+
+def _config_section(meta: dict[str, Any]) -> str:
+    cfg = dict(meta["config"])
+    overrides = cfg.pop("model_overrides", {}) or {}
+    training = _table(["option", "value"], [[k, _value(v)] for k, v in cfg.items()])
+    model = _table(["model option", "value"], [[k, _value(v)] for k, v in overrides.items()]) if overrides else ""
+    rest = {k: v for k, v in meta.items() if k != "config"}
+    run = _table(["run", "value"], [[k, _value(v) if not isinstance(v, dict) else json.dumps(v)]
+                                    for k, v in rest.items()])
+    full = json.dumps(meta, indent=2)
+    return (
+        '<section id="config"><h2>Configuration</h2>'
+        f'<div style="display:flex;gap:2rem;flex-wrap:wrap"><div>{training}</div><div>{model}{run}</div></div>'
+        f"<details><summary>config.json</summary><pre>{_e(full)}</pre></details></section>"
+    )
+
+
+def _curves_section(rows: list[dict[str, float]], model: str, meta: dict[str, Any]) -> str:
+    out = ['<section id="training"><h2>Training curves</h2>']
+    if not rows and "converted" in meta:
+        out.append(_note(f"`attnconv convert` trains nothing, so this run has no metrics.csv; the training "
+                         f"curves are those of the source run {meta['converted'].get('from')}."))
+    elif not rows:
+        out.append(_note("metrics.csv has no rows yet: no epoch has finished."))
+    else:
+        png = figure_png(curves_figure(rows, f"{model}: loss and accuracy per epoch"))
+        out.append(_img(png, "training curves: train and test loss and accuracy per epoch"))
+        last = rows[-1]
+        out.append(_table(
+            ["epoch", "step", "train loss", "train acc", "test loss", "test acc", "seconds", "images/s", "lr"],
+            [[int(r["epoch"]), int(r["step"]), f"{r['train_loss']:.4f}", f"{r['train_acc']:.4f}",
+              f"{r['test_loss']:.4f}", f"{r['test_acc']:.4f}", f"{r['seconds']:.1f}", f"{r['images_per_s']:.0f}",
+              f"{r['lr']:.3g}"] for r in (rows if len(rows) <= 12 else rows[:3] + rows[-8:])],
+            numeric=set(range(9)),
+        ))
+        if len(rows) > 12:
+            out.append(f"<p>(first 3 and last 8 of {len(rows)} epochs; last test accuracy "
+                       f"{last['test_acc']:.4f})</p>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def _summary_section(summary: dict[str, Any]) -> str:
+    from attnconv.evaluate import format_table
+
+    flops = ", ".join(f"{op} {n:,}" for op, n in sorted(summary["flops_by_op"].items(), key=lambda kv: -kv[1]))
+    return (
+        '<section id="summary"><h2>Summary (Table 1 row)</h2>'
+        f"{_markdown_table(format_table([summary]))}"
+        f"<p>{summary['params']:,} parameters; {summary['flops_total']:,} FLOPs per image counted by "
+        f"torch.utils.flop_counter (matrix products and convolutions, 2 per multiply-add), "
+        f"{summary['flops_linear']:,} in Linear layers only (the paper's convention). "
+        f"By op: {_e(flops) or '-'}. Accuracy from the last metrics.csv row.</p></section>"
+    )
+
+
+def _analysis_tables(result: dict[str, Any]) -> str:
+    t = result["thresholds"]
+    out = [f"<p>Layers and heads are numbered from 0 here (as in <code>attnconv analyze</code>), from 1 in the "
+           f"figures. Shifts are (row, column) on the {result['size'][0]}x{result['size'][1]} token grid, rows down. "
+           f"A head is degenerate when alpha &lt; {t['uniform_alpha']:g}, the condition number of its inverse "
+           f"covariance &gt; {t['ill_conditioned']:g}, or its middle query's entropy &gt; "
+           f"{t['uniform_entropy']:g} of uniform.</p>"]
+
+    def num(v: float | None, fmt: str = ".3g") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    for layer in result["layers"]:
+        like = layer["conv_likeness"]
+        out.append(
+            f"<h3>Layer {layer['layer']} ({_e(layer['encoding'])}; probabilities: {_e(layer['probabilities'])})</h3>"
+            f"<p>distance to the nearest 3x3 convolution {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
+            f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
+            f"degenerate heads {len(layer['degenerate_heads'])}/{len(layer['heads'])}</p>"
+        )
+        rows, classes = [], []
+        for h in layer["heads"]:
+            eig = "-" if h["eigenvalues"] is None else f"{h['eigenvalues'][0]:.3g}, {h['eigenvalues'][1]:.3g}"
+            rows.append([h["head"], f"({h['center'][0]:+.2f}, {h['center'][1]:+.2f})", h["center_source"],
+                         num(h["alpha"]), eig, num(h["condition"]), f"{h['avg_distance']:.2f}",
+                         f"{h['mass_3x3']:.3f}", f"{h['mass_5x5']:.3f}", f"{h['entropy']:.3f}",
+                         "DEGENERATE: " + "; ".join(h["reasons"]) if h["degenerate"] else ""])
+            classes.append("degenerate" if h["degenerate"] else "")
+        out.append(_table(["head", "center", "center from", "alpha", "eig(S^-1)", "cond", "avg dist", "mass 3x3",
+                           "mass 5x5", "entropy", "flags"], rows, numeric={0, 3, 5, 6, 7, 8, 9}, row_class=classes))
+    return "".join(out)
+
+
+def _attention_section(model, config, meta: dict[str, Any], *, images: int, data_dir) -> str:
+    from attnconv.analysis import analyze_model, attention_layers, head_geometry, mean_layer_probs, needs_images, \
+        run_images, token_grid
+    from attnconv.plots import centers_figure, maps_figure
+
+    head = '<section id="attention"><h2>Attention</h2>'
+    try:
+        layers = attention_layers(model)
+    except AttnconvError as err:  # a CNN, or a CNN converted by `attnconv convert`
+        if "converted" not in meta:
+            return head + _note(f"{config.model} has no attention layers (a convolutional network): the attention "
+                                "figures and analysis are skipped.") + "</section>"
+        from attnconv.construct import ConvAttention
+
+        convs = [m for m in model.modules() if isinstance(m, ConvAttention)]
+        heads = sorted({m.heads for m in convs})
+        return head + _note(
+            f"This run was converted from a CNN by `attnconv convert` (from {meta['converted'].get('from')}): its "
+            f"{len(convs)} convolutions are ConvAttention layers (Theorem 1: one head per kernel tap; heads per "
+            f"layer: {', '.join(map(str, heads)) or '-'}), whose attention is the convolution's kernel by "
+            f"construction. The analysis refused it ({err}), so the attention figures and tables are skipped; "
+            "attnconv.analysis.analyze_layer measures a single converted layer."
+        ) + "</section>"
+
+    try:
+        size = token_grid(model)
+        x = run_images(config, images, data_dir=data_dir)[1] if needs_images(model) else None
+        probs = mean_layer_probs(model, x)
+        result = analyze_model(model, x, probs=probs)
+    except AttnconvError as err:
+        return head + _note(f"the attention analysis could not run on this model: {err}") + "</section>"
+    how = (f"mean over {len(x)} test images (content attention)" if x is not None
+           else "position-only: the same for every input")
+    geometry = [head_geometry(layer, p, size) for layer, p in zip(layers, probs)]
+    centers = figure_png(centers_figure(geometry, max(size), f"{config.model}: attention centers "
+                                                             f"({size[0]}x{size[1]} token grid; {how})"))
+    query = (size[0] // 2, size[1] // 2)
+    maps = figure_png(maps_figure(
+        probs, size, query, _MAPS_ZOOM, downsample=model.config.downsample,
+        title=f"{config.model}: attention of query {query}, {_MAPS_ZOOM}x{_MAPS_ZOOM} window\n"
+              f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max"))
+    return (
+        head
+        + f"<p>{len(layers)} layers x {layers[0].heads} heads on a {size[0]}x{size[1]} token grid "
+          f"(images downsampled {model.config.downsample}x{model.config.downsample}); probabilities: {_e(how)}.</p>"
+        + "<h3>Head centers (Figures 4, 12, 14)</h3>"
+        + "<p>Each head's center relative to the query pixel (black square), with the contours holding 50% "
+          "(solid) and 90% (dotted) of its attention mass.</p>"
+        + _img(centers, "attention centers of every head, one panel per layer")
+        + "<h3>Attention maps (Figures 5, 6)</h3>"
+        + f"<p>Attention probabilities of the middle query {query} (red square), layers x heads.</p>"
+        + _img(maps, "attention maps of the middle query, layers x heads")
+        + '<h3 id="analysis">Analysis per layer and head</h3>'
+        + _analysis_tables(result)
+        + "</section>"
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The report
+# ----------------------------------------------------------------------------------------
+
+
+def build_report(
+    run_dir: str | os.PathLike,
+    *,
+    images: int = 100,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> str:
+    """The HTML text of a run's report (see the module docstring for its sections)."""
+    from attnconv.evaluate import describe_run
+    from attnconv.train import load_run, read_config, read_metrics
+
+    if not isinstance(images, int) or images < 1:
+        raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
+    meta = read_config(run_dir)
+    rows = read_metrics(run_dir)
+    model, config = load_run(run_dir, device)
+    summary = describe_run(run_dir, device=device)
+    name = run_dir.resolve().name
+    title = f"{name}: {summary['model']} on {summary['dataset']}"
+    acc = summary["test_acc"]
+    trained = (f"{summary['epochs']} epoch{'s' if summary['epochs'] != 1 else ''}, {summary['step']} steps"
+               if rows else "no epoch recorded")
+    sub = (f"{trained}; test accuracy "
+           f"{'-' if acc is None or math.isnan(acc) else f'{acc:.4f}'}; {summary['params']:,} parameters; "
+           f"run directory {run_dir.resolve()}; created {meta.get('created', '-')}")
+    body = [
+        f"<header><h1>{_e(title)}</h1><p class=\"sub\">{_e(sub)}</p>",
+        '<nav aria-label="sections"><a href="#summary">Summary</a><a href="#training">Training curves</a>'
+        '<a href="#attention">Attention</a><a href="#config">Configuration</a></nav></header><main>',
+        _summary_section(summary),
+        _curves_section(rows, summary["model"], meta),
+        _attention_section(model, config, meta, images=images, data_dir=data_dir),
+        _config_section(meta),
+        f"</main><footer><p class=\"sub\">attnconv {_e(meta.get('attnconv', ''))}, torch "
+        f"{_e(meta.get('torch', ''))}. Report generated by <code>attnconv report</code>.</p></footer>",
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
+
+
+def write_report(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    images: int = 100,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> Path:
+    """Write the report of `run_dir` to `out` (default RUN_DIR/report.html) atomically; return its path."""
+    from attnconv.train import atomic_write
+
+    out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
+    if out.is_dir():
+        raise AttnconvError(f"--out {out} is a directory; give a file name such as {out / REPORT_FILE}")
+    text = build_report(run_dir, images=images, data_dir=data_dir, device=device)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return out

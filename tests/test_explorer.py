@@ -1,0 +1,302 @@
+"""`attnconv explore`: the JSON API against the layers' own attention, bad requests, the CLI, the page in Chromium."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+import torch
+from fixtures_data import write_idx
+
+from attnconv.cli import main
+from attnconv.data import dataset_info, load_dataset, normalize
+from attnconv.errors import AttnconvError
+from attnconv.explorer import Explorer, make_server
+from attnconv.train import load_run, make_config, train
+
+TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)  # 28x28 images -> 7x7 tokens
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """2-step runs of a content model, a position-only model and a ResNet on 32 + 12 random images."""
+    root = tmp_path_factory.mktemp("explorer")
+    data = root / "data"
+    data.mkdir()
+    rng = np.random.default_rng(3)
+    for prefix, n in (("train", 32), ("t10k", 12)):
+        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
+        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    out = {"data": data}
+    for model, overrides in (("sa-learned-content", TINY), ("sa-quadratic", TINY), ("resnet18", dict(width=2))):
+        cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,
+                          data_dir=str(data), model_overrides=overrides)
+        train(cfg, root / model, progress=False)
+        out[model] = root / model
+    return out
+
+
+@pytest.fixture(scope="module")
+def servers(runs):
+    """The explorer of each attention run, served on a free port in a background thread: model -> base URL."""
+    urls, running = {}, []
+    for model in ("sa-learned-content", "sa-quadratic"):
+        server = make_server(Explorer(runs[model], images=10), port=0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        running.append(server)
+        urls[model] = f"http://127.0.0.1:{server.server_address[1]}"
+    yield urls
+    for server in running:
+        server.shutdown()
+        server.server_close()
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _reference(run, image: int) -> tuple[list[dict], torch.Tensor]:
+    """Each layer's score terms and attention_probs for test image `image`, walking the blocks by hand (no hooks)."""
+    model, config = load_run(run)
+    test = load_dataset(config.dataset, config.data_dir)[1]
+    x = normalize(test.images[image : image + 1], dataset_info(config.dataset))
+    terms = []
+    with torch.no_grad():
+        h = model.tokens(x)  # (1, 7, 7, hidden)
+        for block in model.layers:
+            x_layer = h.permute(0, 3, 1, 2)  # (1, hidden, 7, 7): what the attention layer sees
+            layer = block.attention
+            terms.append({**layer.attention_scores(x_layer), "probs": layer.attention_probs(x_layer)})
+            h = block(h)
+    return terms, test.images[image]
+
+
+# ------------------------------------------------------------------------------ JSON API
+
+
+def test_info_describes_the_model_and_its_terms(servers):
+    status, info = _get(servers["sa-learned-content"] + "/api/info")
+    assert status == 200
+    assert (info["model"], info["layers"], info["heads"], info["grid"], info["downsample"]) == \
+        ("sa-learned-content", 2, 4, [7, 7], 4)
+    assert info["images"] == 10 and info["terms"] == ["combined", "content", "position"]
+    assert _get(servers["sa-quadratic"] + "/api/info")[1]["terms"] == ["combined", "position"]
+
+
+def test_image_endpoint_returns_the_test_images_pixels(runs, servers):
+    status, img = _get(servers["sa-quadratic"] + "/api/image/7")
+    assert status == 200
+    raw = load_dataset("fashion-mnist", runs["data"])[1].images[7]  # (1, 28, 28)
+    assert (img["height"], img["width"], img["channels"]) == (28, 28, 1)
+    assert img["pixels"] == raw.reshape(-1).tolist()
+    assert img["label_name"] == dataset_info("fashion-mnist").classes[img["label"]]
+
+
+@pytest.mark.parametrize("model", ["sa-learned-content", "sa-quadratic"])
+def test_attention_matches_the_layers_own_scores_and_probabilities(runs, servers, model):
+    image, i, j = 4, 2, 5
+    terms, _ = _reference(runs[model], image)
+    q = i * 7 + j
+    names = ["combined", "content", "position"] if model == "sa-learned-content" else ["combined", "position"]
+    for term in names:
+        for mode in ("probs", "scores"):
+            status, r = _get(f"{servers[model]}/api/attention?image={image}&i={i}&j={j}&mode={mode}&term={term}")
+            assert status == 200 and r["layer_indices"] == [0, 1] and r["grid"] == [7, 7]
+            for layer, t in enumerate(terms):
+                ref = t[term][0, :, q]  # (heads, 49) over keys
+                ref = ref.softmax(-1) if mode == "probs" else ref
+                np.testing.assert_allclose(np.array(r["layers"][layer]), ref.numpy(), rtol=0, atol=1e-6)
+    # one layer alone; the combined probabilities are the layer's attention_probs
+    status, r = _get(f"{servers[model]}/api/attention?image={image}&i={i}&j={j}&layer=1")
+    assert status == 200 and r["layer_indices"] == [1] and len(r["layers"]) == 1
+    np.testing.assert_allclose(np.array(r["layers"][0]), terms[1]["probs"][0, :, q].numpy(), rtol=0, atol=1e-6)
+
+
+def test_attention_depends_on_the_image_for_content_models_only(servers):
+    def probs(model, image):
+        return _get(f"{servers[model]}/api/attention?image={image}&i=3&j=3")[1]["layers"]
+
+    assert probs("sa-quadratic", 0) == probs("sa-quadratic", 1)
+    assert probs("sa-learned-content", 0) != probs("sa-learned-content", 1)
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("/api/attention?image=0&i=7&j=0", "outside the 7x7 token grid"),
+        ("/api/attention?image=0&i=0&j=-1", "outside the 7x7 token grid"),
+        ("/api/attention?image=10&i=0&j=0", "image 10 is out of range"),
+        ("/api/attention?image=-1&i=0&j=0", "image -1 is out of range"),
+        ("/api/attention?image=0&i=1.5&j=0", "i='1.5' is not an integer"),
+        ("/api/attention?image=zero&i=1&j=0", "image='zero' is not an integer"),
+        ("/api/attention?image=0&i=&j=0", "is not an integer"),
+        ("/api/attention?image=0&i=1", "missing parameter 'j'"),
+        ("/api/attention?image=0&i=1&j=1&mode=logits", "unknown mode 'logits'"),
+        ("/api/attention?image=0&i=1&j=1&term=values", "unknown term 'values'"),
+        ("/api/attention?image=0&i=1&j=1&term=content", "position-only"),
+        ("/api/attention?image=0&i=1&j=1&layer=2", "layer 2 does not exist"),
+        ("/api/attention?image=0&i=1&j=1&layer=x", "layer='x' is not an integer"),
+        ("/api/attention?image=0&i=1&j=1&head=0", "unknown parameter(s) head"),
+        ("/api/attention?image=0&image=1&i=1&j=1", "given 2 times"),
+        ("/api/attention?image", "malformed query string"),
+        ("/api/image/11", "image 11 is out of range"),
+        ("/api/image/first", "is not an integer"),
+        ("/api/info?verbose=1", "unknown parameter(s) verbose"),
+    ],
+)
+def test_bad_requests_get_400_and_a_message(servers, query, message):
+    status, body = _get(servers["sa-quadratic"] + query)
+    assert status == 400 and message in body["error"]
+
+
+def test_unknown_pages_get_404_and_the_server_keeps_serving(servers):
+    assert _get(servers["sa-quadratic"] + "/etc/passwd")[0] == 404
+    assert _get(servers["sa-quadratic"] + "/api/attention?image=0&i=9&j=9")[0] == 400
+    assert _get(servers["sa-quadratic"] + "/api/attention?image=0&i=1&j=1")[0] == 200
+
+
+def test_the_page_loads_nothing_from_elsewhere(servers):
+    class Links(HTMLParser):
+        urls = []
+
+        def handle_starttag(self, tag, attrs):
+            self.urls += [v for k, v in attrs if k in ("src", "href")]
+
+    with urllib.request.urlopen(servers["sa-quadratic"] + "/", timeout=30) as r:
+        page = r.read().decode()
+    parser = Links()
+    parser.feed(page)
+    assert parser.urls and all(u.startswith(("/static/", "data:")) for u in parser.urls), parser.urls
+    for url in parser.urls:
+        if url.startswith("/static/"):
+            with urllib.request.urlopen(servers["sa-quadratic"] + url, timeout=30) as r:
+                assert not re.search(r"https?://", r.read().decode())
+
+
+def test_a_cnn_run_is_refused_with_one_line(runs, capsys):
+    with pytest.raises(AttnconvError, match="no attention layers"):
+        Explorer(runs["resnet18"])
+    assert main(["explore", str(runs["resnet18"]), "--port", "0", "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert "no attention layers" in err and len(err.strip().splitlines()) == 1
+    assert main(["explore", str(runs["sa-quadratic"]), "--images", "0", "--no-browser"]) == 2
+    assert "--images 0 is invalid" in capsys.readouterr().err
+
+
+def test_a_busy_port_is_one_clear_error(runs, servers):
+    port = int(servers["sa-quadratic"].rsplit(":", 1)[1])
+    with pytest.raises(AttnconvError, match=f"--port {port}: cannot listen"):
+        make_server(Explorer(runs["sa-quadratic"], images=1), port)
+
+
+def test_cli_prints_the_url_and_exits_0_on_ctrl_c(runs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnconv", "explore", str(runs["sa-quadratic"]), "--port", "0", "--no-browser",
+         "--images", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert url and int(url.group(1)) > 0, line + proc.stderr.read()
+        status, info = _get(url.group(0) + "api/info")
+        assert status == 200 and info["images"] == 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ------------------------------------------------------------------------------ in a browser
+
+
+def _playwright():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (.ci/run does)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright package is missing: pip install -e '.[test]'")
+    return sync_playwright
+
+
+def _max_readout(page, layer: int, head: int) -> tuple[float, tuple[int, int]]:
+    text = page.text_content(f"#map-{layer}-{head} figcaption")
+    m = re.fullmatch(r"max (-?[\d.]+) at \((\d+), (\d+)\)", text.strip())
+    assert m, text
+    return float(m.group(1)), (int(m.group(2)), int(m.group(3)))
+
+
+def test_clicking_a_pixel_in_chromium_shows_the_layers_own_attention(runs, servers):
+    sync_playwright = _playwright()
+    base = servers["sa-learned-content"]
+    image, (i, j) = 3, (5, 2)
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1300, "height": 900},
+        )
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.goto(base + "/")
+            page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="3,3"]')
+            assert "sa-learned-content" in page.title() and "sa-learned-content" in page.text_content("h1")
+
+            page.click(f"#thumb-{image}")
+            box = page.locator("#image").bounding_box()
+            page.click("#image", position={"x": (j + 0.5) * box["width"] / 7, "y": (i + 0.5) * box["height"] / 7})
+            page.wait_for_selector(f'#maps[data-status="ready"][data-image="{image}"][data-query="{i},{j}"]')
+            shown = page.evaluate("window.__lastAttention")
+            assert (shown["image"], shown["i"], shown["j"], shown["mode"]) == (image, i, j, "probs")
+
+            terms, _ = _reference(runs["sa-learned-content"], image)
+            q = i * 7 + j
+            for layer, t in enumerate(terms):
+                probs = t["probs"][0, :, q]  # (heads, 49): the layer's attention_probs
+                np.testing.assert_allclose(np.array(shown["layers"][layer]), probs.numpy(), rtol=0, atol=1e-6)
+                for head in range(4):
+                    value, (r, c) = _max_readout(page, layer, head)
+                    k = int(probs[head].argmax())
+                    assert (r, c) == divmod(k, 7)
+                    assert abs(value - float(probs[head, k])) <= 1e-6
+                    values = json.loads(page.get_attribute(f"#map-{layer}-{head}", "data-values"))
+                    np.testing.assert_allclose(values, probs[head].numpy(), rtol=0, atol=1e-6)
+
+            # keyboard: the arrow keys move the query; the scores switch shows pre-softmax values
+            page.focus("#image")
+            page.keyboard.press("ArrowRight")
+            page.wait_for_selector(f'#maps[data-status="ready"][data-query="{i},{j + 1}"]')
+            page.check('input[name="mode"][value="scores"]')
+            page.check('input[name="term"][value="content"]')
+            page.wait_for_selector('#maps[data-status="ready"][data-mode="scores"][data-term="content"]')
+            shown = page.evaluate("window.__lastAttention")
+            content = terms[1]["content"][0, :, i * 7 + j + 1]
+            np.testing.assert_allclose(np.array(shown["layers"][1]), content.numpy(), rtol=0, atol=1e-6)
+            value, _ = _max_readout(page, 1, 0)
+            assert abs(value - float(content[0].max())) <= 1e-6
+            assert errors == []
+        finally:
+            browser.close()

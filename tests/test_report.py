@@ -1,0 +1,181 @@
+"""`attnconv report`: one self-contained HTML page per run, for every encoding, a CNN and a converted CNN."""
+
+import base64
+import json
+import os
+from html import unescape
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fixtures_data import write_idx
+
+from attnconv.cli import main
+from attnconv.convert import convert_run
+from attnconv.report import build_report, write_report
+from attnconv.train import make_config, read_metrics, train
+
+ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
+TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)  # 7x7 token grid
+_VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "area", "base"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny runs (3 epochs of 2 steps) of every attention encoding and of a ResNet, and the ResNet converted."""
+    root = tmp_path_factory.mktemp("report")
+    data = root / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 32), ("t10k", 12)):
+        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
+        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    out = {}
+    for model, overrides in [*((m, TINY) for m in ENCODINGS), ("resnet18", dict(width=2))]:
+        cfg = make_config(model=model, dataset="fashion-mnist", epochs=3, batch_size=16, workers=1,
+                          data_dir=str(data), model_overrides=overrides)
+        train(cfg, root / model, progress=False)
+        out[model] = root / model
+    out["converted"] = convert_run(out["resnet18"], root / "converted")
+    return out
+
+
+class _Page(HTMLParser):
+    """Collects tags, ids, images, links and text, and checks that every element is closed in order."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack, self.errors, self.ids, self.images, self.urls, self.text = [], [], set(), [], [], []
+        self.tags = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        if "id" in attrs:
+            self.ids.add(attrs["id"])
+        if tag == "img":
+            self.images.append(attrs.get("src", ""))
+        for name in ("src", "href"):
+            if name in attrs:
+                self.urls.append(attrs[name])
+        if tag not in _VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(text: str) -> _Page:
+    page = _Page()
+    page.feed(text)
+    page.close()
+    assert page.errors == [] and page.stack == [], (page.errors, page.stack)
+    return page
+
+
+def _png(src: str) -> bytes:
+    prefix = "data:image/png;base64,"
+    assert src.startswith(prefix)
+    return base64.b64decode(src[len(prefix):], validate=True)
+
+
+@pytest.mark.parametrize("model", ENCODINGS)
+def test_report_of_an_attention_run_has_every_section_and_embedded_figures(runs, model, capsys):
+    run = runs[model]
+    assert main(["report", str(run), "--images", "4"]) == 0
+    out = run / "report.html"
+    assert capsys.readouterr().out.strip() == str(out)
+    page = _parse(out.read_text())
+    text = " ".join(page.text)
+    assert {"summary", "training", "attention", "analysis", "config"} <= page.ids
+    # curves, centers, maps: real PNGs inside the file
+    assert len(page.images) >= 3
+    assert all(_png(src).startswith(b"\x89PNG\r\n\x1a\n") for src in page.images)
+    # nothing fetched from anywhere: only in-page anchors and data URIs
+    assert all(url.startswith(("#", "data:")) for url in page.urls), page.urls
+    assert "http://" not in out.read_text() and "https://" not in out.read_text()
+    # the Table-1 row: accuracy as format_table prints it
+    acc = read_metrics(run)[-1]["test_acc"]
+    assert f"{acc:.4f}" in text and "FLOPs (all ops)" in text and "s/epoch" in text
+    # the analysis: a row per head in each of the 2 layers
+    assert text.count("Layer 0 (") == 1 and text.count("Layer 1 (") == 1
+    assert "distance to the nearest 3x3 convolution" in text
+    if model == "sa-learned-content":
+        assert "mean over 4 test images" in text
+    else:
+        assert "position-only" in text
+
+
+def test_report_shows_the_config_readably_and_in_full(runs):
+    run = runs["sa-quadratic"]
+    page = _parse(build_report(run))
+    text = " ".join(page.text)
+    meta = json.loads((run / "config.json").read_text())
+    assert "hidden" in text and "downsample" in text and "warmup-cosine" in text
+    full = unescape(next(t for t in page.text if t.lstrip().startswith("{")))
+    assert json.loads(full) == meta
+
+
+def test_report_of_a_cnn_says_it_has_no_attention_and_skips_those_sections(runs):
+    page = _parse(build_report(runs["resnet18"]))
+    text = " ".join(page.text)
+    assert "resnet18 has no attention layers" in text
+    assert "analysis" not in page.ids and "Head centers" not in text
+    assert len(page.images) == 1  # the training curves only
+
+
+def test_report_of_a_converted_cnn_explains_why_the_analysis_is_skipped(runs, tmp_path, capsys):
+    out = tmp_path / "converted.html"
+    assert main(["report", str(runs["converted"]), "--out", str(out)]) == 0
+    text = " ".join(_parse(out.read_text()).text)
+    assert "converted from a CNN" in text and "20 convolutions are ConvAttention layers" in text
+    assert "The analysis refused it (ResNet has no attention layers" in text
+    assert "has no metrics.csv" in text  # convert trains nothing
+
+
+def test_report_writes_only_the_report(runs, tmp_path):
+    run = runs["sa-learned"]
+    before = sorted(os.listdir(run))
+    out = write_report(run, tmp_path / "sub" / "page.html")
+    assert out == tmp_path / "sub" / "page.html" and out.stat().st_size > 0
+    assert sorted(os.listdir(run)) == before  # no centers.png / maps.png / temporary files left behind
+    assert os.listdir(tmp_path / "sub") == ["page.html"]
+
+
+def test_a_failed_write_leaves_the_old_report_whole(runs, tmp_path, monkeypatch):
+    out = tmp_path / "report.html"
+    out.write_text("old report")
+
+    def half_then_fail(self, text, *args, **kwargs):
+        with open(self, "w") as f:
+            f.write(text[: len(text) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_report(runs["sa-quadratic"], out)
+    monkeypatch.undo()
+    assert out.read_text() == "old report"
+    assert os.listdir(tmp_path) == ["report.html"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["report", "{missing}"], "no such run directory"),
+        (["report", "{run}", "--out", "{run}"], "is a directory"),
+        (["report", "{run}", "--images", "0"], "--images 0"),
+    ],
+)
+def test_report_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, argv, message):
+    argv = [a.format(missing=tmp_path / "nope", run=runs["sa-quadratic"]) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
