@@ -27,13 +27,15 @@ data:
 	  || echo "note: could not install dataset-fashion-mnist; attnconv will look elsewhere or download"
 
 # The main job: Theorem 1 on a random conv, then a few minutes of training the
-# quadratic attention model on the real Fashion-MNIST (one epoch of the CPU recipe).
+# quadratic attention model on the real Fashion-MNIST (one epoch of the CPU recipe),
+# its evaluation, and its HTML report.
 demo: $(STAMP) data
 	$(PY) -m attnconv express --dim 2 --kernel 3 --in-channels 8 --out-channels 16 --dtype float64 --plot runs/demo/express-heads.png
 	rm -rf runs/demo/train
 	$(PY) -m attnconv train --preset fmnist-sa-quadratic --epochs 1 --out runs/demo/train
 	$(PY) -m attnconv eval runs/demo/train
-	@echo "demo run written to runs/demo/train (config.json, metrics.csv, model.safetensors)"
+	$(PY) -m attnconv report runs/demo/train
+	@echo "demo run in runs/demo/train (config.json, metrics.csv, model.safetensors, report.html)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
