@@ -161,3 +161,15 @@ def test_bench_without_cuda_is_a_clear_error(capsys):
 def test_bench_rejects_unknown_benchmark_names(capsys):
     assert main(["bench", "--only", "layer,speed"]) == 2
     assert "speed" in capsys.readouterr().err
+
+
+def test_model_size_flags_reach_the_config():
+    from attnconv.cli import build_parser
+    from attnconv.cli.bench import config_from_args
+
+    args = build_parser().parse_args(["bench", "--model-batch", "20", "--model-layers", "2", "--repeats", "3"])
+    cfg = config_from_args(args)
+    assert cfg.model_batch == cfg.full_res_batch == 20
+    assert cfg.model_overrides == {"layers": 2} and cfg.repeats == 3
+    quick = config_from_args(build_parser().parse_args(["bench", "--quick", "--model-layers", "3"]))
+    assert quick.model_overrides["layers"] == 3 and quick.model_batch == 8

@@ -36,6 +36,11 @@ def register(subparsers) -> None:
                         "utilization is reported when matmul and model both run)")
     p.add_argument("--repeats", type=_positive, metavar="N", help="timed runs per variant (default 5, --quick 3)")
     p.add_argument("--sides", type=_sides, metavar="LIST", help="layer image sides (default 8,16,32,64; --quick 8,16,32)")
+    p.add_argument("--model-batch", type=_positive, metavar="N",
+                   help="batch of the model training steps, both token grids (default 100, the paper's)")
+    p.add_argument("--model-layers", type=_positive, metavar="N",
+                   help="layers of the attention models in the model benchmarks (default 6, the paper's; "
+                        "every layer is the same, so the dense/fast ratio hardly depends on it)")
     p.add_argument("--threads", type=_positive, metavar="N", help="torch intra-op threads (default: torch's)")
     p.add_argument("--memory-budget-gb", type=float, metavar="GB",
                    help="skip cases estimated above this (default: 60%% of RAM, at most 80%% of what is free)")
@@ -92,7 +97,7 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--only", ",".join(args.only)]
     if args.sides:
         parts += ["--sides", ",".join(map(str, args.sides))]
-    for flag in ("repeats", "threads", "memory_budget_gb", "json", "markdown"):
+    for flag in ("repeats", "model_batch", "model_layers", "threads", "memory_budget_gb", "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
@@ -115,6 +120,11 @@ def config_from_args(args: argparse.Namespace):
         changes["profile"] = args.profile
     if args.sides:
         changes["sides"] = args.sides
+    if args.model_batch:
+        changes["model_batch"] = changes["full_res_batch"] = args.model_batch
+    if args.model_layers:
+        base = make().model_overrides
+        changes["model_overrides"] = {**base, "layers": args.model_layers}
     if args.memory_budget_gb is not None:
         if args.memory_budget_gb <= 0:
             raise AttnconvError(f"--memory-budget-gb must be positive, got {args.memory_budget_gb}")
