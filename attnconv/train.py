@@ -711,7 +711,7 @@ class _Trainer:
     # ---------------------------------------------------------------- loop
 
     def run(self) -> dict[str, float]:
-        cfg, p, d = self.config, self.progress, self.d
+        p, d = self.progress, self.d
         if d.main:
             self._prepare_files()
         if p.finished:

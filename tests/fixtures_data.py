@@ -144,3 +144,12 @@ def fake_urlopen(served: dict[str, bytes], calls: list[str] | None = None):
         return FakeResponse(served[url])
 
     return urlopen
+
+
+def write_random_fashion(folder: Path, n_train: int, n_test: int, seed: int = 0) -> Path:
+    """Random 28x28 images and labels in the Fashion-MNIST IDX layout (raw files), for tiny runs."""
+    rng = np.random.default_rng(seed)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    return folder

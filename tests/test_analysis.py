@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 
 from attnconv.analysis import (
     _json_ready,
@@ -37,10 +37,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis")
     data = root / "data"
     data.mkdir()
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 32), ("t10k", 12)):
-        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
-        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    write_random_fashion(data, 32, 12, seed=0)
     out = {}
     for model in MODELS:
         cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,

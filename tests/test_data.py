@@ -6,7 +6,6 @@ import gzip
 import hashlib
 import os
 import pickle
-import tarfile
 from pathlib import Path
 
 import numpy as np

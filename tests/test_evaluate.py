@@ -3,11 +3,10 @@
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 
 from attnconv.cli import main
 from attnconv.data import ImageSet, dataset_info
@@ -22,10 +21,7 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval")
     data = root / "data"
     data.mkdir()
-    rng = np.random.default_rng(1)
-    for prefix, n in (("train", 64), ("t10k", 48)):
-        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
-        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    write_random_fashion(data, 64, 48, seed=1)
     out = root / "run"
     argv = ["train", "--model", "sa-quadratic", "--hidden", "16", "--layers", "1", "--heads", "4",
             "--intermediate", "16", "--downsample", "4", "--dataset", "fashion-mnist", "--data-dir", str(data),

@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 
 from attnconv.cli import main
 from attnconv.data import dataset_info, load_dataset, normalize
@@ -36,10 +36,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("explorer")
     data = root / "data"
     data.mkdir()
-    rng = np.random.default_rng(3)
-    for prefix, n in (("train", 32), ("t10k", 12)):
-        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
-        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    write_random_fashion(data, 32, 12, seed=3)
     out = {"data": data}
     for model, overrides in (("sa-learned-content", TINY), ("sa-quadratic", TINY), ("resnet18", dict(width=2))):
         cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 
 from attnconv.attention import SelfAttention2d
 from attnconv.cli import main
@@ -88,10 +88,7 @@ def test_learn_conv_command_writes_json_and_figure(tmp_path, capsys):
 def test_learn_conv_on_fashion_mnist_files(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 20), ("t10k", 10)):
-        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
-        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    write_random_fashion(data, 20, 10, seed=0)
     r = learn_conv(kernel=3, heads=4, steps=3, channels=3, size=8, source="fmnist", data_dir=data)
     check_result(r, 4)
     assert r["config"]["source"] == "fmnist" and r["tap_mixing_condition"] is None  # 4 heads cannot span 9 taps

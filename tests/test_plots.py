@@ -5,7 +5,7 @@ import math
 import matplotlib.image
 import numpy as np
 import pytest
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 
 from attnconv.cli import main
 from attnconv.plots import _ellipse, _window, mass_level, save_figure
@@ -21,10 +21,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("plots")
     data = root / "data"
     data.mkdir()
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 32), ("t10k", 12)):
-        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
-        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    write_random_fashion(data, 32, 12, seed=0)
     out = {}
     for model in MODELS:
         cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,

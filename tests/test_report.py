@@ -7,9 +7,8 @@ from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
-import numpy as np
 import pytest
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 
 from attnconv.cli import main
 from attnconv.convert import convert_run
@@ -27,10 +26,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     data = root / "data"
     data.mkdir()
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 32), ("t10k", 12)):
-        write_idx(data / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
-        write_idx(data / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
+    write_random_fashion(data, 32, 12, seed=0)
     out = {}
     for model, overrides in [*((m, TINY) for m in ENCODINGS), ("resnet18", dict(width=2))]:
         cfg = make_config(model=model, dataset="fashion-mnist", epochs=3, batch_size=16, workers=1,
