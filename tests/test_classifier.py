@@ -83,3 +83,16 @@ def test_grid_init_needs_a_quadratic_encoding():
     aniso = build_model("sa-quadratic-aniso", hidden=8, heads=4, layers=1, intermediate=8, init="grid")
     assert torch.allclose(aniso.layers[0].attention.encoding.centers,
                           torch.tensor([[-0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]))
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    small = dict(hidden=16, heads=4, layers=2, intermediate=16, image_size=8, in_channels=1, dropout=0.0, attn_dropout=0.0)
+    torch.manual_seed(0)
+    plain = build_model("sa-quadratic", **small)
+    ckpt = build_model("sa-quadratic", checkpoint=True, **small)
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(3, 1, 8, 8)
+    for m in (plain, ckpt):
+        m(x).square().sum().backward()
+    for (n, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7), n

@@ -85,6 +85,8 @@ def register(subparsers) -> None:
     m = p.add_argument_group("model overrides")
     for flag, kind, text in MODEL_FLAGS:
         m.add_argument(f"--{flag}", type=kind, help=text)
+    m.add_argument("--grad-checkpoint", dest="checkpoint", action="store_const", const=True, default=None,
+                   help="attention models: recompute each block in backward (less memory, ~1.3x more compute)")
     p.set_defaults(func=run)
 
 
@@ -99,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
               "weight_decay", "schedule", "warmup", "milestones", "gamma", "augment", "seed", "device", "amp",
               "compile", "workers", "data_dir", "checkpoint_every")
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
+    overrides["checkpoint"] = args.checkpoint
     config = make_config(preset=args.preset, base=base, model_overrides=overrides,
                          **{f: getattr(args, f) for f in fields})
     if out.exists() and not out.is_dir():

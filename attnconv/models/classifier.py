@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
 import torch.nn as nn
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
@@ -46,6 +48,7 @@ class ClassifierConfig:
     impl: str = "auto"
     init: str = "paper"  # "paper": centers ~ N(0, 2^2); "grid": centers on the K x K grid (quadratic only)
     locality: float = 1.0  # alpha of every head with init="grid"
+    checkpoint: bool = False  # recompute each block in backward instead of storing its activations
 
     def validate(self) -> None:
         for name in ("in_channels", "image_size", "num_classes", "hidden", "heads", "layers", "intermediate", "downsample"):
@@ -135,7 +138,12 @@ class AttentionClassifier(nn.Module):
         """(B, C, H, W) -> (B, hidden) pooled features."""
         h = self.tokens(x)
         for block in self.layers:
-            h = block(h)
+            if self.config.checkpoint and self.training and torch.is_grad_enabled():
+                # Keeps one (B, H, W, hidden) tensor per block instead of its (B, T, heads*hidden)
+                # head outputs and intermediates; backward runs each block's forward again.
+                h = checkpoint(block, h, use_reentrant=False)
+            else:
+                h = block(h)
         return h.mean(dim=(1, 2))
 
     def forward_head(self, features: Tensor) -> Tensor:
