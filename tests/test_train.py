@@ -4,7 +4,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -263,12 +262,6 @@ def test_resume_after_sigkill_reaches_bit_identical_weights(tmp_path, data_dir):
     assert len(read_metrics(out)) == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_ddp_processes_match_one_process_with_the_same_global_batch(tmp_path, data_dir):
     """2 gloo processes x 16 images vs 1 process x 32, for 16 SGD steps (no dropout, no BatchNorm).
@@ -283,9 +276,9 @@ def test_two_ddp_processes_match_one_process_with_the_same_global_batch(tmp_path
     """
     common = [*TINY_MODEL, "--dropout", "0", "--attn-dropout", "0", "--dataset", "fashion-mnist",
               "--data-dir", str(data_dir), "--epochs", "2", "--batch-size", "32", "--workers", "1", "--no-progress"]
-    proc = cli_subprocess("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                          "--master-port", str(_free_port()), "-m", "attnconv", "train", *common,
-                          "--out", str(tmp_path / "ddp"))
+    # --standalone: torchrun binds its own free rendezvous port (no race with other tests' ports).
+    proc = cli_subprocess("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "attnconv", "train", *common, "--out", str(tmp_path / "ddp"))
     assert main(["train", *common, "--out", str(tmp_path / "one")]) == 0
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
