@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from fixtures_data import write_random_fashion
 
 from attnconv.analysis import (
     _json_ready,
@@ -22,7 +21,7 @@ from attnconv.cli import main
 from attnconv.construct import conv_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model
-from attnconv.train import load_run, make_config, train
+from attnconv.train import load_run
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 HEAD_KEYS = {"head", "center", "center_source", "mean_shift", "alpha", "inverse_covariance", "eigenvalues",
@@ -32,20 +31,8 @@ LAYER_KEYS = {"layer", "size", "encoding", "probabilities", "heads", "degenerate
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Tiny 2-step runs of every attention encoding (7x7 token grid), and their 12-image test set on disk."""
-    root = tmp_path_factory.mktemp("analysis")
-    data = root / "data"
-    data.mkdir()
-    write_random_fashion(data, 32, 12, seed=0)
-    out = {}
-    for model in MODELS:
-        cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,
-                          data_dir=str(data),
-                          model_overrides=dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4))
-        train(cfg, root / model, progress=False)
-        out[model] = root / model
-    return out
+def runs(tiny_attention_runs):
+    return tiny_attention_runs
 
 
 # ------------------------------------------------------------------------------ known layers

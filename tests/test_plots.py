@@ -5,31 +5,17 @@ import math
 import matplotlib.image
 import numpy as np
 import pytest
-from fixtures_data import write_random_fashion
 
 from attnconv.cli import main
 from attnconv.plots import _ellipse, _window, mass_level, save_figure
-from attnconv.train import make_config, train
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Tiny 2-step runs of every attention encoding (7x7 token grid), and their 12-image test set on disk."""
-    root = tmp_path_factory.mktemp("plots")
-    data = root / "data"
-    data.mkdir()
-    write_random_fashion(data, 32, 12, seed=0)
-    out = {}
-    for model in MODELS:
-        cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,
-                          data_dir=str(data),
-                          model_overrides=dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4))
-        train(cfg, root / model, progress=False)
-        out[model] = root / model
-    return out
+def runs(tiny_attention_runs):
+    return tiny_attention_runs
 
 
 def assert_png(path) -> np.ndarray:
