@@ -153,13 +153,14 @@ def default_memory_budget(device: str) -> int:
     if device == "cuda":
         return int(0.6 * torch.cuda.get_device_properties(0).total_memory)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    available = _meminfo_bytes("MemAvailable") or total
+    available = _proc_kb("/proc/meminfo", "MemAvailable") or total
     return int(min(0.6 * total, 0.8 * available))
 
 
-def _meminfo_bytes(key: str) -> int | None:
+def _proc_kb(path: str, key: str) -> int | None:
+    """A "<key>: N kB" field of a /proc file, in bytes (None where /proc is unavailable)."""
     try:
-        text = Path("/proc/meminfo").read_text()
+        text = Path(path).read_text()
     except OSError:
         return None
     m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
@@ -387,12 +388,7 @@ def _reset_peak_rss() -> bool:
 
 
 def _rss_bytes(key: str) -> int | None:
-    try:
-        text = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-    return int(m.group(1)) * 1024 if m else None
+    return _proc_kb("/proc/self/status", key)
 
 
 def estimate_layer_bytes(impl: str, encoding: str, batch: int, side: int, channels: int, heads: int) -> int:
