@@ -203,11 +203,20 @@ def test_a_busy_port_is_one_clear_error(runs, servers):
         make_server(Explorer(runs["sa-quadratic"], images=1), port)
 
 
+# A process started in the background by a non-interactive shell (`cmd &`, as test runners
+# and CI scripts may be) inherits SIGINT *ignored*, and Python keeps it ignored, so Ctrl-C
+# could not reach the child. The wrapper restores what a terminal gives: SIGINT raising
+# KeyboardInterrupt.
+_AS_IN_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                     "sys.argv[0] = 'attnconv'; runpy.run_module('attnconv', run_name='__main__')")
+
+
 def test_cli_prints_the_url_and_exits_0_on_ctrl_c(runs):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnconv", "explore", str(runs["sa-quadratic"]), "--port", "0", "--no-browser",
-         "--images", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [sys.executable, "-X", "faulthandler", "-c", _AS_IN_A_TERMINAL, "explore", str(runs["sa-quadratic"]),
+         "--port", "0", "--no-browser", "--images", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
         line = proc.stdout.readline()
@@ -216,7 +225,13 @@ def test_cli_prints_the_url_and_exits_0_on_ctrl_c(runs):
         status, info = _get(url.group(0) + "api/info")
         assert status == 200 and info["images"] == 3
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # show where it hangs: faulthandler dumps every thread on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=10)
+            pytest.fail("explore did not stop within 30 s of SIGINT; its threads:\n" + proc.stderr.read()[-8000:])
+        assert rc == 0
         assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
