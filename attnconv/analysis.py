@@ -67,7 +67,10 @@ __all__ = [
     "analyze_layer",
     "analyze_model",
     "analyze_run",
+    "analyze_converted",
     "attention_layers",
+    "conv_head_geometry",
+    "converted_layers",
     "format_analysis",
     "head_geometry",
     "mean_layer_probs",
@@ -91,6 +94,37 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
             "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content)"
         )
     return list(layers)
+
+
+def converted_layers(model: nn.Module, input_shape: Sequence[int]) -> list[tuple[str, nn.Module, tuple[int, int]]]:
+    """The multi-head 2-d `ConvAttention` layers of a network converted from a CNN, with their input grids.
+
+    For runs of `attnconv convert` and `attnconv train --init-from`: (module path, layer,
+    (H, W) of the input it sees), in forward order, found by one forward pass of a zero
+    image of `input_shape` (C, H, W). 1x1 convolutions (one head, nothing to locate) are
+    left out. Empty when the model has no such layer.
+    """
+    from attnconv.construct import ConvAttention
+
+    found = {m: name for name, m in model.named_modules()
+             if isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1}
+    if not found:
+        return []
+    seen: dict[nn.Module, tuple[int, int]] = {}
+
+    def grab(module, args):
+        seen.setdefault(module, tuple(int(s) for s in args[0].shape[-2:]))
+
+    hooks = [m.register_forward_pre_hook(grab) for m in found]
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return [(found[m], m, size) for m, size in seen.items()]
 
 
 def token_grid(model: nn.Module) -> tuple[int, int]:
@@ -201,7 +235,9 @@ def _own_centers(layer: nn.Module, heads: int) -> Tensor | None:
 def _widths(layer: nn.Module, heads: int) -> dict[str, Tensor | None]:
     """alpha (isotropic heads) and Sigma^-1 (every quadratic head), on the CPU in float64."""
     if isinstance(getattr(layer, "alpha", None), (int, float)):  # ConvAttention: A = -alpha ||delta - Delta||^2
-        alpha = torch.full((heads,), float(layer.alpha), dtype=torch.float64)
+        own = getattr(layer, "widths", None)  # LearnableConvAttention: alpha_h per head, trained
+        alpha = (own.detach().double().cpu() if isinstance(own, torch.Tensor)
+                 else torch.full((heads,), float(layer.alpha), dtype=torch.float64))
         return {"alpha": alpha, "inverse_covariance": 2 * alpha[:, None, None] * torch.eye(2, dtype=torch.float64)}
     enc = getattr(layer, "encoding", None)
     if enc is None or not hasattr(enc, "inverse_covariance"):
@@ -406,7 +442,15 @@ def analyze_run(
     """`analyze_model` of a run directory's weights (content models: over the first `images` test images)."""
     from attnconv.train import load_run
 
+    from attnconv import data as D
+
     model, config = load_run(run_dir, device)
+    info = D.dataset_info(config.dataset)
+    convs = [] if getattr(model, "attention_layers", None) else converted_layers(
+        model, (info.channels, info.size, info.size))
+    if convs:  # converted from a CNN: each layer on its own input grid
+        return {"run": str(run_dir), "model": config.model, "dataset": config.dataset,
+                **analyze_converted(convs)}
     attention_layers(model)  # refuse CNN runs before loading any data
     x = None
     if needs_images(model):
@@ -414,6 +458,40 @@ def analyze_run(
         x = x.to(device)
     result = analyze_model(model, x)
     return {"run": str(run_dir), "model": config.model, "dataset": config.dataset, **result}
+
+
+def analyze_converted(layers: list[tuple[str, nn.Module, tuple[int, int]]]) -> dict[str, Any]:
+    """`analyze_layer` for each (path, layer, input size) of `converted_layers`."""
+    return {
+        "size": None,  # one grid per layer
+        "thresholds": {"uniform_alpha": UNIFORM_ALPHA, "ill_conditioned": ILL_CONDITIONED,
+                       "uniform_entropy": UNIFORM_ENTROPY},
+        "images": 0,
+        "layers": [{"layer": i, "path": path, **analyze_layer(layer, size)}
+                   for i, (path, layer, size) in enumerate(layers)],
+    }
+
+
+def conv_head_geometry(layer: nn.Module, size: tuple[int, int]) -> dict[str, Any]:
+    """`head_geometry` of a (possibly strided) `ConvAttention` on its input grid `size`.
+
+    The query is the middle output pixel, placed on the input grid; the map is its
+    attention over the input pixels.
+    """
+    ek = effective_kernel(layer, size)
+    out_h, out_w = ek.out_size
+    mid = (out_h // 2) * out_w + out_w // 2
+    query = tuple(int(v) for v in ek.query_pos[mid])
+    p_mid = ek.probs[:, mid].double().cpu()  # (heads, T_in)
+    rel = (_grid(size) - torch.tensor(query)).double()
+    mean_shift = (p_mid @ rel) / p_mid.sum(-1, keepdim=True).clamp_min(1e-300)
+    own = _own_centers(layer, p_mid.shape[0])
+    return {
+        "centers": own if own is not None else mean_shift,
+        "inverse_covariance": _widths(layer, p_mid.shape[0])["inverse_covariance"],
+        "query": query,
+        "map": p_mid.reshape(-1, *size),
+    }
 
 
 def head_geometry(layer: nn.Module, probs: Tensor, size: tuple[int, int]) -> dict[str, Any]:
@@ -450,15 +528,17 @@ def format_analysis(result: dict[str, Any]) -> str:
     """A readable table per layer of `analyze_run` / `analyze_model` output."""
     lines = []
     if "run" in result:
-        lines.append(f"run {result['run']}: {result['model']} on {result['dataset']}, "
-                     f"token grid {result['size'][0]}x{result['size'][1]}")
+        grid = ("each layer on its own input grid (converted from a CNN)" if result["size"] is None
+                else f"token grid {result['size'][0]}x{result['size'][1]}")
+        lines.append(f"run {result['run']}: {result['model']} on {result['dataset']}, {grid}")
     t = result["thresholds"]
     lines.append(f"degenerate: alpha < {t['uniform_alpha']:g}, condition > {t['ill_conditioned']:g}, "
                  f"or entropy > {t['uniform_entropy']:g}; shifts are (row, col) in tokens")
     for layer in result["layers"]:
         like = layer["conv_likeness"]
         lines.append("")
-        lines.append(f"layer {layer['layer']} ({layer['encoding']}; probabilities: {layer['probabilities']})")
+        where = f"{layer['path']}, {layer['size'][0]}x{layer['size'][1]} input; " if "path" in layer else ""
+        lines.append(f"layer {layer['layer']} ({where}{layer['encoding']}; probabilities: {layer['probabilities']})")
         lines.append(f"  distance to the nearest 3x3 conv {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
                      f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
                      f"degenerate heads: {len(layer['degenerate_heads'])}/{len(layer['heads'])}")

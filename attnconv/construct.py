@@ -34,6 +34,7 @@ __all__ = [
     "ConvAttention",
     "ConvLikeness",
     "EffectiveKernel",
+    "LearnableConvAttention",
     "conv_likeness",
     "conv_to_attention",
     "default_alpha",
@@ -324,11 +325,20 @@ class ConvAttention(nn.Module):
             folded.index_add_(2, src[keep], factor[:, :, keep])
             if dense is None:
                 dense = folded
-            else:  # Kronecker product over axes; heads and tokens stay row-major
-                h, tq, tk = dense.shape
-                dense = torch.einsum("hqk,top->htqokp", dense, folded)
-                dense = dense.reshape(h * folded.shape[0], tq * folded.shape[1], tk * folded.shape[2])
+            else:
+                dense = self._outer(dense, folded)
         return dense.unsqueeze(0)
+
+    @staticmethod
+    def _outer(dense: Tensor, folded: Tensor) -> Tensor:
+        """Join the axes so far (h, Tq, Tk) with the next axis (K_a, n_a, S_a).
+
+        Here head h = (t_1, ..., t_n) has one factor per tap along each axis, so the heads
+        are the Kronecker product of the axes' families; tokens stay row-major.
+        """
+        h, tq, tk = dense.shape
+        dense = torch.einsum("hqk,top->htqokp", dense, folded)
+        return dense.reshape(h * folded.shape[0], tq * folded.shape[1], tk * folded.shape[2])
 
     # -- values ----------------------------------------------------------------------------
 
@@ -365,6 +375,17 @@ class ConvAttention(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
 
+    def _batched(self, x: Tensor) -> tuple[Tensor, bool]:
+        """(B, C_in, *S) as is, or an unbatched (C_in, *S) with a batch axis added; checks the shape."""
+        unbatched = x.dim() == self.ndim + 1
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.dim() != self.ndim + 2 or x.shape[1] != self.in_channels:
+            raise AttnconvError(
+                f"expected input (B, {self.in_channels}, <{self.ndim} spatial sizes>), got {tuple(x.shape)}"
+            )
+        return x, unbatched
+
     def _pad(self, x: Tensor) -> Tensor:
         """Place x (B, C, *S) on the padded grid (B, C, *P); padding tokens per padding_mode."""
         pad = [p for lo_hi in reversed(self.padding) for p in lo_hi]  # F.pad order: last axis first
@@ -376,13 +397,7 @@ class ConvAttention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C_in, *S) -> (B, C_out, *S_out), equal to the source convolution (Theorem 1)."""
-        unbatched = x.dim() == self.ndim + 1
-        if unbatched:
-            x = x.unsqueeze(0)
-        if x.dim() != self.ndim + 2 or x.shape[1] != self.in_channels:
-            raise AttnconvError(
-                f"expected input (B, {self.in_channels}, <{self.ndim} spatial sizes>), got {tuple(x.shape)}"
-            )
+        x, unbatched = self._batched(x)
         size = tuple(x.shape[2:])
         out = self.output_size(size)
         z = self._pad(x)  # (B, C_in, P_1, ..., P_n)
@@ -412,6 +427,117 @@ class ConvAttention(nn.Module):
         )
 
 
+class _HeadPositions(nn.Module):
+    """Per-head centers and widths of a `LearnableConvAttention` (no weight decay, as in the paper)."""
+
+    no_weight_decay = True
+
+    def __init__(self, centers: Tensor, alpha: float):
+        super().__init__()
+        self.center = nn.Parameter(centers.clone())  # (heads, ndim)
+        self.log_alpha = nn.Parameter(torch.full((centers.shape[0],), math.log(alpha), dtype=centers.dtype,
+                                                 device=centers.device))  # (heads,)
+
+
+class LearnableConvAttention(ConvAttention):
+    """`ConvAttention` whose head centers and widths are trainable (Lemma 2's encoding, learned).
+
+    Head h scores key k from query q with A^h_{q,k} = -alpha_h ||k - q - Delta_h||^2, where
+    Delta_h (`positions.center`, (heads, ndim), float) and alpha_h = exp(`positions.log_alpha`)
+    are parameters. Built by `conv_to_attention(conv, learnable=True)` (or
+    `cnn_to_attention(..., learnable=True)`), they start at the convolution's taps and
+    at `alpha`, so the layer starts as the convolution (exactly for the default alpha)
+    and training may then move, widen or sharpen every head, as in the quadratic
+    attention models. Everything else (value maps, padding, stride, groups) is
+    `ConvAttention`'s.
+
+    The isotropic Gaussian still factorizes over the axes, exp(-alpha_h sum_a d_a^2) =
+    prod_a exp(-alpha_h d_a^2), so each head's softmax over the box-shaped padded grid is
+    a product of per-axis softmaxes; the forward applies them as one small matmul per
+    axis and head. No T x T matrix is formed.
+
+    At the float32 default alpha (~21) a head's softmax is one-hot to ~1e-9, so the
+    gradients of the centers and widths are ~1e-9 as well: to let them move, start
+    from a smaller alpha (alpha = 1 puts ~1/3 of a 3x3 head's mass on its center pixel,
+    alpha = 4 about 93%).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        factory = {"device": self.out_weight.device, "dtype": self.out_weight.dtype}
+        self.positions = _HeadPositions(ConvAttention.centers.fget(self).to(**factory), self.alpha)
+
+    @property
+    def centers(self) -> Tensor:
+        """The heads' current centers Delta_h, (heads, ndim) float (a parameter)."""
+        return self.positions.center
+
+    @property
+    def widths(self) -> Tensor:
+        """The heads' current alpha_h, (heads,)."""
+        return self.positions.log_alpha.exp()
+
+    def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
+        """Per-axis softmax factors over the padded grid, one per head: (heads, n_a, P_a) per axis.
+
+        Head h's probabilities over the padded grid are the outer product over a of
+        factors[a][h].
+        """
+        out = self.output_size(size)
+        dtype = self.out_weight.dtype
+        work = torch.promote_types(dtype, torch.float32)
+        device = self.out_weight.device
+        alpha = self.widths.to(work)[:, None, None]  # (heads, 1, 1)
+        factors = []
+        for a, n in enumerate(size):
+            lo, hi = self.padding[a]
+            q = torch.arange(out[a], device=device) * self.stride[a] + self.dilation[a] * self.anchor[a]  # (n_a,)
+            k = torch.arange(n + lo + hi, device=device)  # (P_a,)
+            diff = (k[None, None, :] - q[None, :, None]).to(work) - self.centers[:, a, None, None].to(work)
+            factors.append(torch.softmax(-alpha * diff.square(), dim=-1).to(dtype))  # (heads, n_a, P_a)
+        return factors
+
+    @staticmethod
+    def _outer(dense: Tensor, folded: Tensor) -> Tensor:
+        """Join the axes so far (h, Tq, Tk) with the next axis (h, n_a, S_a), head by head."""
+        h, tq, tk = dense.shape
+        return torch.einsum("hqk,hop->hqokp", dense, folded).reshape(h, tq * folded.shape[1], tk * folded.shape[2])
+
+    def error_bound(self, x: Tensor) -> float:
+        """Theorem 1's bound holds only while every head sits on its tap with one alpha; check that first."""
+        taps = ConvAttention.centers.fget(self).to(self.centers)
+        if not (torch.equal(self.centers.detach(), taps) and bool((self.positions.log_alpha == math.log(self.alpha)).all())):
+            raise AttnconvError(
+                "the heads have moved from the convolution's taps or widths (trained?): the layer is no longer a "
+                "convolution, so there is no bound; measure it with conv_likeness instead"
+            )
+        return super().error_bound(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C_in, *S) -> (B, C_out, *S_out)."""
+        x, unbatched = self._batched(x)
+        size = tuple(x.shape[2:])
+        out = self.output_size(size)
+        factors = self.axis_probs(size)  # (heads, n_a, P_a) per axis
+        # Each step consumes the leading spatial axis and appends the queries' index along it;
+        # the first one also brings in the head axis.
+        z = torch.einsum("bci...,hoi->bhc...o", self._pad(x), factors[0])
+        for factor in factors[1:]:
+            z = torch.einsum("bhci...,hoi->bhc...o", z, factor)
+        # z: (B, heads, C_in, n_1, ..., n_n): each head's average of the input, per query
+        b, g = x.shape[0], self.groups
+        c_in, c_out = self.in_channels // g, self.out_channels // g
+        z = z.reshape(b, self.heads, g, c_in, *out)
+        w = self.out_weight.reshape(self.heads, g, c_out, c_in)
+        y = torch.einsum("bhgc...,hgoc->bgo...", z, w).reshape(b, self.out_channels, *out)
+        if self.out_bias is not None:
+            y = y + self.out_bias.view(-1, *([1] * self.ndim))
+        return y.squeeze(0) if unbatched else y
+
+    def extra_repr(self) -> str:
+        return super().extra_repr().replace(f"alpha={self.alpha:g}", f"alpha={self.alpha:g} (initial; learnable)")
+
+
 def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
     """Per-axis (low, high) padding of a conv, as nn.ConvNd applies it (incl. 'same'/'valid')."""
     if conv.padding == "valid":
@@ -422,7 +548,7 @@ def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple((int(p), int(p)) for p in conv.padding)
 
 
-def conv_to_attention(conv: nn.Module, *, alpha: float | None = None) -> ConvAttention:
+def conv_to_attention(conv: nn.Module, *, alpha: float | None = None, learnable: bool = False) -> ConvAttention:
     """Build the attention layer of Theorem 1 that computes `conv` exactly.
 
     `conv` is an `nn.Conv1d`, `nn.Conv2d` or `nn.Conv3d` with any kernel size, stride,
@@ -430,6 +556,11 @@ def conv_to_attention(conv: nn.Module, *, alpha: float | None = None) -> ConvAtt
     result has one head per kernel tap (Lemma 2 centers, Lemma 1 value maps), lives on
     the conv's device and dtype, and its output equals conv(x) up to the bound of
     `ConvAttention.error_bound`. `alpha` defaults to `default_alpha(dtype, ndim)`.
+
+    `learnable=True` returns a `LearnableConvAttention` instead: the same heads, with
+    each head's center and width as parameters to train further. It equals the conv up
+    to the same bound at the same alpha; a small alpha (e.g. 1 to 4) trades exactness
+    for gradients that can move the centers (see `LearnableConvAttention`).
     """
     if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")
@@ -439,7 +570,7 @@ def conv_to_attention(conv: nn.Module, *, alpha: float | None = None) -> ConvAtt
     if not weight.is_floating_point():
         raise AttnconvError(f"conv weights must be floating point, got {weight.dtype}")
     ndim = weight.dim() - 2
-    layer = ConvAttention(
+    layer = (LearnableConvAttention if learnable else ConvAttention)(
         conv.in_channels,
         conv.out_channels,
         conv.kernel_size,

@@ -41,7 +41,8 @@ _BN_FORWARDS = (_BatchNorm.forward, nn.SyncBatchNorm.forward)
 
 
 def cnn_to_attention(
-    model: nn.Module, *, fold_bn: bool = False, strict: bool = True, alpha: float | None = None
+    model: nn.Module, *, fold_bn: bool = False, strict: bool = True, alpha: float | None = None,
+    learnable: bool = False,
 ) -> nn.Module:
     """A deep copy of `model` with every convolution replaced by its exact attention layer.
 
@@ -53,6 +54,12 @@ def cnn_to_attention(
     are untouched; `model` itself is not modified. The copy keeps each module's train/eval
     mode, device, dtype and `requires_grad`. `alpha` defaults per conv to
     `default_alpha(dtype, ndim)`, which puts the softmax leakage below the dtype's rounding.
+
+    `learnable=True` makes every layer a `LearnableConvAttention`: the same function at
+    the same alpha, but each head's center and width are parameters, so the network can
+    be trained further as an attention network that starts from the CNN (what
+    `attnconv train --init-from` does). Pass a small `alpha` (1 to 4) for gradients
+    that move the heads; the network then starts close to, not equal to, the CNN.
 
     Modules that cannot be converted faithfully: `nn.ConvTranspose*`, an uninitialized
     `nn.LazyConv*`, a conv subclass that overrides `forward` or `_conv_forward` (its
@@ -121,7 +128,7 @@ def cnn_to_attention(
     replaced: dict[int, nn.Module] = {}
     for key, conv in convs.items():
         try:
-            layer = conv_to_attention(conv, alpha=alpha)
+            layer = conv_to_attention(conv, alpha=alpha, learnable=learnable)
         except AttnconvError as err:  # not expected after _unconvertible; say which module
             raise AttnconvError(f"{_label(paths[key], conv)}: {err}") from None
         layer.train(conv.training)

@@ -162,7 +162,8 @@ def describe_run(
     flops = count_flops(model, (info.channels, info.size, info.size))
     summary: dict[str, Any] = {
         "run": str(run_dir),
-        "model": config.model + (" (as attention)" if "converted" in meta else ""),
+        "model": config.model + (" (as attention)" if "converted" in meta else
+                                 " (attention, from CNN)" if config.init_from else ""),
         "dataset": info.name,
         "epochs": int(rows[-1]["epoch"]) if rows else 0,
         "step": int(rows[-1]["step"]) if rows else 0,

@@ -313,6 +313,22 @@ def _load(run_dir, device: str):
     return model, config
 
 
+def _converted(run_dir, device: str):
+    """(config, converted_layers) for a run converted from a CNN; None for any other run."""
+    from attnconv import data as D
+    from attnconv.analysis import converted_layers
+    from attnconv.train import load_run
+
+    if not Path(run_dir).is_dir():
+        return None  # _load says what is wrong
+    model, config = load_run(run_dir, device)
+    if getattr(model, "attention_layers", None):
+        return None
+    info = D.dataset_info(config.dataset)
+    layers = converted_layers(model, (info.channels, info.size, info.size))
+    return (config, layers) if layers else None
+
+
 def plot_centers(
     run_dir: str | os.PathLike,
     out: str | os.PathLike | None = None,
@@ -326,10 +342,16 @@ def plot_centers(
     Content models are averaged over the first `images` test images. Writes `out`
     (default RUN_DIR/centers.png) and returns its path.
     """
-    from attnconv.analysis import attention_layers, head_geometry, mean_layer_probs, needs_images, run_images, \
-        token_grid
+    from attnconv.analysis import attention_layers, conv_head_geometry, head_geometry, mean_layer_probs, \
+        needs_images, run_images, token_grid
 
     out = _check_out(Path(run_dir) / "centers.png" if out is None else out)
+    convs = _converted(run_dir, device)
+    if convs is not None:  # converted from a CNN: each layer on its own input grid
+        config, layers = convs
+        geometry = [conv_head_geometry(layer, size) for _, layer, size in layers]
+        title = f"{config.model} as attention: head centers per converted layer (3x3 convs; shifts on each input grid)"
+        return save_figure(centers_figure(geometry, max(max(s) for *_, s in layers), title), out)
     model, config = _load(run_dir, device)
     size = token_grid(model)
     x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None

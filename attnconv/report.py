@@ -199,7 +199,10 @@ def _summary_section(summary: dict[str, Any]) -> str:
 def _analysis_tables(result: dict[str, Any]) -> str:
     t = result["thresholds"]
     out = [f"<p>Layers and heads are numbered from 0 here (as in <code>attnconv analyze</code>), from 1 in the "
-           f"figures. Shifts are (row, column) on the {result['size'][0]}x{result['size'][1]} token grid, rows down. "
+           f"figures. Shifts are (row, column) on "
+           + ("each layer's input grid" if result["size"] is None
+              else f"the {result['size'][0]}x{result['size'][1]} token grid")
+           + ", rows down. "
            f"A head is degenerate when alpha &lt; {t['uniform_alpha']:g}, the condition number of its inverse "
            f"covariance &gt; {t['ill_conditioned']:g}, or its middle query's entropy &gt; "
            f"{t['uniform_entropy']:g} of uniform.</p>"]
@@ -210,7 +213,9 @@ def _analysis_tables(result: dict[str, Any]) -> str:
     for layer in result["layers"]:
         like = layer["conv_likeness"]
         out.append(
-            f"<h3>Layer {layer['layer']} ({_e(layer['encoding'])}; probabilities: {_e(layer['probabilities'])})</h3>"
+            f"<h3>Layer {layer['layer']} ("
+            + (f"{_e(layer['path'])}, {layer['size'][0]}x{layer['size'][1]} input; " if "path" in layer else "")
+            + f"{_e(layer['encoding'])}; probabilities: {_e(layer['probabilities'])})</h3>"
             f"<p>distance to the nearest 3x3 convolution {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
             f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
             f"degenerate heads {len(layer['degenerate_heads'])}/{len(layer['heads'])}</p>"
@@ -228,6 +233,36 @@ def _analysis_tables(result: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _converted_section(model, config, meta: dict[str, Any]) -> str | None:
+    """Centers figure and analysis of a network converted from a CNN; None if it has no such layers."""
+    from attnconv import data as D
+    from attnconv.analysis import analyze_converted, conv_head_geometry, converted_layers
+    from attnconv.plots import centers_figure
+
+    info = D.dataset_info(config.dataset)
+    layers = converted_layers(model, (info.channels, info.size, info.size))
+    if not layers:
+        return None
+    if config.init_from:
+        origin = (f"trained from the CNN run {config.init_from['run']} (`attnconv train --init-from`, heads started "
+                  f"on the kernel taps with alpha {config.init_from['alpha']:g}; centers and widths learned)")
+    else:
+        origin = f"converted from the CNN run {meta.get('converted', {}).get('from')} (`attnconv convert`, exact)"
+    geometry = [conv_head_geometry(layer, size) for _, layer, size in layers]
+    centers = figure_png(centers_figure(geometry, max(max(s) for *_, s in layers),
+                                        f"{config.model} as attention: head centers per converted layer"))
+    return (
+        f"<p>This network was {_e(origin)}. Its {len(layers)} multi-head attention layers (one per kxk "
+        "convolution; 1x1 convolutions are single-head and left out) each see their own input grid: "
+        + _e(", ".join(f"{path} {s[0]}x{s[1]}" for path, _, s in layers)) + ".</p>"
+        + "<h3>Head centers</h3><p>Each head's center relative to the middle query pixel, with the contours "
+          "holding 50% (solid) and 90% (dotted) of its attention mass.</p>"
+        + _img(centers, "attention centers of every head, one panel per converted layer")
+        + '<h3 id="analysis">Analysis per layer and head</h3>'
+        + _analysis_tables(analyze_converted(layers))
+    )
+
+
 def _attention_section(model, config, meta: dict[str, Any], *, images: int, data_dir) -> str:
     from attnconv.analysis import analyze_model, attention_layers, head_geometry, mean_layer_probs, needs_images, \
         run_images, token_grid
@@ -236,7 +271,10 @@ def _attention_section(model, config, meta: dict[str, Any], *, images: int, data
     head = '<section id="attention"><h2>Attention</h2>'
     try:
         layers = attention_layers(model)
-    except AttnconvError as err:  # a CNN, or a CNN converted by `attnconv convert`
+    except AttnconvError as err:  # a CNN, or a CNN converted by `attnconv convert` / trained from one
+        converted = _converted_section(model, config, meta)
+        if converted is not None:
+            return head + converted + "</section>"
         if "converted" not in meta:
             return head + _note(f"{config.model} has no attention layers (a convolutional network): the attention "
                                 "figures and analysis are skipped.") + "</section>"

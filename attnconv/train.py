@@ -115,6 +115,9 @@ class TrainConfig:
     workers: int | None = None
     data_dir: str | None = None
     checkpoint_every: int = 0
+    # Start from a trained CNN run (`--init-from`): {"run": its directory, "alpha": the heads'
+    # initial alpha, "fold_bn": fold its BatchNorms}; `model` and `model_overrides` are the CNN's.
+    init_from: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Raise AttnconvError naming the first bad value and the fix."""
@@ -157,6 +160,13 @@ class TrainConfig:
              self.checkpoint_every, "give a number of steps >= 1, or 0 for epoch ends only")
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
             raise AttnconvError(f"--data-dir {self.data_dir}: no such directory")
+        if self.init_from is not None:
+            src = self.init_from
+            need(isinstance(src, dict) and set(src) == {"run", "alpha", "fold_bn"} and isinstance(src["run"], str),
+                 "init-from", src, 'expected {"run": RUN_DIR, "alpha": number, "fold_bn": bool}')
+            need(isinstance(src["alpha"], (int, float)) and math.isfinite(src["alpha"]) and src["alpha"] > 0,
+                 "init-alpha", src["alpha"], "give a positive number (1 to 4 lets the heads move; 20+ is exact)")
+            need(isinstance(src["fold_bn"], bool), "fold-bn", src["fold_bn"], "give true or false")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -392,19 +402,24 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
 
     Returns (model, config). Missing or corrupt files raise AttnconvError.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     run_dir = Path(run_dir)
     meta = read_config(run_dir)
     config = TrainConfig.from_dict(meta["config"])
-    model = build_model(config.model, **config.model_overrides)
+    model = build_run_model(config)
     if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
         from attnconv.convert import cnn_to_attention
 
         conv = meta["converted"]
         model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
-    path = run_dir / WEIGHTS_FILE
+    _load_weights(model, run_dir / WEIGHTS_FILE, config.model)
+    return model.to(device).eval(), config
+
+
+def _load_weights(model: nn.Module, path: Path, what: str) -> None:
+    """Load a safetensors file into `model`; one AttnconvError naming the file if that fails."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     if not path.exists():
         raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)")
     try:
@@ -415,8 +430,35 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> 
         model.load_state_dict(tensors)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0]
-        raise AttnconvError(f"{path}: weights do not fit model {config.model!r} ({first})") from None
-    return model.to(device).eval(), config
+        raise AttnconvError(f"{path}: weights do not fit model {what!r} ({first})") from None
+
+
+def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.Module:
+    """The network a training config describes, in training mode.
+
+    `build_model(config.model, **config.model_overrides)`, or, with `config.init_from`,
+    that CNN turned into attention by `cnn_to_attention(..., learnable=True)` with the
+    heads' initial alpha and BatchNorm folding of `init_from`. `source_weights=True`
+    first loads the source CNN run's trained weights (a fresh `--init-from` run);
+    otherwise the architecture is built with fresh weights (to load a checkpoint into).
+    """
+    model = build_model(config.model, **config.model_overrides)
+    src = config.init_from
+    if src is None:
+        return model
+    from attnconv.construct import LearnableConvAttention
+    from attnconv.convert import cnn_to_attention
+
+    if source_weights:
+        run = Path(src["run"])
+        meta = read_config(run)
+        if "converted" in meta or meta["config"].get("init_from"):
+            raise AttnconvError(f"--init-from {run}: is already an attention network; give the run of a CNN")
+        _load_weights(model, run / WEIGHTS_FILE, config.model)
+    model = cnn_to_attention(model.eval(), fold_bn=src["fold_bn"], alpha=float(src["alpha"]), learnable=True)
+    if not any(isinstance(m, LearnableConvAttention) for m in model.modules()):
+        raise AttnconvError(f"--init-from {src['run']}: model {config.model!r} has no convolution to start from")
+    return model.train()
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -565,12 +607,18 @@ class _Trainer:
             self.total_steps = min(self.total_steps, config.max_steps)
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every resume
-        self.model = build_model(config.model, **config.model_overrides).to(self.device)
+        has_state = resume and (out / STATE_FILE).exists()
+        error = None
+        try:
+            self.model = build_run_model(config, source_weights=not has_state).to(self.device)
+        except AttnconvError as err:
+            error = str(err)
+        d.agree(error)
         # Dropout streams differ per rank (the shards are different samples anyway).
         torch.manual_seed(config.seed + d.rank)
         self.optimizer = make_optimizer(self.model, config)
         self.progress = _Progress()
-        if resume and (out / STATE_FILE).exists():
+        if has_state:
             self._restore(load_state(out / STATE_FILE))
 
         net: nn.Module = self.model

@@ -78,3 +78,29 @@ def test_convert_rejects_a_model_without_convolutions(data_dir, tmp_path, capsys
     assert main(["convert", str(run), "--out", str(tmp_path / "new"), "--data-dir", str(data_dir)]) == 2
     assert "no convolution" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_analyze_plot_and_report_accept_a_converted_run(cnn_run, data_dir, tmp_path, capsys):
+    new = tmp_path / "resnet-attn"
+    assert main(["convert", str(cnn_run), "--out", str(new), "--data-dir", str(data_dir)]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(new), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(new)]) == 0
+    text = capsys.readouterr().out
+    # ResNet-18: 17 3x3 convs (the three 1x1 shortcuts have one head and are left out)
+    assert len(result["layers"]) == 17 and result["size"] is None
+    assert [layer["size"] for layer in result["layers"]][:2] == [[28, 28], [28, 28]]
+    assert result["layers"][-1]["size"] == [4, 4]
+    for layer in result["layers"]:
+        # each layer is its conv exactly: heads on the taps, all mass in the 3x3 window, distance 0
+        assert sorted(tuple(h["center"]) for h in layer["heads"]) == [(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)]
+        assert layer["conv_likeness"]["distance"] < 1e-5 and layer["mean_mass_3x3"] > 0.999
+    assert "each layer on its own input grid" in text and f"layer 0 ({result['layers'][0]['path']}, 28x28 input" in text
+
+    assert main(["plot", "centers", str(new), "--out", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert main(["report", str(new), "--out", str(tmp_path / "r.html"), "--data-dir", str(data_dir)]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert "converted from the CNN run" in html and "Analysis per layer and head" in html

@@ -127,12 +127,14 @@ def test_report_of_a_cnn_says_it_has_no_attention_and_skips_those_sections(runs)
     assert len(page.images) == 1  # the training curves only
 
 
-def test_report_of_a_converted_cnn_explains_why_the_analysis_is_skipped(runs, tmp_path, capsys):
+def test_report_of_a_converted_cnn_analyzes_each_converted_layer(runs, tmp_path, capsys):
     out = tmp_path / "converted.html"
     assert main(["report", str(runs["converted"]), "--out", str(out)]) == 0
-    text = " ".join(_parse(out.read_text()).text)
-    assert "converted from a CNN" in text and "20 convolutions are ConvAttention layers" in text
-    assert "The analysis refused it (ResNet has no attention layers" in text
+    page = _parse(out.read_text())
+    text = " ".join(page.text)
+    assert "converted from the CNN run" in text and "Its 17 multi-head attention layers" in text
+    assert "analysis" in page.ids and "Head centers" in text and len(page.images) == 1  # centers; no curves
+    assert text.count("distance to the nearest 3x3 convolution 0.000") == 17  # each layer is its conv
     assert "has no metrics.csv" in text  # convert trains nothing
 
 

@@ -3,11 +3,17 @@
     attnconv train --preset fmnist-sa-quadratic --out runs/sa
     attnconv train --model resnet18 --dataset fashion-mnist --width 16 --epochs 5 --out runs/r
     attnconv train --out runs/sa --resume            # continue after any interruption
+    attnconv train --init-from runs/r --init-alpha 2 --epochs 3 --lr 0.01 --out runs/r-attn
+                                                     # the CNN run r as attention, trained further
     torchrun --nproc-per-node 2 -m attnconv train --preset ... --out runs/ddp
 
 Explicit flags override the preset; model flags (--hidden, --layers, ...) override
 the model's defaults. With --resume, a run directory's saved config is the base, and
 only --device, --workers, --data-dir, --checkpoint-every and --compile may change.
+With --init-from, the architecture, dataset and recipe are the CNN run's (optimization
+flags override the recipe): every convolution becomes a multi-head attention layer
+whose heads start on the kernel taps with --init-alpha and have learnable centers and
+widths (attnconv.cnn_to_attention(..., learnable=True)).
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", metavar="NAME", help="cifar10 or fashion-mnist")
     p.add_argument("--resume", action="store_true",
                    help="continue from RUN_DIR's last checkpoint (starts fresh if there is none)")
+    i = p.add_argument_group("starting from a trained CNN")
+    i.add_argument("--init-from", metavar="CNN_RUN", help="a trained CNN run: train it further as attention")
+    i.add_argument("--init-alpha", type=float, default=None,
+                   help="the heads' initial alpha (default 2: ~75%% of each head on its tap, so the heads can "
+                        "move; 20+ starts as the exact CNN, with frozen heads)")
+    i.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold the CNN's BatchNorms into the attention layers (default: keep them, trained)")
     g = p.add_argument_group("optimization")
     g.add_argument("--epochs", type=int)
     g.add_argument("--max-steps", type=int, help="stop after this many steps")
@@ -102,11 +115,39 @@ def run(args: argparse.Namespace) -> int:
               "compile", "workers", "data_dir", "checkpoint_every")
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
     overrides["checkpoint"] = args.checkpoint
-    config = make_config(preset=args.preset, base=base, model_overrides=overrides,
-                         **{f: getattr(args, f) for f in fields})
+    changes = {f: getattr(args, f) for f in fields}
+    if args.init_from is not None:
+        base, changes = _init_from(args, base, overrides, changes)
+    elif args.init_alpha is not None or args.fold_bn is not None:
+        raise AttnconvError("--init-alpha and --fold-bn go with --init-from CNN_RUN")
+    config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
     if out.exists() and not out.is_dir():
         raise AttnconvError(f"--out {out} is a file; give a directory")
     row = train(config, out, resume=args.resume, progress=not args.no_progress)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
     return 0
+
+
+DEFAULT_INIT_ALPHA = 2.0
+
+
+def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
+    """--init-from: the CNN run's config is the base (architecture, data, recipe), plus init_from."""
+    import dataclasses
+
+    from attnconv.train import TrainConfig, read_config
+
+    fixed = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
+    fixed += [flag for flag, v in (("--preset", args.preset), ("--model", args.model), ("--dataset", args.dataset))
+              if v is not None]
+    if fixed:
+        raise AttnconvError(f"{', '.join(fixed)}: with --init-from the architecture and dataset are those of "
+                            f"{args.init_from}; drop {'them' if len(fixed) > 1 else 'it'}")
+    source = read_config(args.init_from)
+    init = {"run": str(args.init_from),
+            "alpha": DEFAULT_INIT_ALPHA if args.init_alpha is None else args.init_alpha,
+            "fold_bn": bool(args.fold_bn)}
+    if base is None:  # a fresh run: the CNN's recipe
+        base = dataclasses.replace(TrainConfig.from_dict(source["config"]), preset=None, init_from=init)
+    return base, {**changes, "init_from": init}
