@@ -21,7 +21,7 @@ from fixtures_data import write_random_fashion
 from attnconv.cli import main
 from attnconv.data import dataset_info, load_dataset, normalize
 from attnconv.errors import AttnconvError
-from attnconv.explorer import Explorer, make_server
+from attnconv.explorer import BadRequest, Explorer, make_server
 from attnconv.train import load_run, make_config, train
 
 TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)  # 28x28 images -> 7x7 tokens
@@ -312,3 +312,63 @@ def test_clicking_a_pixel_in_chromium_shows_the_layers_own_attention(runs, serve
             assert errors == []
         finally:
             browser.close()
+
+
+def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
+    """A CNN converted to attention: each layer's map is its own attention_probs row, on its own grid."""
+    from attnconv.convert import convert_run
+
+    run = convert_run(runs["resnet18"], tmp_path / "converted")
+    explorer = Explorer(run, images=4)
+    info = explorer.info()
+    assert info["layers"] == 17 and info["heads"] == 9 and info["grid"] == [28, 28] and info["downsample"] == 1
+    assert info["layer_grids"][0] == [28, 28] and info["layer_grids"][-1] == [4, 4]
+    # image pixel (20, 9) -> each layer's nearest output pixel; its probabilities over the input grid
+    result = explorer.attention(1, 20, 9)
+    model, _ = load_run(run)
+    for n, (path, layer, size) in enumerate(explorer.converted):
+        oh, ow = layer.output_size(size)
+        q = min(oh - 1, 20 * oh // 28) * ow + min(ow - 1, 9 * ow // 28)
+        expected = dict(model.named_modules())[path].attention_probs(size=size)[0, :, q]
+        np.testing.assert_allclose(result["layers"][n], expected.numpy(), rtol=0, atol=1e-7)
+        assert result["grids"][n] == list(size)
+        # the middle head (tap (1, 1)) attends to the query's own input pixel
+        assert divmod(int(expected[4].argmax()), size[1]) == tuple(result["queries"][n])
+    scores = explorer.attention(1, 20, 9, mode="scores", layer=0)["layers"][0]
+    assert np.argmax(scores[4]) == 20 * 28 + 9
+    with pytest.raises(BadRequest, match="outside the 28x28"):
+        explorer.attention(0, 28, 0)
+
+    sync_playwright = _playwright()
+    server = make_server(explorer, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+            browser = p.chromium.launch_persistent_context(
+                profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+                viewport={"width": 1300, "height": 900},
+            )
+            try:
+                page = browser.new_page()
+                errors = []
+                page.on("pageerror", lambda err: errors.append(str(err)))
+                page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+                page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="14,14"]')
+                box = page.locator("#image").bounding_box()
+                page.click("#image", position={"x": 9.5 * box["width"] / 28, "y": 20.5 * box["height"] / 28})
+                page.wait_for_selector('#maps[data-status="ready"][data-query="20,9"]')
+                last = len(info["layer_grids"]) - 1
+                for layer in (0, last):
+                    h, w = info["layer_grids"][layer]
+                    canvas = page.locator(f"#map-{layer}-4 canvas")
+                    assert canvas.evaluate("c => c.width / c.height") == pytest.approx(w / h)
+                    value, (r, c) = _max_readout(page, layer, 4)
+                    k = int(np.argmax(result["layers"][layer][4]))
+                    assert (r, c) == divmod(k, w) and abs(value - result["layers"][layer][4][k]) <= 1e-6
+                assert f"layer 0 ({info['layer_names'][0]})" in page.text_content("#maps")
+                assert not errors, errors
+            finally:
+                browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -200,7 +200,7 @@ def test_init_from_resumes_without_the_source_run(cnn_run, data_dir, tmp_path, c
     out = tmp_path / "attn"
     assert main(["train", "--init-from", str(src), "--epochs", "2", "--max-steps", "4", *_common(data_dir, out)]) == 0
     first = json.loads((out / "config.json").read_text())["config"]
-    assert first["init_from"]["alpha"] == 2.0  # the default
+    assert first["init_from"]["alpha"] == 3.0  # the default
     shutil.rmtree(src)
     assert main(["train", "--resume", *_common(data_dir, out)]) == 0
     capsys.readouterr()

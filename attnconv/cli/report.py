@@ -31,7 +31,8 @@ def register(subparsers) -> None:
         "explore", help="a local web page: pick a test image and a pixel, see every layer's and head's attention",
         description=_doc("explorer"), formatter_class=fmt,
     )
-    e.add_argument("run_dir", metavar="RUN_DIR", help="a run of an attention model (sa-*)")
+    e.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a run of an attention model (sa-*), or of a CNN converted to attention (convert, --init-from)")
     e.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (default 8765; 0: any free port)")
     e.add_argument("--images", type=int, default=32, metavar="N", help="offer the first N test images (default 32)")
     e.add_argument("--no-browser", dest="browser", action="store_false", help="do not open a web browser")

@@ -3,7 +3,7 @@
     attnconv train --preset fmnist-sa-quadratic --out runs/sa
     attnconv train --model resnet18 --dataset fashion-mnist --width 16 --epochs 5 --out runs/r
     attnconv train --out runs/sa --resume            # continue after any interruption
-    attnconv train --init-from runs/r --init-alpha 2 --epochs 3 --lr 0.01 --out runs/r-attn
+    attnconv train --init-from runs/r --init-alpha 3 --epochs 3 --lr 0.01 --out runs/r-attn
                                                      # the CNN run r as attention, trained further
     torchrun --nproc-per-node 2 -m attnconv train --preset ... --out runs/ddp
 
@@ -67,8 +67,8 @@ def register(subparsers) -> None:
     i = p.add_argument_group("starting from a trained CNN")
     i.add_argument("--init-from", metavar="CNN_RUN", help="a trained CNN run: train it further as attention")
     i.add_argument("--init-alpha", type=float, default=None,
-                   help="the heads' initial alpha (default 2: ~75%% of each head on its tap, so the heads can "
-                        "move; 20+ starts as the exact CNN, with frozen heads)")
+                   help="the heads' initial alpha (default 3: 83%% of each 2-d head's attention on its tap, so "
+                        "the heads can move; 20+ starts as the exact CNN, whose heads then hardly get gradients)")
     i.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=None,
                    help="fold the CNN's BatchNorms into the attention layers (default: keep them, trained)")
     g = p.add_argument_group("optimization")
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_INIT_ALPHA = 2.0
+DEFAULT_INIT_ALPHA = 3.0
 
 
 def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):

@@ -66,8 +66,10 @@ class BadRequest(ValueError):
 class Explorer:
     """A run's model and its first `images` test images, answering the explorer's API.
 
-    Raises AttnconvError for a run without attention layers (a CNN, a converted CNN)
-    or a dataset that cannot be found.
+    Raises AttnconvError for a run without attention layers (a CNN) or a dataset that
+    cannot be found. A network converted from a CNN (`attnconv convert`, `train
+    --init-from`) is shown layer by layer, each on its own input grid; the query is an
+    image pixel, mapped to the nearest output pixel of each (possibly strided) layer.
     """
 
     def __init__(
@@ -78,31 +80,35 @@ class Explorer:
         data_dir: str | os.PathLike | None = None,
         device: str = "cpu",
     ):
-        from attnconv.analysis import attention_layers, token_grid
+        from attnconv.analysis import attention_layers, converted_layers, token_grid
         from attnconv.data import dataset_info, normalize
-        from attnconv.train import load_run, read_config
+        from attnconv.train import load_run
 
         if not isinstance(images, int) or images < 1:
             raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-        meta = read_config(self.run_dir)
-        if "converted" in meta:
-            raise AttnconvError(
-                f"{run_dir} is a CNN converted by `attnconv convert`; the explorer shows the attention "
-                "classifiers (sa-*), whose layers see a token grid"
-            )
         self.model, self.config = load_run(self.run_dir, device)
-        self.layers = attention_layers(self.model)  # refuses CNN runs
-        self.grid = token_grid(self.model)
-        self.device = device
         self.info_ = dataset_info(self.config.dataset)
+        self.converted = [] if getattr(self.model, "attention_layers", None) else converted_layers(
+            self.model, (self.info_.channels, self.info_.size, self.info_.size))
+        if self.converted:
+            # A network converted from a CNN (convert, train --init-from): every layer has its own
+            # input grid; the query is an image pixel, placed on each layer's output grid.
+            self.layers = [layer for _, layer, _ in self.converted]
+            self.grid = (self.info_.size, self.info_.size)
+            self._probs: dict[int, torch.Tensor] = {}
+        else:
+            self.layers = attention_layers(self.model)  # refuses CNN runs
+            self.grid = token_grid(self.model)
+        self.device = device
         test = _test_set(self.config, data_dir)
         self.raw = test.images[:images]  # uint8 (N, C, H_img, W_img)
         self.x = normalize(self.raw, self.info_)  # float32, as the model was trained
         self.labels = test.labels[:images].tolist()
-        self.terms = ("combined", "position") if all(l.position_only for l in self.layers) else TERMS
+        self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \
+            else TERMS
         self.title = f"{self.run_dir.resolve().name} ({self.config.model} on {self.info_.name})"
         # One request at a time runs the model: the forward hooks below are per call.
         self._lock = threading.Lock()
@@ -110,16 +116,21 @@ class Explorer:
     # ------------------------------------------------------------------------------ API
     def info(self) -> dict[str, Any]:
         heads = self.layers[0].heads
+        extra = {}
+        if self.converted:  # each layer's name and input grid, for the page's labels and maps
+            extra = {"layer_names": [path for path, _, _ in self.converted],
+                     "layer_grids": [list(size) for _, _, size in self.converted]}
         return {
             "title": self.title,
             "run": self.run_dir.resolve().name,
             "model": self.config.model,
             "dataset": self.info_.name,
-            "encoding": self.layers[0].encoding_name,
+            "encoding": "converted convolution" if self.converted else self.layers[0].encoding_name,
             "layers": len(self.layers),
             "heads": heads,
             "grid": list(self.grid),
-            "downsample": self.model.config.downsample,
+            **extra,
+            "downsample": 1 if self.converted else self.model.config.downsample,
             "image_size": [int(self.raw.shape[2]), int(self.raw.shape[3])],
             "channels": int(self.raw.shape[1]),
             "images": len(self.raw),
@@ -181,8 +192,10 @@ class Explorer:
         if layer is not None and not 0 <= layer < len(self.layers):
             raise BadRequest(f"layer {layer} does not exist; the model has layers 0..{len(self.layers) - 1}")
         self._image_index(image)
-        inputs = self.layer_inputs(image)
         wanted = range(len(self.layers)) if layer is None else [layer]
+        if self.converted:
+            return self._converted_attention(image, i, j, mode, term, list(wanted))
+        inputs = self.layer_inputs(image)
         q = i * W + j
         out = []
         with self._lock, torch.no_grad():
@@ -192,6 +205,35 @@ class Explorer:
                 out.append(values.float().cpu().tolist())
         return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W],
                 "layer_indices": list(wanted), "layers": _finite(out)}
+
+    def _converted_attention(self, image: int, i: int, j: int, mode: str, term: str, wanted: list[int]) -> dict:
+        """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
+        have fewer), whose attention over the layer's input grid is position-only (any image)."""
+        H, W = self.grid
+        out, grids, queries = [], [], []
+        with self._lock, torch.no_grad():
+            for n in wanted:
+                layer, size = self.layers[n], self.converted[n][2]
+                oh, ow = layer.output_size(size)
+                q = min(oh - 1, i * oh // H) * ow + min(ow - 1, j * ow // W)
+                pos = layer.query_positions(size)[q]  # the query's place on the input grid
+                if mode == "probs":
+                    if n not in self._probs:
+                        self._probs[n] = layer.attention_probs(size=size)[0].float().cpu()  # (heads, T_out, T_in)
+                    values = self._probs[n][:, q]
+                else:  # Lemma 2's score -alpha_h ||k - q - Delta_h||^2 over the input pixels
+                    keys = torch.stack(torch.meshgrid(torch.arange(size[0]), torch.arange(size[1]), indexing="ij"),
+                                       -1).reshape(-1, 2).double()
+                    centers = layer.centers.detach().double().cpu()  # (heads, 2)
+                    alpha = (layer.widths.detach().double().cpu() if hasattr(layer, "widths")
+                             else torch.full((layer.heads,), float(layer.alpha), dtype=torch.float64))
+                    d = keys[None] - pos.double()[None, None] - centers[:, None]  # (heads, T_in, 2)
+                    values = -alpha[:, None] * d.square().sum(-1)
+                out.append(values.float().tolist())
+                grids.append(list(size))
+                queries.append([int(pos[0]), int(pos[1])])
+        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W], "grids": grids,
+                "queries": queries, "layer_indices": wanted, "layers": _finite(out)}
 
     # ------------------------------------------------------------------------------ helpers
     def _image_index(self, k: int) -> int:

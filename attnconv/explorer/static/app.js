@@ -139,11 +139,15 @@ function tokenAt(canvas, ev) {
   return { i: Math.min(gh - 1, Math.max(0, Math.floor(y / d))), j: Math.min(gw - 1, Math.max(0, Math.floor(x / d))) };
 }
 
+// Each layer's key grid: the token grid, or (networks converted from a CNN) the layer's own input grid.
+function layerGrid(l) {
+  return state.info.layer_grids ? state.info.layer_grids[l] : state.info.grid;
+}
+
 function buildMaps() {
-  const { layers, heads, grid } = state.info;
+  const { layers, heads } = state.info;
   const maps = $("maps");
   maps.style.gridTemplateColumns = `auto repeat(${heads}, max-content)`;
-  const cell = Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1])));
   maps.appendChild(document.createElement("div"));
   for (let h = 0; h < heads; h++) {
     const label = document.createElement("div");
@@ -154,8 +158,10 @@ function buildMaps() {
   for (let l = 0; l < layers; l++) {
     const label = document.createElement("div");
     label.className = "row-label";
-    label.textContent = `layer ${l}`;
+    label.textContent = state.info.layer_names ? `layer ${l} (${state.info.layer_names[l]})` : `layer ${l}`;
     maps.appendChild(label);
+    const grid = layerGrid(l);
+    const cell = Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1])));
     for (let h = 0; h < heads; h++) {
       const figure = document.createElement("figure");
       figure.id = `map-${l}-${h}`;
@@ -281,7 +287,6 @@ function range(values) {
 }
 
 function render(result) {
-  const { grid } = state.info;
   const probs = result.mode === "probs";
   const shared = $("shared").checked;
   let all = { lo: Infinity, hi: -Infinity };
@@ -291,6 +296,8 @@ function render(result) {
   }
   result.layers.forEach((layer, n) => {
     const l = result.layer_indices[n];
+    const grid = result.grids ? result.grids[n] : state.info.grid;
+    const [qi, qj] = result.queries ? result.queries[n] : [result.i, result.j];
     layer.forEach((values, h) => {
       const figure = $(`map-${l}-${h}`);
       const canvas = figure.querySelector("canvas");
@@ -298,7 +305,7 @@ function render(result) {
       // probabilities from 0 (as the paper's maps); scores over their own range
       const lo = probs ? 0 : shared ? all.lo : own.lo;
       const hi = shared ? all.hi : own.hi;
-      drawMap(canvas, values, lo, hi, result.i, result.j, grid);
+      drawMap(canvas, values, lo, hi, qi, qj, grid);
       const r = Math.floor(own.arg / grid[1]), c = own.arg % grid[1];
       figure.dataset.values = JSON.stringify(values);
       figure.dataset.max = String(own.hi);
@@ -354,7 +361,7 @@ function readCell(canvas, ev, l, h) {
   if (!result) return;
   const n = result.layer_indices.indexOf(l);
   if (n < 0) return;
-  const { grid } = state.info;
+  const grid = result.grids ? result.grids[n] : state.info.grid;
   const rect = canvas.getBoundingClientRect();
   const c = Math.min(grid[1] - 1, Math.floor(((ev.clientX - rect.left) * grid[1]) / rect.width));
   const r = Math.min(grid[0] - 1, Math.floor(((ev.clientY - rect.top) * grid[0]) / rect.height));
