@@ -1,5 +1,6 @@
 """`attnconv explore`: the JSON API against the layers' own attention, bad requests, the CLI, the page in Chromium."""
 
+import contextlib
 import json
 import os
 import re
@@ -252,6 +253,26 @@ def _playwright():
     return sync_playwright
 
 
+@contextlib.contextmanager
+def _chromium_page(url: str):
+    """A headless Chromium page opened at `url`, and the list its page and console errors go to."""
+    sync_playwright = _playwright()
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1300, "height": 900},
+        )
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda err: errors.append(str(err)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.goto(url)
+            yield page, errors
+        finally:
+            browser.close()
+
+
 def _max_readout(page, layer: int, head: int) -> tuple[float, tuple[int, int]]:
     text = page.text_content(f"#map-{layer}-{head} figcaption")
     m = re.fullmatch(r"max (-?[\d.]+) at \((\d+), (\d+)\)", text.strip())
@@ -260,58 +281,44 @@ def _max_readout(page, layer: int, head: int) -> tuple[float, tuple[int, int]]:
 
 
 def test_clicking_a_pixel_in_chromium_shows_the_layers_own_attention(runs, servers):
-    sync_playwright = _playwright()
-    base = servers["sa-learned-content"]
     image, (i, j) = 3, (5, 2)
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1300, "height": 900},
-        )
-        try:
-            page = browser.new_page()
-            errors = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.goto(base + "/")
-            page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="3,3"]')
-            assert "sa-learned-content" in page.title() and "sa-learned-content" in page.text_content("h1")
+    with _chromium_page(servers["sa-learned-content"] + "/") as (page, errors):
+        page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="3,3"]')
+        assert "sa-learned-content" in page.title() and "sa-learned-content" in page.text_content("h1")
 
-            page.click(f"#thumb-{image}")
-            box = page.locator("#image").bounding_box()
-            page.click("#image", position={"x": (j + 0.5) * box["width"] / 7, "y": (i + 0.5) * box["height"] / 7})
-            page.wait_for_selector(f'#maps[data-status="ready"][data-image="{image}"][data-query="{i},{j}"]')
-            shown = page.evaluate("window.__lastAttention")
-            assert (shown["image"], shown["i"], shown["j"], shown["mode"]) == (image, i, j, "probs")
+        page.click(f"#thumb-{image}")
+        box = page.locator("#image").bounding_box()
+        page.click("#image", position={"x": (j + 0.5) * box["width"] / 7, "y": (i + 0.5) * box["height"] / 7})
+        page.wait_for_selector(f'#maps[data-status="ready"][data-image="{image}"][data-query="{i},{j}"]')
+        shown = page.evaluate("window.__lastAttention")
+        assert (shown["image"], shown["i"], shown["j"], shown["mode"]) == (image, i, j, "probs")
 
-            terms, _ = _reference(runs["sa-learned-content"], image)
-            q = i * 7 + j
-            for layer, t in enumerate(terms):
-                probs = t["probs"][0, :, q]  # (heads, 49): the layer's attention_probs
-                np.testing.assert_allclose(np.array(shown["layers"][layer]), probs.numpy(), rtol=0, atol=1e-6)
-                for head in range(4):
-                    value, (r, c) = _max_readout(page, layer, head)
-                    k = int(probs[head].argmax())
-                    assert (r, c) == divmod(k, 7)
-                    assert abs(value - float(probs[head, k])) <= 1e-6
-                    values = json.loads(page.get_attribute(f"#map-{layer}-{head}", "data-values"))
-                    np.testing.assert_allclose(values, probs[head].numpy(), rtol=0, atol=1e-6)
+        terms, _ = _reference(runs["sa-learned-content"], image)
+        q = i * 7 + j
+        for layer, t in enumerate(terms):
+            probs = t["probs"][0, :, q]  # (heads, 49): the layer's attention_probs
+            np.testing.assert_allclose(np.array(shown["layers"][layer]), probs.numpy(), rtol=0, atol=1e-6)
+            for head in range(4):
+                value, (r, c) = _max_readout(page, layer, head)
+                k = int(probs[head].argmax())
+                assert (r, c) == divmod(k, 7)
+                assert abs(value - float(probs[head, k])) <= 1e-6
+                values = json.loads(page.get_attribute(f"#map-{layer}-{head}", "data-values"))
+                np.testing.assert_allclose(values, probs[head].numpy(), rtol=0, atol=1e-6)
 
-            # keyboard: the arrow keys move the query; the scores switch shows pre-softmax values
-            page.focus("#image")
-            page.keyboard.press("ArrowRight")
-            page.wait_for_selector(f'#maps[data-status="ready"][data-query="{i},{j + 1}"]')
-            page.check('input[name="mode"][value="scores"]')
-            page.check('input[name="term"][value="content"]')
-            page.wait_for_selector('#maps[data-status="ready"][data-mode="scores"][data-term="content"]')
-            shown = page.evaluate("window.__lastAttention")
-            content = terms[1]["content"][0, :, i * 7 + j + 1]
-            np.testing.assert_allclose(np.array(shown["layers"][1]), content.numpy(), rtol=0, atol=1e-6)
-            value, _ = _max_readout(page, 1, 0)
-            assert abs(value - float(content[0].max())) <= 1e-6
-            assert errors == []
-        finally:
-            browser.close()
+        # keyboard: the arrow keys move the query; the scores switch shows pre-softmax values
+        page.focus("#image")
+        page.keyboard.press("ArrowRight")
+        page.wait_for_selector(f'#maps[data-status="ready"][data-query="{i},{j + 1}"]')
+        page.check('input[name="mode"][value="scores"]')
+        page.check('input[name="term"][value="content"]')
+        page.wait_for_selector('#maps[data-status="ready"][data-mode="scores"][data-term="content"]')
+        shown = page.evaluate("window.__lastAttention")
+        content = terms[1]["content"][0, :, i * 7 + j + 1]
+        np.testing.assert_allclose(np.array(shown["layers"][1]), content.numpy(), rtol=0, atol=1e-6)
+        value, _ = _max_readout(page, 1, 0)
+        assert abs(value - float(content[0].max())) <= 1e-6
+        assert errors == []
 
 
 def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
@@ -339,36 +346,25 @@ def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
     with pytest.raises(BadRequest, match="outside the 28x28"):
         explorer.attention(0, 28, 0)
 
-    sync_playwright = _playwright()
+    _playwright()
     server = make_server(explorer, port=0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-            browser = p.chromium.launch_persistent_context(
-                profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-                viewport={"width": 1300, "height": 900},
-            )
-            try:
-                page = browser.new_page()
-                errors = []
-                page.on("pageerror", lambda err: errors.append(str(err)))
-                page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
-                page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="14,14"]')
-                box = page.locator("#image").bounding_box()
-                page.click("#image", position={"x": 9.5 * box["width"] / 28, "y": 20.5 * box["height"] / 28})
-                page.wait_for_selector('#maps[data-status="ready"][data-query="20,9"]')
-                last = len(info["layer_grids"]) - 1
-                for layer in (0, last):
-                    h, w = info["layer_grids"][layer]
-                    canvas = page.locator(f"#map-{layer}-4 canvas")
-                    assert canvas.evaluate("c => c.width / c.height") == pytest.approx(w / h)
-                    value, (r, c) = _max_readout(page, layer, 4)
-                    k = int(np.argmax(result["layers"][layer][4]))
-                    assert (r, c) == divmod(k, w) and abs(value - result["layers"][layer][4][k]) <= 1e-6
-                assert f"layer 0 ({info['layer_names'][0]})" in page.text_content("#maps")
-                assert not errors, errors
-            finally:
-                browser.close()
+        with _chromium_page(f"http://127.0.0.1:{server.server_address[1]}/") as (page, errors):
+            page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="14,14"]')
+            box = page.locator("#image").bounding_box()
+            page.click("#image", position={"x": 9.5 * box["width"] / 28, "y": 20.5 * box["height"] / 28})
+            page.wait_for_selector('#maps[data-status="ready"][data-query="20,9"]')
+            last = len(info["layer_grids"]) - 1
+            for layer in (0, last):
+                h, w = info["layer_grids"][layer]
+                canvas = page.locator(f"#map-{layer}-4 canvas")
+                assert canvas.evaluate("c => c.width / c.height") == pytest.approx(w / h)
+                value, (r, c) = _max_readout(page, layer, 4)
+                k = int(np.argmax(result["layers"][layer][4]))
+                assert (r, c) == divmod(k, w) and abs(value - result["layers"][layer][4][k]) <= 1e-6
+            assert f"layer 0 ({info['layer_names'][0]})" in page.text_content("#maps")
+            assert not errors, errors
     finally:
         server.shutdown()
         server.server_close()

@@ -4,12 +4,11 @@ and `attnconv train --init-from`, which trains a converted CNN further as attent
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
 import torch
-from fixtures_data import write_idx
+from fixtures_data import write_random_fashion
 from test_construct import _random_case, rel
 from torch import nn
 
@@ -137,14 +136,7 @@ def test_positions_take_no_weight_decay_and_follow_dtype_and_state_dict():
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fmnist-init")
-    rng = np.random.default_rng(2)
-    for prefix, n in (("train", 96), ("t10k", 48)):
-        labels = rng.integers(0, 10, n)
-        images = rng.integers(0, 60, (n, 28, 28)) + 20 * labels[:, None, None]
-        write_idx(folder / f"{prefix}-images-idx3-ubyte", images.astype(np.uint8), gz=False)
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels.astype(np.uint8), gz=False)
-    return folder
+    return write_random_fashion(tmp_path_factory.mktemp("fmnist-init"), 96, 48, seed=2)
 
 
 @pytest.fixture(scope="module")
