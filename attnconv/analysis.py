@@ -71,6 +71,7 @@ __all__ = [
     "attention_layers",
     "conv_head_geometry",
     "converted_layers",
+    "converted_query",
     "format_analysis",
     "head_geometry",
     "mean_layer_probs",
@@ -458,6 +459,19 @@ def analyze_run(
         x = x.to(device)
     result = analyze_model(model, x)
     return {"run": str(run_dir), "model": config.model, "dataset": config.dataset, **result}
+
+
+def converted_query(layer: nn.Module, size: tuple[int, int], image_size: Sequence[int], i: int, j: int
+                    ) -> tuple[int, tuple[int, int]]:
+    """Image pixel (i, j) as a query of a converted layer with input grid `size`.
+
+    Returns (index of the nearest output pixel, row-major; that query's position on the
+    layer's input grid). Strided layers have fewer output pixels than the image.
+    """
+    oh, ow = layer.output_size(size)
+    q = min(oh - 1, i * oh // image_size[0]) * ow + min(ow - 1, j * ow // image_size[1])
+    pos = layer.query_positions(size)[q]
+    return q, (int(pos[0]), int(pos[1]))
 
 
 def analyze_converted(layers: list[tuple[str, nn.Module, tuple[int, int]]]) -> dict[str, Any]:

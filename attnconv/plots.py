@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
@@ -217,7 +218,12 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
 def _crop(probs: Tensor, size: tuple[int, int], query: tuple[int, int], zoom: int) -> np.ndarray:
     """probs (heads, T, T) -> the query's rows as (heads, zoom, zoom), NaN outside the grid."""
     H, W = size
-    maps = probs[:, query[0] * W + query[1]].double().cpu().reshape(-1, H, W).numpy()
+    return _window_around(probs[:, query[0] * W + query[1]].double().cpu().reshape(-1, H, W).numpy(), query, zoom)
+
+
+def _window_around(maps: np.ndarray, query: Sequence[int], zoom: int) -> np.ndarray:
+    """maps (heads, H, W) -> the zoom x zoom window centered on `query`, NaN outside the grid."""
+    H, W = maps.shape[1:]
     lo = -(zoom // 2)
     out = np.full((maps.shape[0], zoom, zoom), np.nan)
     for a in range(zoom):
@@ -240,10 +246,13 @@ def maps_figure(
     image: np.ndarray | None = None,
     downsample: int = 1,
     title: str = "",
+    windows: list[np.ndarray] | None = None,
+    row_labels: list[str] | None = None,
 ):
     """A layers x heads grid of the attention of `query` over a zoom x zoom window around it.
 
-    probs: per layer (heads, T, T). image: optional (H_img, W_img) or (H_img, W_img, 3) array
+    probs: per layer (heads, T, T); or give `windows`, per layer the (heads, zoom, zoom)
+    maps already cut around each layer's query (probs is then ignored). image: optional (H_img, W_img) or (H_img, W_img, 3) array
     drawn on the left with the query token's cell (and the window) outlined; a token covers
     `downsample` x `downsample` image pixels. Each map is scaled to its own maximum.
     """
@@ -251,7 +260,9 @@ def maps_figure(
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
-    n_layers, heads = len(probs), probs[0].shape[0]
+    if windows is None:
+        windows = [_crop(p, size, query, zoom) for p in probs]
+    n_layers, heads = len(windows), windows[0].shape[0]
     cell = 1.05
     side = 2.6 if image is not None else 0.0
     height = cell * n_layers + 1.2
@@ -265,7 +276,7 @@ def maps_figure(
     cmap = colormaps["viridis"].with_extremes(bad="0.85")  # outside the grid: grey
     lo = -(zoom // 2)
     for layer in range(n_layers):
-        window = _crop(probs[layer], size, query, zoom)
+        window = windows[layer]
         for h in range(heads):
             ax = fig.add_subplot(gs[layer, h])
             m = window[h]
@@ -279,7 +290,7 @@ def maps_figure(
             if layer == 0:
                 ax.set_title(f"head {h + 1}", fontsize=8)
             if h == 0:
-                ax.set_ylabel(f"layer {layer + 1}", fontsize=8)
+                ax.set_ylabel(f"layer {layer + 1}" if row_labels is None else row_labels[layer], fontsize=8)
     if image is not None:
         ax = fig.add_subplot(outer[0, 0])
         ax.imshow(image, cmap="gray" if image.ndim == 2 else None, interpolation="nearest")
@@ -399,6 +410,9 @@ def plot_maps(
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = _check_out(Path(run_dir) / default if out is None else out)
+    convs = _converted(run_dir, device)
+    if convs is not None:
+        return save_figure(_converted_maps(*convs, query, zoom), out)
     model, config = _load(run_dir, device)
     size = token_grid(model)
     q = _parse_query(query, size)
@@ -420,3 +434,23 @@ def plot_maps(
              f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max")
     fig = maps_figure(probs, size, q, zoom, image=picture, downsample=model.config.downsample, title=title)
     return save_figure(fig, out)
+
+
+def _converted_maps(config, layers, query: Sequence[int] | None, zoom: int):
+    """Maps of a network converted from a CNN: image pixel `query` placed on each layer's grid."""
+    from attnconv import data as D
+    from attnconv.analysis import converted_query
+
+    info = D.dataset_info(config.dataset)
+    image_size = (info.size, info.size)
+    i, j = _parse_query(query, image_size)
+    windows, labels = [], []
+    for n, (_, layer, size) in enumerate(layers):
+        q, pos = converted_query(layer, size, image_size, i, j)
+        with torch.no_grad():
+            row = layer.attention_probs(size=size)[0, :, q].double().cpu().reshape(-1, *size).numpy()
+        windows.append(_window_around(row, pos, zoom))
+        labels.append(f"layer {n + 1}\n{size[0]}x{size[1]}")
+    title = (f"{config.model} as attention: image pixel ({i}, {j}) as the query of each converted layer "
+             f"(on its own input grid), {zoom}x{zoom} window; each map scaled to its max")
+    return maps_figure([], image_size, (i, j), zoom, title=title, windows=windows, row_labels=labels)

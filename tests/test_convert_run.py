@@ -100,6 +100,8 @@ def test_analyze_plot_and_report_accept_a_converted_run(cnn_run, data_dir, tmp_p
 
     assert main(["plot", "centers", str(new), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 1000
+    assert main(["plot", "maps", str(new), "--query", "20,9", "--zoom", "5", "--out", str(tmp_path / "m.png")]) == 0
+    assert (tmp_path / "m.png").stat().st_size > 1000
     capsys.readouterr()
     assert main(["report", str(new), "--out", str(tmp_path / "r.html"), "--data-dir", str(data_dir)]) == 0
     html = (tmp_path / "r.html").read_text()

@@ -235,3 +235,13 @@ def test_init_from_needs_a_cnn_run(cnn_run, data_dir, tmp_path, capsys):
                  *_common(data_dir, out)]) == 2
     assert "go with --init-from" in capsys.readouterr().err
     assert not (out / "config.json").exists()
+
+
+def test_an_image_pixel_is_placed_on_each_strided_layers_grid():
+    from attnconv.analysis import converted_query
+
+    layer = conv_to_attention(nn.Conv2d(1, 2, 3, stride=2, padding=1))
+    q, pos = converted_query(layer, (28, 28), (28, 28), 20, 9)  # output grid 14x14
+    assert q == 10 * 14 + 4 and pos == (20, 8)
+    q, pos = converted_query(layer, (14, 14), (28, 28), 27, 0)  # a later layer: 14x14 -> 7x7
+    assert q == 6 * 7 + 0 and pos == (12, 0)

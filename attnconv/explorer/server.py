@@ -209,14 +209,14 @@ class Explorer:
     def _converted_attention(self, image: int, i: int, j: int, mode: str, term: str, wanted: list[int]) -> dict:
         """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
         have fewer), whose attention over the layer's input grid is position-only (any image)."""
+        from attnconv.analysis import converted_query
+
         H, W = self.grid
         out, grids, queries = [], [], []
         with self._lock, torch.no_grad():
             for n in wanted:
                 layer, size = self.layers[n], self.converted[n][2]
-                oh, ow = layer.output_size(size)
-                q = min(oh - 1, i * oh // H) * ow + min(ow - 1, j * ow // W)
-                pos = layer.query_positions(size)[q]  # the query's place on the input grid
+                q, pos = converted_query(layer, size, self.grid, i, j)  # pos: the query on the input grid
                 if mode == "probs":
                     if n not in self._probs:
                         self._probs[n] = layer.attention_probs(size=size)[0].float().cpu()  # (heads, T_out, T_in)
@@ -227,11 +227,11 @@ class Explorer:
                     centers = layer.centers.detach().double().cpu()  # (heads, 2)
                     alpha = (layer.widths.detach().double().cpu() if hasattr(layer, "widths")
                              else torch.full((layer.heads,), float(layer.alpha), dtype=torch.float64))
-                    d = keys[None] - pos.double()[None, None] - centers[:, None]  # (heads, T_in, 2)
+                    d = keys[None] - torch.tensor(pos).double()[None, None] - centers[:, None]  # (heads, T_in, 2)
                     values = -alpha[:, None] * d.square().sum(-1)
                 out.append(values.float().tolist())
                 grids.append(list(size))
-                queries.append([int(pos[0]), int(pos[1])])
+                queries.append(list(pos))
         return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W], "grids": grids,
                 "queries": queries, "layer_indices": wanted, "layers": _finite(out)}
 
