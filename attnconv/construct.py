@@ -506,7 +506,8 @@ class LearnableConvAttention(ConvAttention):
     def error_bound(self, x: Tensor) -> float:
         """Theorem 1's bound holds only while every head sits on its tap with one alpha; check that first."""
         taps = ConvAttention.centers.fget(self).to(self.centers)
-        if not (torch.equal(self.centers.detach(), taps) and bool((self.positions.log_alpha == math.log(self.alpha)).all())):
+        start = torch.full_like(self.positions.log_alpha, math.log(self.alpha))  # rounded as the parameter was
+        if not (torch.equal(self.centers.detach(), taps) and torch.equal(self.positions.log_alpha.detach(), start)):
             raise AttnconvError(
                 "the heads have moved from the convolution's taps or widths (trained?): the layer is no longer a "
                 "convolution, so there is no bound; measure it with conv_likeness instead"

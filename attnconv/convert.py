@@ -132,7 +132,7 @@ def cnn_to_attention(
         except AttnconvError as err:  # not expected after _unconvertible; say which module
             raise AttnconvError(f"{_label(paths[key], conv)}: {err}") from None
         layer.train(conv.training)
-        layer.out_weight.requires_grad_(conv.weight.requires_grad)
+        layer.requires_grad_(conv.weight.requires_grad)  # value maps (and learnable positions) as the weight
         if layer.out_bias is not None:
             layer.out_bias.requires_grad_(conv.bias.requires_grad)
         replaced[key] = layer

@@ -104,6 +104,14 @@ def test_sharp_start_has_vanishing_position_gradients_soft_start_does_not():
     assert grads[None] < 1e-5 * grads[2.0] and grads[2.0] > 1e-3
 
 
+def test_error_bound_of_an_unmoved_float32_layer_is_the_construction_bound():
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    x = torch.randn(1, 2, 6, 6)
+    fixed, learnable = conv_to_attention(conv), conv_to_attention(conv, learnable=True)
+    assert learnable.error_bound(x) == fixed.error_bound(x)
+    assert (learnable(x) - conv(x)).abs().max().item() <= learnable.error_bound(x) + 1e-5
+
+
 def test_error_bound_refuses_once_the_heads_moved_and_analysis_sees_the_trained_widths():
     conv = nn.Conv2d(2, 2, 3, padding=1)
     layer = _moved(conv_to_attention(conv, alpha=2.0, learnable=True), 1)
