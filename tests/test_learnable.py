@@ -253,3 +253,14 @@ def test_an_image_pixel_is_placed_on_each_strided_layers_grid():
     assert q == 10 * 14 + 4 and pos == (20, 8)
     q, pos = converted_query(layer, (14, 14), (28, 28), 27, 0)  # a later layer: 14x14 -> 7x7
     assert q == 6 * 7 + 0 and pos == (12, 0)
+
+
+def test_init_from_with_fold_bn_trains_without_batchnorms(cnn_run, data_dir, tmp_path, capsys):
+    out = tmp_path / "folded"
+    assert main(["train", "--init-from", str(cnn_run), "--fold-bn", "--max-steps", "1", "--lr", "0.001",
+                 *_common(data_dir, out)]) == 0
+    capsys.readouterr()
+    model, config = load_run(out)
+    assert config.init_from["fold_bn"] is True
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert sum(isinstance(m, LearnableConvAttention) for m in model.modules()) == 20
