@@ -74,6 +74,7 @@ __all__ = [
     "converted_query",
     "format_analysis",
     "head_geometry",
+    "load_attention_run",
     "mean_layer_probs",
     "needs_images",
     "run_images",
@@ -126,6 +127,26 @@ def converted_layers(model: nn.Module, input_shape: Sequence[int]) -> list[tuple
         for hook in hooks:
             hook.remove()
     return [(found[m], m, size) for m, size in seen.items()]
+
+
+def load_attention_run(run_dir: str | os.PathLike, device: str = "cpu"):
+    """`load_run` of a run whose attention the analysis can show: (model, config, converted).
+
+    `converted` is `converted_layers` for a network converted from a CNN (`attnconv
+    convert`, `train --init-from`) and [] for an attention classifier; a plain CNN run
+    raises AttnconvError (from `attention_layers`).
+    """
+    from attnconv import data as D
+    from attnconv.train import load_run
+
+    model, config = load_run(run_dir, device)
+    if getattr(model, "attention_layers", None):
+        return model, config, []
+    info = D.dataset_info(config.dataset)
+    convs = converted_layers(model, (info.channels, info.size, info.size))
+    if not convs:
+        attention_layers(model)  # raises: a CNN
+    return model, config, convs
 
 
 def token_grid(model: nn.Module) -> tuple[int, int]:
@@ -235,10 +256,8 @@ def _own_centers(layer: nn.Module, heads: int) -> Tensor | None:
 
 def _widths(layer: nn.Module, heads: int) -> dict[str, Tensor | None]:
     """alpha (isotropic heads) and Sigma^-1 (every quadratic head), on the CPU in float64."""
-    if isinstance(getattr(layer, "alpha", None), (int, float)):  # ConvAttention: A = -alpha ||delta - Delta||^2
-        own = getattr(layer, "widths", None)  # LearnableConvAttention: alpha_h per head, trained
-        alpha = (own.detach().double().cpu() if isinstance(own, torch.Tensor)
-                 else torch.full((heads,), float(layer.alpha), dtype=torch.float64))
+    if isinstance(getattr(layer, "alpha", None), (int, float)):  # ConvAttention: A = -alpha_h ||delta - Delta||^2
+        alpha = layer.widths.detach().double().cpu()
         return {"alpha": alpha, "inverse_covariance": 2 * alpha[:, None, None] * torch.eye(2, dtype=torch.float64)}
     enc = getattr(layer, "encoding", None)
     if enc is None or not hasattr(enc, "inverse_covariance"):
@@ -441,18 +460,10 @@ def analyze_run(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """`analyze_model` of a run directory's weights (content models: over the first `images` test images)."""
-    from attnconv.train import load_run
-
-    from attnconv import data as D
-
-    model, config = load_run(run_dir, device)
-    info = D.dataset_info(config.dataset)
-    convs = [] if getattr(model, "attention_layers", None) else converted_layers(
-        model, (info.channels, info.size, info.size))
+    model, config, convs = load_attention_run(run_dir, device)
     if convs:  # converted from a CNN: each layer on its own input grid
         return {"run": str(run_dir), "model": config.model, "dataset": config.dataset,
                 **analyze_converted(convs)}
-    attention_layers(model)  # refuse CNN runs before loading any data
     x = None
     if needs_images(model):
         _, x = run_images(config, images, data_dir=data_dir)

@@ -227,6 +227,22 @@ class ConvAttention(nn.Module):
         grids = torch.meshgrid(*[self.axis_offsets(a) for a in range(self.ndim)], indexing="ij")
         return torch.stack([g.reshape(-1) for g in grids], dim=-1)
 
+    @property
+    def widths(self) -> Tensor:
+        """Each head's alpha, (heads,): all `alpha` here (trainable in LearnableConvAttention)."""
+        return torch.full((self.heads,), self.alpha, dtype=torch.float64)
+
+    def query_scores(self, size: Sequence[int], q: int) -> Tensor:
+        """Lemma 2's scores -alpha_h ||k - p_q - Delta_h||^2 of output query q over the input pixels k.
+
+        (heads, T_in) float64, p_q = `query_positions(size)[q]`; the layer's attention is the
+        softmax of these over the padded grid (padding keys included).
+        """
+        keys = _grid(size).double()  # (T_in, ndim)
+        pos = self.query_positions(size)[q].double()
+        d = keys[None] - pos - self.centers.detach().double().cpu()[:, None]  # (heads, T_in, ndim)
+        return -self.widths.detach().double().cpu()[:, None] * d.square().sum(-1)
+
     def output_size(self, size: Sequence[int]) -> tuple[int, ...]:
         """Output spatial size for an input of spatial `size`; AttnconvError where the conv fails."""
         size = tuple(int(s) for s in size)
@@ -288,10 +304,20 @@ class ConvAttention(nn.Module):
             lo, hi = self.padding[a]
             q = torch.arange(out[a], device=device) * self.stride[a] + self.dilation[a] * self.anchor[a]  # (n_a,)
             k = torch.arange(n + lo + hi, device=device)  # (P_a,) padded positions
-            delta = self.axis_offsets(a).to(device)  # (K_a,)
-            diff = (k[None, None, :] - q[None, :, None] - delta[:, None, None]).to(work)  # (K_a, n_a, P_a)
-            factors.append(torch.softmax(-self.alpha * diff.square(), dim=-1).to(dtype))
+            centers, alpha = self._axis_heads(a)  # (G,), and a float or (G,)
+            diff = (k[None, :] - q[:, None]).to(work) - centers.to(device, work)[:, None, None]  # (G, n_a, P_a)
+            if isinstance(alpha, Tensor):
+                alpha = alpha.to(device, work)[:, None, None]
+            factors.append(torch.softmax(-alpha * diff.square(), dim=-1).to(dtype))
         return factors
+
+    def _axis_heads(self, a: int) -> tuple[Tensor, float | Tensor]:
+        """The centers along axis `a` of the softmax factors on that axis, and their alpha.
+
+        Here one factor per tap along the axis (K_a of them, shared by every head with that
+        tap), all with the layer's alpha.
+        """
+        return self.axis_offsets(a), self.alpha
 
     def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None) -> Tensor:
         """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
@@ -477,25 +503,13 @@ class LearnableConvAttention(ConvAttention):
         """The heads' current alpha_h, (heads,)."""
         return self.positions.log_alpha.exp()
 
-    def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
-        """Per-axis softmax factors over the padded grid, one per head: (heads, n_a, P_a) per axis.
+    def _axis_heads(self, a: int) -> tuple[Tensor, Tensor]:
+        """One softmax factor per head on every axis: its center's coordinate `a` and its alpha.
 
-        Head h's probabilities over the padded grid are the outer product over a of
-        factors[a][h].
+        So `axis_probs` returns (heads, n_a, P_a) per axis, and head h's probabilities over
+        the padded grid are the outer product over a of factors[a][h].
         """
-        out = self.output_size(size)
-        dtype = self.out_weight.dtype
-        work = torch.promote_types(dtype, torch.float32)
-        device = self.out_weight.device
-        alpha = self.widths.to(work)[:, None, None]  # (heads, 1, 1)
-        factors = []
-        for a, n in enumerate(size):
-            lo, hi = self.padding[a]
-            q = torch.arange(out[a], device=device) * self.stride[a] + self.dilation[a] * self.anchor[a]  # (n_a,)
-            k = torch.arange(n + lo + hi, device=device)  # (P_a,)
-            diff = (k[None, None, :] - q[None, :, None]).to(work) - self.centers[:, a, None, None].to(work)
-            factors.append(torch.softmax(-alpha * diff.square(), dim=-1).to(dtype))  # (heads, n_a, P_a)
-        return factors
+        return self.centers[:, a], self.widths
 
     @staticmethod
     def _outer(dense: Tensor, folded: Tensor) -> Tensor:

@@ -314,30 +314,12 @@ def maps_figure(
 
 
 def _load(run_dir, device: str):
-    from attnconv.analysis import attention_layers
-    from attnconv.train import load_run
+    """(model, config, converted layers or []) of a run with attention; one clear error otherwise."""
+    from attnconv.analysis import load_attention_run
 
     if not Path(run_dir).is_dir():
         raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-    model, config = load_run(run_dir, device)
-    attention_layers(model)
-    return model, config
-
-
-def _converted(run_dir, device: str):
-    """(config, converted_layers) for a run converted from a CNN; None for any other run."""
-    from attnconv import data as D
-    from attnconv.analysis import converted_layers
-    from attnconv.train import load_run
-
-    if not Path(run_dir).is_dir():
-        return None  # _load says what is wrong
-    model, config = load_run(run_dir, device)
-    if getattr(model, "attention_layers", None):
-        return None
-    info = D.dataset_info(config.dataset)
-    layers = converted_layers(model, (info.channels, info.size, info.size))
-    return (config, layers) if layers else None
+    return load_attention_run(run_dir, device)
 
 
 def plot_centers(
@@ -353,17 +335,22 @@ def plot_centers(
     Content models are averaged over the first `images` test images. Writes `out`
     (default RUN_DIR/centers.png) and returns its path.
     """
-    from attnconv.analysis import attention_layers, conv_head_geometry, head_geometry, mean_layer_probs, \
-        needs_images, run_images, token_grid
+    from attnconv.analysis import (
+        attention_layers,
+        conv_head_geometry,
+        head_geometry,
+        mean_layer_probs,
+        needs_images,
+        run_images,
+        token_grid,
+    )
 
     out = _check_out(Path(run_dir) / "centers.png" if out is None else out)
-    convs = _converted(run_dir, device)
-    if convs is not None:  # converted from a CNN: each layer on its own input grid
-        config, layers = convs
+    model, config, layers = _load(run_dir, device)
+    if layers:  # converted from a CNN: each layer on its own input grid
         geometry = [conv_head_geometry(layer, size) for _, layer, size in layers]
         title = f"{config.model} as attention: head centers per converted layer (3x3 convs; shifts on each input grid)"
         return save_figure(centers_figure(geometry, max(max(s) for *_, s in layers), title), out)
-    model, config = _load(run_dir, device)
     size = token_grid(model)
     x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None
     probs = mean_layer_probs(model, x)
@@ -410,10 +397,9 @@ def plot_maps(
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = _check_out(Path(run_dir) / default if out is None else out)
-    convs = _converted(run_dir, device)
-    if convs is not None:
-        return save_figure(_converted_maps(*convs, query, zoom), out)
-    model, config = _load(run_dir, device)
+    model, config, layers = _load(run_dir, device)
+    if layers:  # converted from a CNN
+        return save_figure(_converted_maps(config, layers, query, zoom), out)
     size = token_grid(model)
     q = _parse_query(query, size)
     raw, x = None, None

@@ -80,19 +80,16 @@ class Explorer:
         data_dir: str | os.PathLike | None = None,
         device: str = "cpu",
     ):
-        from attnconv.analysis import attention_layers, converted_layers, token_grid
+        from attnconv.analysis import attention_layers, load_attention_run, token_grid
         from attnconv.data import dataset_info, normalize
-        from attnconv.train import load_run
 
         if not isinstance(images, int) or images < 1:
             raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-        self.model, self.config = load_run(self.run_dir, device)
+        self.model, self.config, self.converted = load_attention_run(self.run_dir, device)  # refuses CNN runs
         self.info_ = dataset_info(self.config.dataset)
-        self.converted = [] if getattr(self.model, "attention_layers", None) else converted_layers(
-            self.model, (self.info_.channels, self.info_.size, self.info_.size))
         if self.converted:
             # A network converted from a CNN (convert, train --init-from): every layer has its own
             # input grid; the query is an image pixel, placed on each layer's output grid.
@@ -100,7 +97,7 @@ class Explorer:
             self.grid = (self.info_.size, self.info_.size)
             self._probs: dict[int, torch.Tensor] = {}
         else:
-            self.layers = attention_layers(self.model)  # refuses CNN runs
+            self.layers = attention_layers(self.model)
             self.grid = token_grid(self.model)
         self.device = device
         test = _test_set(self.config, data_dir)
@@ -222,13 +219,7 @@ class Explorer:
                         self._probs[n] = layer.attention_probs(size=size)[0].float().cpu()  # (heads, T_out, T_in)
                     values = self._probs[n][:, q]
                 else:  # Lemma 2's score -alpha_h ||k - q - Delta_h||^2 over the input pixels
-                    keys = torch.stack(torch.meshgrid(torch.arange(size[0]), torch.arange(size[1]), indexing="ij"),
-                                       -1).reshape(-1, 2).double()
-                    centers = layer.centers.detach().double().cpu()  # (heads, 2)
-                    alpha = (layer.widths.detach().double().cpu() if hasattr(layer, "widths")
-                             else torch.full((layer.heads,), float(layer.alpha), dtype=torch.float64))
-                    d = keys[None] - torch.tensor(pos).double()[None, None] - centers[:, None]  # (heads, T_in, 2)
-                    values = -alpha[:, None] * d.square().sum(-1)
+                    values = layer.query_scores(size, q)
                 out.append(values.float().tolist())
                 grids.append(list(size))
                 queries.append(list(pos))
