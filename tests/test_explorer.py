@@ -17,15 +17,14 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
-from fixtures_data import write_random_fashion
+from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.cli import main
 from attnconv.data import dataset_info, load_dataset, normalize
 from attnconv.errors import AttnconvError
 from attnconv.explorer import BadRequest, Explorer, make_server
-from attnconv.train import load_run, make_config, train
+from attnconv.train import load_run
 
-TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)  # 28x28 images -> 7x7 tokens
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -34,17 +33,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """2-step runs of a content model, a position-only model and a ResNet on 32 + 12 random images."""
-    root = tmp_path_factory.mktemp("explorer")
-    data = root / "data"
-    data.mkdir()
-    write_random_fashion(data, 32, 12, seed=3)
-    out = {"data": data}
-    for model, overrides in (("sa-learned-content", TINY), ("sa-quadratic", TINY), ("resnet18", dict(width=2))):
-        cfg = make_config(model=model, dataset="fashion-mnist", epochs=1, max_steps=2, batch_size=16, workers=1,
-                          data_dir=str(data), model_overrides=overrides)
-        train(cfg, root / model, progress=False)
-        out[model] = root / model
-    return out
+    specs = (("sa-learned-content", TINY), ("sa-quadratic", TINY), ("resnet18", dict(width=2)))
+    return train_tiny_runs(tmp_path_factory.mktemp("explorer"), specs, seed=3, epochs=1, max_steps=2)
 
 
 @pytest.fixture(scope="module")

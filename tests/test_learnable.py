@@ -11,10 +11,16 @@ import torch
 from fixtures_data import write_random_fashion
 from test_construct import _random_case, rel
 from torch import nn
+from torch.func import functional_call
 
 from attnconv.analysis import analyze_layer
 from attnconv.cli import main
-from attnconv.construct import ConvAttention, LearnableConvAttention, conv_to_attention, effective_kernel
+from attnconv.construct import (
+    ConvAttention,
+    LearnableConvAttention,
+    conv_to_attention,
+    effective_kernel,
+)
 from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import no_weight_decay
@@ -74,23 +80,10 @@ def test_gradients_reach_centers_and_widths_and_match_finite_differences():
     layer = _moved(conv_to_attention(conv, alpha=1.0, learnable=True), 3)
     x = torch.randn(2, 2, 7, 6, dtype=torch.float64)
     assert torch.autograd.gradcheck(
-        lambda c, a: _with(layer, c, a)(x).square().sum(),
+        lambda c, a: functional_call(layer, {"positions.center": c, "positions.log_alpha": a}, (x,)).square().sum(),
         (layer.positions.center.detach().clone().requires_grad_(), layer.positions.log_alpha.detach().clone()
          .requires_grad_()),
     )
-
-
-def _with(layer, center, log_alpha):
-    def f(x):
-        old = layer.positions.center.data.clone(), layer.positions.log_alpha.data.clone()
-        try:
-            del layer.positions.center, layer.positions.log_alpha
-            layer.positions.center, layer.positions.log_alpha = center, log_alpha
-            return layer(x)
-        finally:
-            layer.positions.center = nn.Parameter(old[0])
-            layer.positions.log_alpha = nn.Parameter(old[1])
-    return f
 
 
 def test_sharp_start_has_vanishing_position_gradients_soft_start_does_not():

@@ -8,15 +8,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from fixtures_data import write_random_fashion
+from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.cli import main
 from attnconv.convert import convert_run
 from attnconv.report import build_report, write_report
-from attnconv.train import make_config, read_metrics, train
+from attnconv.train import read_metrics
 
 ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
-TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)  # 7x7 token grid
 _VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "area", "base"}
 
 
@@ -24,15 +23,7 @@ _VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "ar
 def runs(tmp_path_factory):
     """Tiny runs (3 epochs of 2 steps) of every attention encoding and of a ResNet, and the ResNet converted."""
     root = tmp_path_factory.mktemp("report")
-    data = root / "data"
-    data.mkdir()
-    write_random_fashion(data, 32, 12, seed=0)
-    out = {}
-    for model, overrides in [*((m, TINY) for m in ENCODINGS), ("resnet18", dict(width=2))]:
-        cfg = make_config(model=model, dataset="fashion-mnist", epochs=3, batch_size=16, workers=1,
-                          data_dir=str(data), model_overrides=overrides)
-        train(cfg, root / model, progress=False)
-        out[model] = root / model
+    out = train_tiny_runs(root, [*((m, TINY) for m in ENCODINGS), ("resnet18", dict(width=2))], epochs=3)
     out["converted"] = convert_run(out["resnet18"], root / "converted")
     return out
 

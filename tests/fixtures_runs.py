@@ -1,0 +1,32 @@
+"""Tiny training runs on random Fashion-MNIST-format data, for the tests that read run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from fixtures_data import write_random_fashion
+
+from attnconv.train import make_config, train
+
+# The attention classifiers at a 7x7 token grid, a few hundred parameters a layer.
+TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)
+
+
+def train_tiny_runs(root: Path, specs: Iterable[tuple[str, dict[str, Any]]], *, seed: int = 0,
+                    **config: Any) -> dict[str, Path]:
+    """Write 32 + 12 random images under root/data and train each (model, overrides) into root/model.
+
+    `config` goes to `make_config` (epochs, max_steps, ...); batch 16, 1 thread. Returns
+    {"data": the data folder, model: its run directory, ...}.
+    """
+    data = root / "data"
+    data.mkdir()
+    write_random_fashion(data, 32, 12, seed=seed)
+    out = {"data": data}
+    for model, overrides in specs:
+        cfg = make_config(model=model, dataset="fashion-mnist", batch_size=16, workers=1, data_dir=str(data),
+                          model_overrides=overrides, **config)
+        train(cfg, root / model, progress=False)
+        out[model] = root / model
+    return out
