@@ -59,6 +59,8 @@ ILL_CONDITIONED = 1e3
 UNIFORM_ENTROPY = 0.98
 # Images per forward pass when averaging content attention (keeps (B, heads, T, T) small).
 _BATCH = 25
+# The same for converted content layers, whose maps span the padded grid of a full-resolution layer.
+_CONVERTED_BATCH = 8
 
 __all__ = [
     "ILL_CONDITIONED",
@@ -70,7 +72,10 @@ __all__ = [
     "analyze_converted",
     "attention_layers",
     "conv_head_geometry",
+    "converted_inputs",
     "converted_layers",
+    "converted_needs_images",
+    "converted_probs",
     "converted_query",
     "format_analysis",
     "head_geometry",
@@ -112,21 +117,27 @@ def converted_layers(model: nn.Module, input_shape: Sequence[int]) -> list[tuple
              if isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1}
     if not found:
         return []
-    seen: dict[nn.Module, tuple[int, int]] = {}
+    seen = _inputs_of(model, list(found), torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+    return [(found[m], m, tuple(int(s) for s in inp.shape[-2:])) for m, inp in seen.items()]
+
+
+def _inputs_of(model: nn.Module, modules: list[nn.Module], x: Tensor) -> dict[nn.Module, Tensor]:
+    """The input each of `modules` receives (first call) when the model runs on x in eval mode, in call order."""
+    seen: dict[nn.Module, Tensor] = {}
 
     def grab(module, args):
-        seen.setdefault(module, tuple(int(s) for s in args[0].shape[-2:]))
+        seen.setdefault(module, args[0].detach())
 
-    hooks = [m.register_forward_pre_hook(grab) for m in found]
+    hooks = [m.register_forward_pre_hook(grab) for m in modules]
     was_training = model.training
     try:
         with torch.no_grad():
-            model.eval()(torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+            model.eval()(x)
     finally:
         model.train(was_training)
         for hook in hooks:
             hook.remove()
-    return [(found[m], m, size) for m, size in seen.items()]
+    return seen
 
 
 def load_attention_run(run_dir: str | os.PathLike, device: str = "cpu"):
@@ -270,25 +281,14 @@ def _widths(layer: nn.Module, heads: int) -> dict[str, Tensor | None]:
 
 def _kernel(layer: nn.Module, size: tuple[int, int], x: Tensor | None, probs: Tensor | None) -> EffectiveKernel:
     """The layer's (possibly averaged) probabilities and value maps as an EffectiveKernel."""
-    if probs is None and getattr(layer, "position_only", True):
-        return effective_kernel(layer, size)
-    if probs is None:
+    if probs is None and not getattr(layer, "position_only", True):
         if x is None:
             raise AttnconvError("a content-attention layer needs inputs x (B, C, H, W) to average its attention over")
         with torch.no_grad():
-            probs = layer.attention_probs(x)  # (B, heads, T, T)
-    if probs.dim() == 4:
+            probs = layer.attention_probs(x)  # (B, heads, T_out, T_in)
+    if probs is not None and probs.dim() == 4:
         probs = probs.mean(0)
-    T = size[0] * size[1]
-    if probs.dim() != 3 or probs.shape[1:] != (T, T):
-        raise AttnconvError(f"probabilities of shape {tuple(probs.shape)} do not fit a {size[0]}x{size[1]} grid")
-    with torch.no_grad():
-        maps, bias = layer.value_maps()
-    heads = probs.shape[0]
-    return EffectiveKernel(
-        probs=probs.detach(), maps=maps.detach(), bias=bias.detach(), in_size=size, out_size=size,
-        query_pos=_grid(size), centers=None if (c := _own_centers(layer, heads)) is None else c.to(probs.dtype),
-    )
+    return effective_kernel(layer, size, probs=probs)
 
 
 def _window_masses(p: Tensor, keys: Tensor, pos: Tensor, centers: Tensor, size) -> dict[int, Tensor]:
@@ -462,8 +462,9 @@ def analyze_run(
     """`analyze_model` of a run directory's weights (content models: over the first `images` test images)."""
     model, config, convs = load_attention_run(run_dir, device)
     if convs:  # converted from a CNN: each layer on its own input grid
+        x = run_images(config, images, data_dir=data_dir)[1].to(device) if converted_needs_images(convs) else None
         return {"run": str(run_dir), "model": config.model, "dataset": config.dataset,
-                **analyze_converted(convs)}
+                **analyze_converted(convs, converted_probs(model, convs, x), images=0 if x is None else len(x))}
     x = None
     if needs_images(model):
         _, x = run_images(config, images, data_dir=data_dir)
@@ -485,25 +486,74 @@ def converted_query(layer: nn.Module, size: tuple[int, int], image_size: Sequenc
     return q, (int(pos[0]), int(pos[1]))
 
 
-def analyze_converted(layers: list[tuple[str, nn.Module, tuple[int, int]]]) -> dict[str, Any]:
-    """`analyze_layer` for each (path, layer, input size) of `converted_layers`."""
+def converted_needs_images(layers: list[tuple[str, nn.Module, tuple[int, int]]]) -> bool:
+    """True when some converted layer has content attention (`train --init-from --init-content`)."""
+    return any(not layer.position_only for _, layer, _ in layers)
+
+
+def converted_inputs(model: nn.Module, layers: list[tuple[str, nn.Module, tuple[int, int]]], x: Tensor
+                     ) -> list[Tensor]:
+    """What each converted layer receives when the model runs on the images x: (N, C, H, W) per layer."""
+    seen = _inputs_of(model, [layer for _, layer, _ in layers], x)
+    return [seen[layer] for _, layer, _ in layers]
+
+
+@torch.no_grad()
+def converted_probs(model: nn.Module, layers: list[tuple[str, nn.Module, tuple[int, int]]],
+                    x: Tensor | None = None, *, batch_size: int = _CONVERTED_BATCH) -> list[Tensor]:
+    """Attention probabilities of every converted layer, (heads, T_out, T_in) float32 over its input grid.
+
+    Position-only layers: exact and input-independent (x is not needed). Content layers:
+    the mean over the normalized images x (N, C, H, W), each layer seeing what the
+    network before it produces for them.
+    """
+    if not converted_needs_images(layers):
+        return [layer.attention_probs(size=size)[0].float() for _, layer, size in layers]
+    if x is None or len(x) == 0:
+        raise AttnconvError("content attention depends on the input: give test images to average over")
+    sums: list[Tensor | None] = [None] * len(layers)
+    for batch in x.split(batch_size):
+        for i, ((_, layer, size), inp) in enumerate(zip(layers, converted_inputs(model, layers, batch))):
+            if layer.position_only:
+                p = layer.attention_probs(size=size)[0].float() * len(batch)
+            else:
+                p = layer.attention_probs(inp).float().sum(0)
+            sums[i] = p if sums[i] is None else sums[i] + p
+    return [s / len(x) for s in sums]
+
+
+def analyze_converted(layers: list[tuple[str, nn.Module, tuple[int, int]]], probs: list[Tensor] | None = None,
+                      *, images: int = 0) -> dict[str, Any]:
+    """`analyze_layer` for each (path, layer, input size) of `converted_layers`.
+
+    probs: `converted_probs` over `images` test images, needed when some layer has
+    content attention.
+    """
+    if probs is None and converted_needs_images(layers):
+        raise AttnconvError("content attention depends on the input: give converted_probs over test images")
+    results = []
+    for i, (path, layer, size) in enumerate(layers):
+        r = {"layer": i, "path": path, **analyze_layer(layer, size, probs=None if probs is None else probs[i])}
+        r["probabilities"] = ("exact (position-only)" if layer.position_only
+                              else f"mean over {images} test images (content attention)")
+        results.append(r)
     return {
         "size": None,  # one grid per layer
         "thresholds": {"uniform_alpha": UNIFORM_ALPHA, "ill_conditioned": ILL_CONDITIONED,
                        "uniform_entropy": UNIFORM_ENTROPY},
-        "images": 0,
-        "layers": [{"layer": i, "path": path, **analyze_layer(layer, size)}
-                   for i, (path, layer, size) in enumerate(layers)],
+        "images": images if converted_needs_images(layers) else 0,
+        "layers": results,
     }
 
 
-def conv_head_geometry(layer: nn.Module, size: tuple[int, int]) -> dict[str, Any]:
+def conv_head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None = None) -> dict[str, Any]:
     """`head_geometry` of a (possibly strided) `ConvAttention` on its input grid `size`.
 
     The query is the middle output pixel, placed on the input grid; the map is its
-    attention over the input pixels.
+    attention over the input pixels (from `probs` (heads, T_out, T_in) when given: a
+    content layer's mean over images).
     """
-    ek = effective_kernel(layer, size)
+    ek = effective_kernel(layer, size, probs=probs)
     out_h, out_w = ek.out_size
     mid = (out_h // 2) * out_w + out_w // 2
     query = tuple(int(v) for v in ek.query_pos[mid])

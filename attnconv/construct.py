@@ -278,15 +278,33 @@ class ConvAttention(nn.Module):
         Output pixel o along axis a attends around input position
         o * stride + dilation * anchor - padding_low; head h's target is that plus Delta_h.
         """
-        out = self.output_size(size)
-        axes = [
-            torch.arange(n) * self.stride[a] + self.dilation[a] * self.anchor[a] - self.padding[a][0]
-            for a, n in enumerate(out)
-        ]
+        axes = [q - self.padding[a][0] for a, q in enumerate(self._padded_query_axes(size))]
         grids = torch.meshgrid(*axes, indexing="ij")
         return torch.stack([g.reshape(-1) for g in grids], dim=-1)
 
     # -- attention probabilities -----------------------------------------------------------
+
+    def axis_logits(self, size: Sequence[int]) -> list[Tensor]:
+        """Lemma 2's scores split by axis, over the padded grid: (G, n_a, P_a) per axis a.
+
+        Entry [t, o, i] is -alpha * (i - q_o - c_t)^2 for the query of output index o (at
+        padded position q_o) and padded position i, for the t-th factor along the axis
+        (center c_t; see `_axis_heads`). A head's score is the sum of its factors' scores
+        over the axes. Computed in at least float32 (half types would round the squares).
+        """
+        out = self.output_size(size)
+        work = torch.promote_types(self.out_weight.dtype, torch.float32)
+        device = self.out_weight.device
+        logits = []
+        for a, q in enumerate(self._padded_query_axes(size, out)):
+            lo, hi = self.padding[a]
+            k = torch.arange(size[a] + lo + hi, device=device)  # (P_a,) padded positions
+            centers, alpha = self._axis_heads(a)  # (G,), and a float or (G,)
+            diff = (k[None, :] - q.to(device)[:, None]).to(work) - centers.to(device, work)[:, None, None]
+            if isinstance(alpha, Tensor):
+                alpha = alpha.to(device, work)[:, None, None]
+            logits.append(-alpha * diff.square())  # (G, n_a, P_a)
+        return logits
 
     def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
         """Per-axis softmax factors over the padded grid (Lemma 2 scores, split by axis).
@@ -295,21 +313,34 @@ class ConvAttention(nn.Module):
         query of output index o attends to padded position i, for the heads whose tap
         along axis a is t. Head h = (t_1, ..., t_n) has P_h = (x)_a factors[a][t_a].
         """
-        out = self.output_size(size)
-        dtype = self.out_weight.dtype
-        work = torch.promote_types(dtype, torch.float32)  # softmax of half types in float32
-        device = self.out_weight.device
-        factors = []
+        return [torch.softmax(l, dim=-1).to(self.out_weight.dtype) for l in self.axis_logits(size)]
+
+    def _padded_query_axes(self, size: Sequence[int], out: Sequence[int] | None = None) -> list[Tensor]:
+        """Per axis, the padded-grid position of each output index's query: o * stride + dilation * anchor."""
+        out = self.output_size(size) if out is None else out
+        return [torch.arange(n) * self.stride[a] + self.dilation[a] * self.anchor[a] for a, n in enumerate(out)]
+
+    def _padded_sources(self, size: Sequence[int]) -> Tensor:
+        """For every token of the padded grid (row-major), the input pixel it holds (flat index), or -1
+        for a zero padding token: (P,) int64. Reflect/replicate/circular tokens name the pixel they copy."""
+        src = None
+        for a, n in enumerate(size):
+            s = _source_index(n, *self.padding[a], self.padding_mode)  # (P_a,)
+            if src is None:
+                src = s
+            else:
+                both = (src[:, None] >= 0) & (s[None, :] >= 0)
+                src = torch.where(both, src[:, None] * n + s[None, :], -1).reshape(-1)
+        return src
+
+    def _inner_tokens(self, size: Sequence[int]) -> Tensor:
+        """The padded-grid token (flat index) of every input pixel, row-major: (T_in,) int64."""
+        idx = None
         for a, n in enumerate(size):
             lo, hi = self.padding[a]
-            q = torch.arange(out[a], device=device) * self.stride[a] + self.dilation[a] * self.anchor[a]  # (n_a,)
-            k = torch.arange(n + lo + hi, device=device)  # (P_a,) padded positions
-            centers, alpha = self._axis_heads(a)  # (G,), and a float or (G,)
-            diff = (k[None, :] - q[:, None]).to(work) - centers.to(device, work)[:, None, None]  # (G, n_a, P_a)
-            if isinstance(alpha, Tensor):
-                alpha = alpha.to(device, work)[:, None, None]
-            factors.append(torch.softmax(-alpha * diff.square(), dim=-1).to(dtype))
-        return factors
+            r = torch.arange(n) + lo
+            idx = r if idx is None else (idx[:, None] * (n + lo + hi) + r[None, :]).reshape(-1)
+        return idx
 
     def _axis_heads(self, a: int) -> tuple[Tensor, float | Tensor]:
         """The centers along axis `a` of the softmax factors on that axis, and their alpha.
@@ -466,7 +497,7 @@ class _HeadPositions(nn.Module):
 
 
 class LearnableConvAttention(ConvAttention):
-    """`ConvAttention` whose head centers and widths are trainable (Lemma 2's encoding, learned).
+    """`ConvAttention` whose head centers and widths are trainable, optionally with content attention.
 
     Head h scores key k from query q with A^h_{q,k} = -alpha_h ||k - q - Delta_h||^2, where
     Delta_h (`positions.center`, (heads, ndim), float) and alpha_h = exp(`positions.log_alpha`)
@@ -486,12 +517,34 @@ class LearnableConvAttention(ConvAttention):
     gradients of the centers and widths are ~1e-9 as well: to let them move, start
     from a smaller alpha (alpha = 1 puts ~1/3 of a 3x3 head's mass on its center pixel,
     alpha = 4 about 93%).
+
+    Content attention (`key_dim` > 0): every head also gets the content score of the
+    paper's Eq. (8), A^h_{q,k} += (W_qry^h x_q)^T (W_key^h x_k) / sqrt(key_dim), with
+    `query` and `key` Linear(C_in -> heads * key_dim) over the padded grid's tokens (a
+    zero padding token has key W_key 0 + b_key). The query projection starts at zero,
+    so the content score is 0 and the layer starts as the position-only one (the same
+    function); its gradient is not zero, so training can bring content in. The scores no
+    longer factorize: the forward is one attention over the padded grid per head,
+    O(B heads T_out P (key_dim + C_in)). It folds Lemma 2's score into the dot product,
+    -alpha ||k - q - Delta||^2 = [2 alpha (q + Delta), -alpha] . [k, ||k||^2] + (a term
+    of the query alone, which the softmax drops), with coordinates centered on the grid,
+    so `scaled_dot_product_attention` runs without a score matrix in memory (flash
+    attention on the CPU) and its gradients reach the centers and widths.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, key_dim: int = 0, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 0:
+            raise AttnconvError(f"key_dim must be an integer >= 0 (0: no content attention), got {key_dim!r}")
         factory = {"device": self.out_weight.device, "dtype": self.out_weight.dtype}
         self.positions = _HeadPositions(ConvAttention.centers.fget(self).to(**factory), self.alpha)
+        self.key_dim = key_dim
+        self.position_only = key_dim == 0
+        if key_dim:
+            self.query = nn.Linear(self.in_channels, self.heads * key_dim, **factory)
+            self.key = nn.Linear(self.in_channels, self.heads * key_dim, **factory)
+            nn.init.zeros_(self.query.weight)  # content score 0: the layer starts position-only
+            nn.init.zeros_(self.query.bias)
 
     @property
     def centers(self) -> Tensor:
@@ -526,31 +579,152 @@ class LearnableConvAttention(ConvAttention):
                 "the heads have moved from the convolution's taps or widths (trained?): the layer is no longer a "
                 "convolution, so there is no bound; measure it with conv_likeness instead"
             )
+        if not self.position_only and (self.query.weight.detach().any() or self.query.bias.detach().any()):
+            raise AttnconvError(
+                "the content attention is no longer zero (trained?): the layer depends on its input and is not a "
+                "convolution, so there is no bound"
+            )
         return super().error_bound(x)
+
+    # -- content attention ---------------------------------------------------------------
+
+    def _query_tokens(self, z: Tensor, size: Sequence[int]) -> Tensor:
+        """The tokens of the padded input z (B, C, *P) at the queries' positions: (B, T_out, C)."""
+        out = self.output_size(size)
+        pick = tuple(slice(q0, q0 + s * (n - 1) + 1, s) for q0, s, n in
+                     zip((int(q[0]) for q in self._padded_query_axes(size, out)), self.stride, out))
+        return z[(slice(None), slice(None), *pick)].flatten(2).transpose(1, 2)
+
+    def _content_qk(self, z: Tensor, size: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Content queries (B, heads, T_out, key_dim) and keys (B, heads, P, key_dim) of the padded input z."""
+        b = z.shape[0]
+        q = self.query(self._query_tokens(z, size)).view(b, -1, self.heads, self.key_dim).transpose(1, 2)
+        k = self.key(z.flatten(2).transpose(1, 2)).view(b, -1, self.heads, self.key_dim).transpose(1, 2)
+        return q, k
+
+    def _position_features(self, size: Sequence[int], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Query features (heads, T_out, ndim + 1) and key features (P, ndim + 1) whose dot product is
+        Lemma 2's score -alpha_h ||k - q - Delta_h||^2 up to a term of the query alone."""
+        padded = [n + lo + hi for n, (lo, hi) in zip(size, self.padding)]
+        device = self.out_weight.device
+        middle = torch.tensor([(p - 1) / 2 for p in padded], dtype=dtype, device=device)  # keeps the terms small
+        keys = _grid(padded).to(device, dtype) - middle  # (P, ndim)
+        grids = torch.meshgrid(*self._padded_query_axes(size), indexing="ij")
+        queries = torch.stack([g.reshape(-1) for g in grids], dim=-1).to(device, dtype) - middle  # (T_out, ndim)
+        alpha = self.widths.to(dtype)[:, None, None]  # (heads, 1, 1)
+        q_feat = torch.cat([2 * alpha * (queries[None] + self.centers.to(dtype)[:, None]),
+                            (-alpha).expand(-1, queries.shape[0], 1)], dim=-1)
+        k_feat = torch.cat([keys, keys.square().sum(-1, keepdim=True)], dim=-1)
+        return q_feat, k_feat
+
+    def _content_forward(self, x: Tensor, size: Sequence[int]) -> Tensor:
+        """Every head's attention-weighted input per query, (B, heads, T_out, C_in), by one SDPA call."""
+        from attnconv.attention import _fp32
+
+        work = torch.promote_types(self.out_weight.dtype, torch.float32)
+        with _fp32():  # the folded positional terms need float32: in bf16 they would swamp the scores
+            z = self._pad(x).to(work)  # (B, C_in, *P)
+            b = z.shape[0]
+            q, k = self._content_qk(z, size)
+            q_pos, k_pos = self._position_features(size, work)
+            q = torch.cat([q.to(work) / math.sqrt(self.key_dim), q_pos.expand(b, -1, -1, -1)], dim=-1)
+            k = torch.cat([k.to(work), k_pos.expand(b, self.heads, -1, -1)], dim=-1)
+            # (B, heads, P, C_in); the fused kernels want the channels contiguous
+            v = z.flatten(2).transpose(1, 2).contiguous()[:, None].expand(b, self.heads, -1, -1)
+            if v.device.type == "cpu":  # the CPU's flash kernel wants one width for q, k and v
+                width = max(q.shape[-1], v.shape[-1])
+                q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        return out[..., : self.in_channels].to(x.dtype)
+
+    def padded_scores(self, x: Tensor) -> dict[str, Tensor]:
+        """Score terms over the padded grid, computed exactly (no folding): 'position' (1, heads, T_out, P),
+        'content' (B, heads, T_out, P) for content layers, and their sum 'combined'. In at least float32."""
+        x, _ = self._batched(x)
+        size = tuple(x.shape[2:])
+        logits = self.axis_logits(size)  # (heads, n_a, P_a) per axis
+        pos = logits[0]
+        for l in logits[1:]:
+            h, tq, tk = pos.shape
+            pos = (pos[:, :, None, :, None] + l[:, None, :, None, :]).reshape(h, tq * l.shape[1], tk * l.shape[2])
+        pos = pos[None]
+        if self.position_only:
+            return {"position": pos, "combined": pos}
+        q, k = self._content_qk(self._pad(x).to(pos.dtype), size)
+        content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)
+        return {"position": pos, "content": content, "combined": pos + content}
+
+    def attention_scores(self, x: Tensor) -> dict[str, Tensor]:
+        """`padded_scores` at the input pixels' tokens: (1 or B, heads, T_out, T_in) per term.
+
+        The padding tokens take part in the softmax but are not pixels, so they are left
+        out here; `attention_probs` folds their probability onto the pixels they copy.
+        """
+        x, _ = self._batched(x)
+        inner = self._inner_tokens(tuple(x.shape[2:])).to(x.device)
+        return {name: s[..., inner] for name, s in self.padded_scores(x).items()}
+
+    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
+                        term: str = "combined") -> Tensor:
+        """Probabilities from input pixels to output pixels, (1 or B, heads, T_out, T_in) (see ConvAttention).
+
+        A content layer needs the input x (B, C_in, *S) and gives one map per input; `term`
+        "position" or "content" gives the softmax of that score term alone (the layer uses
+        "combined").
+        """
+        if term not in ("combined", "position", "content"):
+            raise AttnconvError(f"unknown score term {term!r}; choose combined, position or content")
+        if self.position_only:
+            if term == "content":
+                raise AttnconvError("this layer has no content attention (key_dim=0): ask for combined or position")
+            return super().attention_probs(x, size)
+        if not isinstance(x, Tensor):
+            raise AttnconvError("a content-attention layer needs the input x (B, C_in, *S) to compute its attention")
+        x, _ = self._batched(x)
+        size = tuple(x.shape[2:])
+        t_out, t_in = math.prod(self.output_size(size)), math.prod(size)
+        padded = math.prod(n + lo + hi for n, (lo, hi) in zip(size, self.padding))
+        if x.shape[0] * self.heads * t_out * padded > _MAX_DENSE:
+            raise AttnconvError(
+                f"dense probabilities of {x.shape[0]} inputs of size {size} would have "
+                f"{x.shape[0] * self.heads * t_out * padded} entries; pass fewer inputs at a time"
+            )
+        probs = self.padded_scores(x)[term].softmax(-1)  # (B or 1, heads, T_out, P)
+        src = self._padded_sources(size).to(probs.device)
+        keep = src >= 0
+        folded = probs.new_zeros(*probs.shape[:-1], t_in)
+        folded.index_add_(-1, src[keep], probs[..., keep])
+        return folded.to(self.out_weight.dtype)
+
+    # -- forward -------------------------------------------------------------------------
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, C_in, *S) -> (B, C_out, *S_out)."""
         x, unbatched = self._batched(x)
         size = tuple(x.shape[2:])
         out = self.output_size(size)
-        factors = self.axis_probs(size)  # (heads, n_a, P_a) per axis
-        # Each step consumes the leading spatial axis and appends the queries' index along it;
-        # the first one also brings in the head axis.
-        z = torch.einsum("bci...,hoi->bhc...o", self._pad(x), factors[0])
-        for factor in factors[1:]:
-            z = torch.einsum("bhci...,hoi->bhc...o", z, factor)
-        # z: (B, heads, C_in, n_1, ..., n_n): each head's average of the input, per query
         b, g = x.shape[0], self.groups
         c_in, c_out = self.in_channels // g, self.out_channels // g
-        z = z.reshape(b, self.heads, g, c_in, *out)
+        if self.position_only:
+            factors = self.axis_probs(size)  # (heads, n_a, P_a) per axis
+            # Each step consumes the leading spatial axis and appends the queries' index along it;
+            # the first one also brings in the head axis.
+            z = torch.einsum("bci...,hoi->bhc...o", self._pad(x), factors[0])
+            for factor in factors[1:]:
+                z = torch.einsum("bhci...,hoi->bhc...o", z, factor)
+            # z: (B, heads, C_in, n_1, ..., n_n): each head's average of the input, per query
+            z = z.reshape(b, self.heads, g, c_in, math.prod(out))
+        else:
+            z = self._content_forward(x, size).reshape(b, self.heads, -1, g, c_in).permute(0, 1, 3, 4, 2)
         w = self.out_weight.reshape(self.heads, g, c_out, c_in)
-        y = torch.einsum("bhgc...,hgoc->bgo...", z, w).reshape(b, self.out_channels, *out)
+        y = torch.einsum("bhgct,hgoc->bgot", z, w).reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
         return y.squeeze(0) if unbatched else y
 
     def extra_repr(self) -> str:
-        return super().extra_repr().replace(f"alpha={self.alpha:g}", f"alpha={self.alpha:g} (initial; learnable)")
+        text = super().extra_repr().replace(f"alpha={self.alpha:g}", f"alpha={self.alpha:g} (initial; learnable)")
+        return text + (f", key_dim={self.key_dim}" if self.key_dim else "")
 
 
 def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -563,7 +737,9 @@ def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple((int(p), int(p)) for p in conv.padding)
 
 
-def conv_to_attention(conv: nn.Module, *, alpha: float | None = None, learnable: bool = False) -> ConvAttention:
+def conv_to_attention(
+    conv: nn.Module, *, alpha: float | None = None, learnable: bool = False, key_dim: int = 0
+) -> ConvAttention:
     """Build the attention layer of Theorem 1 that computes `conv` exactly.
 
     `conv` is an `nn.Conv1d`, `nn.Conv2d` or `nn.Conv3d` with any kernel size, stride,
@@ -575,7 +751,9 @@ def conv_to_attention(conv: nn.Module, *, alpha: float | None = None, learnable:
     `learnable=True` returns a `LearnableConvAttention` instead: the same heads, with
     each head's center and width as parameters to train further. It equals the conv up
     to the same bound at the same alpha; a small alpha (e.g. 1 to 4) trades exactness
-    for gradients that can move the centers (see `LearnableConvAttention`).
+    for gradients that can move the centers (see `LearnableConvAttention`). `key_dim` > 0
+    (learnable layers only) adds content attention with that query/key width per head,
+    starting at zero, so the layer still starts as the convolution.
     """
     if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")
@@ -585,6 +763,9 @@ def conv_to_attention(conv: nn.Module, *, alpha: float | None = None, learnable:
     if not weight.is_floating_point():
         raise AttnconvError(f"conv weights must be floating point, got {weight.dtype}")
     ndim = weight.dim() - 2
+    if key_dim and not learnable:
+        raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
+    extra = {"key_dim": key_dim} if learnable else {}
     layer = (LearnableConvAttention if learnable else ConvAttention)(
         conv.in_channels,
         conv.out_channels,
@@ -598,6 +779,7 @@ def conv_to_attention(conv: nn.Module, *, alpha: float | None = None, learnable:
         alpha=default_alpha(weight.dtype, ndim) if alpha is None else alpha,
         device=weight.device,
         dtype=weight.dtype,
+        **extra,
     )
     with torch.no_grad():
         layer.out_weight.copy_(weight.flatten(2).permute(2, 0, 1))  # (heads, C_out, C_in / groups)
@@ -682,39 +864,41 @@ class EffectiveKernel:
         return y.reshape(b, -1, *self.out_size)
 
 
-def effective_kernel(layer: nn.Module, *size: int | Sequence[int]) -> EffectiveKernel:
+def effective_kernel(layer: nn.Module, *size: int | Sequence[int], probs: Tensor | None = None) -> EffectiveKernel:
     """Extract the linear map of a position-only attention layer at input size `size`.
 
     `layer` needs `attention_probs(size=...) -> (1, heads, T_out, T_in)` and
     `value_maps() -> (maps (heads, C_out, C_in), bias (C_out,))` (`ConvAttention`,
     `SelfAttention2d` with a position-only encoding). Content-dependent layers
-    (`position_only = False`) have no input-independent kernel and are refused.
+    (`position_only = False`) have no input-independent kernel and are refused, unless
+    `probs` (heads, T_out, T_in) gives the probabilities to use (e.g. a content layer's
+    mean over inputs: the position-only layer with the same value maps).
     Call as `effective_kernel(layer, H, W)` or `effective_kernel(layer, (H, W))`.
     """
     size = _as_size(size)
-    if not getattr(layer, "position_only", True):
+    if probs is None and not getattr(layer, "position_only", True):
         raise AttnconvError(
             f"{type(layer).__name__} uses content attention, so its kernel depends on the input; "
-            "effective_kernel needs a position-only layer"
+            "effective_kernel needs a position-only layer, or the probabilities to use (probs=)"
         )
     if not (hasattr(layer, "attention_probs") and hasattr(layer, "value_maps")):
         raise AttnconvError(f"{type(layer).__name__} has no attention_probs/value_maps; it is not an attention layer")
     with torch.no_grad():
-        probs = layer.attention_probs(size=size)  # (1, heads, T_out, T_in)
+        probs = layer.attention_probs(size=size) if probs is None else probs.unsqueeze(0)  # (1, heads, T_out, T_in)
         maps, bias = layer.value_maps()  # (heads, C_out, C_in), (C_out,)
     out_size = tuple(layer.output_size(size)) if hasattr(layer, "output_size") else size
     if hasattr(layer, "query_positions"):
         query_pos = layer.query_positions(size)
     else:
         query_pos = _grid(out_size)
-    heads, t_out, t_in = probs.shape[1:]
-    if probs.shape[0] != 1 or t_in != math.prod(size) or t_out != math.prod(out_size):
+    if probs.dim() != 4 or probs.shape[0] != 1 or probs.shape[2:] != (math.prod(out_size), math.prod(size)):
         raise AttnconvError(
-            f"attention_probs returned shape {tuple(probs.shape)}, expected (1, heads, {math.prod(out_size)}, "
+            f"probabilities of shape {tuple(probs.shape[1:])} do not fit: expected (heads, {math.prod(out_size)}, "
             f"{math.prod(size)}) for input size {size}"
         )
+    heads = probs.shape[1]
     if maps.shape[0] != heads:
-        raise AttnconvError(f"value_maps has {maps.shape[0]} heads but attention_probs has {heads}")
+        raise AttnconvError(f"value_maps has {maps.shape[0]} heads but the probabilities have {heads}")
     centers = getattr(layer, "centers", None)
     if centers is None:  # SelfAttention2d keeps them in its quadratic encoding (Lemma 2's Delta_h)
         centers = getattr(getattr(layer, "encoding", None), "centers", None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 import warnings
@@ -42,7 +43,7 @@ _BN_FORWARDS = (_BatchNorm.forward, nn.SyncBatchNorm.forward)
 
 def cnn_to_attention(
     model: nn.Module, *, fold_bn: bool = False, strict: bool = True, alpha: float | None = None,
-    learnable: bool = False,
+    learnable: bool = False, key_dim: int = 0,
 ) -> nn.Module:
     """A deep copy of `model` with every convolution replaced by its exact attention layer.
 
@@ -59,7 +60,10 @@ def cnn_to_attention(
     the same alpha, but each head's center and width are parameters, so the network can
     be trained further as an attention network that starts from the CNN (what
     `attnconv train --init-from` does). Pass a small `alpha` (1 to 4) for gradients
-    that move the heads; the network then starts close to, not equal to, the CNN.
+    that move the heads; the network then starts close to, not equal to, the CNN. With
+    `key_dim` > 0 (learnable only) every layer of more than one head (a kernel larger than
+    1x1) also gets content attention with that query/key width per head, starting at zero
+    (so the network starts as without it); 1x1 convolutions stay position-only.
 
     Modules that cannot be converted faithfully: `nn.ConvTranspose*`, an uninitialized
     `nn.LazyConv*`, a conv subclass that overrides `forward` or `_conv_forward` (its
@@ -101,6 +105,8 @@ def cnn_to_attention(
         raise AttnconvError(f"cnn_to_attention takes an nn.Module, got {type(model).__name__}")
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
         raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
+    if key_dim and not learnable:
+        raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
     converted = copy.deepcopy(model)
     paths = _module_paths(converted)  # id -> first path (the one named_modules gives)
 
@@ -128,7 +134,8 @@ def cnn_to_attention(
     replaced: dict[int, nn.Module] = {}
     for key, conv in convs.items():
         try:
-            layer = conv_to_attention(conv, alpha=alpha, learnable=learnable)
+            taps = math.prod(conv.kernel_size)
+            layer = conv_to_attention(conv, alpha=alpha, learnable=learnable, key_dim=key_dim if taps > 1 else 0)
         except AttnconvError as err:  # not expected after _unconvertible; say which module
             raise AttnconvError(f"{_label(paths[key], conv)}: {err}") from None
         layer.train(conv.training)

@@ -338,6 +338,8 @@ def plot_centers(
     from attnconv.analysis import (
         attention_layers,
         conv_head_geometry,
+        converted_needs_images,
+        converted_probs,
         head_geometry,
         mean_layer_probs,
         needs_images,
@@ -348,8 +350,12 @@ def plot_centers(
     out = _check_out(Path(run_dir) / "centers.png" if out is None else out)
     model, config, layers = _load(run_dir, device)
     if layers:  # converted from a CNN: each layer on its own input grid
-        geometry = [conv_head_geometry(layer, size) for _, layer, size in layers]
-        title = f"{config.model} as attention: head centers per converted layer (3x3 convs; shifts on each input grid)"
+        x = run_images(config, images, data_dir=data_dir)[1].to(device) if converted_needs_images(layers) else None
+        probs = converted_probs(model, layers, x)
+        geometry = [conv_head_geometry(layer, size, p) for (_, layer, size), p in zip(layers, probs)]
+        how = f", mean over {len(x)} test images" if x is not None else ""
+        title = (f"{config.model} as attention: head centers per converted layer "
+                 f"(kxk convs; shifts on each input grid{how})")
         return save_figure(centers_figure(geometry, max(max(s) for *_, s in layers), title), out)
     size = token_grid(model)
     x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None
@@ -391,27 +397,36 @@ def plot_maps(
     `image` (drawn beside the grid; for position-only models the maps do not depend on it).
     Writes `out` (default RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
     """
-    from attnconv.analysis import mean_layer_probs, needs_images, run_images, token_grid
+    from attnconv.analysis import (
+        converted_needs_images,
+        converted_probs,
+        mean_layer_probs,
+        needs_images,
+        run_images,
+        token_grid,
+    )
 
     if not isinstance(zoom, int) or zoom < 1:
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = _check_out(Path(run_dir) / default if out is None else out)
     model, config, layers = _load(run_dir, device)
-    if layers:  # converted from a CNN
-        return save_figure(_converted_maps(config, layers, query, zoom), out)
-    size = token_grid(model)
-    q = _parse_query(query, size)
+    content = converted_needs_images(layers) if layers else needs_images(model)
     raw, x = None, None
     if image is not None:
         raw, x = run_images(config, index=image, data_dir=data_dir)
         how = f"test image {image}"
-    elif needs_images(model):
+    elif content:
         _, x = run_images(config, images, data_dir=data_dir)
         how = f"mean over {len(x)} test images"
     else:
         how = "position-only: the same for every input"
-    probs = mean_layer_probs(model, None if x is None else x.to(device))
+    x = None if x is None else x.to(device)
+    if layers:  # converted from a CNN
+        return save_figure(_converted_maps(config, layers, converted_probs(model, layers, x), query, zoom, how), out)
+    size = token_grid(model)
+    q = _parse_query(query, size)
+    probs = mean_layer_probs(model, x)
     picture = None
     if raw is not None:
         picture = raw[0].permute(1, 2, 0).numpy()
@@ -422,8 +437,11 @@ def plot_maps(
     return save_figure(fig, out)
 
 
-def _converted_maps(config, layers, query: Sequence[int] | None, zoom: int):
-    """Maps of a network converted from a CNN: image pixel `query` placed on each layer's grid."""
+def _converted_maps(config, layers, probs: list[Tensor], query: Sequence[int] | None, zoom: int, how: str):
+    """Maps of a network converted from a CNN: image pixel `query` placed on each layer's grid.
+
+    probs: `converted_probs` of the layers, (heads, T_out, T_in) each; `how` says over which inputs.
+    """
     from attnconv import data as D
     from attnconv.analysis import converted_query
 
@@ -431,12 +449,11 @@ def _converted_maps(config, layers, query: Sequence[int] | None, zoom: int):
     image_size = (info.size, info.size)
     i, j = _parse_query(query, image_size)
     windows, labels = [], []
-    for n, (_, layer, size) in enumerate(layers):
+    for n, ((_, layer, size), p) in enumerate(zip(layers, probs)):
         q, pos = converted_query(layer, size, image_size, i, j)
-        with torch.no_grad():
-            row = layer.attention_probs(size=size)[0, :, q].double().cpu().reshape(-1, *size).numpy()
+        row = p[:, q].double().cpu().reshape(-1, *size).numpy()
         windows.append(_window_around(row, pos, zoom))
         labels.append(f"layer {n + 1}\n{size[0]}x{size[1]}")
     title = (f"{config.model} as attention: image pixel ({i}, {j}) as the query of each converted layer "
-             f"(on its own input grid), {zoom}x{zoom} window; each map scaled to its max")
+             f"(on its own input grid), {zoom}x{zoom} window;\n{how}; each map scaled to its max")
     return maps_figure([], image_size, (i, j), zoom, title=title, windows=windows, row_labels=labels)

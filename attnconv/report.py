@@ -233,10 +233,17 @@ def _analysis_tables(result: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _converted_section(model, config, meta: dict[str, Any]) -> str | None:
+def _converted_section(model, config, meta: dict[str, Any], *, images: int, data_dir) -> str | None:
     """Centers figure and analysis of a network converted from a CNN; None if it has no such layers."""
     from attnconv import data as D
-    from attnconv.analysis import analyze_converted, conv_head_geometry, converted_layers
+    from attnconv.analysis import (
+        analyze_converted,
+        conv_head_geometry,
+        converted_layers,
+        converted_needs_images,
+        converted_probs,
+        run_images,
+    )
     from attnconv.plots import centers_figure
 
     info = D.dataset_info(config.dataset)
@@ -244,22 +251,27 @@ def _converted_section(model, config, meta: dict[str, Any]) -> str | None:
     if not layers:
         return None
     if config.init_from:
+        content = config.init_from.get("content", 0)
         origin = (f"trained from the CNN run {config.init_from['run']} (`attnconv train --init-from`, heads started "
-                  f"on the kernel taps with alpha {config.init_from['alpha']:g}; centers and widths learned)")
+                  f"on the kernel taps with alpha {config.init_from['alpha']:g}; centers and widths learned"
+                  + (f"; content attention with {content} query/key channels per head" if content else "") + ")")
     else:
         origin = f"converted from the CNN run {meta.get('converted', {}).get('from')} (`attnconv convert`, exact)"
-    geometry = [conv_head_geometry(layer, size) for _, layer, size in layers]
+    x = run_images(config, images, data_dir=data_dir)[1] if converted_needs_images(layers) else None
+    probs = converted_probs(model, layers, None if x is None else x.to(next(model.parameters()).device))
+    how = f" Probabilities: mean over {len(x)} test images (content attention)." if x is not None else ""
+    geometry = [conv_head_geometry(layer, size, p) for (_, layer, size), p in zip(layers, probs)]
     centers = figure_png(centers_figure(geometry, max(max(s) for *_, s in layers),
                                         f"{config.model} as attention: head centers per converted layer"))
     return (
         f"<p>This network was {_e(origin)}. Its {len(layers)} multi-head attention layers (one per kxk "
         "convolution; 1x1 convolutions are single-head and left out) each see their own input grid: "
-        + _e(", ".join(f"{path} {s[0]}x{s[1]}" for path, _, s in layers)) + ".</p>"
+        + _e(", ".join(f"{path} {s[0]}x{s[1]}" for path, _, s in layers)) + f".{_e(how)}</p>"
         + "<h3>Head centers</h3><p>Each head's center relative to the middle query pixel, with the contours "
           "holding 50% (solid) and 90% (dotted) of its attention mass.</p>"
         + _img(centers, "attention centers of every head, one panel per converted layer")
         + '<h3 id="analysis">Analysis per layer and head</h3>'
-        + _analysis_tables(analyze_converted(layers))
+        + _analysis_tables(analyze_converted(layers, probs, images=0 if x is None else len(x)))
     )
 
 
@@ -272,7 +284,10 @@ def _attention_section(model, config, meta: dict[str, Any], *, images: int, data
     try:
         layers = attention_layers(model)
     except AttnconvError as err:  # a CNN, or a CNN converted by `attnconv convert` / trained from one
-        converted = _converted_section(model, config, meta)
+        try:
+            converted = _converted_section(model, config, meta, images=images, data_dir=data_dir)
+        except AttnconvError as why:  # e.g. content attention, and no test images to average over
+            return head + _note(f"the attention analysis could not run on this model: {why}") + "</section>"
         if converted is not None:
             return head + converted + "</section>"
         if "converted" not in meta:

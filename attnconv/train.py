@@ -116,7 +116,9 @@ class TrainConfig:
     data_dir: str | None = None
     checkpoint_every: int = 0
     # Start from a trained CNN run (`--init-from`): {"run": its directory, "alpha": the heads'
-    # initial alpha, "fold_bn": fold its BatchNorms}; `model` and `model_overrides` are the CNN's.
+    # initial alpha, "fold_bn": fold its BatchNorms, "content": the query/key width per head of
+    # content attention, 0 for none (optional; runs written before it had none)};
+    # `model` and `model_overrides` are the CNN's.
     init_from: dict[str, Any] | None = None
 
     def validate(self) -> None:
@@ -162,11 +164,14 @@ class TrainConfig:
             raise AttnconvError(f"--data-dir {self.data_dir}: no such directory")
         if self.init_from is not None:
             src = self.init_from
-            need(isinstance(src, dict) and set(src) == {"run", "alpha", "fold_bn"} and isinstance(src["run"], str),
-                 "init-from", src, 'expected {"run": RUN_DIR, "alpha": number, "fold_bn": bool}')
+            keys = {"run", "alpha", "fold_bn"}
+            need(isinstance(src, dict) and keys <= set(src) <= keys | {"content"} and isinstance(src["run"], str),
+                 "init-from", src, 'expected {"run": RUN_DIR, "alpha": number, "fold_bn": bool, "content": int}')
             need(isinstance(src["alpha"], (int, float)) and math.isfinite(src["alpha"]) and src["alpha"] > 0,
                  "init-alpha", src["alpha"], "give a positive number (1 to 4 lets the heads move; 20+ is exact)")
             need(isinstance(src["fold_bn"], bool), "fold-bn", src["fold_bn"], "give true or false")
+            need(_is_int(src.get("content", 0)) and src.get("content", 0) >= 0, "init-content", src.get("content"),
+                 "give the query/key width per head, a whole number >= 1 (or leave it out for no content attention)")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -438,7 +443,7 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
 
     `build_model(config.model, **config.model_overrides)`, or, with `config.init_from`,
     that CNN turned into attention by `cnn_to_attention(..., learnable=True)` with the
-    heads' initial alpha and BatchNorm folding of `init_from`. `source_weights=True`
+    heads' initial alpha, BatchNorm folding and content attention (`key_dim`) of `init_from`. `source_weights=True`
     first loads the source CNN run's trained weights (a fresh `--init-from` run);
     otherwise the architecture is built with fresh weights (to load a checkpoint into).
     """
@@ -455,7 +460,8 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
         if "converted" in meta or meta["config"].get("init_from"):
             raise AttnconvError(f"--init-from {run}: is already an attention network; give the run of a CNN")
         _load_weights(model, run / WEIGHTS_FILE, config.model)
-    model = cnn_to_attention(model.eval(), fold_bn=src["fold_bn"], alpha=float(src["alpha"]), learnable=True)
+    model = cnn_to_attention(model.eval(), fold_bn=src["fold_bn"], alpha=float(src["alpha"]), learnable=True,
+                             key_dim=int(src.get("content", 0)))
     if not any(isinstance(m, LearnableConvAttention) for m in model.modules()):
         raise AttnconvError(f"--init-from {src['run']}: model {config.model!r} has no convolution to start from")
     return model.train()

@@ -1,9 +1,11 @@
-"""LearnableConvAttention: Theorem 1's layer with trainable head centers and widths,
-and `attnconv train --init-from`, which trains a converted CNN further as attention."""
+"""LearnableConvAttention: Theorem 1's layer with trainable head centers and widths (and
+optionally content attention), and `attnconv train --init-from`, which trains a converted
+CNN further as attention."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -132,6 +134,128 @@ def test_positions_take_no_weight_decay_and_follow_dtype_and_state_dict():
     assert id(attn[0].positions.center) not in decay and id(attn[0].out_weight) in decay
 
 
+# ---------------------------------------------------------------- content attention
+
+
+def _with_content(layer: LearnableConvAttention, seed: int) -> LearnableConvAttention:
+    """Turn the content score on (as training would): random query weights and bias."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in (layer.query.weight, layer.query.bias):
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return layer
+
+
+def _naive_probs(layer: LearnableConvAttention, x: torch.Tensor) -> torch.Tensor:
+    """softmax over the padded grid of -alpha_h ||k - q - Delta_h||^2 + q_h(x_q) . k_h(x_k) / sqrt(d), head by
+    head and query by query from the definitions, then each padding token's probability moved to the pixel
+    it holds (dropped for zero padding): (B, heads, T_out, T_in)."""
+    size = tuple(x.shape[2:])
+    z = layer._pad(x)  # (B, C, *P), F.pad: independent of the layer's own index bookkeeping
+    padded = tuple(z.shape[2:])
+    keys = torch.stack(torch.meshgrid(*[torch.arange(n) for n in padded], indexing="ij"), -1).reshape(-1, len(size))
+    pad_lo = torch.tensor([lo for lo, _ in layer.padding])
+    queries = layer.query_positions(size) + pad_lo  # on the padded grid
+    tokens = z.flatten(2).transpose(1, 2)  # (B, P, C)
+    strides = torch.tensor([math.prod(padded[a + 1 :]) for a in range(len(padded))])  # row-major
+    q_tok = tokens[:, queries @ strides]
+    d = layer.key_dim
+    qc = layer.query(q_tok).unflatten(-1, (layer.heads, d))  # (B, T_out, heads, d)
+    kc = layer.key(tokens).unflatten(-1, (layer.heads, d))  # (B, P, heads, d)
+    content = torch.einsum("bqhd,bkhd->bhqk", qc, kc) / d ** 0.5
+    diff = keys[None, None].double() - queries[None, :, None].double() - layer.centers.double()[:, None, None]
+    position = -layer.widths.double()[:, None, None] * diff.square().sum(-1)  # (heads, T_out, P)
+    probs = torch.softmax(position[None] + content, -1)
+    # where each padding token's value comes from: run F.pad on a tensor of pixel indices
+    index = torch.arange(1, x[0, 0].numel() + 1, dtype=torch.float64).reshape(1, 1, *size)
+    src = layer._pad(index).reshape(-1).long() - 1  # -1: a zero padding token
+    out = torch.zeros(*probs.shape[:-1], x[0, 0].numel(), dtype=probs.dtype)
+    out.index_add_(-1, src[src >= 0], probs[..., src >= 0])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(2, 80, 5))
+def test_content_starts_as_the_position_only_layer(seed):
+    """The query projection starts at zero: adding content changes nothing until training moves it."""
+    conv, x, _ = _random_case(seed, torch.float32)
+    plain = _moved(conv_to_attention(conv, alpha=1.5, learnable=True), seed)
+    content = conv_to_attention(conv, alpha=1.5, learnable=True, key_dim=3)
+    content.load_state_dict(plain.state_dict(), strict=False)
+    assert not content.position_only and content.query.weight.abs().sum() == 0
+    # float32: the positional terms folded into the dot product round at ~1e-7 of their size
+    assert rel(content(x), plain(x)) <= 2e-5
+
+
+@pytest.mark.parametrize("seed", range(3, 80, 5))
+def test_content_layer_computes_the_softmax_of_position_plus_content(seed):
+    """forward == sum_h P_h x W_h, and attention_probs == the softmax written out from the definitions."""
+    conv, x, _ = _random_case(seed, torch.float64)
+    layer = _with_content(_moved(conv_to_attention(conv, alpha=0.9, learnable=True, key_dim=2), seed), seed)
+    with torch.no_grad():
+        probs = layer.attention_probs(x)  # (B, heads, T_out, T_in)
+        torch.testing.assert_close(probs, _naive_probs(layer, x), rtol=1e-10, atol=1e-12)
+        maps, bias = layer.value_maps()
+        want = torch.einsum("bhqk,hoc,bck->boq", probs, maps, x.flatten(2)) + bias[:, None]
+        assert rel(layer(x).flatten(2), want) <= 1e-10
+    assert probs.shape[0] == x.shape[0]
+    if probs.shape[-1] > 1:  # one map per input (with one key, every map is 1)
+        assert not torch.allclose(probs[0], probs[-1])
+
+
+def test_content_gradients_match_finite_differences():
+    conv = nn.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="reflect", dtype=torch.float64)
+    layer = _with_content(_moved(conv_to_attention(conv, alpha=1.0, learnable=True, key_dim=2), 4), 4)
+    x = torch.randn(2, 2, 5, 6, dtype=torch.float64)
+    names = ("positions.center", "positions.log_alpha", "query.weight", "key.weight", "key.bias")
+    params = dict(layer.named_parameters())
+    assert torch.autograd.gradcheck(
+        lambda *ts: functional_call(layer, dict(zip(names, ts)), (x,)).square().sum(),
+        tuple(params[n].detach().clone().requires_grad_() for n in names),
+    )
+
+
+def test_a_fresh_content_layer_can_learn_content_and_keeps_the_bound_until_it_does():
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    layer = conv_to_attention(conv, alpha=2.0, learnable=True, key_dim=4)
+    x = torch.randn(2, 3, 6, 6)
+    layer(x).square().sum().backward()
+    assert layer.query.weight.grad.abs().max() > 1e-4  # zero start, non-zero gradient
+    assert layer.key.weight.grad.abs().max() == 0  # (keys only matter once queries do)
+    fixed = conv_to_attention(conv, alpha=2.0)
+    assert layer.error_bound(x) == fixed.error_bound(x)
+    _with_content(layer, 0)
+    with pytest.raises(AttnconvError, match="content attention is no longer zero"):
+        layer.error_bound(x)
+    assert "key_dim=4" in repr(layer)
+
+
+def test_content_options_are_checked_and_1x1_convs_stay_position_only():
+    conv = nn.Conv2d(2, 2, 3, padding=1)
+    with pytest.raises(AttnconvError, match="pass learnable=True"):
+        conv_to_attention(conv, key_dim=4)
+    with pytest.raises(AttnconvError, match="key_dim must be an integer >= 0"):
+        conv_to_attention(conv, learnable=True, key_dim=-1)
+    with pytest.raises(AttnconvError, match="pass learnable=True"):
+        cnn_to_attention(nn.Sequential(conv), key_dim=4)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 2, 1))
+    attn = cnn_to_attention(model, alpha=2.0, learnable=True, key_dim=5)
+    assert attn[0].key_dim == 5 and not attn[0].position_only
+    assert attn[1].key_dim == 0 and attn[1].position_only and not hasattr(attn[1], "query")
+    layer = attn[0]
+    with pytest.raises(AttnconvError, match="needs the input x"):
+        layer.attention_probs(size=(5, 5))
+    with pytest.raises(AttnconvError, match="unknown score term"):
+        layer.attention_probs(torch.randn(1, 1, 5, 5), term="both")
+    with pytest.raises(AttnconvError, match="no content attention"):
+        attn[1].attention_probs(size=(5, 5), term="content")
+    with pytest.raises(AttnconvError, match="content attention"):
+        effective_kernel(layer, 5, 5)
+    x = torch.randn(3, 1, 5, 5)
+    avg = layer.attention_probs(x).mean(0)
+    ek = effective_kernel(layer, 5, 5, probs=avg)  # the mean over inputs: a position-only layer
+    assert ek.probs.shape == (9, 25, 25)
+
+
 # ---------------------------------------------------------------- attnconv train --init-from
 
 
@@ -159,7 +283,7 @@ def test_init_from_trains_the_cnn_further_as_attention(cnn_run, data_dir, tmp_pa
                  *_common(data_dir, out)]) == 0
     capsys.readouterr()
     meta = json.loads((out / "config.json").read_text())
-    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 3.0, "fold_bn": False}
+    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 3.0, "fold_bn": False, "content": 0}
     assert meta["config"]["model"] == "resnet18" and meta["config"]["model_overrides"]["width"] == 4
     assert meta["config"]["lr"] == 0.01
 
@@ -206,6 +330,7 @@ def test_init_from_resumes_without_the_source_run(cnn_run, data_dir, tmp_path, c
         (["--width", "8"], "--width: with --init-from"),
         (["--init-alpha", "0"], "--init-alpha 0"),
         (["--init-alpha", "nan"], "--init-alpha nan"),
+        (["--init-content", "-1"], "--init-content -1"),
     ],
 )
 def test_init_from_bad_requests_are_one_clear_error(cnn_run, data_dir, tmp_path, capsys, args, message):
@@ -257,3 +382,82 @@ def test_init_from_with_fold_bn_trains_without_batchnorms(cnn_run, data_dir, tmp
     assert config.init_from["fold_bn"] is True
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     assert sum(isinstance(m, LearnableConvAttention) for m in model.modules()) == 20
+
+
+@pytest.fixture
+def content_run(tmp_path, cnn_run, data_dir):
+    out = tmp_path / "content"
+    assert main(["train", "--init-from", str(cnn_run), "--init-content", "4", "--init-alpha", "2", "--max-steps", "2",
+                 "--lr", "0.1", "--data-dir", str(data_dir), "--batch-size", "8", "--workers", "1", "--no-progress",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_init_content_trains_content_attention_that_analyze_plot_report_and_explore_show(
+    content_run, cnn_run, data_dir, tmp_path, capsys
+):
+    """One run (content attention is the costly part): trained, then read by every command over real inputs."""
+    from attnconv.analysis import converted_inputs, converted_probs, load_attention_run, run_images
+    from attnconv.explorer.server import Explorer
+
+    capsys.readouterr()
+    meta = json.loads((content_run / "config.json").read_text())
+    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 2.0, "fold_bn": False, "content": 4}
+    model, _ = load_run(content_run)
+    layers = [m for m in model.modules() if isinstance(m, LearnableConvAttention)]
+    kxk = [m for m in layers if m.heads > 1]
+    assert len(kxk) == 17 and all(m.key_dim == 4 and not m.position_only for m in kxk)
+    assert all(m.position_only for m in layers if m.heads == 1)  # the 1x1 shortcuts
+    assert any(m.query.weight.abs().max() > 0 for m in kxk)  # content was trained in from zero
+    assert main(["eval", str(content_run)]) == 0
+    assert "from CNN" in capsys.readouterr().out
+
+    model, config, layers = load_attention_run(content_run)
+    _, x = run_images(config, 3, data_dir=data_dir)
+    probs = converted_probs(model, layers, x, batch_size=2)  # two batches: the mean must weigh them right
+    inputs = converted_inputs(model, layers, x)
+    for (path, layer, size), p, inp in zip(layers, probs, inputs):
+        assert inp.shape[-2:] == size
+        torch.testing.assert_close(p, layer.attention_probs(inp).mean(0), rtol=1e-5, atol=1e-7)
+    with pytest.raises(AttnconvError, match="give test images"):
+        converted_probs(model, layers)
+
+    capsys.readouterr()
+    assert main(["analyze", str(content_run), "--images", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["images"] == 3 and "mean over 3 test images" in result["layers"][0]["probabilities"]
+    for name in (["plot", "centers", "--images", "2"], ["plot", "maps", "--image", "1"]):
+        assert main([*name, str(content_run)]) == 0
+    assert (content_run / "centers.png").stat().st_size > 0 and (content_run / "maps-image-1.png").exists()
+    assert main(["report", str(content_run), "--images", "2", "--out", str(tmp_path / "r.html")]) == 0
+    text = (tmp_path / "r.html").read_text()
+    assert "content attention with 4 query/key channels per head" in text and "mean over 2 test images" in text
+    capsys.readouterr()
+
+    explorer = Explorer(content_run, images=3)
+    assert explorer.info()["encoding"] == "converted convolution + content"
+    assert explorer.terms == ("combined", "content", "position")
+    own = converted_inputs(model, layers, explorer.x[2:3])
+    for mode, term in (("probs", "combined"), ("scores", "content"), ("probs", "position")):
+        result = explorer.attention(2, 20, 9, mode=mode, term=term)
+        for n, (path, layer, size) in enumerate(layers):
+            q = result["queries"][n]
+            oh, ow = layer.output_size(size)
+            qi = min(oh - 1, 20 * oh // 28) * ow + min(ow - 1, 9 * ow // 28)
+            if mode == "probs":
+                want = layer.attention_probs(own[n], term=term)[0, :, qi]
+            else:
+                want = layer.attention_scores(own[n])[term][0, :, qi]
+            np.testing.assert_allclose(result["layers"][n], want.detach().numpy(), rtol=1e-5, atol=1e-6)
+            assert len(q) == 2
+    # content makes the maps depend on the image
+    assert explorer.attention(0, 20, 9)["layers"][0] != explorer.attention(2, 20, 9)["layers"][0]
+
+
+def test_an_init_from_config_written_before_content_attention_still_loads():
+    from attnconv.train import TrainConfig
+
+    old = {"run": "runs/cnn", "alpha": 3.0, "fold_bn": False}  # no "content" key
+    TrainConfig(model="resnet18", dataset="fashion-mnist", init_from=old).validate()
+    with pytest.raises(AttnconvError, match="--init-from"):
+        TrainConfig(model="resnet18", dataset="fashion-mnist", init_from={**old, "heads": 2}).validate()

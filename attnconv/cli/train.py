@@ -5,6 +5,8 @@
     attnconv train --out runs/sa --resume            # continue after any interruption
     attnconv train --init-from runs/r --init-alpha 3 --epochs 3 --lr 0.01 --out runs/r-attn
                                                      # the CNN run r as attention, trained further
+    attnconv train --init-from runs/r --init-content 8 --batch-size 32 --max-steps 200 --out runs/r-content
+                                                     # ... plus content attention (8 channels per head)
     torchrun --nproc-per-node 2 -m attnconv train --preset ... --out runs/ddp
 
 Explicit flags override the preset; model flags (--hidden, --layers, ...) override
@@ -13,7 +15,10 @@ only --device, --workers, --data-dir, --checkpoint-every and --compile may chang
 With --init-from, the architecture, dataset and recipe are the CNN run's (optimization
 flags override the recipe): every convolution becomes a multi-head attention layer
 whose heads start on the kernel taps with --init-alpha and have learnable centers and
-widths (attnconv.cnn_to_attention(..., learnable=True)).
+widths (attnconv.cnn_to_attention(..., learnable=True)); --init-content DIM adds content
+attention (DIM query/key channels per head, starting at zero) to every layer of a kxk
+convolution. Content attention attends over every pixel of the layer's input for every
+query, so it costs far more than the position-only layers: use smaller batches.
 """
 
 from __future__ import annotations
@@ -71,6 +76,9 @@ def register(subparsers) -> None:
                         "the heads can move; 20+ starts as the exact CNN, whose heads then hardly get gradients)")
     i.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=None,
                    help="fold the CNN's BatchNorms into the attention layers (default: keep them, trained)")
+    i.add_argument("--init-content", type=int, default=None, metavar="DIM",
+                   help="add content attention with DIM query/key channels per head to every kxk layer; its "
+                        "queries start at zero, so the network starts as without it (default: none)")
     g = p.add_argument_group("optimization")
     g.add_argument("--epochs", type=int)
     g.add_argument("--max-steps", type=int, help="stop after this many steps")
@@ -118,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
     changes = {f: getattr(args, f) for f in fields}
     if args.init_from is not None:
         base, changes = _init_from(args, base, overrides, changes)
-    elif args.init_alpha is not None or args.fold_bn is not None:
-        raise AttnconvError("--init-alpha and --fold-bn go with --init-from CNN_RUN")
+    elif args.init_alpha is not None or args.fold_bn is not None or args.init_content is not None:
+        raise AttnconvError("--init-alpha, --fold-bn and --init-content go with --init-from CNN_RUN")
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
     if out.exists() and not out.is_dir():
         raise AttnconvError(f"--out {out} is a file; give a directory")
@@ -147,7 +155,8 @@ def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
     source = read_config(args.init_from)
     init = {"run": str(args.init_from),
             "alpha": DEFAULT_INIT_ALPHA if args.init_alpha is None else args.init_alpha,
-            "fold_bn": bool(args.fold_bn)}
+            "fold_bn": bool(args.fold_bn),
+            "content": 0 if args.init_content is None else args.init_content}
     if base is None:  # a fresh run: the CNN's recipe
         base = dataclasses.replace(TrainConfig.from_dict(source["config"]), preset=None, init_from=init)
     return base, {**changes, "init_from": init}

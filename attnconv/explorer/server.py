@@ -122,7 +122,8 @@ class Explorer:
             "run": self.run_dir.resolve().name,
             "model": self.config.model,
             "dataset": self.info_.name,
-            "encoding": "converted convolution" if self.converted else self.layers[0].encoding_name,
+            "encoding": (("converted convolution + content" if "content" in self.terms else "converted convolution")
+                         if self.converted else self.layers[0].encoding_name),
             "layers": len(self.layers),
             "heads": heads,
             "grid": list(self.grid),
@@ -205,22 +206,33 @@ class Explorer:
 
     def _converted_attention(self, image: int, i: int, j: int, mode: str, term: str, wanted: list[int]) -> dict:
         """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
-        have fewer), whose attention over the layer's input grid is position-only (any image)."""
-        from attnconv.analysis import converted_query
+        have fewer). Position-only layers attend the same way for any image; content layers
+        (`train --init-from --init-content`) are run on test image `image`."""
+        from attnconv.analysis import converted_inputs, converted_query
 
         H, W = self.grid
         out, grids, queries = [], [], []
         with self._lock, torch.no_grad():
+            inputs = None
+            if any(not self.layers[n].position_only for n in wanted):
+                inputs = converted_inputs(self.model, self.converted, self.x[image : image + 1].to(self.device))
             for n in wanted:
                 layer, size = self.layers[n], self.converted[n][2]
                 q, pos = converted_query(layer, size, self.grid, i, j)  # pos: the query on the input grid
-                if mode == "probs":
+                if not layer.position_only:
+                    if mode == "probs":
+                        values = layer.attention_probs(inputs[n], term=term)[0, :, q]
+                    else:
+                        values = layer.attention_scores(inputs[n])[term][0, :, q]
+                elif term == "content":  # a position-only layer in a content model: no content score
+                    values = torch.zeros(layer.heads, size[0] * size[1])
+                elif mode == "probs":
                     if n not in self._probs:
                         self._probs[n] = layer.attention_probs(size=size)[0].float().cpu()  # (heads, T_out, T_in)
                     values = self._probs[n][:, q]
                 else:  # Lemma 2's score -alpha_h ||k - q - Delta_h||^2 over the input pixels
                     values = layer.query_scores(size, q)
-                out.append(values.float().tolist())
+                out.append(values.float().cpu().tolist())
                 grids.append(list(size))
                 queries.append(list(pos))
         return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W], "grids": grids,
