@@ -1,0 +1,56 @@
+"""How much the content attention of an `--init-from --init-content` run changes its attention.
+
+For each converted layer with content attention, over the first N test images: the
+total-variation distance between the layer's attention (position + content scores) and
+the attention of its positional scores alone, 1/2 sum_k |P(k) - P_pos(k)|, averaged over
+images, heads and queries (0: content changes nothing; 1: disjoint), next to the spread
+of the content scores (their standard deviation over the keys of a query, averaged; in
+logit units, so ~1 reshapes a head's attention), how far the heads have moved from
+their kernel taps, and their widths.
+
+    python benchmarks/content_effect.py RUN_DIR [--images 20] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from attnconv.analysis import converted_inputs, load_attention_run, run_images
+from attnconv.construct import ConvAttention
+
+
+@torch.no_grad()
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run")
+    p.add_argument("--images", type=int, default=20)
+    p.add_argument("--data-dir")
+    args = p.parse_args()
+    model, config, layers = load_attention_run(args.run)
+    _, x = run_images(config, args.images, data_dir=args.data_dir)
+    print(f"{args.run}: {config.init_from}; {len(x)} test images")
+    print(f"{'layer':28s} {'grid':>6s} {'TV(all, position)':>17s} {'sd content':>10s} {'max moved':>9s} "
+          f"{'alpha':>11s}")
+    tv = {path: 0.0 for path, _, _ in layers}
+    sd = {path: 0.0 for path, _, _ in layers}
+    for batch in x.split(4):
+        for (path, layer, size), inp in zip(layers, converted_inputs(model, layers, batch)):
+            if layer.position_only:
+                continue
+            both = layer.attention_probs(inp)
+            pos = layer.attention_probs(inp, term="position")
+            tv[path] += 0.5 * (both - pos).abs().sum(-1).mean().item() * len(batch)
+            sd[path] += layer.padded_scores(inp)["content"].std(-1).mean().item() * len(batch)
+    for path, layer, size in layers:
+        if layer.position_only:
+            continue
+        moved = (layer.centers - ConvAttention.centers.fget(layer).to(layer.centers)).norm(dim=-1).max().item()
+        a = layer.widths
+        print(f"{path:28s} {size[0]:>3d}x{size[1]:<2d} {tv[path] / len(x):>17.3f} {sd[path] / len(x):>10.3f} "
+              f"{moved:>9.3f} {a.min().item():>5.2f}-{a.max().item():<5.2f}")
+
+
+if __name__ == "__main__":
+    main()
