@@ -410,7 +410,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     assert all(m.position_only for m in layers if m.heads == 1)  # the 1x1 shortcuts
     assert any(m.query.weight.abs().max() > 0 for m in kxk)  # content was trained in from zero
     assert main(["eval", str(content_run)]) == 0
-    assert "from CNN" in capsys.readouterr().out
+    assert "resnet18 (attention + content, from CNN)" in capsys.readouterr().out
 
     model, config, layers = load_attention_run(content_run)
     _, x = run_images(config, 3, data_dir=data_dir)
