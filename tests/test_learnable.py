@@ -453,6 +453,33 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     # content makes the maps depend on the image
     assert explorer.attention(0, 20, 9)["layers"][0] != explorer.attention(2, 20, 9)["layers"][0]
 
+    # the page: pick image 2 and the content term; it shows the layer's own content scores
+    import threading
+
+    from test_explorer import _chromium_page, _max_readout
+
+    from attnconv.explorer.server import make_server
+
+    server = make_server(explorer, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with _chromium_page(f"http://127.0.0.1:{server.server_address[1]}/") as (page, errors):
+            page.wait_for_selector('#maps[data-status="ready"][data-image="0"][data-query="14,14"]')
+            page.click("#thumb-2")
+            page.check('input[name="mode"][value="scores"]')
+            page.check('input[name="term"][value="content"]')
+            page.wait_for_selector('#maps[data-status="ready"][data-image="2"][data-mode="scores"][data-term="content"]')
+            shown = page.evaluate("window.__lastAttention")
+            layer, (_, first, size) = 0, layers[0]
+            want = first.attention_scores(own[0])["content"][0, :, shown["i"] * 28 + shown["j"]].detach()
+            np.testing.assert_allclose(np.array(shown["layers"][layer]), want.numpy(), rtol=1e-5, atol=1e-6)
+            value, _ = _max_readout(page, layer, 4)
+            assert abs(value - float(want[4].max())) <= 1e-5 * max(1.0, abs(value))
+            assert not errors, errors
+    finally:
+        server.shutdown()
+        server.server_close()
+
 
 def test_an_init_from_config_written_before_content_attention_still_loads():
     from attnconv.train import TrainConfig
