@@ -411,6 +411,11 @@ def plot_maps(
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = _check_out(Path(run_dir) / default if out is None else out)
     model, config, layers = _load(run_dir, device)
+    if layers:  # converted from a CNN: the query is an image pixel; check it before any work
+        from attnconv import data as D
+
+        side = D.dataset_info(config.dataset).size
+        _parse_query(query, (side, side))
     content = converted_needs_images(layers) if layers else needs_images(model)
     raw, x = None, None
     if image is not None:
