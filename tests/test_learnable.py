@@ -397,7 +397,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     content_run, cnn_run, data_dir, tmp_path, capsys
 ):
     """One run (content attention is the costly part): trained, then read by every command over real inputs."""
-    from attnconv.analysis import converted_inputs, converted_probs, load_attention_run, run_images
+    from attnconv.analysis import converted_inputs, converted_probs, converted_query, load_attention_run, run_images
     from attnconv.explorer.server import Explorer
 
     capsys.readouterr()
@@ -449,7 +449,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
             else:
                 want = layer.attention_scores(own[n])[term][0, :, qi]
             np.testing.assert_allclose(result["layers"][n], want.detach().numpy(), rtol=1e-5, atol=1e-6)
-            assert len(q) == 2
+            assert tuple(q) == converted_query(layer, size, (28, 28), 20, 9)[1]
     # content makes the maps depend on the image
     assert explorer.attention(0, 20, 9)["layers"][0] != explorer.attention(2, 20, 9)["layers"][0]
 
@@ -468,7 +468,8 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
             page.click("#thumb-2")
             page.check('input[name="mode"][value="scores"]')
             page.check('input[name="term"][value="content"]')
-            page.wait_for_selector('#maps[data-status="ready"][data-image="2"][data-mode="scores"][data-term="content"]')
+            page.wait_for_selector(
+                '#maps[data-status="ready"][data-image="2"][data-mode="scores"][data-term="content"]')
             shown = page.evaluate("window.__lastAttention")
             layer, (_, first, size) = 0, layers[0]
             want = first.attention_scores(own[0])["content"][0, :, shown["i"] * 28 + shown["j"]].detach()
