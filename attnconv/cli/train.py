@@ -18,7 +18,8 @@ whose heads start on the kernel taps with --init-alpha and have learnable center
 widths (attnconv.cnn_to_attention(..., learnable=True)); --init-content DIM adds content
 attention (DIM query/key channels per head, starting at zero) to every layer of a kxk
 convolution. Content attention attends over every pixel of the layer's input for every
-query, so it costs far more than the position-only layers: use smaller batches.
+query, so it costs far more than the position-only layers (9x per training step for the
+Fashion-MNIST ResNet-18 on a CPU; see benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
