@@ -496,6 +496,26 @@ class _HeadPositions(nn.Module):
                                                  device=centers.device))  # (heads,)
 
 
+def check_key_dim(key_dim: Any, learnable: bool) -> None:
+    """The content attention option of `conv_to_attention` / `cnn_to_attention`: an int >= 0, > 0 only if learnable."""
+    if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 0:
+        raise AttnconvError(f"key_dim must be an integer >= 0 (0: no content attention), got {key_dim!r}")
+    if key_dim and not learnable:
+        raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
+
+
+def _fused_widths(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v zero-padded in their last dimension to widths SDPA's fused kernels accept, which
+    changes no score and no output column: on CPU one width for all three (the flash kernel's
+    rule), elsewhere multiples of 8 (the memory-efficient kernel's alignment; odd widths would
+    send it to the math backend, which holds the whole score matrix)."""
+    if q.device.type == "cpu":
+        widths = (max(q.shape[-1], v.shape[-1]),) * 3
+    else:
+        widths = tuple(-(-t.shape[-1] // 8) * 8 for t in (q, k, v))
+    return tuple(F.pad(t, (0, w - t.shape[-1])) if w > t.shape[-1] else t for t, w in zip((q, k, v), widths))
+
+
 class LearnableConvAttention(ConvAttention):
     """`ConvAttention` whose head centers and widths are trainable, optionally with content attention.
 
@@ -531,14 +551,17 @@ class LearnableConvAttention(ConvAttention):
     so `scaled_dot_product_attention` runs without a score matrix in memory (flash
     attention on the CPU) and its gradients reach the centers and widths. The price is
     precision: in float32 the folded terms (~1e3 at a 28x28 grid's corners) round at
-    ~1e-4 logits, so outputs differ from float64 by ~3e-5 relative, against ~5e-7 for the
-    plain formulation (`padded_scores`, used by the analysis); float64 layers are exact.
+    ~1e-4 logits, so outputs differ from float64 by ~1e-5 to 3e-5 relative, against ~5e-7 for the
+    plain formulation (`padded_scores`, used by the analysis). The terms, and so the
+    error, grow with the square of the grid's side: ~7e-5 at 64x64, ~3e-4 at 128x128,
+    ~8e-4 at 224x224 (benchmarks/content_conv_attention.py --precision); compute in
+    float64 where that matters. Float64 layers are exact. Half-precision layers compute
+    their scores and the attention in float32.
     """
 
     def __init__(self, *args: Any, key_dim: int = 0, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 0:
-            raise AttnconvError(f"key_dim must be an integer >= 0 (0: no content attention), got {key_dim!r}")
+        check_key_dim(key_dim, learnable=True)
         factory = {"device": self.out_weight.device, "dtype": self.out_weight.dtype}
         self.positions = _HeadPositions(ConvAttention.centers.fget(self).to(**factory), self.alpha)
         self.key_dim = key_dim
@@ -601,8 +624,13 @@ class LearnableConvAttention(ConvAttention):
     def _content_qk(self, z: Tensor, size: Sequence[int]) -> tuple[Tensor, Tensor]:
         """Content queries (B, heads, T_out, key_dim) and keys (B, heads, P, key_dim) of the padded input z."""
         b = z.shape[0]
-        q = self.query(self._query_tokens(z, size)).view(b, -1, self.heads, self.key_dim).transpose(1, 2)
-        k = self.key(z.flatten(2).transpose(1, 2)).view(b, -1, self.heads, self.key_dim).transpose(1, 2)
+
+        def project(linear: nn.Linear, tokens: Tensor) -> Tensor:  # in z's dtype, whatever the layer's
+            bias = None if linear.bias is None else linear.bias.to(z.dtype)
+            return F.linear(tokens, linear.weight.to(z.dtype), bias).view(b, -1, self.heads, self.key_dim)
+
+        q = project(self.query, self._query_tokens(z, size)).transpose(1, 2)
+        k = project(self.key, z.flatten(2).transpose(1, 2)).transpose(1, 2)
         return q, k
 
     def _position_features(self, size: Sequence[int], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -634,9 +662,7 @@ class LearnableConvAttention(ConvAttention):
             k = torch.cat([k.to(work), k_pos.expand(b, self.heads, -1, -1)], dim=-1)
             # (B, heads, P, C_in); the fused kernels want the channels contiguous
             v = z.flatten(2).transpose(1, 2).contiguous()[:, None].expand(b, self.heads, -1, -1)
-            if v.device.type == "cpu":  # the CPU's flash kernel wants one width for q, k and v
-                width = max(q.shape[-1], v.shape[-1])
-                q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+            q, k, v = _fused_widths(q, k, v)
             out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
         return out[..., : self.in_channels].to(x.dtype)
 
@@ -644,6 +670,7 @@ class LearnableConvAttention(ConvAttention):
         """Score terms over the padded grid, computed exactly (no folding): 'position' (1, heads, T_out, P),
         'content' (B, heads, T_out, P) for content layers, and their sum 'combined'. In at least float32."""
         x, _ = self._batched(x)
+        self._check_dense(x[:1] if self.position_only else x)
         size = tuple(x.shape[2:])
         logits = self.axis_logits(size)  # (heads, n_a, P_a) per axis
         pos = logits[0]
@@ -667,6 +694,17 @@ class LearnableConvAttention(ConvAttention):
         inner = self._inner_tokens(tuple(x.shape[2:])).to(x.device)
         return {name: s[..., inner] for name, s in self.padded_scores(x).items()}
 
+    def _check_dense(self, x: Tensor) -> None:
+        """Refuse score or probability tensors too large to hold (one per input, head and query)."""
+        size = tuple(x.shape[2:])
+        t_out = math.prod(self.output_size(size))
+        padded = math.prod(n + lo + hi for n, (lo, hi) in zip(size, self.padding))
+        if x.shape[0] * self.heads * t_out * padded > _MAX_DENSE:
+            raise AttnconvError(
+                f"dense attention of {x.shape[0]} inputs of size {size} would have "
+                f"{x.shape[0] * self.heads * t_out * padded} entries; pass fewer inputs at a time"
+            )
+
     def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
         """Probabilities from input pixels to output pixels, (1 or B, heads, T_out, T_in) (see ConvAttention).
@@ -684,14 +722,12 @@ class LearnableConvAttention(ConvAttention):
         if not isinstance(x, Tensor):
             raise AttnconvError("a content-attention layer needs the input x (B, C_in, *S) to compute its attention")
         x, _ = self._batched(x)
-        size = tuple(x.shape[2:])
-        t_out, t_in = math.prod(self.output_size(size)), math.prod(size)
-        padded = math.prod(n + lo + hi for n, (lo, hi) in zip(size, self.padding))
-        if x.shape[0] * self.heads * t_out * padded > _MAX_DENSE:
-            raise AttnconvError(
-                f"dense probabilities of {x.shape[0]} inputs of size {size} would have "
-                f"{x.shape[0] * self.heads * t_out * padded} entries; pass fewer inputs at a time"
-            )
+        size_x = tuple(x.shape[2:])
+        if size is not None and tuple(size) != size_x:
+            raise AttnconvError(f"size {tuple(size)} does not match the input's {size_x}: a content layer "
+                                "takes its size from x, leave size out")
+        size = size_x
+        t_in = math.prod(size)
         probs = self.padded_scores(x)[term].softmax(-1)  # (B or 1, heads, T_out, P)
         src = self._padded_sources(size).to(probs.device)
         keep = src >= 0
@@ -766,8 +802,7 @@ def conv_to_attention(
     if not weight.is_floating_point():
         raise AttnconvError(f"conv weights must be floating point, got {weight.dtype}")
     ndim = weight.dim() - 2
-    if key_dim and not learnable:
-        raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
+    check_key_dim(key_dim, learnable)
     extra = {"key_dim": key_dim} if learnable else {}
     layer = (LearnableConvAttention if learnable else ConvAttention)(
         conv.in_channels,

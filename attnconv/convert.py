@@ -31,7 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from attnconv.construct import ConvAttention, conv_to_attention
+from attnconv.construct import ConvAttention, check_key_dim, conv_to_attention
 from attnconv.errors import AttnconvError
 
 __all__ = ["ConversionReport", "cnn_to_attention", "conversion_report", "convert_run"]
@@ -105,8 +105,7 @@ def cnn_to_attention(
         raise AttnconvError(f"cnn_to_attention takes an nn.Module, got {type(model).__name__}")
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
         raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
-    if key_dim and not learnable:
-        raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
+    check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
     converted = copy.deepcopy(model)
     paths = _module_paths(converted)  # id -> first path (the one named_modules gives)
 

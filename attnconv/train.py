@@ -176,6 +176,8 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["milestones"] = list(self.milestones)
+        if d["init_from"] is not None and d["init_from"].get("content") == 0:
+            del d["init_from"]["content"]  # one form for "no content": runs written before it had no key
         return d
 
     @classmethod

@@ -11,8 +11,13 @@ timing, both outputs are compared with the plain formulation run in float64. Wit
 `--memory`, each variant runs alone in a fresh process and reports its peak resident
 memory (VmHWM) during the step above the level before it.
 
+With `--precision SIDE,SIDE,...`, nothing is timed: for one input of each side, the
+float32 layer's output is compared with the same layer in float64 (exact to ~1e-12 at
+these sizes, where the float64 score matrix of the plain formulation would not fit in
+memory), next to the same comparison for the layer without content.
+
     python benchmarks/content_conv_attention.py [--batch 32] [--side 28] [--channels 16]
-        [--key-dim 8] [--repeats 5] [--memory]
+        [--key-dim 8] [--repeats 5] [--memory] [--precision 28,64,128,224]
 """
 
 from __future__ import annotations
@@ -60,6 +65,25 @@ def step(fn, layer, x, g):
     (fn(layer, x) * g).sum().backward()
 
 
+def precision(sides: list[int], args) -> None:
+    """Relative error (Frobenius) of float32 outputs against float64, with and without content."""
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+
+    print(f"float32 against float64, 3x3 conv {args.channels}->{args.channels}, key_dim {args.key_dim}, "
+          f"alpha 3, heads moved, random queries (the timed layer), batch 1")
+    for side in sides:
+        args.side, args.batch = side, 1
+        layer, x, _ = build(args)
+        position_only = conv_to_attention(nn.Conv2d(args.channels, args.channels, 3, padding=1), alpha=3.0,
+                                          learnable=True)
+        position_only.load_state_dict(layer.state_dict(), strict=False)
+        with torch.no_grad():
+            content = rel(layer(x), copy.deepcopy(layer).double()(x.double()))
+            plain32 = rel(position_only(x), copy.deepcopy(position_only).double()(x.double()))
+        print(f"  {side:4d}x{side:<4d} with content {content:.1e}   position only {plain32:.1e}")
+
+
 def vm_hwm() -> int:
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM"):
@@ -80,8 +104,13 @@ def main() -> None:
     p.add_argument("--key-dim", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--memory", action="store_true", help="peak memory of each variant in a fresh process")
+    p.add_argument("--precision", help="comma-separated sides: float32 error against float64 only, no timing")
     p.add_argument("--only", choices=list(VARIANTS), help=argparse.SUPPRESS)  # the memory subprocess
     args = p.parse_args()
+
+    if args.precision:
+        precision([int(n) for n in args.precision.split(",")], args)
+        return
 
     if args.only:  # one variant alone: warm-up, then the measured step
         layer, x, g = build(args)

@@ -4,6 +4,7 @@ CNN further as attention."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -13,6 +14,7 @@ import torch
 from fixtures_data import write_random_fashion
 from test_construct import _random_case, rel
 from torch import nn
+from torch.nn import functional as F
 from torch.func import functional_call
 
 from attnconv.analysis import analyze_layer
@@ -202,6 +204,49 @@ def test_content_layer_computes_the_softmax_of_position_plus_content(seed):
         assert not torch.allclose(probs[0], probs[-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_content_layer_runs_and_agrees_with_its_float32_copy(dtype):
+    """Half-precision layers (no autocast) compute their scores in float32, as position-only layers do."""
+    conv = nn.Conv2d(3, 4, 3, padding=1, dtype=dtype)
+    layer = _with_content(_moved(conv_to_attention(conv, alpha=1.2, learnable=True, key_dim=4), 5), 5)
+    wide = copy.deepcopy(layer).float()
+    x = torch.randn(2, 3, 7, 6, dtype=dtype)
+    with torch.no_grad():
+        out = layer(x)
+        assert out.dtype == dtype and rel(out.float(), wide(x.float())) <= 2e-2
+        probs = layer.attention_probs(x)
+        assert probs.dtype == dtype
+        torch.testing.assert_close(probs.float(), wide.attention_probs(x.float()), atol=1e-2, rtol=0)
+        scores = layer.padded_scores(x)
+        assert scores["content"].dtype == torch.float32
+
+
+def test_sdpa_inputs_are_padded_to_widths_the_fused_kernels_take():
+    from attnconv.construct import _fused_widths
+
+    q, k, v = torch.randn(2, 3, 5, 7), torch.randn(2, 3, 9, 7), torch.randn(2, 3, 9, 1)
+    cpu = _fused_widths(q, k, v)
+    assert [t.shape[-1] for t in cpu] == [7, 7, 7]
+    want = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    torch.testing.assert_close(F.scaled_dot_product_attention(*cpu, scale=1.0)[..., :1], want)  # other kernel
+    meta = _fused_widths(*(t.to("meta") for t in (q, k, v)))  # any non-CPU device: multiples of 8
+    assert [t.shape[-1] for t in meta] == [8, 8, 8]
+    wide = _fused_widths(*(torch.empty(1, 1, 2, n, device="meta") for n in (16, 16, 20)))
+    assert [t.shape[-1] for t in wide] == [16, 16, 24]
+
+
+def test_dense_scores_and_probabilities_of_a_content_layer_are_refused_when_too_large(monkeypatch):
+    import attnconv.construct as construct
+
+    layer = conv_to_attention(nn.Conv2d(2, 2, 3, padding=1), learnable=True, key_dim=2)
+    x = torch.randn(2, 2, 4, 4)  # 2 inputs x 9 heads x 16 queries x 36 padded tokens = 10368 entries
+    monkeypatch.setattr(construct, "_MAX_DENSE", 10367)
+    for compute in (layer.padded_scores, layer.attention_scores, layer.attention_probs):
+        with pytest.raises(AttnconvError, match="10368 entries; pass fewer inputs"):
+            compute(x)
+        compute(x[:1])  # one input fits
+
+
 def test_content_gradients_match_finite_differences():
     conv = nn.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="reflect", dtype=torch.float64)
     layer = _with_content(_moved(conv_to_attention(conv, alpha=1.0, learnable=True, key_dim=2), 4), 4)
@@ -237,6 +282,10 @@ def test_content_options_are_checked_and_1x1_convs_stay_position_only():
         conv_to_attention(conv, learnable=True, key_dim=-1)
     with pytest.raises(AttnconvError, match="pass learnable=True"):
         cnn_to_attention(nn.Sequential(conv), key_dim=4)
+    with pytest.raises(AttnconvError, match="key_dim must be an integer >= 0"):  # the value first
+        conv_to_attention(conv, key_dim=-1)
+    with pytest.raises(AttnconvError, match="key_dim must be an integer >= 0"):  # even with no layer to use it
+        cnn_to_attention(nn.Sequential(nn.Conv2d(2, 2, 1)), learnable=True, key_dim=-3)
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 2, 1))
     attn = cnn_to_attention(model, alpha=2.0, learnable=True, key_dim=5)
     assert attn[0].key_dim == 5 and not attn[0].position_only
@@ -251,6 +300,9 @@ def test_content_options_are_checked_and_1x1_convs_stay_position_only():
     with pytest.raises(AttnconvError, match="content attention"):
         effective_kernel(layer, 5, 5)
     x = torch.randn(3, 1, 5, 5)
+    with pytest.raises(AttnconvError, match=r"size \(4, 4\) does not match the input's \(5, 5\)"):
+        layer.attention_probs(x, size=(4, 4))
+    assert torch.equal(layer.attention_probs(x, size=(5, 5)), layer.attention_probs(x))
     avg = layer.attention_probs(x).mean(0)
     ek = effective_kernel(layer, 5, 5, probs=avg)  # the mean over inputs: a position-only layer
     assert ek.probs.shape == (9, 25, 25)
@@ -283,7 +335,7 @@ def test_init_from_trains_the_cnn_further_as_attention(cnn_run, data_dir, tmp_pa
                  *_common(data_dir, out)]) == 0
     capsys.readouterr()
     meta = json.loads((out / "config.json").read_text())
-    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 3.0, "fold_bn": False, "content": 0}
+    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 3.0, "fold_bn": False}  # no content
     assert meta["config"]["model"] == "resnet18" and meta["config"]["model_overrides"]["width"] == 4
     assert meta["config"]["lr"] == 0.01
 
@@ -321,6 +373,22 @@ def test_init_from_resumes_without_the_source_run(cnn_run, data_dir, tmp_path, c
     shutil.rmtree(src)
     assert main(["train", "--resume", *_common(data_dir, out)]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("saved", [{}, {"content": 0}], ids=["no-content-key", "content-0"])
+def test_init_from_runs_of_either_config_form_resume_with_their_own_command(
+    cnn_run, data_dir, tmp_path, capsys, saved
+):
+    """Runs written before --init-content had no "content" key, later ones "content": 0; both mean none."""
+    out = tmp_path / "attn"
+    command = ["train", "--init-from", str(cnn_run), "--epochs", "2", "--max-steps", "2", *_common(data_dir, out)]
+    assert main(command) == 0
+    record = json.loads((out / "config.json").read_text())
+    record["config"]["init_from"].pop("content", None)
+    record["config"]["init_from"].update(saved)
+    (out / "config.json").write_text(json.dumps(record))
+    assert main([*command, "--resume"]) == 0, capsys.readouterr().err
+    assert "different config" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -452,6 +520,14 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
             assert tuple(q) == converted_query(layer, size, (28, 28), 20, 9)[1]
     # content makes the maps depend on the image
     assert explorer.attention(0, 20, 9)["layers"][0] != explorer.attention(2, 20, 9)["layers"][0]
+    explorer.layers[1].position_only = True  # as a position-only layer in a content model: no content term
+    try:
+        for mode in ("probs", "scores"):
+            shown = explorer.attention(2, 20, 9, mode=mode, term="content")["layers"]
+            assert all(v is None for head in shown[1] for v in head)
+            assert all(v is not None for head in shown[0] for v in head)
+    finally:
+        explorer.layers[1].position_only = False
 
     # the page: pick image 2 and the content term; it shows the layer's own content scores
     import threading
@@ -476,6 +552,15 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
             np.testing.assert_allclose(np.array(shown["layers"][layer]), want.numpy(), rtol=1e-5, atol=1e-6)
             value, _ = _max_readout(page, layer, 4)
             assert abs(value - float(want[4].max())) <= 1e-5 * max(1.0, abs(value))
+            explorer.layers[1].position_only = True  # a layer without the term says so
+            try:
+                page.check('input[name="mode"][value="probs"]')
+                page.wait_for_selector(
+                    '#maps[data-status="ready"][data-image="2"][data-mode="probs"][data-term="content"]')
+                assert page.text_content("#map-1-0 figcaption") == "no content term in this layer"
+                assert page.text_content("#map-0-0 figcaption").startswith("max ")
+            finally:
+                explorer.layers[1].position_only = False
             assert not errors, errors
     finally:
         server.shutdown()

@@ -224,8 +224,8 @@ class Explorer:
                         values = layer.attention_probs(inputs[n], term=term)[0, :, q]
                     else:
                         values = layer.attention_scores(inputs[n])[term][0, :, q]
-                elif term == "content":  # a position-only layer in a content model: no content score
-                    values = torch.zeros(layer.heads, size[0] * size[1])
+                elif term == "content":  # a position-only layer in a content model: no content term (null)
+                    values = torch.full((layer.heads, size[0] * size[1]), math.nan)
                 elif mode == "probs":
                     if n not in self._probs:
                         self._probs[n] = layer.attention_probs(size=size)[0].float().cpu()  # (heads, T_out, T_in)

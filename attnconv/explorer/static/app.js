@@ -310,8 +310,11 @@ function render(result) {
       figure.dataset.values = JSON.stringify(values);
       figure.dataset.max = String(own.hi);
       figure.dataset.argmax = `${r},${c}`;
-      figure.querySelector("figcaption").textContent = `max ${fmt(own.hi)} at (${r}, ${c})`;
-      canvas.setAttribute("aria-label", `layer ${l}, head ${h}: maximum ${fmt(own.hi)} at key (${r}, ${c})`);
+      const none = own.arg < 0;  // every value null: this layer has no such score term
+      figure.querySelector("figcaption").textContent =
+        none ? `no ${result.term} term in this layer` : `max ${fmt(own.hi)} at (${r}, ${c})`;
+      canvas.setAttribute("aria-label", `layer ${l}, head ${h}: ` +
+        (none ? `no ${result.term} term` : `maximum ${fmt(own.hi)} at key (${r}, ${c})`));
     });
   });
   drawLegend(probs, shared, all);
