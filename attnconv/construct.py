@@ -559,6 +559,8 @@ class LearnableConvAttention(ConvAttention):
     their scores and the attention in float32.
     """
 
+    placement_children = ("query", "key")  # with the positions: what --attention-lr-scale scales
+
     def __init__(self, *args: Any, key_dim: int = 0, **kwargs: Any):
         super().__init__(*args, **kwargs)
         check_key_dim(key_dim, learnable=True)

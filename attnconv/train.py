@@ -58,7 +58,7 @@ import torch.nn.functional as F
 import attnconv
 from attnconv import data as D
 from attnconv.errors import AttnconvError
-from attnconv.models import build_model, list_models, no_weight_decay
+from attnconv.models import attention_placement, build_model, list_models, no_weight_decay
 
 SCHEDULES = ("warmup-cosine", "multistep", "constant")
 OPTIMIZERS = ("sgd", "adamw")
@@ -115,6 +115,9 @@ class TrainConfig:
     workers: int | None = None
     data_dir: str | None = None
     checkpoint_every: int = 0
+    # Multiplies the learning rate of the parameters that decide where attention looks
+    # (`attnconv.models.attention_placement`: centers, widths, converted layers' content query/key).
+    attention_lr_scale: float = 1.0
     # Start from a trained CNN run (`--init-from`): {"run": its directory, "alpha": the heads'
     # initial alpha, "fold_bn": fold its BatchNorms, "content": the query/key width per head of
     # content attention, 0 for none (optional; runs written before it had none)};
@@ -162,6 +165,9 @@ class TrainConfig:
              self.checkpoint_every, "give a number of steps >= 1, or 0 for epoch ends only")
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
             raise AttnconvError(f"--data-dir {self.data_dir}: no such directory")
+        need(isinstance(self.attention_lr_scale, (int, float)) and math.isfinite(self.attention_lr_scale)
+             and self.attention_lr_scale > 0, "attention-lr-scale", self.attention_lr_scale,
+             "give a positive factor (1: the same learning rate as the other parameters)")
         if self.init_from is not None:
             src = self.init_from
             keys = {"run", "alpha", "fold_bn"}
@@ -470,16 +476,24 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """SGD (or AdamW) with two parameter groups: weight decay, and none for `no_weight_decay(model)`.
+    """SGD (or AdamW) with parameter groups: weight decay, and none for `no_weight_decay(model)`;
+    with `attention_lr_scale` != 1, each split again by `attention_placement(model)`.
 
     The paper exempts the attention centers and widths from weight decay. The LR is
-    set before every step from `learning_rate`, so the value given here is a placeholder.
+    set before every step from `learning_rate` times each group's "lr_scale", so the
+    value given here is a placeholder.
     """
     skip = no_weight_decay(model)
+    scaled = attention_placement(model) if config.attention_lr_scale != 1 else set()
+    if config.attention_lr_scale != 1 and not scaled:
+        raise AttnconvError(f"--attention-lr-scale {config.attention_lr_scale}: model {config.model!r} has no "
+                            "attention centers, widths or content projections to scale; drop the flag")
     params = list(model.named_parameters())
     groups = [
-        {"params": [p for n, p in params if n not in skip], "weight_decay": config.weight_decay},
-        {"params": [p for n, p in params if n in skip], "weight_decay": 0.0},
+        {"params": [p for n, p in params if (n in skip) == exempt and (n in scaled) == placed],
+         "weight_decay": 0.0 if exempt else config.weight_decay,
+         "lr_scale": config.attention_lr_scale if placed else 1.0}
+        for placed in (False, True) for exempt in (False, True)
     ]
     groups = [g for g in groups if g["params"]]
     if config.optimizer == "sgd":
@@ -819,7 +833,7 @@ class _Trainer:
         for x, y in batches:
             lr = learning_rate(cfg, p.step, self.total_steps)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             with self.autocast:
                 logits = self.train_net(x)
             loss = F.cross_entropy(logits.float(), y)  # the shard's mean; DDP averages shards

@@ -391,6 +391,45 @@ def test_init_from_runs_of_either_config_form_resume_with_their_own_command(
     assert "different config" not in capsys.readouterr().err
 
 
+def test_attention_lr_scale_multiplies_the_first_step_of_positions_and_content_only(cnn_run, data_dir, tmp_path):
+    """SGD's first step is lr * grad (momentum starts at the gradient): with --attention-lr-scale 10 the
+    centers, widths and content query/key move exactly 10x as far, every other weight the same."""
+    from attnconv.models import attention_placement
+    from attnconv.train import build_run_model
+
+    moved = {}
+    for scale in ("1", "10"):
+        out = tmp_path / f"scale-{scale}"
+        assert main(["train", "--init-from", str(cnn_run), "--init-alpha", "1.5", "--init-content", "2",
+                     "--attention-lr-scale", scale, "--max-steps", "1", *_common(data_dir, out)]) == 0
+        model, config = load_run(out)
+        torch.manual_seed(config.seed)  # as train does: the same random content keys
+        start = build_run_model(config, source_weights=True).state_dict()
+        moved[scale] = {n: t - start[n] for n, t in model.state_dict().items() if t.is_floating_point()}
+        if scale == "10":
+            groups = make_optimizer(model, config).param_groups
+            assert sorted(g["lr_scale"] for g in groups) == [1.0, 10.0, 10.0]  # rest; positions; query, key
+    placed = attention_placement(model)
+    assert any(".positions.center" in n for n in placed) and any(".query.weight" in n for n in placed)
+    assert not any("value" in n or "out_weight" in n for n in placed)
+    for name, delta in moved["1"].items():  # atol: float32 rounding of (w + delta) - w at |w| ~ 1, times 10
+        if name in placed and delta.abs().max() > 0:
+            torch.testing.assert_close(moved["10"][name], 10 * delta, rtol=1e-3, atol=1e-6, msg=name)
+        elif name.endswith(("weight", "bias")) and "running" not in name:
+            torch.testing.assert_close(moved["10"][name], delta, rtol=1e-3, atol=1e-6, msg=name)
+    assert moved["1"][next(n for n in placed if n.endswith("query.weight"))].abs().max() > 0
+
+
+def test_attention_lr_scale_is_refused_where_there_is_nothing_to_scale(cnn_run, data_dir, tmp_path, capsys):
+    out = tmp_path / "cnn2"
+    args = ["train", "--model", "resnet18", "--width", "4", "--dataset", "fashion-mnist", "--max-steps", "1"]
+    assert main([*args, "--attention-lr-scale", "3", *_common(data_dir, out)]) == 2
+    err = capsys.readouterr().err
+    assert "--attention-lr-scale 3.0: model 'resnet18' has no attention centers" in err and not out.exists()
+    assert main([*args, "--attention-lr-scale", "0", *_common(data_dir, out)]) == 2
+    assert "--attention-lr-scale 0.0 is invalid" in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

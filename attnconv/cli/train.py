@@ -19,7 +19,10 @@ widths (attnconv.cnn_to_attention(..., learnable=True)); --init-content DIM adds
 attention (DIM query/key channels per head, starting at zero) to every layer of a kxk
 convolution. Content attention attends over every pixel of the layer's input for every
 query, so it costs far more than the position-only layers (9x per training step for the
-Fashion-MNIST ResNet-18 on a CPU; see benchmarks/RESULTS.md).
+Fashion-MNIST ResNet-18 on a CPU; see benchmarks/RESULTS.md). --attention-lr-scale K
+multiplies the learning rate of the heads' centers and widths and of the content
+query/key projections by K (any model with such parameters, the paper's quadratic
+attention models too).
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ def register(subparsers) -> None:
     g.add_argument("--lr", type=float)
     g.add_argument("--momentum", type=float, help="SGD momentum (AdamW: beta1)")
     g.add_argument("--weight-decay", type=float, help="not applied to attention centers and widths")
+    g.add_argument("--attention-lr-scale", type=float, metavar="K",
+                   help="multiply the LR of the attention centers and widths (and, with --init-content, the "
+                        "content query/key projections) by K (default 1)")
     g.add_argument("--schedule", choices=SCHEDULES)
     g.add_argument("--warmup", type=float, help="warm-up length, as a fraction of all steps (warmup-cosine)")
     g.add_argument("--milestones", type=_fractions, help="multistep: fractions of all steps, e.g. 0.27,0.5,0.83")
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         base = TrainConfig.from_dict(read_config(out)["config"])
     fields = ("model", "dataset", "epochs", "max_steps", "batch_size", "optimizer", "lr", "momentum",
               "weight_decay", "schedule", "warmup", "milestones", "gamma", "augment", "seed", "device", "amp",
-              "compile", "workers", "data_dir", "checkpoint_every")
+              "compile", "workers", "data_dir", "checkpoint_every", "attention_lr_scale")
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
     overrides["checkpoint"] = args.checkpoint
     changes = {f: getattr(args, f) for f in fields}

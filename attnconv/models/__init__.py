@@ -61,6 +61,22 @@ def no_weight_decay(model: nn.Module) -> set[str]:
     return names
 
 
+def attention_placement(model: nn.Module) -> set[str]:
+    """Parameter names that decide where attention looks, for `attnconv train --attention-lr-scale`.
+
+    The `no_weight_decay` set (the quadratic encodings' and converted layers' centers and
+    widths) plus the parameters of the child modules a module names in its class attribute
+    `placement_children` (a converted layer's content `query` and `key` projections).
+    """
+    names = no_weight_decay(model)
+    for module_name, module in model.named_modules():
+        for child in getattr(module, "placement_children", ()):
+            if hasattr(module, child):
+                prefix = f"{module_name}.{child}" if module_name else child
+                names.update(f"{prefix}.{pname}" for pname, _ in getattr(module, child).named_parameters())
+    return names
+
+
 # Importing the model modules fills the registry.
 from attnconv.models import classifier  # noqa: E402,F401
 from attnconv.models import resnet  # noqa: E402,F401
