@@ -1,4 +1,5 @@
-"""How much the content attention of an `--init-from --init-content` run changes its attention.
+"""How much the content attention of an `--init-from --init-content` run changes its attention
+(and, for any `--init-from` run, how far its heads moved and how wide they are).
 
 For each converted layer with content attention, over the first N test images: the
 total-variation distance between the layer's attention (position + content scores) and
@@ -35,7 +36,8 @@ def main() -> None:
           f"{'alpha':>11s}")
     tv = {path: 0.0 for path, _, _ in layers}
     sd = {path: 0.0 for path, _, _ in layers}
-    for batch in x.split(4):
+    content = any(not layer.position_only for _, layer, _ in layers)
+    for batch in x.split(4) if content else ():
         for (path, layer, size), inp in zip(layers, converted_inputs(model, layers, batch)):
             if layer.position_only:
                 continue
@@ -43,13 +45,12 @@ def main() -> None:
             pos = layer.attention_probs(inp, term="position")
             tv[path] += 0.5 * (both - pos).abs().sum(-1).mean().item() * len(batch)
             sd[path] += layer.padded_scores(inp)["content"].std(-1).mean().item() * len(batch)
-    for path, layer, size in layers:
-        if layer.position_only:
-            continue
+    for path, layer, size in layers:  # position-only layers (no --init-content): movement and widths only
         moved = (layer.centers - ConvAttention.centers.fget(layer).to(layer.centers)).norm(dim=-1).max().item()
         a = layer.widths
-        print(f"{path:28s} {size[0]:>3d}x{size[1]:<2d} {tv[path] / len(x):>17.3f} {sd[path] / len(x):>10.3f} "
-              f"{moved:>9.3f} {a.min().item():>5.2f}-{a.max().item():<5.2f}")
+        tv_sd = (f"{'-':>17s} {'-':>10s}" if layer.position_only else
+                 f"{tv[path] / len(x):>17.3f} {sd[path] / len(x):>10.3f}")
+        print(f"{path:28s} {size[0]:>3d}x{size[1]:<2d} {tv_sd} {moved:>9.3f} {a.min().item():>5.2f}-{a.max().item():<5.2f}")
 
 
 if __name__ == "__main__":
