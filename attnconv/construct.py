@@ -724,11 +724,10 @@ class LearnableConvAttention(ConvAttention):
         if not isinstance(x, Tensor):
             raise AttnconvError("a content-attention layer needs the input x (B, C_in, *S) to compute its attention")
         x, _ = self._batched(x)
-        size_x = tuple(x.shape[2:])
-        if size is not None and tuple(size) != size_x:
-            raise AttnconvError(f"size {tuple(size)} does not match the input's {size_x}: a content layer "
-                                "takes its size from x, leave size out")
-        size = size_x
+        if size is not None and tuple(size) != tuple(x.shape[2:]):
+            raise AttnconvError(f"size {tuple(size)} does not match the input's {tuple(x.shape[2:])}: a content "
+                                "layer takes its size from x, leave size out")
+        size = tuple(x.shape[2:])
         t_in = math.prod(size)
         probs = self.padded_scores(x)[term].softmax(-1)  # (B or 1, heads, T_out, P)
         src = self._padded_sources(size).to(probs.device)

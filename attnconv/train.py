@@ -484,8 +484,8 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     value given here is a placeholder.
     """
     skip = no_weight_decay(model)
-    scaled = attention_placement(model) if config.attention_lr_scale != 1 else set()
-    if config.attention_lr_scale != 1 and not scaled:
+    scaled = set() if config.attention_lr_scale == 1 else attention_placement(model)
+    if not scaled and config.attention_lr_scale != 1:
         raise AttnconvError(f"--attention-lr-scale {config.attention_lr_scale}: model {config.model!r} has no "
                             "attention centers, widths or content projections to scale; drop the flag")
     params = list(model.named_parameters())

@@ -50,7 +50,8 @@ def main() -> None:
         a = layer.widths
         tv_sd = (f"{'-':>17s} {'-':>10s}" if layer.position_only else
                  f"{tv[path] / len(x):>17.3f} {sd[path] / len(x):>10.3f}")
-        print(f"{path:28s} {size[0]:>3d}x{size[1]:<2d} {tv_sd} {moved:>9.3f} {a.min().item():>5.2f}-{a.max().item():<5.2f}")
+        print(f"{path:28s} {size[0]:>3d}x{size[1]:<2d} {tv_sd} {moved:>9.3f} "
+              f"{a.min().item():>5.2f}-{a.max().item():<5.2f}")
 
 
 if __name__ == "__main__":

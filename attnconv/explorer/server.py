@@ -256,7 +256,8 @@ def _test_set(config, data_dir):
 
 
 def _finite(values: list) -> list:
-    """Scores can be -inf (never here, but masked encodings could): JSON has no infinities, send None."""
+    """Non-finite values to None (JSON has neither infinities nor NaN): a masked encoding's -inf scores,
+    and the NaN that stands for a term the layer does not have."""
     return [[[v if math.isfinite(v) else None for v in head] for head in layer] for layer in values]
 
 
