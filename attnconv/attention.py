@@ -185,7 +185,7 @@ class SelfAttention2d(nn.Module):
 
     def _separable(self, v: Tensor, H: int, W: int) -> Tensor:
         """P_h = P_h^row (x) P_h^col applied as two matmuls: (B, H, W, heads, D) out."""
-        with _fp32():
+        with float32_scores():
             row, col = self.encoding.factors(H, W)  # (heads, H, H), (heads, W, W)
             row, col = row.softmax(-1), col.softmax(-1)
         row, col = row.to(v.dtype), col.to(v.dtype)
@@ -236,7 +236,7 @@ class SelfAttention2d(nn.Module):
             out = F.scaled_dot_product_attention(zeros, zeros, v, attn_mask=bias, dropout_p=dropout)
         else:
             q, k = self._queries_keys(x)
-            with _fp32():
+            with float32_scores():
                 bias = self.encoding.position_logits(_wide(q), H, W)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
         return out.transpose(1, 2)  # (B, T, heads, D)
@@ -249,7 +249,7 @@ class SelfAttention2d(nn.Module):
         return q, k
 
     def _position_logits(self, H: int, W: int) -> Tensor:
-        with _fp32():
+        with float32_scores():
             return self.encoding.logits(H, W)  # (heads, T, T), the parameters' dtype
 
     def _scores(self, x: Tensor | None, H: int, W: int) -> dict[str, Tensor]:
@@ -260,7 +260,7 @@ class SelfAttention2d(nn.Module):
         if x is None:
             raise AttnconvError("a content-attention layer needs the input x to compute its attention")
         q, k = self._queries_keys(x)  # projections run under autocast (bf16 on GPU), the scores do not
-        with _fp32():
+        with float32_scores():
             q, k = _wide(q), _wide(k)
             content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)  # (B, heads, T, T)
             pos = self.encoding.position_logits(q, H, W)
@@ -268,7 +268,7 @@ class SelfAttention2d(nn.Module):
 
     def _probs(self, x: Tensor, H: int, W: int) -> Tensor:
         scores = self._scores(x if not self.position_only else None, H, W)["combined"]
-        with _fp32():
+        with float32_scores():
             return scores.softmax(-1)
 
     def attention_scores(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> dict[str, Tensor]:
@@ -312,7 +312,7 @@ class SelfAttention2d(nn.Module):
         return maps, bias + torch.einsum("ohd,hd->o", w_out, b_val)
 
 
-def _fp32() -> ExitStack:
+def float32_scores() -> ExitStack:
     """Disable autocast so scores and softmax stay in float32 (fp16 softmax overflows to NaN)."""
     stack = ExitStack()
     for device in ("cpu", "cuda"):

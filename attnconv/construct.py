@@ -652,10 +652,10 @@ class LearnableConvAttention(ConvAttention):
 
     def _content_forward(self, x: Tensor, size: Sequence[int]) -> Tensor:
         """Every head's attention-weighted input per query, (B, heads, T_out, C_in), by one SDPA call."""
-        from attnconv.attention import _fp32
+        from attnconv.attention import float32_scores
 
         work = torch.promote_types(self.out_weight.dtype, torch.float32)
-        with _fp32():  # the folded positional terms need float32: in bf16 they would swamp the scores
+        with float32_scores():  # the folded positional terms need float32: in bf16 they would swamp the scores
             z = self._pad(x).to(work)  # (B, C_in, *P)
             b = z.shape[0]
             q, k = self._content_qk(z, size)

@@ -366,12 +366,12 @@ def learn_conv_figure(result: dict[str, Any]):
     """Two panels: the centers' trajectories against the K x K grid, and the held-out error."""
     from matplotlib.figure import Figure
 
-    from attnconv.plots import _colors
+    from attnconv.plots import head_colors
 
     traj = np.asarray(result["trajectory"])  # (records, heads, 2)
     kernel = result["config"]["kernel"]
     heads = traj.shape[1]
-    colors = _colors(heads)
+    colors = head_colors(heads)
     fig = Figure(figsize=(10, 4.6))
     ax, ax_err = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
     grid = _grid_points(kernel)

@@ -74,7 +74,7 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
     return path
 
 
-def _colors(n: int) -> list:
+def head_colors(n: int) -> list:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "hsv"]
@@ -190,7 +190,7 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
     fig = Figure(figsize=(2.6 * ncols + 1.4, 2.6 * nrows + 0.5))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     R = _window(layers, grid)
-    colors = _colors(heads)
+    colors = head_colors(heads)
     for i, g in enumerate(layers):
         _draw_centers(axes.flat[i], g, colors, R, f"layer {i + 1}")
     for ax in list(axes.flat)[n:]:
