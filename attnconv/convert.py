@@ -15,13 +15,9 @@ so a ResNet becomes attention, residual additions, ReLUs, pooling and a Linear h
 from __future__ import annotations
 
 import copy
-import json
 import math
-import os
-import shutil
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +30,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from attnconv.construct import ConvAttention, check_key_dim, conv_to_attention
 from attnconv.errors import AttnconvError
 
-__all__ = ["ConversionReport", "cnn_to_attention", "conversion_report", "convert_run"]
+__all__ = ["ConversionReport", "cnn_to_attention", "conversion_report"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # BatchNorm forwards we know compute (x - running_mean) / sqrt(running_var + eps) * weight + bias in eval.
@@ -356,46 +352,3 @@ def conversion_report(original: nn.Module, converted: nn.Module) -> ConversionRe
         elif isinstance(module, _BatchNorm):
             (report.folded_bn if isinstance(new, nn.Identity) else report.kept_bn).append(path)
     return report
-
-
-
-def convert_run(
-    run_dir: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    fold_bn: bool = True,
-    alpha: float | None = None,
-) -> Path:
-    """Write a run directory holding the all-attention equivalent of a trained CNN run.
-
-    `out` gets the source's config.json plus a "converted" block (source, fold_bn,
-    alpha), and model.safetensors with the converted network's weights, so that
-    `attnconv.train.load_run` (and every command built on it) rebuilds the CNN, converts
-    it the same way and loads these weights. Nothing is written if the source cannot
-    be loaded or converted; `out` must not exist yet.
-    """
-    from attnconv.train import CONFIG_FILE, WEIGHTS_FILE, _save_weights, atomic_write, load_run, read_config
-
-    run_dir, out = Path(run_dir), Path(out)
-    if out.exists():
-        raise AttnconvError(f"--out {out} already exists; choose a new directory for the converted run")
-    meta = read_config(run_dir)
-    if "converted" in meta:
-        raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")
-    model, _ = load_run(run_dir)
-    converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha)
-    if not any(isinstance(m, ConvAttention) for m in converted.modules()):
-        raise AttnconvError(f"{run_dir}: model {meta['config']['model']!r} has no convolution to convert")
-    meta = {**meta, "converted": {"from": str(run_dir), "fold_bn": fold_bn, "alpha": alpha},
-            "params": sum(p.numel() for p in converted.parameters())}
-    tmp = out.parent / f".{out.name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        _save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir)})
-        atomic_write(tmp / CONFIG_FILE, lambda p: p.write_text(json.dumps(meta, indent=2) + "\n"))
-        os.replace(tmp, out)  # the run directory appears whole or not at all
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out

@@ -327,7 +327,7 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         result["note"] = note
     if out is not None:
         from attnconv.plots import save_figure
-        from attnconv.train import atomic_write
+        from attnconv.fileio import atomic_write
 
         out = Path(out)
         if out.exists() and not out.is_dir():

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
@@ -66,7 +65,7 @@ def _check_out(path: str | os.PathLike) -> Path:
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
     """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders."""
-    from attnconv.train import atomic_write
+    from attnconv.fileio import atomic_write
 
     path = _check_out(path)
     path.parent.mkdir(parents=True, exist_ok=True)

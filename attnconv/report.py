@@ -198,8 +198,8 @@ def _summary_section(summary: dict[str, Any]) -> str:
 
 def _analysis_tables(result: dict[str, Any]) -> str:
     t = result["thresholds"]
-    out = [f"<p>Layers and heads are numbered from 0 here (as in <code>attnconv analyze</code>), from 1 in the "
-           f"figures. Shifts are (row, column) on "
+    out = ["<p>Layers and heads are numbered from 0 here (as in <code>attnconv analyze</code>), from 1 in the "
+           "figures. Shifts are (row, column) on "
            + ("each layer's input grid" if result["size"] is None
               else f"the {result['size'][0]}x{result['size'][1]} token grid")
            + ", rows down. "
@@ -353,7 +353,7 @@ def build_report(
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
     from attnconv.evaluate import describe_run
-    from attnconv.train import load_run, read_config, read_metrics
+    from attnconv.runs import load_run, read_config, read_metrics
 
     if not isinstance(images, int) or images < 1:
         raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
@@ -401,7 +401,7 @@ def write_report(
     device: str = "cpu",
 ) -> Path:
     """Write the report of `run_dir` to `out` (default RUN_DIR/report.html) atomically; return its path."""
-    from attnconv.train import atomic_write
+    from attnconv.fileio import atomic_write
 
     out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
     if out.is_dir():

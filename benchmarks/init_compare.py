@@ -38,7 +38,8 @@ def start_accuracy(run: Path) -> float:
 
     from attnconv import data as D
     from attnconv.evaluate import evaluate
-    from attnconv.train import TrainConfig, build_run_model, read_config
+    from attnconv.config import TrainConfig
+    from attnconv.runs import build_run_model, read_config
 
     config = TrainConfig.from_dict(read_config(run)["config"])
     torch.manual_seed(config.seed)

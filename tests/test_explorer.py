@@ -313,7 +313,7 @@ def test_clicking_a_pixel_in_chromium_shows_the_layers_own_attention(runs, serve
 
 def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
     """A CNN converted to attention: each layer's map is its own attention_probs row, on its own grid."""
-    from attnconv.convert import convert_run
+    from attnconv.runs import convert_run
 
     run = convert_run(runs["resnet18"], tmp_path / "converted")
     explorer = Explorer(run, images=4)

@@ -11,7 +11,7 @@ import pytest
 from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.cli import main
-from attnconv.convert import convert_run
+from attnconv.runs import convert_run
 from attnconv.report import build_report, write_report
 from attnconv.train import read_metrics
 

@@ -212,7 +212,7 @@ def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch):
     ref = tmp_path / "ref"
     assert main(tiny_args(ref, data_dir)) == 0
 
-    import attnconv.train as T
+    import attnconv.train.loop as T
 
     original = T._Trainer._checkpoint
 

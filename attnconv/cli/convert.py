@@ -32,10 +32,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnconv import data as D
-    from attnconv.convert import convert_run
     from attnconv.errors import AttnconvError
     from attnconv.evaluate import count_flops, count_params
-    from attnconv.train import load_run
+    from attnconv.runs import convert_run, load_run, run_test_set
 
     if args.batch_size < 1:
         raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise AttnconvError(f"--alpha {args.alpha} is invalid: give a positive number")
     cnn, config = load_run(args.run_dir)
     info = D.dataset_info(config.dataset)
-    _, test = D.load_dataset(config.dataset, args.data_dir or _existing(config.data_dir))
+    test = run_test_set(config, args.data_dir)
     out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
     attn, _ = load_run(out)
 
@@ -70,9 +69,3 @@ def run(args: argparse.Namespace) -> int:
     if correct["cnn"] != correct["attention"]:
         raise AttnconvError("the converted network's accuracy differs from the CNN's; please report this")
     return 0
-
-
-def _existing(path):
-    from pathlib import Path
-
-    return path if path is not None and Path(path).is_dir() else None

@@ -61,7 +61,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 def register(subparsers) -> None:
     from attnconv.models import list_models
-    from attnconv.train import OPTIMIZERS, PRESETS, SCHEDULES
+    from attnconv.config import OPTIMIZERS, PRESETS, SCHEDULES
 
     p = subparsers.add_parser(
         "train", help="train a model (paper presets, resume, DDP)", description=__doc__,
@@ -151,7 +151,8 @@ def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
     """--init-from: the CNN run's config is the base (architecture, data, recipe), plus init_from."""
     import dataclasses
 
-    from attnconv.train import TrainConfig, read_config
+    from attnconv.config import TrainConfig
+    from attnconv.runs import read_config
 
     fixed = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
     fixed += [flag for flag, v in (("--preset", args.preset), ("--model", args.model), ("--dataset", args.dataset))

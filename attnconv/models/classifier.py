@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
-from attnconv.models import register_model
+from attnconv.models.registry import register_model
 
 LAYER_NORM_EPS = 1e-12
 

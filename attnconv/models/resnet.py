@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnconv.errors import AttnconvError
-from attnconv.models import register_model
+from attnconv.models.registry import register_model
 
 
 class BasicBlock(nn.Module):

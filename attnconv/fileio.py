@@ -1,0 +1,145 @@
+"""Writing files safely: atomic replacement, uniquely named temporaries, one writer per directory.
+
+The bottom layer of the package (it imports only `attnconv.errors`): run directories,
+figures, reports and benchmark outputs are all written through it.
+
+    atomic_write(path, lambda tmp: tmp.write_text(text))   # old file or new file, never half of one
+
+Temporaries are created by `tempfile` in the target's directory with the name
+`.<target name>.<random>.attnconv-tmp`, so they are unique per writer, and a cleanup
+(`remove_temporaries`) touches only files of exactly that form, never a user's own
+hidden files.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from attnconv.errors import AttnconvError
+
+TMP_SUFFIX = ".attnconv-tmp"
+LOCK_FILE = ".attnconv.lock"
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory, so that a rename inside it is durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """Write `path` atomically: `write(tmp)` into a temporary file next to it, fsync, rename.
+
+    A crash at any point leaves either the old file or the new one, never a mix; a
+    failure (disk full, a bad figure) leaves the old file as it was and no temporary.
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def write_bytes(data: bytes) -> Callable[[Path], None]:
+    """A writer for `atomic_write` that writes `data`."""
+    return lambda tmp: tmp.write_bytes(data)
+
+
+def remove_temporaries(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
+    """Delete the temporaries `atomic_write` left for these file names (a killed writer's)."""
+    directory = Path(directory)
+    for name in names:
+        for leftover in directory.glob(f".{name}.*{TMP_SUFFIX}"):
+            leftover.unlink(missing_ok=True)
+
+
+def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """Check, before any long work, that the file `path` can be written; raise one clear error if not.
+
+    The parent folder is created if missing. `suffixes`: the allowed file name endings.
+    """
+    path = Path(path).expanduser()
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise AttnconvError(f"{flag} {path}: give a file name ending in {', '.join(suffixes)}")
+    if path.is_dir():
+        raise AttnconvError(f"{flag} {path} is a directory; give a file name inside it")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AttnconvError(f"{flag} {path}: cannot create {parent} ({err.strerror or err}); "
+                            "choose another location") from None
+    if not parent.is_dir():
+        raise AttnconvError(f"{flag} {path}: {parent} is not a directory; choose another location")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise AttnconvError(f"{flag} {path}: not writable; choose another location")
+    return path
+
+
+class DirectoryLock:
+    """An advisory lock (`fcntl.flock`) on `<directory>/.attnconv.lock`: one writer per directory.
+
+    The kernel drops the lock when its process dies, so a run killed with SIGKILL leaves
+    no stale lock behind: the lock file stays, but the next writer takes it at once.
+
+        with DirectoryLock(run_dir, "--out"):
+            ...  # only this process writes into run_dir
+    """
+
+    def __init__(self, directory: str | os.PathLike, flag: str = "--out"):
+        self.directory, self.flag = Path(directory), flag
+        self._fd: int | None = None
+
+    def acquire(self) -> DirectoryLock:
+        path = self.directory / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise AttnconvError(
+                    f"{self.flag} {self.directory}: another attnconv process is writing there; "
+                    "wait for it to finish (or stop it) and try again, or choose another directory") from None
+            raise
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DirectoryLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def describe_os_error(err: OSError) -> str:
+    """A short reason for an OSError, with the fix for a full disk."""
+    if err.errno == errno.ENOSPC:
+        return "no space left on the device; free some space"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "not writable; choose another location"
+    return err.strerror or str(err)

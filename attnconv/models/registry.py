@@ -1,0 +1,76 @@
+"""The model registry (as timm's `_registry.py`): names -> constructors, and the
+parameter sets that training treats specially.
+
+Model modules register themselves with `@register_model("name")`; `attnconv.models`
+imports them, so `build_model` sees every model once `attnconv.models` is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch.nn as nn
+
+from attnconv.errors import AttnconvError
+
+REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Decorator: register a model constructor under `name`."""
+
+    def wrap(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in REGISTRY:
+            raise RuntimeError(f"model {name!r} registered twice")
+        REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def list_models() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def build_model(name: str, **overrides: Any) -> nn.Module:
+    """Build the named model with the paper's defaults, changed by `overrides`.
+
+    Overrides that are None are ignored, so CLI flags can be passed straight through.
+    """
+    if name not in REGISTRY:
+        raise AttnconvError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return REGISTRY[name](**overrides)
+    except TypeError as err:  # an override this model does not take
+        raise AttnconvError(f"model {name!r}: {err}") from None
+
+
+def no_weight_decay(model: nn.Module) -> set[str]:
+    """Parameter names that take no weight decay.
+
+    As in the paper: the quadratic encodings' attention centers and widths. A module
+    opts its own parameters out with a class attribute `no_weight_decay = True`.
+    """
+    names = set()
+    for module_name, module in model.named_modules():
+        if getattr(module, "no_weight_decay", False):
+            for pname, _ in module.named_parameters(recurse=False):
+                names.add(f"{module_name}.{pname}" if module_name else pname)
+    return names
+
+
+def attention_placement(model: nn.Module) -> set[str]:
+    """Parameter names that decide where attention looks, for `attnconv train --attention-lr-scale`.
+
+    The `no_weight_decay` set (the quadratic encodings' and converted layers' centers and
+    widths) plus the parameters of the child modules a module names in its class attribute
+    `placement_children` (a converted layer's content `query` and `key` projections).
+    """
+    names = no_weight_decay(model)
+    for module_name, module in model.named_modules():
+        for child in getattr(module, "placement_children", ()):
+            if hasattr(module, child):
+                prefix = f"{module_name}.{child}" if module_name else child
+                names.update(f"{prefix}.{pname}" for pname, _ in getattr(module, child).named_parameters())
+    return names

@@ -1,0 +1,448 @@
+"""The training loop: `train(config, out)` writes a run directory (see `attnconv.runs`).
+
+    from attnconv.train import make_config, train
+    train(make_config(preset="fmnist-sa-quadratic", epochs=2), "runs/sa")
+
+Checkpoints. Each file is written atomically (temporary file in the same
+directory, flush, fsync, os.replace, fsync of the directory), so a reader sees
+either the old or the new file, never half of one, even after `kill -9` or a power
+loss. Two files cannot be swapped together, so `state.pt` carries its own copy of
+the weights: it alone is the resume point and is always self-consistent.
+`model.safetensors` is written first, so it is never older than `state.pt`; after
+a crash between the two renames it may be one checkpoint newer, which is still a
+consistent set of weights (its metadata records the step).
+
+Resume. Batches are a pure function of (seed, epoch, batch index) (see
+`attnconv.data.Batches`) and the learning rate a pure function of the step, so a
+checkpoint needs only the step counters, the optimizer state and the torch RNG
+state (for dropout) to continue exactly where the run stopped, mid-epoch too. On
+the CPU the resumed run reaches bit-identical weights (tests/test_train.py kills a
+real subprocess with SIGKILL to check it).
+
+Several processes. Under `torchrun`, every rank takes a contiguous shard of each
+*global* batch (`batch_size` is global) and DDP averages the per-shard mean
+gradients, which equals the 1-process gradient of the global batch mean. Only rank
+0 prints, logs and writes checkpoints. BatchNorm statistics are per shard (as in
+any DDP run without SyncBatchNorm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import attnconv
+from attnconv import data as D
+from attnconv.config import RESUMABLE_CHANGES, TrainConfig
+from attnconv.errors import AttnconvError
+from attnconv.evaluate import evaluate
+from attnconv.fileio import atomic_write, remove_temporaries, write_bytes
+from attnconv.models import build_model
+from attnconv.runs import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    STATE_FORMAT,
+    WEIGHTS_FILE,
+    build_run_model,
+    load_state,
+    metrics_text,
+    read_config,
+    RUN_FILES,
+    read_metrics,
+    save_state,
+    save_weights,
+    write_config,
+)
+from attnconv.train.distributed import Dist, init_distributed
+from attnconv.train.schedule import learning_rate, make_optimizer
+
+# Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
+_SYNC_EVERY = 10
+
+
+@dataclass
+class _Progress:
+    """Counters that a checkpoint saves; sums are global (all ranks) when saved."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epoch in progress (0-based)
+    batch: int = 0  # batches of `epoch` done
+    rows: int = 0  # rows in metrics.csv
+    finished: bool = False
+    loss_sum: float = 0.0  # this epoch's training loss, summed over samples
+    correct: float = 0.0
+    seen: float = 0.0
+    seconds: float = 0.0  # training time of this epoch so far (no eval, no checkpoint writes)
+
+
+def train(
+    config: TrainConfig,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    dataset: tuple[D.ImageSet, D.ImageSet] | None = None,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Train `config` into the run directory `out`; returns the last metrics row.
+
+    resume: continue from out/state.pt if there is one (start fresh if not), after
+    checking that the config matches out/config.json except for `RESUMABLE_CHANGES`.
+    dataset: (train, test) ImageSets to use instead of loading `config.dataset`
+    (they must have that dataset's shape). Launched by torchrun, trains with DDP.
+    """
+    config.validate()
+    out = Path(out)
+    fresh = not out.exists()
+    d = init_distributed(config)
+    try:
+        return _Trainer(config, out, resume, dataset, progress, d).run()
+    except AttnconvError:
+        if fresh and d.main and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a run that failed before writing anything leaves no empty directory behind
+        raise
+    finally:
+        if d.active and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Trainer:
+    def __init__(self, config, out: Path, resume: bool, dataset, progress: bool, d: Dist):
+        self.config, self.out, self.resume, self.d = config, out, resume, d
+        self.show_bar = progress and d.main  # the bar; epoch summaries print on rank 0 regardless
+        if config.workers is not None:
+            torch.set_num_threads(config.workers)
+        if config.device.startswith("cuda"):
+            self.device = torch.device("cuda", d.local_rank if d.active else torch.device(config.device).index or 0)
+        else:
+            self.device = torch.device("cpu")
+
+        # Cheap checks first: a bad --out fails before the data is read.
+        d.agree(self._check_out() if d.main else None)
+        self.info = D.dataset_info(config.dataset)
+        try:
+            self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
+                config.dataset, config.data_dir, download=True)
+            self._check_data()
+        except AttnconvError as err:
+            d.agree(str(err))  # every rank fails the same way here; agree keeps them in step anyway
+        d.agree(None)
+        if self.device.type == "cuda":  # the uint8 sets live on the GPU: batches never cross PCIe
+            self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
+        self.config = config = self._resolve_overrides(config)
+        d.agree(self._check_existing_config() if d.main else None)
+
+        self.steps_per_epoch = len(self.train_set) // config.batch_size
+        self.total_steps = config.epochs * self.steps_per_epoch
+        if config.max_steps is not None:
+            self.total_steps = min(self.total_steps, config.max_steps)
+
+        torch.manual_seed(config.seed)  # the same initial weights on every rank and every resume
+        has_state = resume and (out / STATE_FILE).exists()
+        error = None
+        try:
+            self.model = build_run_model(config, source_weights=not has_state).to(self.device)
+        except AttnconvError as err:
+            error = str(err)
+        d.agree(error)
+        # Dropout streams differ per rank (the shards are different samples anyway).
+        torch.manual_seed(config.seed + d.rank)
+        self.optimizer = make_optimizer(self.model, config)
+        self.progress = _Progress()
+        if has_state:
+            self._restore(load_state(out / STATE_FILE))
+
+        net: nn.Module = self.model
+        if d.active:
+            net = nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.train_net = torch.compile(net) if config.compile else net
+        self.eval_net = self.train_net if not d.active else (
+            torch.compile(self.model) if config.compile else self.model)
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.amp)
+
+    # ---------------------------------------------------------------- setup checks
+
+    def _check_out(self) -> str | None:
+        """Rank 0: the run directory can be written, and holds no other run."""
+        out = self.out
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            return f"--out {out}: cannot write there ({err.strerror or err}); choose another directory"
+        if (out / CONFIG_FILE).exists() and not self.resume:
+            return (f"--out {out} already holds a run; pass --resume to continue it, "
+                    "or choose a new --out to start over")
+        return None
+
+    def _check_data(self) -> None:
+        info, bs, w = self.info, self.config.batch_size, self.d.world_size
+        for name, s in (("train", self.train_set), ("test", self.test_set)):
+            if not isinstance(s, D.ImageSet):
+                raise AttnconvError(f"{name} set must be an attnconv.data.ImageSet, got {type(s).__name__}")
+            if tuple(s.images.shape[1:]) != (info.channels, info.size, info.size):
+                raise AttnconvError(f"{name} images are {tuple(s.images.shape[1:])}, {info.name} is "
+                                    f"({info.channels}, {info.size}, {info.size})")
+            if len(s) == 0:
+                raise AttnconvError(f"the {info.name} {name} set is empty; check --data-dir")
+            if s.labels.min() < 0 or s.labels.max() >= info.num_classes:
+                raise AttnconvError(f"{name} labels must be in 0..{info.num_classes - 1}")
+        if bs > len(self.train_set):
+            raise AttnconvError(f"--batch-size {bs} is larger than the training set ({len(self.train_set)} images)")
+        if bs % w:
+            raise AttnconvError(f"--batch-size {bs} (global) is not divisible by the {w} processes")
+
+    def _resolve_overrides(self, config: TrainConfig) -> TrainConfig:
+        """Fill in the overrides that the data decides; a conflicting explicit value is an error."""
+        info = self.info
+        derived = {"in_channels": info.channels, "image_size": info.size, "num_classes": info.num_classes}
+        overrides = dict(config.model_overrides)
+        for key, value in derived.items():
+            if overrides.get(key, value) != value:
+                flag = "--" + key.replace("_", "-")
+                self.d.agree(f"{flag} {overrides[key]} does not match {info.name} ({key} = {value}); drop {flag}")
+            overrides[key] = value
+        config = dataclasses.replace(config, model_overrides=overrides)
+        try:
+            build_model(config.model, **overrides)  # bad overrides fail here, before any file is written
+        except AttnconvError as err:
+            self.d.agree(str(err))
+        return config
+
+    def _check_existing_config(self) -> str | None:
+        """Rank 0: on --resume, the saved config must match except for RESUMABLE_CHANGES."""
+        path = self.out / CONFIG_FILE
+        if not path.exists():
+            return None
+        try:
+            saved = TrainConfig.from_dict(read_config(self.out)["config"]).to_dict()
+        except AttnconvError as err:
+            return str(err)
+        new = self.config.to_dict()
+        diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
+        if diff:
+            return (f"--out {self.out} holds a run with a different config ({'; '.join(diff)}); "
+                    "resume with the same settings, or choose a new --out")
+        return None
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.progress = _Progress(**state["progress"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as err:
+            raise AttnconvError(f"{self.out / STATE_FILE}: does not fit this run ({str(err).splitlines()[0]}); "
+                                "delete it to restart from scratch") from None
+        if not self.d.main:  # rank 0 carries the epoch's sums so far; the others start from 0
+            p = self.progress
+            p.loss_sum = p.correct = p.seen = 0.0
+        rng = state["rng"]
+        if len(rng["torch"]) == self.d.world_size:
+            torch.set_rng_state(rng["torch"][self.d.rank])
+            if self.device.type == "cuda" and rng["cuda"] is not None:
+                torch.cuda.set_rng_state(rng["cuda"][self.d.rank], self.device)
+        else:  # a different number of processes: continue, but dropout streams start anew
+            torch.manual_seed(self.config.seed + self.d.rank + 7919 * self.progress.step)
+
+    def _checkpoint(self) -> None:
+        """Write model.safetensors, then state.pt (collective: gathers every rank's RNG state)."""
+        p = dataclasses.replace(self.progress)
+        p.loss_sum, p.correct, p.seen = self.d.sum([p.loss_sum, p.correct, p.seen], self.device)
+        rng_torch = [torch.get_rng_state()]
+        rng_cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None
+        if self.d.active:
+            gathered: list[Any] = [None] * self.d.world_size
+            dist.all_gather_object(gathered, (rng_torch[0], rng_cuda[0] if rng_cuda else None))
+            rng_torch = [g[0] for g in gathered]
+            rng_cuda = [g[1] for g in gathered] if rng_cuda else None
+        # Checked on every rank (the weights are the same everywhere), so all stop together.
+        bad = [n for n, t in self.model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()]
+        if bad:
+            raise AttnconvError(self._nan_message(f"weights became non-finite ({bad[0]})", p.step))
+        if not self.d.main:
+            return
+        metadata = {"model": self.config.model, "step": str(p.step), "epoch": str(p.epoch)}
+        save_weights(self.model, self.out / WEIGHTS_FILE, metadata)
+        state = {
+            "format": STATE_FORMAT,
+            "progress": dataclasses.asdict(p),
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {"torch": rng_torch, "cuda": rng_cuda},
+        }
+        save_state(state, self.out / STATE_FILE)
+
+    def _nan_message(self, what: str, step: int) -> str:
+        state = self.out / STATE_FILE
+        if state.exists():
+            good = load_state(state)["progress"]["step"]
+            last = f"the last good checkpoint (step {good}) is intact in {self.out}"
+        else:
+            last = "no checkpoint was written yet"
+        return (f"{what} at step {step} (lr {learning_rate(self.config, step - 1, self.total_steps):.3g}); "
+                f"{last}; lower --lr or raise --warmup and train into a new --out")
+
+    # ---------------------------------------------------------------- loop
+
+    def run(self) -> dict[str, float]:
+        p, d = self.progress, self.d
+        if d.main:
+            self._prepare_files()
+        if p.finished:
+            if self.d.main:
+                print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
+            return read_metrics(self.out)[-1]
+        if self.d.main and p.step:
+            print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
+        row: dict[str, float] = {}
+        while not p.finished:
+            row = self._epoch()
+        return row
+
+    def _prepare_files(self) -> None:
+        out, cfg = self.out, self.config
+        remove_temporaries(out, RUN_FILES)  # a killed writer's, and only those
+        if not (out / CONFIG_FILE).exists():
+            meta = {
+                "config": cfg.to_dict(),
+                "parameters": sum(t.numel() for t in self.model.parameters()),
+                "steps_per_epoch": self.steps_per_epoch,
+                "total_steps": self.total_steps,
+                "world_size": self.d.world_size,
+                "torch": torch.__version__,
+                "attnconv": attnconv.__version__,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            }
+            write_config(out, meta)
+        # Keep exactly the rows the checkpoint knows of: an epoch logged after the last
+        # checkpoint is replayed, and must not be logged twice.
+        rows = read_metrics(out, limit=self.progress.rows)
+        atomic_write(out / METRICS_FILE, write_bytes(metrics_text(rows).encode()))
+
+    def _epoch(self) -> dict[str, float]:
+        cfg, p, d = self.config, self.progress, self.d
+        batches = D.iterate_batches(
+            self.train_set, self.info, cfg.batch_size, seed=cfg.seed, epoch=p.epoch, train=True,
+            augment=cfg.augment, rank=d.rank, world_size=d.world_size, drop_last=True, start_batch=p.batch,
+            device=self.device,
+        )
+        bar = _bar(self.show_bar, self.steps_per_epoch, p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
+        self.train_net.train()
+        # Device-side accumulators: no host sync per step (a sync per step stalls a GPU).
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss_sum, correct, seen
+        first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)
+        lr = learning_rate(cfg, p.step, self.total_steps)
+        tick = time.perf_counter()
+        for x, y in batches:
+            lr = learning_rate(cfg, p.step, self.total_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr * group.get("lr_scale", 1.0)
+            with self.autocast:
+                logits = self.train_net(x)
+            loss = F.cross_entropy(logits.float(), y)  # the shard's mean; DDP averages shards
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            p.step += 1
+            p.batch += 1
+            with torch.no_grad():
+                n = len(y)
+                sums += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(),
+                                     torch.tensor(float(n), dtype=torch.float64, device=self.device)])
+                first_bad = torch.where((first_bad < 0) & ~loss.isfinite(), p.step, first_bad)
+            bar.update(1)
+            epoch_done = p.batch == self.steps_per_epoch
+            run_done = p.step >= self.total_steps
+            ckpt = cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0
+            if epoch_done or run_done or ckpt or p.step % _SYNC_EVERY == 0:
+                now = time.perf_counter()
+                p.seconds += now - tick
+                self._sync(sums, first_bad, bar)
+                if epoch_done or run_done:
+                    break
+                if ckpt:
+                    self._checkpoint()
+                tick = time.perf_counter()
+        bar.close()
+
+        # End of the epoch (or of the run, at --max-steps): evaluate, log, checkpoint.
+        p.loss_sum, p.correct, p.seen = d.sum([p.loss_sum, p.correct, p.seen], self.device)
+        test_loss, test_acc = self._evaluate()
+        row = {
+            "epoch": p.epoch + 1, "step": p.step, "train_loss": p.loss_sum / p.seen, "train_acc": p.correct / p.seen,
+            "test_loss": test_loss, "test_acc": test_acc, "seconds": p.seconds,
+            "images_per_s": p.seen / p.seconds if p.seconds > 0 else 0.0, "lr": lr,
+        }
+        if self.d.main:
+            _write(
+                f"epoch {p.epoch + 1}/{cfg.epochs}  step {p.step}  train loss {row['train_loss']:.4f} "
+                f"acc {row['train_acc']:.4f}  test loss {test_loss:.4f} acc {test_acc:.4f}  "
+                f"{p.seconds:.1f} s  {row['images_per_s']:.0f} img/s"
+            )
+        p.finished = p.step >= self.total_steps
+        if p.batch == self.steps_per_epoch:
+            p.epoch, p.batch = p.epoch + 1, 0
+        p.rows += 1
+        if d.main:
+            with open(self.out / METRICS_FILE, "a", newline="") as f:
+                f.write(metrics_text([row]).split("\n", 1)[1])
+                f.flush()
+                os.fsync(f.fileno())
+        p.loss_sum = p.correct = p.seen = p.seconds = 0.0
+        self._checkpoint()
+        return row
+
+    def _sync(self, sums: torch.Tensor, first_bad: torch.Tensor, bar) -> None:
+        """Move the device-side sums into `progress`, and stop on a non-finite loss (on every rank)."""
+        p = self.progress
+        bad = int(first_bad)
+        if self.d.active:
+            t = torch.tensor([bad if bad >= 0 else 2**62], device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            bad = int(t) if int(t) < 2**62 else -1
+        if bad >= 0:
+            raise AttnconvError(self._nan_message("loss became non-finite (NaN or inf)", bad))
+        loss_sum, correct, seen = sums.tolist()
+        sums.zero_()
+        p.loss_sum += loss_sum
+        p.correct += correct
+        p.seen += seen
+        if p.seen and bar is not None:
+            rate = p.seen * self.d.world_size / p.seconds if p.seconds > 0 else 0.0
+            bar.set_postfix(loss=f"{p.loss_sum / p.seen:.4f}", acc=f"{p.correct / p.seen:.4f}",
+                            img_s=f"{rate:.0f}", refresh=False)
+
+    def _evaluate(self) -> tuple[float, float]:
+        with self.autocast:
+            return evaluate(self.eval_net, self.test_set, self.info, batch_size=max(self.config.batch_size, 256),
+                            device=self.device, rank=self.d.rank, world_size=self.d.world_size)
+
+
+def _bar(show: bool, total: int, initial: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, disable=not show, leave=False, unit="step",
+                dynamic_ncols=True, mininterval=0.5)
+
+
+def _write(line: str) -> None:
+    # tqdm.write keeps an active progress bar intact.
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stderr)
