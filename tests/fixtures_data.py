@@ -1,4 +1,5 @@
-"""Writers for tiny datasets in the real on-disk formats (IDX, CIFAR-10 pickle batches, tar.gz).
+"""Writers for tiny datasets in the real on-disk formats (IDX, CIFAR-10 pickle batches, tar.gz),
+and the helpers the tests/test_data_*.py modules share.
 
 The writers are independent of attnconv.data (they follow the format descriptions:
 yann.lecun.com/exdb/mnist "THE IDX FILE FORMAT" and the CIFAR-10 page's
@@ -9,13 +10,16 @@ themselves.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import pickle
 import struct
 import tarfile
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 FASHION_STEMS = (
     "train-images-idx3-ubyte",
@@ -153,3 +157,75 @@ def write_random_fashion(folder: Path, n_train: int, n_test: int, seed: int = 0)
         write_idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), gz=False)
         write_idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8), gz=False)
     return folder
+
+
+# --------------------------------------------------------------------------- helpers for the data tests
+# (These use attnconv.data; the writers above do not.)
+
+
+@pytest.fixture
+def isolated_data(tmp_path, monkeypatch):
+    """No network, no $ATTNCONV_DATA, a private cache, no system dirs: only what a test writes is seen."""
+    from attnconv.data import sources
+
+    monkeypatch.delenv("ATTNCONV_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    for name in list(sources.SYSTEM_DIRS):
+        monkeypatch.setitem(sources.SYSTEM_DIRS, name, ())
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen({}))
+
+
+def data_cache() -> Path:
+    from attnconv import data
+
+    return data.cache_dir()
+
+
+def error_of(name: str, data_dir, **kwargs) -> str:
+    """The message of the AttnconvError that ``load_dataset(name, data_dir, **kwargs)`` raises."""
+    from attnconv import data
+    from attnconv.errors import AttnconvError
+
+    with pytest.raises(AttnconvError) as e:
+        data.load_dataset(name, data_dir, **kwargs)
+    return str(e.value)
+
+
+def assert_fashion_equal(train, test, arrays: dict[str, np.ndarray]) -> None:
+    import torch
+
+    assert train.images.dtype == torch.uint8 and train.labels.dtype == torch.int64
+    n_train, n_test = len(arrays["train-labels-idx1-ubyte"]), len(arrays["t10k-labels-idx1-ubyte"])
+    assert train.images.shape == (n_train, 1, 28, 28) and test.images.shape == (n_test, 1, 28, 28)
+    assert np.array_equal(train.images[:, 0].numpy(), arrays["train-images-idx3-ubyte"])
+    assert np.array_equal(train.labels.numpy(), arrays["train-labels-idx1-ubyte"])
+    assert np.array_equal(test.images[:, 0].numpy(), arrays["t10k-images-idx3-ubyte"])
+    assert np.array_equal(test.labels.numpy(), arrays["t10k-labels-idx1-ubyte"])
+
+
+def assert_cifar_equal(train, test, arrays) -> None:
+    import torch
+
+    train_images = np.concatenate([arrays[n][0] for n in CIFAR_BATCHES[:5]])
+    train_labels = np.concatenate([arrays[n][1] for n in CIFAR_BATCHES[:5]])
+    assert train.images.dtype == torch.uint8 and train.labels.dtype == torch.int64
+    assert train.images.shape == (len(train_labels), 3, 32, 32)
+    assert np.array_equal(train.images.numpy(), train_images)
+    assert np.array_equal(train.labels.numpy(), train_labels)
+    assert np.array_equal(test.images.numpy(), arrays["test_batch"][0])
+    assert np.array_equal(test.labels.numpy(), arrays["test_batch"][1])
+
+
+def fashion_served(arrays: dict[str, np.ndarray]) -> dict[str, bytes]:
+    """What the Fashion-MNIST server would send for ``arrays``, by URL."""
+    from attnconv import data
+
+    return {f"{data.FASHION_URL}{stem}.gz": gzip.compress(idx_bytes(a)) for stem, a in arrays.items()}
+
+
+def use_md5_of(monkeypatch, served: dict[str, bytes]) -> None:
+    """Make the small served files the 'official' ones, so the success path of download runs offline."""
+    from attnconv.data import sources
+
+    for url, payload in served.items():
+        monkeypatch.setitem(sources.DOWNLOAD_MD5, url.rsplit("/", 1)[1], hashlib.md5(payload).hexdigest())
