@@ -1,25 +1,7 @@
 """Evaluation: test accuracy, parameters, FLOPs, and the Table-1-style summary.
 
-FLOPs are counted two ways, per image, at batch size 1:
-
-- ``total``: every op that ``torch.utils.flop_counter.FlopCounterMode`` counts,
-  i.e. the matrix products and convolutions (mm, addmm, bmm, baddbmm, einsum and
-  matmul through them, conv, scaled_dot_product_attention, whose CPU kernel we add
-  the formula for), attention's score and probability-times-value products
-  included, at 2 FLOPs per multiply-add.
-  FlopCounterMode does not count elementwise and reduction ops: softmax, exp,
-  GELU/ReLU, LayerNorm/BatchNorm, residual adds, pooling, and scores built
-  elementwise (the quadratic encoding's -alpha ||delta - Delta||^2). They are
-  O(elements), small next to the products for these models, and left out.
-- ``linear_only``: the paper's convention, 2 x in_features x out_features per token
-  for every nn.Linear call (counted with forward hooks), nothing else. It reproduces
-  the paper's 6.2B for the quadratic attention model. For ResNet-18 it is almost
-  nothing (one 512 x 10 layer): the paper's 0.56B for ResNet-18 counts the
-  convolutions' multiply-adds (0.56 G MACs = ``total`` / 2).
-
-Position-only attention probabilities are computed once per forward and shared by
-the batch, so at batch size 1 their cost is charged fully to the one image (the
-conservative choice; larger batches amortize it).
+FLOPs come from `attnconv.flops.count_flops` (re-exported here): every matrix product
+and convolution, and the paper's Linear-only convention, per image.
 """
 
 from __future__ import annotations
@@ -33,11 +15,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils import flop_counter
-from torch.utils.flop_counter import FlopCounterMode
 
 from attnconv import data as D
 from attnconv.errors import AttnconvError
+from attnconv.flops import count_flops
+from attnconv.tables import format_table as _format_rows
+
+__all__ = ["TABLE_HEADERS", "count_flops", "count_params", "describe_run", "evaluate", "format_table", "table_row"]
 
 
 @torch.no_grad()
@@ -83,60 +67,6 @@ def evaluate(
 def count_params(model: nn.Module) -> int:
     """Number of parameters (shared tensors counted once)."""
     return sum(p.numel() for p in model.parameters())
-
-
-def _sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """q @ k^T (B, h, Tq, Tk) and probs @ v (B, h, Tq, D_v), 2 FLOPs per multiply-add."""
-    b, h, tq, dk = query_shape
-    tk, dv = key_shape[-2], value_shape[-1]
-    return 2 * b * h * tq * tk * (dk + dv)
-
-
-def _cpu_attention_formulas() -> dict[Any, Any]:
-    # torch 2.13's FlopCounterMode has formulas for the CUDA SDPA kernels but not for the
-    # CPU one that F.scaled_dot_product_attention dispatches to here, which would silently
-    # count content attention as 0.
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if op is None or op in flop_counter.flop_registry:
-        return {}
-    return {op: _sdpa_flops}
-
-
-@torch.no_grad()
-def count_flops(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, Any]:
-    """FLOPs of one forward pass, per image (see the module docstring for what is counted).
-
-    input_shape: (C, H, W), or (B, C, H, W) to count at batch B and divide by B.
-    Returns {"total": int, "linear_only": int, "by_op": {op name: FLOPs}, "batch": B}.
-    """
-    if len(input_shape) == 3:
-        input_shape = (1, *input_shape)
-    if len(input_shape) != 4 or min(input_shape) < 1:
-        raise AttnconvError(f"input_shape must be (C, H, W) or (B, C, H, W), got {tuple(input_shape)}")
-    batch = input_shape[0]
-    param = next(model.parameters(), None)
-    x = torch.zeros(input_shape, device=param.device if param is not None else "cpu",
-                    dtype=param.dtype if param is not None else torch.float32)
-    linear = 0
-
-    def count_linear(module: nn.Linear, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        nonlocal linear
-        tokens = inputs[0].numel() // module.in_features
-        linear += 2 * tokens * module.in_features * module.out_features
-
-    hooks = [m.register_forward_hook(count_linear) for m in model.modules() if isinstance(m, nn.Linear)]
-    was_training = model.training
-    model.eval()
-    try:
-        with FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()) as counter:
-            model(x)
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
-    by_op = {str(op): int(v) // batch for op, v in counter.get_flop_counts().get("Global", {}).items()}
-    return {"total": counter.get_total_flops() // batch, "linear_only": linear // batch, "by_op": by_op,
-            "batch": batch}
 
 
 def describe_run(
@@ -203,14 +133,18 @@ def _human(n: float | None) -> str:
     return f"{n:g}"
 
 
+TABLE_HEADERS = ("model", "dataset", "test acc", "params", "FLOPs (all ops)", "FLOPs (Linear only)", "s/epoch")
+
+
+def table_row(run: dict[str, Any]) -> list[str]:
+    """One `describe_run` summary as Table 1's cells (see TABLE_HEADERS), rounded like the paper."""
+    acc = "-" if run.get("test_acc") is None else f"{run['test_acc']:.4f}"
+    secs = run.get("seconds_per_epoch")
+    return [run["model"], run["dataset"], acc, _human(run["params"]), _human(run["flops_total"]),
+            _human(run["flops_linear"]), "-" if secs is None or math.isnan(secs) else f"{secs:.1f}"]
+
+
 def format_table(runs: Iterable[dict[str, Any]]) -> str:
-    """Table 1 of the paper as Markdown, one row per `describe_run` summary."""
-    header = ("model", "dataset", "test acc", "params", "FLOPs (all ops)", "FLOPs (Linear only)", "s/epoch")
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    for r in runs:
-        acc = "-" if r.get("test_acc") is None else f"{r['test_acc']:.4f}"
-        secs = r.get("seconds_per_epoch")
-        cells = (r["model"], r["dataset"], acc, _human(r["params"]), _human(r["flops_total"]),
-                 _human(r["flops_linear"]), "-" if secs is None or math.isnan(secs) else f"{secs:.1f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """Table 1 of the paper as Markdown, one row per `describe_run` summary (columns after the first right-aligned)."""
+    rows = [table_row(r) for r in runs]
+    return _format_rows(TABLE_HEADERS, rows, markdown=True, align="l" + "r" * (len(TABLE_HEADERS) - 1)) + "\n"

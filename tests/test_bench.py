@@ -7,6 +7,7 @@ import torch
 from attnconv import bench
 from attnconv.attention import SelfAttention2d
 from attnconv.cli import main
+from attnconv.models import build_model
 
 
 # ------------------------------------------------------------------ timing and ratio helpers
@@ -103,9 +104,9 @@ def test_flex_attention_computes_the_content_layer():
 
 
 def test_impl_of_every_layer_is_set_without_changing_parameters():
-    model = bench.build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense")
+    model = build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    bench._set_impl(model, "auto")
+    bench.set_impl(model, "auto")
     assert [m.resolved_impl() for m in model.attention_layers] == ["separable", "separable"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -149,6 +150,17 @@ def test_bench_runs_every_benchmark_end_to_end(tmp_path, capsys, keep_threads):
     markdown = out_md.read_text()
     assert "- command: `attnconv bench --tiny --profile --threads 1" in markdown and "- machine: " in markdown
     assert "| encoding | tokens |" in markdown
+
+
+@pytest.mark.parametrize("where", ["a directory", "inside a file"])
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_an_unwritable_output_is_refused_before_any_benchmark_runs(tmp_path, capsys, monkeypatch, flag, where):
+    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: pytest.fail("benchmarks ran before the check"))
+    (tmp_path / "file").write_text("")
+    out = tmp_path if where == "a directory" else tmp_path / "file" / "out"
+    assert main(["bench", "--tiny", flag, str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} ") and err.count("\n") == 1
 
 
 def test_bench_without_cuda_is_a_clear_error(capsys):

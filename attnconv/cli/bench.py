@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from attnconv.errors import AttnconvError
+from attnconv.fileio import atomic_write, check_writable_file, describe_os_error
 
 
 def register(subparsers) -> None:
@@ -137,22 +138,28 @@ def run_bench(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.validate()
-    for path in (args.json, args.markdown):
-        if path and not Path(path).parent.exists():
-            raise AttnconvError(f"cannot write {path}: the folder {Path(path).parent} does not exist")
+    # Before any benchmark runs: an output that cannot be written fails now, not after the whole run.
+    outputs = {flag: check_writable_file(path, flag) for flag, path in (("--markdown", args.markdown),
+                                                                        ("--json", args.json)) if path}
     command = command_line(args)
     print(command, flush=True)
     report = bench.run_benchmarks(cfg, command, on_section=lambda s: print("\n" + bench.format_section(s), flush=True))
     m = report.machine
     print(f"machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}"
           + (f", GPU {m['gpu']}" if m.get("gpu") else "") + f"; load average at start {m['load']}; {report.date}")
-    if args.markdown:
-        Path(args.markdown).write_text(bench.format_report(report, markdown=True))
-        print(f"wrote {args.markdown}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(bench.report_json(report))
-        print(f"wrote {args.json}", file=sys.stderr)
+    if "--markdown" in outputs:
+        _write(outputs["--markdown"], bench.format_report(report, markdown=True), "--markdown")
+    if "--json" in outputs:
+        _write(outputs["--json"], bench.report_json(report), "--json")
     if report.failures:
         print(f"error: {len(report.failures)} benchmark case(s) failed; their errors are in the notes", file=sys.stderr)
         return 1
     return 0
+
+
+def _write(path: Path, text: str, flag: str) -> None:
+    try:
+        atomic_write(path, lambda tmp: tmp.write_text(text))
+    except OSError as err:
+        raise AttnconvError(f"{flag} {path}: {describe_os_error(err)}") from None
+    print(f"wrote {path}", file=sys.stderr)

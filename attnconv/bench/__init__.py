@@ -1,0 +1,68 @@
+"""Benchmarks: the fast attention paths against the dense baseline, measured in one run.
+
+Every comparison is made in one process, on the same inputs, after warm-up, with
+the median of repeated runs; the variants' repeats are interleaved (A B B A ...)
+so that a drifting machine load hits them alike, and the reported ratio is
+dense median / variant median. Before timing, every variant's output is compared
+with a float64 dense reference (relative error: max |a - b| / max |b|), which is
+the evidence that the fast paths compute the same function to float32 rounding.
+
+Sections (`run_benchmarks(config)` runs those in `config.only`, in this order; util
+whenever matmul and model both run), one module each:
+
+- matmul.py:      square matrix product, GFLOP/s, the machine's reference rate.
+- layer.py:       SelfAttention2d alone (quadratic, learned, learned + content), forward +
+                  backward, dense vs the fast path ("auto": separable or SDPA; on CUDA also
+                  FlexAttention for the content layer, flex.py; with --compile also compiled).
+- model.py:       one training step (forward, cross-entropy, backward, SGD) of the paper's
+                  CIFAR-shape classifiers, and of the full-resolution (32x32-token) variant.
+- utilization.py: model FLOPs (attnconv.flops, forward + backward) per second, divided by
+                  the matmul rate.
+- pipeline.py:    the tensor-side input pipeline (attnconv.data.iterate_batches with crop +
+                  flip) in images/s, against the model's training images/s.
+- memory.py:      peak memory of one training step at 32x32 and 64x64 tokens, each case in
+                  a fresh subprocess (CPU: peak resident set, VmHWM; CUDA: max_memory_allocated).
+
+The harness: config.py (BenchConfig, sizes, targets), timing.py (interleaved repeats,
+medians, ratios), cases.py (one dense-vs-fast comparison), peakmem.py (/proc peak
+memory), estimates.py, profiling.py, results.py (Section, Report, their text), runner.py.
+
+Cases that would not fit in memory are not run: their memory is estimated first
+(`estimate_layer_bytes`, `estimate_step_bytes`) and compared with a budget; they
+are reported as skipped, with the estimate. Where dense does not fit at the
+requested batch, the comparison is also run at the largest halved batch where it
+fits, and says so. Nothing is reported that was not measured in the run.
+"""
+
+from attnconv.bench.cases import auto_path, first_runs, run_case, set_impl, train_step
+from attnconv.bench.config import (DATA_TARGET, EPOCH_IMAGES, LAYER_ENCODINGS, LAYER_TARGETS, MODEL_TARGETS,
+                                   PAPER_EPOCHS, SECTIONS, UTILIZATION_TARGET, BenchConfig, quick_config,
+                                   tiny_config)
+from attnconv.bench.estimates import estimate_layer_bytes, estimate_step_bytes, fit_batch
+from attnconv.bench.flex import FlexContentAttention, flex_content_tokens, flex_model, flex_unavailable
+from attnconv.bench.layer import bench_layers
+from attnconv.bench.matmul import bench_matmul, matmul_rate
+from attnconv.bench.memory import bench_memory, measure_step_memory, memory_spec
+from attnconv.bench.model import ModelCase, bench_models, model_cases
+from attnconv.bench.peakmem import PeakMemory, default_memory_budget
+from attnconv.bench.pipeline import bench_data
+from attnconv.bench.profiling import describe_profile, profile_step
+from attnconv.bench.results import (Report, Section, fmt_bytes, fmt_seconds, fmt_timing, format_report,
+                                    format_section, machine_info, report_json)
+from attnconv.bench.runner import run_benchmarks
+from attnconv.bench.timing import (Timing, attempt, interleaved_order, rel_diff, speedup, synchronize,
+                                   target_status, time_call, time_variants)
+from attnconv.bench.utilization import bench_utilization
+from attnconv.tables import format_table
+
+__all__ = [
+    "DATA_TARGET", "EPOCH_IMAGES", "LAYER_ENCODINGS", "LAYER_TARGETS", "MODEL_TARGETS", "PAPER_EPOCHS", "SECTIONS",
+    "UTILIZATION_TARGET", "BenchConfig", "FlexContentAttention", "ModelCase", "PeakMemory", "Report", "Section",
+    "Timing", "attempt", "auto_path", "bench_data", "bench_layers", "bench_matmul", "bench_memory", "bench_models",
+    "bench_utilization", "default_memory_budget", "describe_profile", "estimate_layer_bytes", "estimate_step_bytes",
+    "first_runs", "fit_batch", "flex_content_tokens", "flex_model", "flex_unavailable", "fmt_bytes", "fmt_seconds",
+    "fmt_timing", "format_report", "format_section", "format_table", "interleaved_order", "machine_info",
+    "matmul_rate", "measure_step_memory", "memory_spec", "model_cases", "profile_step", "quick_config", "rel_diff",
+    "report_json", "run_benchmarks", "run_case", "set_impl", "speedup", "synchronize", "target_status", "tiny_config",
+    "time_call", "time_variants", "train_step",
+]

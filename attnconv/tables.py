@@ -1,0 +1,48 @@
+"""Text and Markdown tables: one formatter for every table the package prints.
+
+    format_table(["model", "acc"], [["resnet18", "0.938"]])
+    model     acc
+    --------  -----
+    resnet18  0.938
+
+    format_table(["model", "acc"], [["resnet18", "0.938"]], markdown=True, align="lr")
+    | model | acc |
+    |---|---:|
+    | resnet18 | 0.938 |
+
+Cells are strings, written as given (the caller rounds its numbers). No trailing newline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+_RULES = {"l": "---", "r": "---:"}
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool = False,
+                 align: str | None = None) -> str:
+    """A table of `rows` under `headers`: plain text (columns padded to their widest cell,
+    two spaces apart, a dashed rule under the header) or Markdown.
+
+    `align`: one letter per column, "l" (left, the default) or "r" (right); in Markdown it
+    sets the rule's alignment marks ("---" / "---:"), in text the padding side.
+    """
+    headers = [str(h) for h in headers]
+    align = align or "l" * len(headers)
+    if len(align) != len(headers) or set(align) - set(_RULES):
+        raise ValueError(f"align must be one of 'l'/'r' per column ({len(headers)}), got {align!r}")
+    rows = [[str(c) for c in r] for r in rows]
+    for r in rows:
+        if len(r) != len(headers):
+            raise ValueError(f"a row has {len(r)} cells for {len(headers)} columns: {r}")
+    if markdown:
+        lines = [headers, None, *rows]
+        return "\n".join("|" + "|".join(_RULES[a] for a in align) + "|" if cells is None
+                         else "| " + " | ".join(cells) + " |" for cells in lines)
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
