@@ -98,12 +98,17 @@ def cifar_batch_bytes(images: np.ndarray, labels: np.ndarray, py2: bool = True) 
     return buf.getvalue()
 
 
-def cifar_arrays(n_per_batch: int = 3, n_test: int = 4, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Random (images uint8 (N, 3, 32, 32), labels int64 (N,)) per batch name."""
+# Images per batch file in the tests (the reader insists on one fixed count: 10000 in real use, this
+# in tests, through attnconv.data.cifar.BATCH_ROWS).
+CIFAR_TEST_ROWS = 3
+
+
+def cifar_arrays(n_per_batch: int = CIFAR_TEST_ROWS, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Random (images uint8 (N, 3, 32, 32), labels int64 (N,)) per batch name, N = n_per_batch in each."""
     rng = np.random.default_rng(seed)
     out = {}
     for name in CIFAR_BATCHES:
-        n = n_test if name == "test_batch" else n_per_batch
+        n = n_per_batch
         out[name] = (rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8), rng.integers(0, 10, n))
     return out
 

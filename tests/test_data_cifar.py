@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tarfile
+import tracemalloc
 import urllib.request
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 from fixtures_data import (
     CIFAR_BATCHES,
+    CIFAR_TEST_ROWS,
     assert_cifar_equal,
     cifar_arrays,
     cifar_batch_bytes,
@@ -25,8 +28,16 @@ from fixtures_data import (
 )
 
 from attnconv import data
+from attnconv.data import cifar
+from attnconv.errors import AttnconvError
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
+
+
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch):
+    """Batch files of CIFAR_TEST_ROWS images (the real reader wants exactly 10000 per file)."""
+    monkeypatch.setattr(cifar, "BATCH_ROWS", CIFAR_TEST_ROWS)
 
 
 @pytest.mark.parametrize("py2", [True, False], ids=["python2-pickle", "python3-pickle"])
@@ -157,14 +168,20 @@ def test_cifar_truncated_batch_is_named(tmp_path):
     assert "data_batch_5: not a readable CIFAR-10 batch" in error_of("cifar10", tmp_path)
 
 
+N = CIFAR_TEST_ROWS  # images per batch file in these tests
+
+
 @pytest.mark.parametrize(
     "batch, expected",
     [
-        ({b"data": np.zeros((2, 1024), np.uint8), b"labels": [0, 1]}, "uint8 array (N, 3072)"),
-        ({b"data": np.zeros((2, 3072), np.float32), b"labels": [0, 1]}, "uint8 array (N, 3072)"),
-        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0]}, "2 images but 1 labels"),
-        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, 12]}, "labels must be in 0..9"),
-        ({b"data": np.zeros((2, 3072), np.uint8), b"labels": ["a", "b"]}, "list of ints"),
+        ({b"data": np.zeros((N, 1024), np.uint8), b"labels": [0] * N}, f"uint8 array ({N}, 3072)"),
+        ({b"data": np.zeros((N, 3072), np.float32), b"labels": [0] * N}, f"uint8 array ({N}, 3072)"),
+        ({b"data": np.zeros((N + 1, 3072), np.uint8), b"labels": [0] * (N + 1)}, f"uint8 array ({N}, 3072)"),
+        ({b"data": np.zeros((3072, N), np.uint8).T, b"labels": [0] * N}, "C-contiguous"),
+        ({b"data": np.zeros((N, 3072), np.uint8), b"labels": [0]}, f"{N} images but 1 labels"),
+        ({b"data": np.zeros((N, 3072), np.uint8), b"labels": np.zeros(N + 1, np.int64)}, f"{N} images but labels"),
+        ({b"data": np.zeros((N, 3072), np.uint8), b"labels": [0, 12, 0]}, "labels must be in 0..9"),
+        ({b"data": np.zeros((N, 3072), np.uint8), b"labels": ["a", "b", "c"]}, "list of ints"),
         ([1, 2], "expected a dict"),
     ],
 )
@@ -175,13 +192,81 @@ def test_cifar_wrong_content_is_named(tmp_path, batch, expected):
     assert "data_batch_1" in msg and expected in msg
 
 
-def test_cifar_official_size_batch_must_match_md5(tmp_path):
-    arrays = cifar_arrays()
-    arrays["test_batch"] = (np.zeros((10000, 3, 32, 32), np.uint8), np.zeros(10000, np.int64))
+def test_cifar_official_size_batch_must_match_md5(tmp_path, monkeypatch):
+    monkeypatch.setattr(cifar, "BATCH_ROWS", cifar.OFFICIAL_ROWS)  # the real rule: 10000 images, the official bytes
     folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-    for name, (images, labels) in arrays.items():
-        (folder / name).write_bytes(cifar_batch_bytes(images, labels))
+    write_cifar(folder)
+    (folder / "data_batch_1").write_bytes(cifar_batch_bytes(np.zeros((10000, 3, 32, 32), np.uint8), np.zeros(10000)))
     msg = error_of("cifar10", tmp_path)
-    assert "test_batch: has the size of the official test_batch" in msg and "40351d587109b95175f43aff81a1287e" in msg
+    assert "data_batch_1: has the size of the official data_batch_1" in msg
+    assert "c99cafc152244af753f735de768cd75f" in msg
 
+
+def test_cifar_batch_of_another_size_is_refused_in_real_use(tmp_path, monkeypatch):
+    monkeypatch.setattr(cifar, "BATCH_ROWS", cifar.OFFICIAL_ROWS)
+    write_cifar(tmp_path)  # 3 images per batch: fine for the tests' reader, not for the real one
+    assert "data_batch_1: b'data' must be a C-contiguous uint8 array (10000, 3072)" in error_of("cifar10", tmp_path)
+
+
+# --------------------------------------------------------------------------- resource exhaustion
+
+
+class _StridedArray:
+    """Pickles as numpy.ndarray(shape, dtype, buffer, 0, strides): any shape over a 1-byte buffer."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = shape, dtype
+
+    def __reduce__(self):
+        return (np.ndarray, (self.shape, np.dtype(self.dtype), b"\0" * 8, 0, (0,) * len(self.shape)))
+
+
+def test_zero_stride_batch_posing_as_300000_images_is_refused(tmp_path):
+    bomb = pickle.dumps(
+        {b"data": _StridedArray((300000, 3072), "u1"), b"labels": _StridedArray((300000,), "i8")}, protocol=4
+    )
+    assert len(bomb) < 400
+    # The payload is real: plain pickle builds a 921 MB-looking array over 8 bytes.
+    fake = pickle.loads(bomb)[b"data"]
+    assert fake.shape == (300000, 3072) and fake.strides == (0, 0)
+    write_cifar(tmp_path)
+    (tmp_path / "data_batch_2").write_bytes(bomb)
+    tracemalloc.start()
+    try:
+        msg = error_of("cifar10", tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "data_batch_2: refusing to load: the pickle calls numpy.ndarray(...) directly" in msg
+    assert peak < 20 << 20  # the 300000 images were never built (they would be 921 MB)
+
+
+def test_check_batch_refuses_strided_and_oversized_arrays(tmp_path):
+    path = tmp_path / "data_batch_1"
+    zero_stride = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (N, 3072), (0, 0))
+    for pixels, what in ((zero_stride, "strides (0, 0)"), (np.zeros((10 * N, 3072), np.uint8), f"({10 * N}, 3072)")):
+        with pytest.raises(AttnconvError, match=f"data_batch_1: b'data' must be a C-contiguous .*{re.escape(what)}"):
+            cifar.check_batch({b"data": pixels, b"labels": [0] * len(pixels)}, path)
+    labels = np.lib.stride_tricks.as_strided(np.zeros(1, np.int64), (N,), (0,))
+    with pytest.raises(AttnconvError, match="data_batch_1: 3 images but labels int64"):
+        cifar.check_batch({b"data": np.zeros((N, 3072), np.uint8), b"labels": labels}, path)
+    data, ok = cifar.check_batch({b"data": np.zeros((N, 3072), np.uint8), b"labels": [1, 2, 3]}, path)
+    assert data.shape == (N, 3072) and ok.tolist() == [1, 2, 3] and ok.dtype == np.int64
+
+
+def test_batch_file_larger_than_a_batch_is_refused_before_unpickling(tmp_path, monkeypatch):
+    write_cifar(tmp_path)
+    big = tmp_path / "data_batch_1"  # read first: nothing is unpickled before the refusal
+    big.write_bytes(b"\x80\x02" + b"\0" * cifar.max_batch_bytes(N))
+    monkeypatch.setattr(cifar._RestrictedUnpickler, "load", None)  # unpickling it would be a bug
+    msg = error_of("cifar10", tmp_path)
+    assert f"data_batch_1: {big.stat().st_size} bytes, more than a CIFAR-10 batch" in msg
+
+
+def test_archive_member_larger_than_a_batch_is_refused_before_extraction(tmp_path):
+    arrays = cifar_arrays()
+    too_big = b"\0" * (cifar.max_batch_bytes(N) + 1)
+    write_cifar_tar(tmp_path / "cifar-10-python.tar.gz", arrays, extra={"cifar-10-batches-py/data_batch_3": too_big})
+    msg = error_of("cifar10", tmp_path)
+    assert "member cifar-10-batches-py/data_batch_3 is" in msg and "the archive is not CIFAR-10" in msg
+    assert not (data_cache() / "cifar-10-batches-py").exists()

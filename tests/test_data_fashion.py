@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,86 @@ def test_real_fashion_mnist(monkeypatch):
     x = data.normalize(train.images[:20000], FASHION)
     assert abs(float(x.mean())) < 0.01 and abs(float(x.std()) - 1) < 0.01
 
+
+
+# --------------------------------------------------------------------------- resource exhaustion
+
+
+class BoundedReader:
+    """Wraps a binary stream, counts the bytes it hands out, and fails any read past ``limit``."""
+
+    def __init__(self, stream, limit: int) -> None:
+        self.stream, self.limit, self.count = stream, limit, 0
+
+    def _take(self, n: int) -> None:
+        self.count += n
+        assert self.count <= self.limit, f"read {self.count} bytes, more than the {self.limit} allowed"
+
+    def read(self, n: int = -1) -> bytes:
+        assert n is not None and n >= 0, "an unbounded read"
+        out = self.stream.read(min(n, self.limit - self.count + 1))
+        self._take(len(out))
+        return out
+
+    def readinto(self, buf) -> int:
+        k = self.stream.readinto(memoryview(buf)[: self.limit - self.count + 1])
+        self._take(k)
+        return k
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stream.close()
+
+
+def gzip_bomb(path: Path, head: bytes, gib: float) -> Path:
+    """``head`` then ``gib`` GiB of zeros, as a multi-member .gz of about 1 MB per GiB."""
+    zeros = gzip.compress(b"\0" * (1 << 20), compresslevel=9)
+    path.write_bytes(gzip.compress(head) + zeros * int(gib * 1024))
+    return path
+
+
+def counted_reads(monkeypatch, limit: int) -> list[BoundedReader]:
+    opened: list[BoundedReader] = []
+    real_open = gzip.open
+
+    def bounded_open(path, mode="rb"):
+        opened.append(BoundedReader(real_open(path, mode), limit))
+        return opened[-1]
+
+    monkeypatch.setattr(gzip, "open", bounded_open)
+    return opened
+
+
+def test_gzip_bomb_after_a_valid_file_is_rejected_reading_only_the_promised_bytes(tmp_path, monkeypatch):
+    arrays = write_fashion(tmp_path)
+    head = idx_bytes(arrays["train-images-idx3-ubyte"])  # 7 images: 16 + 5488 bytes
+    bomb = gzip_bomb(tmp_path / "train-images-idx3-ubyte.gz", head, gib=2)
+    assert bomb.stat().st_size < 3 << 20  # a 2 MB file that unpacks to 2 GiB
+    opened = counted_reads(monkeypatch, limit=len(head) + 1)
+    msg = error_of("fashion-mnist", tmp_path)
+    assert "train-images-idx3-ubyte.gz: IDX payload is longer than the 5488 bytes" in msg and "trailing" in msg
+    assert opened[0].count == len(head) + 1  # the payload, then one byte to see the file goes on
+
+
+def test_header_claiming_more_than_the_official_count_is_rejected_before_the_payload(tmp_path, monkeypatch):
+    write_fashion(tmp_path)
+    n = (2 << 30) // 784 + 1  # 2 GiB of 28x28 images
+    head = bytes([0, 0, 0x08, 3]) + struct.pack(">3I", n, 28, 28)
+    gzip_bomb(tmp_path / "train-images-idx3-ubyte.gz", head, gib=2)
+    opened = counted_reads(monkeypatch, limit=16)
+    msg = error_of("fashion-mnist", tmp_path)
+    assert f"train-images-idx3-ubyte.gz: header says {n} items, more than the 60000 of the official" in msg
+    assert opened[0].count == 16  # the header only
+
+
+@pytest.mark.parametrize("stem, dims, expected", [
+    ("t10k-labels-idx1-ubyte", (10001,), "header says 10001 items, more than the 10000"),
+    ("t10k-images-idx3-ubyte", (5, 28, 28, 1000), "expected uint8 with 3 dims"),
+    ("t10k-images-idx3-ubyte", (5, 28, 100000), "images are (28, 100000), expected (28, 28)"),
+])
+def test_raw_file_with_a_huge_header_is_rejected_on_the_header(tmp_path, stem, dims, expected):
+    write_fashion(tmp_path, gz=False)
+    (tmp_path / stem).write_bytes(bytes([0, 0, 0x08, len(dims)]) + struct.pack(f">{len(dims)}I", *dims))
+    assert f"{stem}: {expected}" in error_of("fashion-mnist", tmp_path)

@@ -1,8 +1,9 @@
 """CIFAR-10 ("python version"): find the six batch pickles (or the .tar.gz), read them safely.
 
 Pickles are read with a restricted unpickler (numpy array reconstruction only), so a
-tampered file cannot run code. A batch of the official size must match the official
-file bit for bit (``CIFAR_BATCH_MD5``). An archive is extracted once into the cache,
+tampered file cannot run code, nor build an array larger than the bytes it holds. A
+batch must have the official shape (10000 images, checked before anything is copied)
+and match the official file bit for bit (``CIFAR_BATCH_MD5``). An archive is extracted once into the cache,
 atomically, reading members by name (no path from the archive is used).
 """
 
@@ -46,15 +47,57 @@ CIFAR_BATCH_MD5 = {
     "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
     "test_batch": "40351d587109b95175f43aff81a1287e",
 }
-_OFFICIAL_ROWS = 10000
+# Every official batch file holds 10000 images; anything else is refused (tests shrink BATCH_ROWS).
+OFFICIAL_ROWS = 10000
+BATCH_ROWS = OFFICIAL_ROWS
+_PIXELS = 3 * 32 * 32  # one row of b'data': 1024 R, 1024 G, 1024 B values
 
+
+def max_batch_bytes(rows: int) -> int:
+    """An upper bound on a batch file's size: the pixels plus generous room for labels and file names.
+
+    (The official files are 31.0 MB; a larger file is refused before it is unpickled.)
+    """
+    return rows * (_PIXELS + 256) + (64 << 10)
+
+
+class _Refused(Exception):
+    """A batch pickle asked for something no CIFAR-10 batch contains."""
+
+
+class _NdarrayName:
+    """Stands in for ``numpy.ndarray`` in a batch pickle: handed to ``_reconstruct``, never called.
+
+    A real batch only names ndarray as the type to reconstruct. Calling it, as in
+    ``ndarray(shape, dtype, buffer, offset, strides)``, would build an array of any shape
+    over a few bytes (zero strides): 200 bytes posing as 300,000 images.
+    """
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        raise _Refused("calls numpy.ndarray(...) directly, which a CIFAR-10 batch never does")
+
+
+_NDARRAY = _NdarrayName()
 # numpy's array reconstruction function, whatever module this numpy version files it under.
 _NP_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]
+
+
+def _reconstruct(subtype: object, shape: object, dtype: object) -> np.ndarray:
+    """numpy's ``_reconstruct``, limited to what ndarray pickles do: an empty array whose state follows.
+
+    The state (BUILD: shape, dtype, raw bytes) goes through ``ndarray.__setstate__``, which
+    insists the bytes are all there: an array costs what the file holds, no more.
+    """
+    if subtype is not _NDARRAY or shape != (0,) or dtype not in (b"b", "b"):
+        raise _Refused(f"reconstructs {subtype!r} {shape!r} {dtype!r}, not a plain numpy array")
+    return _NP_RECONSTRUCT(np.ndarray, (0,), b"b")
+
+
 # The only globals a CIFAR batch pickle refers to: (module, name) -> object.
 _PICKLE_ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"): _NP_RECONSTRUCT,
-    ("numpy._core.multiarray", "_reconstruct"): _NP_RECONSTRUCT,
-    ("numpy", "ndarray"): np.ndarray,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): _NDARRAY,
     ("numpy", "dtype"): np.dtype,
 }
 
@@ -82,43 +125,76 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 def _safe_unpickle(path: Path) -> object:
+    size, limit = path.stat().st_size, max_batch_bytes(BATCH_ROWS)
+    if size > limit:
+        raise AttnconvError(
+            f"{path}: {size} bytes, more than a CIFAR-10 batch of {BATCH_ROWS} images can take ({limit}); "
+            "the file is not a CIFAR-10 batch"
+        )
     try:
         with open(path, "rb") as f:
             return _RestrictedUnpickler(f, path).load()
     except AttnconvError:
         raise
+    except _Refused as e:
+        raise AttnconvError(
+            f"{path}: refusing to load: the pickle {e} (the file is not a CIFAR-10 batch, or it was tampered with)"
+        ) from None
     except Exception as e:  # any parse failure of a corrupt file: UnpicklingError, EOFError, ValueError, ...
         raise AttnconvError(f"{path}: not a readable CIFAR-10 batch ({type(e).__name__}: {e})") from e
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, np.ndarray):
+        return f"{x.dtype} {x.shape} strides {x.strides}"
+    return f"{type(x).__name__} of {len(x)}" if isinstance(x, list) else type(x).__name__
+
+
+def check_batch(batch: object, path: Path, num_classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's ``(data uint8 (BATCH_ROWS, 3072), labels int64 (BATCH_ROWS,))``, or one error naming ``path``.
+
+    A real batch is exactly that: a C-contiguous uint8 array (fixed shape, plain strides)
+    and a list (or 1-d int array) of as many labels in 0..num_classes-1. Everything is
+    checked before anything is copied, so a batch posing as a huge one costs nothing.
+    """
+    rows = BATCH_ROWS
+    if not isinstance(batch, dict):
+        raise AttnconvError(f"{path}: expected a dict, got {type(batch).__name__}")
+    data = batch.get(b"data", batch.get("data"))
+    labels = batch.get(b"labels", batch.get("labels"))
+    if not (
+        type(data) is np.ndarray and data.dtype == np.uint8 and data.shape == (rows, _PIXELS)
+        and data.flags.c_contiguous and data.strides == (_PIXELS, 1)
+    ):
+        raise AttnconvError(
+            f"{path}: b'data' must be a C-contiguous uint8 array ({rows}, {_PIXELS}) as in every CIFAR-10 "
+            f"batch, got {_describe(data)}"
+        )
+    if type(labels) is np.ndarray and labels.dtype.kind in "iu" and labels.ndim == 1:
+        if labels.shape != (rows,) or not labels.flags.c_contiguous:
+            raise AttnconvError(f"{path}: {rows} images but labels {_describe(labels)}")
+        labels = labels.astype(np.int64)
+    elif isinstance(labels, list) and all(type(v) is int for v in labels):
+        if len(labels) != rows:
+            raise AttnconvError(f"{path}: {rows} images but {len(labels)} labels")
+        labels = np.array(labels, dtype=np.int64)
+    else:
+        raise AttnconvError(f"{path}: b'labels' must be a list of ints, got {_describe(labels)}")
+    check_labels(labels, path, num_classes)
+    return data, labels
 
 
 def _read_batch(path: Path, info: DatasetInfo, dirs: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     """One batch file -> images uint8 (N, 3, 32, 32), labels int64 (N,)."""
     try:
-        batch = _safe_unpickle(path)
-        if not isinstance(batch, dict):
-            raise AttnconvError(f"{path}: expected a dict, got {type(batch).__name__}")
-        data = batch.get(b"data", batch.get("data"))
-        labels = batch.get(b"labels", batch.get("labels"))
-        pixels = info.channels * info.size * info.size
-        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != pixels:
-            got = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
-            raise AttnconvError(f"{path}: b'data' must be a uint8 array (N, {pixels}), got {got}")
-        if isinstance(labels, np.ndarray) and labels.ndim == 1 and labels.dtype.kind in "iu":
-            labels = labels.astype(np.int64)
-        elif isinstance(labels, list) and all(type(v) is int for v in labels):
-            labels = np.array(labels, dtype=np.int64)
-        else:
-            raise AttnconvError(f"{path}: b'labels' must be a list of ints")
-        if len(labels) != len(data):
-            raise AttnconvError(f"{path}: {len(data)} images but {len(labels)} labels")
-        if len(data) == _OFFICIAL_ROWS and path.name in CIFAR_BATCH_MD5:
+        data, labels = check_batch(_safe_unpickle(path), path, info.num_classes)
+        if len(data) == OFFICIAL_ROWS and path.name in CIFAR_BATCH_MD5:
             got = file_md5(path)
             if got != CIFAR_BATCH_MD5[path.name]:
                 raise AttnconvError(
                     f"{path}: has the size of the official {path.name} but MD5 {got}, expected "
                     f"{CIFAR_BATCH_MD5[path.name]}; the file is corrupt"
                 )
-        check_labels(labels, path, info.num_classes)
     except AttnconvError as e:
         raise AttnconvError(f"{e}; {how_to_get(info, dirs)}") from None
     # CIFAR rows are channel-major: 1024 R, then G, then B values, each 32 x 32 row-major.
@@ -177,6 +253,12 @@ def _extract_cifar(archive: Path, info: DatasetInfo, dirs: list[Path]) -> Path:
                 for member in tar:
                     parts = Path(member.name).parts
                     if member.isfile() and len(parts) == 2 and parts[0] == CIFAR_DIR and parts[1] in wanted:
+                        if member.size > max_batch_bytes(BATCH_ROWS):
+                            raise AttnconvError(
+                                f"{archive}: member {member.name} is {member.size} bytes, more than a CIFAR-10 "
+                                f"batch can take ({max_batch_bytes(BATCH_ROWS)}); the archive is not CIFAR-10; "
+                                f"{how_to_get(info, dirs)}"
+                            )
                         src = tar.extractfile(member)
                         assert src is not None
                         with src, open(tmp / parts[1], "wb") as out:

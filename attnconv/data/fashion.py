@@ -1,5 +1,9 @@
 """Fashion-MNIST: find the four IDX files (raw or .gz), check them, return two ``ImageSet``.
 
+Each file's header is checked against what the file must hold (uint8, (N, 28, 28) or
+(N,), N at most the official 60000/10000) before its payload is read, and then
+exactly the promised bytes are read: a gzip bomb costs at most the official size.
+
 A file that claims to be a full official split (60000/10000 items) must also match
 the official data bit for bit (``FASHION_SHA256`` of the decompressed IDX bytes).
 The check is on the decompressed bytes because the Debian package's .gz files do
@@ -11,12 +15,13 @@ machines uses.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from attnconv.data.idx import parse_idx, read_bytes
+from attnconv.data.idx import IdxHeader, open_idx, read_header, read_payload
 from attnconv.data.imageset import ImageSet
 from attnconv.data.info import DatasetInfo, check_labels
 from attnconv.data.sources import (
@@ -79,28 +84,49 @@ def _find_fashion(dirs: list[Path], info: DatasetInfo, resumable: Path | None = 
     return None
 
 
-def _is_official_fashion(path: Path, raw: bytes, stem: str) -> bool:
+def _is_official_fashion(path: Path, sha256: str, stem: str) -> bool:
     """The decompressed bytes are the known ones, or the file is the official .gz (its MD5)."""
-    if hashlib.sha256(raw).hexdigest() == FASHION_SHA256[stem]:
+    if sha256 == FASHION_SHA256[stem]:
         return True
     return path.suffix == ".gz" and file_md5(path) == DOWNLOAD_MD5[f"{stem}.gz"]
 
 
-def _read_idx_file(path: Path, stem: str, ndim: int, info: DatasetInfo, dirs: list[Path]) -> np.ndarray:
+def _check_header(header: IdxHeader, path: Path, stem: str, info: DatasetInfo) -> None:
+    """The header must describe what ``stem`` holds (uint8 labels (N,) or images (N, 28, 28)), N at most
+    the official count: checked before any of the payload is read."""
+    ndim = 3 if "images" in stem else 1
+    if header.dtype != np.uint8 or len(header.dims) != ndim:
+        raise AttnconvError(f"{path}: expected uint8 with {ndim} dims, got {header.dtype} {header.dims}")
+    if ndim == 3 and header.dims[1:] != (info.size, info.size):
+        raise AttnconvError(f"{path}: images are {header.dims[1:]}, expected ({info.size}, {info.size})")
+    official = info.train_size if stem.startswith("train") else info.test_size
+    if header.dims[0] > official:
+        raise AttnconvError(
+            f"{path}: header says {header.dims[0]} items, more than the {official} of the official {stem}; "
+            "the file is corrupt or not Fashion-MNIST"
+        )
+
+
+def _read_idx_file(path: Path, stem: str, info: DatasetInfo, dirs: list[Path]) -> np.ndarray:
+    """One IDX file -> uint8 (N,) labels or (N, 28, 28) images, reading at most what its checked header says."""
     try:
-        raw = read_bytes(path)
-        array = parse_idx(raw, path)
-        if array.dtype != np.uint8 or array.ndim != ndim:
-            raise AttnconvError(f"{path}: expected uint8 with {ndim} dims, got {array.dtype} {array.shape}")
-        if ndim == 3 and array.shape[1:] != (info.size, info.size):
-            raise AttnconvError(f"{path}: images are {array.shape[1:]}, expected ({info.size}, {info.size})")
+        try:
+            with open_idx(path) as f:
+                header = read_header(f, path)
+                _check_header(header, path, stem, info)
+                array = read_payload(f, header, path)
+        except (OSError, EOFError, zlib.error) as e:
+            raise AttnconvError(f"{path}: cannot read ({type(e).__name__}: {e}); the file is corrupt") from e
         official = info.train_size if stem.startswith("train") else info.test_size
-        if len(array) == official and not _is_official_fashion(path, raw, stem):
-            raise AttnconvError(
-                f"{path}: has the size of the official {stem} but not its content (SHA-256 mismatch); "
-                "the file is corrupt"
-            )
-        if ndim == 1:
+        if len(array) == official:
+            digest = hashlib.sha256(header.raw)
+            digest.update(array.data)
+            if not _is_official_fashion(path, digest.hexdigest(), stem):
+                raise AttnconvError(
+                    f"{path}: has the size of the official {stem} but not its content (SHA-256 mismatch); "
+                    "the file is corrupt"
+                )
+        if array.ndim == 1:
             check_labels(array, path, info.num_classes)
     except AttnconvError as e:
         raise AttnconvError(f"{e}; {how_to_get(info, dirs)}") from None
@@ -123,15 +149,15 @@ def load_fashion(info: DatasetInfo, dirs: list[Path], allow_download: bool) -> t
 
     def split(prefix: str) -> ImageSet:
         image_path, label_path = files[f"{prefix}-images-idx3-ubyte"], files[f"{prefix}-labels-idx1-ubyte"]
-        images = _read_idx_file(image_path, f"{prefix}-images-idx3-ubyte", 3, info, dirs)
-        labels = _read_idx_file(label_path, f"{prefix}-labels-idx1-ubyte", 1, info, dirs)
+        images = _read_idx_file(image_path, f"{prefix}-images-idx3-ubyte", info, dirs)
+        labels = _read_idx_file(label_path, f"{prefix}-labels-idx1-ubyte", info, dirs)
         if len(images) != len(labels):
             raise AttnconvError(
                 f"{image_path} has {len(images)} images but {label_path} has "
                 f"{len(labels)} labels; {how_to_get(info, dirs)}"
             )
         return ImageSet(
-            torch.from_numpy(images.copy()).unsqueeze(1),  # (N, 1, 28, 28)
+            torch.from_numpy(images).unsqueeze(1),  # (N, 1, 28, 28); the reader's own writable buffer
             torch.from_numpy(labels.astype(np.int64)),  # (N,)
         )
 
