@@ -47,7 +47,7 @@ def main() -> None:
             sd[path] += layer.padded_scores(inp)["content"].std(-1).mean().item() * len(batch)
     for path, layer, size in layers:  # position-only layers (no --init-content): movement and widths only
         moved = (layer.centers - ConvAttention.centers.fget(layer).to(layer.centers)).norm(dim=-1).max().item()
-        a = layer.widths
+        a = layer.alphas
         tv_sd = (f"{'-':>17s} {'-':>10s}" if layer.position_only else
                  f"{tv[path] / len(x):>17.3f} {sd[path] / len(x):>10.3f}")
         print(f"{path:28s} {size[0]:>3d}x{size[1]:<2d} {tv_sd} {moved:>9.3f} "

@@ -1,11 +1,11 @@
-"""Tests for attnconv.construct: Theorem 1 (conv -> attention) and the reverse direction.
+"""Tests for attnconv.construct: Theorem 1 (conv -> attention), its leakage bound and default alpha.
+(The reverse direction is tested in test_kernels.py, the learnable layer in test_learnable.py.)
 
 Relative error throughout: rel(a, b) = ||a - b||_F / max(||b||_F, tiny), b the reference.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import warnings
@@ -17,8 +17,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconv.construct import (
     ConvAttention,
-    EffectiveKernel,
-    conv_likeness,
     conv_to_attention,
     default_alpha,
     effective_kernel,
@@ -250,6 +248,66 @@ def test_rejects_what_is_not_a_conv_and_input_the_conv_rejects():
             conv_to_attention(conv)(x)
 
 
+@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
+@pytest.mark.parametrize(
+    "dim, c_in, c_out", [(2, 0, 3), (2, 3, 0), (2, 0, 0), (1, 0, 2), (3, 2, 0)],
+    ids=["no-in", "no-out", "neither", "1d-no-in", "3d-no-out"],
+)
+def test_a_conv_without_channels_is_one_clear_error(dim, c_in, c_out, learnable):
+    with warnings.catch_warnings():  # PyTorch warns that initializing its empty weight is a no-op
+        warnings.simplefilter("ignore", UserWarning)
+        conv = _CONVS[dim](c_in, c_out, 3)
+    with pytest.raises(AttnconvError, match=r"at least one input and one output channel.*build the conv with both >= 1"):
+        conv_to_attention(conv, learnable=learnable)
+
+
+@pytest.mark.parametrize(
+    "channels, groups, kernel, stride, padding",
+    [((0, 3), 1, (3,), (1,), ((1, 1),)), ((3, 0), 1, (3,), (1,), ((1, 1),)), ((2, 2), 0, (3,), (1,), ((1, 1),)),
+     ((2, 2), 1, (0,), (1,), ((0, 0),)), ((2, 2), 1, (3,), (0,), ((1, 1),)), ((2, 2), 1, (3,), (1,), ((-1, 1),))],
+    ids=["no-in", "no-out", "no-groups", "empty-kernel", "stride-0", "negative-padding"],
+)
+def test_the_constructor_refuses_degenerate_geometry_with_an_attnconv_error(channels, groups, kernel, stride, padding):
+    with pytest.raises(AttnconvError, match="at least 1|must be positive"):
+        ConvAttention(*channels, kernel, stride=stride, padding=padding, dilation=(1,), groups=groups, alpha=20.0)
+
+
+def test_alphas_are_each_heads_alpha_itself_not_the_encodings_widths():
+    """`alphas` is Lemma 2's alpha_h (the score is -alpha_h ||delta - Delta_h||^2), unlike
+    QuadraticEncoding.widths (a_h, alpha = a_h^2 / 2); the ambiguous name is gone."""
+    attn = conv_to_attention(nn.Conv2d(1, 1, 3, padding=1, dtype=torch.float64), alpha=3.5)
+    assert torch.equal(attn.alphas, torch.full((9,), 3.5, dtype=torch.float64))
+    assert not hasattr(attn, "widths")
+    scores = attn.query_scores((3, 3), 4)  # middle query, heads on the 3x3 taps
+    torch.testing.assert_close(scores[0, 0], torch.tensor(-3.5 * 0.0, dtype=torch.float64))  # head (-1,-1) at (0,0)
+    torch.testing.assert_close(scores[0, 8], torch.tensor(-3.5 * 8.0, dtype=torch.float64))  # 2^2 + 2^2 away
+
+
+# ---------------------------------------------------------------- non-finite inputs (documented, not local)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
+def test_one_non_finite_pixel_spoils_its_images_channel_group_as_documented(bad, learnable):
+    """The equivalence covers finite inputs. With one bad value in image 0, channel 1 (group 0 of 2),
+    the conv has non-finite outputs only in that pixel's receptive field and group; the attention
+    layer, as ConvAttention's docstring says, in every output of image 0, group 0. Image 1 and
+    group 1 stay exact, and error_bound says there is no finite bound."""
+    conv = nn.Conv2d(4, 6, 3, padding=1, groups=2, dtype=torch.float64)
+    attn = conv_to_attention(conv, learnable=learnable)
+    x = torch.randn(2, 4, 7, 8, dtype=torch.float64)
+    assert rel(attn(x), conv(x)) <= 1e-12  # finite: exact
+    assert attn.error_bound(x) < 1e-12
+    x[0, 1, 3, 4] = bad
+    y_conv, y_attn = conv(x), attn(x)
+    conv_bad = ~y_conv.isfinite()
+    assert conv_bad[0, :3, 2:5, 3:6].all() and conv_bad.sum() == 3 * 9  # local in the conv
+    assert (~y_attn[0, :3].isfinite()).all()  # every output of image 0 in the bad pixel's group
+    assert rel(y_attn[0, 3:], y_conv[0, 3:]) <= 1e-12  # the other group is untouched
+    assert rel(y_attn[1], y_conv[1]) <= 1e-12  # and so is the other image
+    assert attn.error_bound(x) == math.inf
+
+
 # ---------------------------------------------------------------- leakage bound and alpha
 
 
@@ -315,153 +373,6 @@ def test_error_bound_at_the_default_alpha_is_a_sixteenth_of_eps_times_the_output
     assert attn.error_bound(x) <= eps / 16 * scale
 
 
-# ---------------------------------------------------------------- effective kernel
-
-
-def test_effective_kernel_at_an_interior_query_is_the_conv_weight():
-    conv = nn.Conv2d(3, 2, 3, padding=1, dtype=torch.float64)
-    ek = effective_kernel(conv_to_attention(conv), 6, 7)
-    assert ek.in_size == ek.out_size == (6, 7)
-    kernel = ek.at((2, 3))  # (C_out, C_in, 6, 7)
-    assert kernel.shape == (2, 3, 6, 7)
-    torch.testing.assert_close(kernel[:, :, 1:4, 2:5], conv.weight.detach(), rtol=0, atol=1e-14)
-    kernel[:, :, 1:4, 2:5] = 0
-    assert float(kernel.abs().max()) < 1e-14
-    corner = ek.at(0)  # the zero padding drops the taps that fall outside
-    torch.testing.assert_close(corner[:, :, :2, :2], conv.weight.detach()[:, :, 1:, 1:], rtol=0, atol=1e-14)
-
-
-def test_effective_kernel_dense_matches_at_and_is_factored_by_default():
-    conv = nn.Conv1d(2, 3, 3, stride=2, padding=1, padding_mode="replicate", dtype=torch.float64)
-    ek = effective_kernel(conv_to_attention(conv), (9,))
-    assert ek.probs.shape == (3, 5, 9) and ek.maps.shape == (3, 3, 2)  # factored storage
-    dense = ek.dense()  # (T_out, T_in, C_out, C_in)
-    assert dense.shape == (5, 9, 3, 2)
-    for q in range(5):
-        torch.testing.assert_close(dense[q].permute(1, 2, 0), ek.at(q))
-    x = torch.randn(4, 2, 9, dtype=torch.float64)
-    y = torch.einsum("qkoc,bck->boq", dense, x) + conv.bias[:, None]
-    assert rel(y, conv(x)) <= 1e-12
-    with pytest.raises(AttnconvError, match="query"):
-        ek.at(5)
-
-
-def test_replicated_padding_keys_fold_onto_the_edge_pixel():
-    conv = nn.Conv1d(1, 1, 3, padding=1, padding_mode="replicate", dtype=torch.float64)
-    probs = conv_to_attention(conv).attention_probs(size=(4,))[0]  # (3, 4, 4)
-    torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4, dtype=torch.float64))  # nothing drops out
-    assert probs[0, 0, 0] == pytest.approx(1.0)  # head -1 at query 0 reads the copy of pixel 0
-    zeros = conv_to_attention(nn.Conv1d(1, 1, 3, padding=1, dtype=torch.float64)).attention_probs((4,))[0]
-    assert float(zeros[0, 0].sum()) < 1e-15  # ... while a zero padding key drops out
-
-
-class _StubLayer(nn.Module):
-    """A position-only attention layer given by explicit probabilities (heads, T, T)."""
-
-    def __init__(self, probs: torch.Tensor, maps: torch.Tensor, position_only: bool = True):
-        super().__init__()
-        self.probs, self.maps, self.position_only = probs, maps, position_only
-
-    def attention_probs(self, x=None, size=None):
-        return self.probs[None]
-
-    def value_maps(self):
-        return self.maps, torch.zeros(self.maps.shape[1], dtype=self.maps.dtype)
-
-
-def _shift_probs(size: tuple[int, int], shift: tuple[int, int]) -> torch.Tensor:
-    """One head attending exactly to q + shift (rows of border queries whose target is outside: 0)."""
-    h, w = size
-    probs = torch.zeros(1, h * w, h * w, dtype=torch.float64)
-    for i in range(h):
-        for j in range(w):
-            ti, tj = i + shift[0], j + shift[1]
-            if 0 <= ti < h and 0 <= tj < w:
-                probs[0, i * w + j, ti * w + tj] = 1.0
-    return probs
-
-
-def test_effective_kernel_refuses_content_attention_and_bad_shapes():
-    maps = torch.randn(1, 2, 2, dtype=torch.float64)
-    with pytest.raises(AttnconvError, match="content"):
-        effective_kernel(_StubLayer(_shift_probs((3, 3), (0, 0)), maps, position_only=False), 3, 3)
-    with pytest.raises(AttnconvError, match="expected"):
-        effective_kernel(_StubLayer(_shift_probs((3, 3), (0, 0)), maps), 4, 4)
-    with pytest.raises(AttnconvError, match="not an attention layer"):
-        effective_kernel(nn.Linear(2, 2), 3, 3)
-
-
-# ---------------------------------------------------------------- conv-likeness
-
-
-@pytest.mark.parametrize(
-    "kwargs, size",
-    [({"padding": 1}, (8, 8)), ({"padding": "same"}, (7, 9)), ({"stride": 2}, (9, 8))],
-    ids=["pad1", "same", "valid-stride2"],
-)
-def test_conv_likeness_of_a_converted_conv_recovers_its_weights(kwargs, size):
-    conv = nn.Conv2d(3, 5, 3, dtype=torch.float64, **kwargs)
-    attn = conv_to_attention(conv)
-    report = conv_likeness(attn, size, kernel_size=3)
-    assert report.distance < 1e-12
-    torch.testing.assert_close(report.kernel, conv.weight.detach(), rtol=0, atol=1e-14)
-    torch.testing.assert_close(report.window_mass, torch.ones(9, dtype=torch.float64), rtol=0, atol=1e-12)
-    assert torch.equal(report.centers, attn.centers.double())
-    # a 5x5 window contains the 3x3 conv: still distance 0, with the outer ring of the kernel 0
-    wide = conv_likeness(attn, size, kernel_size=5)
-    assert wide.distance < 1e-12
-    torch.testing.assert_close(wide.kernel[:, :, 1:4, 1:4], conv.weight.detach(), rtol=0, atol=1e-14)
-
-
-def test_conv_likeness_of_a_dilated_conv_needs_a_wider_window():
-    conv = nn.Conv2d(2, 2, 3, padding=2, dilation=2, dtype=torch.float64)
-    attn = conv_to_attention(conv)
-    assert conv_likeness(attn, 9, kernel_size=3).distance > 0.5
-    assert conv_likeness(attn, 9, kernel_size=5).distance < 1e-12
-
-
-def test_conv_likeness_of_uniform_attention_is_far_from_a_conv():
-    h, w, k = 7, 9, 3
-    t = h * w
-    maps = torch.randn(2, 4, 3, dtype=torch.float64)
-    layer = _StubLayer(torch.full((2, t, t), 1.0 / t, dtype=torch.float64), maps)
-    report = conv_likeness(layer, (h, w), kernel_size=k)
-    # L[q, k] is the same block for every pair: the best conv matches it on the pairs inside
-    # the window and misses every other pair, so distance^2 = 1 - (# pairs in window) / T^2.
-    pairs = sum((h - abs(a)) * (w - abs(b)) for a in range(-1, 2) for b in range(-1, 2))
-    assert report.distance == pytest.approx(math.sqrt(1 - pairs / t**2), rel=1e-12)
-    assert report.distance > 0.9
-    torch.testing.assert_close(report.window_mass, torch.full((2,), k * k / t, dtype=torch.float64))
-    torch.testing.assert_close(report.centers, torch.zeros(2, 2, dtype=torch.float64), rtol=0, atol=1e-12)
-    kernel = maps.sum(0) / t
-    torch.testing.assert_close(report.kernel, kernel[:, :, None, None].expand(4, 3, 3, 3))
-
-
-def test_conv_likeness_of_a_shift_outside_the_window():
-    maps = torch.randn(1, 2, 2, dtype=torch.float64)
-    layer = _StubLayer(_shift_probs((6, 6), (2, 0)), maps)
-    three = conv_likeness(layer, (6, 6), kernel_size=3)
-    assert three.distance == pytest.approx(1.0, abs=1e-12)  # all of the map lies outside 3x3
-    assert three.centers.tolist() == [[2.0, 0.0]]
-    assert float(three.window_mass[0]) == pytest.approx(1.0)  # but it is one-hot around its center
-    five = conv_likeness(layer, (6, 6), kernel_size=5)
-    assert five.distance < 1e-12
-    torch.testing.assert_close(five.kernel[:, :, 4, 2], maps[0])
-
-
-def test_conv_likeness_1d_and_to_dict():
-    conv = nn.Conv1d(2, 3, 3, padding=1, dtype=torch.float64)
-    report = conv_likeness(conv_to_attention(conv), 10)
-    assert report.distance < 1e-12 and report.kernel.shape == (3, 2, 3)
-    ek = effective_kernel(conv_to_attention(conv), 10)
-    assert isinstance(ek, EffectiveKernel)
-    assert conv_likeness(ek, 10).distance == pytest.approx(report.distance, abs=1e-15)
-    data = json.loads(json.dumps(report.to_dict()))
-    assert data["heads"] == 3 and data["size"] == [10] and data["kernel_shape"] == [3, 2, 3]
-    with pytest.raises(AttnconvError, match="does not match"):
-        conv_likeness(ek, 11)
-
-
 def test_conv_attention_is_a_module_of_its_own():
     layer = ConvAttention(
         4, 4, (3, 3), stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1), groups=4, alpha=20.0
@@ -469,28 +380,3 @@ def test_conv_attention_is_a_module_of_its_own():
     out = layer(torch.randn(1, 4, 5, 5))
     assert out.shape == (1, 4, 5, 5)
     assert "heads=9" in repr(layer)
-
-
-def test_self_attention2d_with_conv_centers_is_a_replicate_padded_conv():
-    """A real SelfAttention2d (quadratic encoding) set up as in Theorem 1. With no padding its
-    softmax renormalizes over the pixels that exist, so a head whose target is one pixel
-    outside lands on the edge pixel: the layer is the replicate-padded convolution."""
-    SelfAttention2d = pytest.importorskip("attnconv.attention").SelfAttention2d
-    layer = SelfAttention2d(3, 4, heads=9, encoding="quadratic").double()
-    with torch.no_grad():
-        layer.encoding.centers.copy_(torch.cartesian_prod(torch.arange(-1, 2), torch.arange(-1, 2)))
-        layer.encoding.widths.fill_(math.sqrt(2 * 40.0))  # score -a^2/2 ||delta - mu||^2: alpha = 40
-    maps, bias = layer.value_maps()  # (9, 4, 3)
-    conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode="replicate", dtype=torch.float64)
-    with torch.no_grad():
-        conv.weight.copy_(maps.permute(1, 2, 0).reshape(4, 3, 3, 3))
-        conv.bias.copy_(bias)
-    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
-    ek = effective_kernel(layer, 7, 8)
-    assert rel(ek.apply(x), layer(x)) <= 1e-12  # the factored contract on the real layer
-    assert rel(layer(x), conv(x)) <= 1e-12
-    report = conv_likeness(layer, (7, 8))
-    assert torch.equal(report.centers, layer.encoding.centers.detach())  # the head's own parameter
-    reference = conv_likeness(conv_to_attention(conv), (7, 8))
-    assert 0.1 < report.distance == pytest.approx(reference.distance, abs=1e-9)
-    torch.testing.assert_close(report.kernel, reference.kernel)

@@ -74,7 +74,7 @@ def test_per_head_probabilities_are_the_full_quadratic_softmax():
     k = torch.stack(torch.meshgrid(torch.arange(-1, 6), torch.arange(-1, 7), indexing="ij"), -1).reshape(-1, 2)
     d = (k[None, :, :] - q[:, None, :]).double()  # (Tq, Tk_padded, 2)
     for h in range(9):
-        s = -layer.widths[h] * (d - layer.centers[h]).square().sum(-1)
+        s = -layer.alphas[h] * (d - layer.centers[h]).square().sum(-1)
         full = torch.softmax(s, -1).reshape(30, 7, 8)[:, 1:6, 1:7].reshape(30, 30)  # keep input pixels
         torch.testing.assert_close(probs[h], full.detach(), rtol=1e-12, atol=1e-14)
 
@@ -116,7 +116,7 @@ def test_error_bound_refuses_once_the_heads_moved_and_analysis_sees_the_trained_
         layer.error_bound(torch.randn(1, 2, 5, 5))
     result = analyze_layer(layer, (6, 6))
     alphas = [h["alpha"] for h in result["heads"]]
-    np.testing.assert_allclose(alphas, layer.widths.detach().double().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(alphas, layer.alphas.detach().double().numpy(), rtol=1e-6)
     centers = [h["center"] for h in result["heads"]]
     np.testing.assert_allclose(centers, layer.centers.detach().double().numpy(), rtol=1e-6)
 
@@ -127,7 +127,7 @@ def test_positions_take_no_weight_decay_and_follow_dtype_and_state_dict():
     assert {n for n in no_weight_decay(attn)} == {
         "0.positions.center", "0.positions.log_alpha", "2.positions.center", "2.positions.log_alpha"}
     assert set(attn.state_dict()) >= {"0.out_weight", "0.positions.center", "2.positions.log_alpha"}
-    torch.testing.assert_close(attn[0].widths, torch.full((9,), 1.5))
+    torch.testing.assert_close(attn[0].alphas, torch.full((9,), 1.5))
     assert attn.double()[0].positions.center.dtype == torch.float64
     from attnconv.train import TrainConfig
 
@@ -166,7 +166,7 @@ def _naive_probs(layer: LearnableConvAttention, x: torch.Tensor) -> torch.Tensor
     kc = layer.key(tokens).unflatten(-1, (layer.heads, d))  # (B, P, heads, d)
     content = torch.einsum("bqhd,bkhd->bhqk", qc, kc) / d ** 0.5
     diff = keys[None, None].double() - queries[None, :, None].double() - layer.centers.double()[:, None, None]
-    position = -layer.widths.double()[:, None, None] * diff.square().sum(-1)  # (heads, T_out, P)
+    position = -layer.alphas.double()[:, None, None] * diff.square().sum(-1)  # (heads, T_out, P)
     probs = torch.softmax(position[None] + content, -1)
     # where each padding token's value comes from: run F.pad on a tensor of pixel indices
     index = torch.arange(1, x[0, 0].numel() + 1, dtype=torch.float64).reshape(1, 1, *size)
@@ -204,6 +204,21 @@ def test_content_layer_computes_the_softmax_of_position_plus_content(seed):
         assert not torch.allclose(probs[0], probs[-1])
 
 
+def test_a_non_finite_pixel_spoils_every_output_of_its_image_in_a_content_layer_as_documented():
+    """Its key enters every query's softmax, whose probabilities every channel shares: with
+    groups=2 and the bad value in group 0, group 1 of that image is non-finite too (unlike a
+    position-only layer); the other image is untouched."""
+    conv = nn.Conv2d(4, 4, 3, padding=1, groups=2, dtype=torch.float64)
+    layer = _with_content(conv_to_attention(conv, alpha=1.5, learnable=True, key_dim=2), 0)
+    x = torch.randn(2, 4, 6, 5, dtype=torch.float64)
+    clean = layer(x)
+    x[0, 0, 2, 2] = float("nan")
+    with torch.no_grad():
+        y = layer(x)
+    assert (~y[0].isfinite()).all()
+    assert rel(y[1], clean[1]) <= 1e-12
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_precision_content_layer_runs_and_agrees_with_its_float32_copy(dtype):
     """Half-precision layers (no autocast) compute their scores in float32, as position-only layers do."""
@@ -222,25 +237,25 @@ def test_a_half_precision_content_layer_runs_and_agrees_with_its_float32_copy(dt
 
 
 def test_sdpa_inputs_are_padded_to_widths_the_fused_kernels_take():
-    from attnconv.construct import _fused_widths
+    from attnconv.construct.learnable import pad_for_fused_sdpa
 
     q, k, v = torch.randn(2, 3, 5, 7), torch.randn(2, 3, 9, 7), torch.randn(2, 3, 9, 1)
-    cpu = _fused_widths(q, k, v)
+    cpu = pad_for_fused_sdpa(q, k, v)
     assert [t.shape[-1] for t in cpu] == [7, 7, 7]
     want = F.scaled_dot_product_attention(q, k, v, scale=1.0)
     torch.testing.assert_close(F.scaled_dot_product_attention(*cpu, scale=1.0)[..., :1], want)  # other kernel
-    meta = _fused_widths(*(t.to("meta") for t in (q, k, v)))  # any non-CPU device: multiples of 8
+    meta = pad_for_fused_sdpa(*(t.to("meta") for t in (q, k, v)))  # any non-CPU device: multiples of 8
     assert [t.shape[-1] for t in meta] == [8, 8, 8]
-    wide = _fused_widths(*(torch.empty(1, 1, 2, n, device="meta") for n in (16, 16, 20)))
+    wide = pad_for_fused_sdpa(*(torch.empty(1, 1, 2, n, device="meta") for n in (16, 16, 20)))
     assert [t.shape[-1] for t in wide] == [16, 16, 24]
 
 
 def test_dense_scores_and_probabilities_of_a_content_layer_are_refused_when_too_large(monkeypatch):
-    import attnconv.construct as construct
+    import attnconv.construct.learnable as learnable
 
     layer = conv_to_attention(nn.Conv2d(2, 2, 3, padding=1), learnable=True, key_dim=2)
     x = torch.randn(2, 2, 4, 4)  # 2 inputs x 9 heads x 16 queries x 36 padded tokens = 10368 entries
-    monkeypatch.setattr(construct, "_MAX_DENSE", 10367)
+    monkeypatch.setattr(learnable, "MAX_DENSE", 10367)
     for compute in (layer.padded_scores, layer.attention_scores, layer.attention_probs):
         with pytest.raises(AttnconvError, match="10368 entries; pass fewer inputs"):
             compute(x)
@@ -345,7 +360,7 @@ def test_init_from_trains_the_cnn_further_as_attention(cnn_run, data_dir, tmp_pa
     assert any(isinstance(m, nn.BatchNorm2d) for m in model.modules())  # kept (trained) by default
     # the heads trained: they left the taps and alpha 3 (the CNN's weights were the start)
     assert any(not torch.equal(m.centers, ConvAttention.centers.fget(m).float()) for m in layers if m.heads > 1)
-    assert any(not torch.allclose(m.widths, torch.full_like(m.widths, 3.0)) for m in layers)
+    assert any(not torch.allclose(m.alphas, torch.full_like(m.alphas, 3.0)) for m in layers)
 
     # starting point: the CNN's weights with heads on the taps
     cnn, _ = load_run(cnn_run)

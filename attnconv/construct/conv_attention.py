@@ -1,0 +1,413 @@
+"""`ConvAttention`: the multi-head self-attention layer of Theorem 1 that computes an N-d convolution.
+
+One head per kernel tap, Lemma 2's isotropic quadratic score centered on the tap, and
+Lemma 1's value map W_val^h W_out^h = W[:, :, tap_h]^T. As alpha grows each head's
+softmax becomes a one-hot on the pixel at offset Delta_h, so the layer computes the
+cross-correlation that `nn.ConvNd` computes. Built by `construct.factory.conv_to_attention`.
+
+Conventions: tokens are pixels in row-major order over the spatial axes (for 2-D,
+q = i * W + j); `size` is always the *input* spatial size (unpadded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnconv.construct.bound import leakage_bound
+from attnconv.construct.geometry import (
+    MAX_DENSE,
+    PADDING_MODES,
+    grid_points,
+    source_index,
+)
+from attnconv.errors import AttnconvError
+
+__all__ = ["ConvAttention"]
+
+
+class ConvAttention(nn.Module):
+    """Multi-head self-attention that computes exactly an N-d convolution (Theorem 1).
+
+    One head per kernel tap, in row-major tap order (the order of
+    `weight.flatten(2)` of the convolution). Head h:
+
+    - scores (Lemma 2, isotropic quadratic encoding): A^h_{q,k} = -alpha ||k - q - Delta_h||^2
+      with the center Delta_h = dilation * (tap_h - anchor), softmax over the keys;
+    - values (Lemma 1): W_val^h = I and W_out^h = W[:, :, tap_h]^T; `out_weight[h]` holds
+      (W_val^h W_out^h)^T, restricted to each group's channels (block-diagonal for groups).
+
+    The query of output pixel o sits on the padded grid at o * stride + dilation * anchor,
+    where anchor = (kernel_size - 1) // 2 is the tap whose pixel is the query itself, so
+    every head's target key o * stride + dilation * tap exists on the padded grid. For
+    odd kernels the centers are symmetric about 0; even kernels are handled exactly too,
+    with centers -dilation * (K/2 - 1) ... dilation * K/2.
+
+    Borders: attention has no "outside", so the input is placed in a padded grid (zero
+    tokens for padding_mode="zeros", copied pixels for reflect/replicate/circular), the
+    heads attend over that grid, and only the strided queries are computed.
+
+    Fast path: the per-head probability over the box-shaped padded grid factorizes into
+    per-axis softmaxes, P_h = P^(1)_{h_1} (x) ... (x) P^(n)_{h_n} (h_a the head's tap along
+    axis a), and it is applied as one small matmul per axis. No T x T matrix is formed and
+    no convolution op is called. The probabilities depend only on positions, so they are
+    computed once per forward and shared by the whole batch.
+
+    Finite inputs only: the equivalence (and `error_bound`) holds for finite x. A
+    convolution keeps a NaN or inf local, to the outputs whose receptive field holds it;
+    this layer does not. Every head's softmax gives every key of the padded grid a weight,
+    tiny or underflowed to exactly 0 away from the target, and 0 * inf = NaN * w = NaN, so
+    one non-finite value in image b, channel c makes every output of image b in c's
+    channel group non-finite (with groups=1, all of image b's outputs); the other images
+    of the batch are unaffected. Keeping it local would need a data-dependent branch in
+    every forward (a device sync) or extra passes over the input; check
+    `torch.isfinite(x).all()` before the layer where inputs may hold NaN or inf.
+
+    `alpha` is a plain float (not a parameter or buffer, so not in the state dict either):
+    `.to(dtype)` converts the value maps and leaves alpha as chosen. A float64 alpha (~41)
+    stays more than sharp enough in lower precisions; going *up* in precision keeps a
+    float32 alpha (~21) and its leakage (~1e-9 relative), so set
+    `module.alpha = default_alpha(torch.float64, module.ndim)` after such a cast.
+
+    Build it with `conv_to_attention(conv)`; the constructor takes normalized arguments
+    (tuples; `padding` as per-axis (low, high) pairs) and initializes like `nn.ConvNd`.
+    """
+
+    position_only = True
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Sequence[int],
+        *,
+        stride: Sequence[int],
+        padding: Sequence[tuple[int, int]],
+        dilation: Sequence[int],
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        alpha: float,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        ndim = len(kernel_size)
+        if not (len(stride) == len(padding) == len(dilation) == ndim):
+            raise AttnconvError("kernel_size, stride, padding and dilation need one entry per axis")
+        if padding_mode not in PADDING_MODES:
+            raise AttnconvError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
+        if min(in_channels, out_channels, groups) < 1:
+            raise AttnconvError(
+                f"in_channels={in_channels}, out_channels={out_channels} and groups={groups} must all be at "
+                "least 1: a layer without channels has nothing to compute"
+            )
+        if min(*kernel_size, *stride, *dilation) < 1 or min(p for lo_hi in padding for p in lo_hi) < 0:
+            raise AttnconvError(
+                f"kernel_size {tuple(kernel_size)}, stride {tuple(stride)} and dilation {tuple(dilation)} must be "
+                f"positive and padding {tuple(padding)} non-negative on every axis"
+            )
+        if in_channels % groups or out_channels % groups:
+            raise AttnconvError(
+                f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}"
+            )
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = tuple(int(k) for k in kernel_size)
+        self.stride = tuple(int(s) for s in stride)
+        self.dilation = tuple(int(d) for d in dilation)
+        self.padding = tuple((int(lo), int(hi)) for lo, hi in padding)
+        self.padding_mode = padding_mode
+        self.ndim = ndim
+        self.heads = math.prod(self.kernel_size)
+        if not (math.isfinite(alpha) and alpha > 0):
+            raise AttnconvError(f"alpha must be positive and finite, got {alpha}")
+        self.alpha = float(alpha)
+        self.anchor = tuple((k - 1) // 2 for k in self.kernel_size)
+
+        factory = {"device": device, "dtype": dtype}
+        # out_weight[h] = (W_val^h W_out^h)^T per group: (heads, C_out, C_in // groups)
+        self.out_weight = nn.Parameter(torch.empty(self.heads, out_channels, in_channels // groups, **factory))
+        self.register_parameter("out_bias", nn.Parameter(torch.empty(out_channels, **factory)) if bias else None)
+        bound = 1.0 / math.sqrt(self.heads * in_channels // groups)  # nn.ConvNd's default init
+        nn.init.uniform_(self.out_weight, -bound, bound)
+        if self.out_bias is not None:
+            nn.init.uniform_(self.out_bias, -bound, bound)
+
+    # -- geometry ------------------------------------------------------------------------
+
+    def axis_offsets(self, axis: int) -> Tensor:
+        """Center coordinates along `axis` of the K_a head families: dilation * (tap - anchor)."""
+        k, d, c = self.kernel_size[axis], self.dilation[axis], self.anchor[axis]
+        return d * (torch.arange(k) - c)  # (K_a,)
+
+    @property
+    def centers(self) -> Tensor:
+        """The heads' centers Delta_h (Lemma 2), (heads, ndim) int64, row-major tap order."""
+        grids = torch.meshgrid(*[self.axis_offsets(a) for a in range(self.ndim)], indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], dim=-1)
+
+    @property
+    def alphas(self) -> Tensor:
+        """Each head's alpha_h of Lemma 2's score, (heads,): all `alpha` here (trainable in
+        LearnableConvAttention). Not `QuadraticEncoding.widths`, which holds a_h with alpha = a_h^2 / 2."""
+        return torch.full((self.heads,), self.alpha, dtype=torch.float64)
+
+    def query_scores(self, size: Sequence[int], q: int) -> Tensor:
+        """Lemma 2's scores -alpha_h ||k - p_q - Delta_h||^2 of output query q over the input pixels k.
+
+        (heads, T_in) float64, p_q = `query_positions(size)[q]`; the layer's attention is the
+        softmax of these over the padded grid (padding keys included).
+        """
+        keys = grid_points(size).double()  # (T_in, ndim)
+        pos = self.query_positions(size)[q].double()
+        d = keys[None] - pos - self.centers.detach().double().cpu()[:, None]  # (heads, T_in, ndim)
+        return -self.alphas.detach().double().cpu()[:, None] * d.square().sum(-1)
+
+    def output_size(self, size: Sequence[int]) -> tuple[int, ...]:
+        """Output spatial size for an input of spatial `size`; AttnconvError where the conv fails."""
+        size = tuple(int(s) for s in size)
+        if len(size) != self.ndim:
+            raise AttnconvError(f"expected a {self.ndim}-d spatial size, got {size}")
+        out = []
+        for a, n in enumerate(size):
+            lo, hi = self.padding[a]
+            reach = self.dilation[a] * (self.kernel_size[a] - 1) + 1
+            if n < 1:
+                raise AttnconvError(f"input size must be positive on every axis, got {size}")
+            if self.padding_mode == "reflect" and max(lo, hi) >= n:
+                raise AttnconvError(
+                    f"reflect padding {max(lo, hi)} needs an input side larger than the padding "
+                    f"on axis {a}, got {n}; use a larger input or another padding_mode"
+                )
+            if self.padding_mode == "circular" and max(lo, hi) > n:
+                raise AttnconvError(
+                    f"circular padding {max(lo, hi)} wraps more than once on axis {a} of size {n}; "
+                    "use a larger input or another padding_mode"
+                )
+            if n + lo + hi < reach:
+                raise AttnconvError(
+                    f"input side {n} on axis {a} is too small: padded to {n + lo + hi} pixels, "
+                    f"but the kernel reaches {reach}; use a larger input or more padding"
+                )
+            out.append((n + lo + hi - reach) // self.stride[a] + 1)
+        return tuple(out)
+
+    def query_positions(self, size: Sequence[int]) -> Tensor:
+        """Input-frame position of every output pixel's query: (T_out, ndim) int64.
+
+        Output pixel o along axis a attends around input position
+        o * stride + dilation * anchor - padding_low; head h's target is that plus Delta_h.
+        """
+        axes = [q - self.padding[a][0] for a, q in enumerate(self._padded_query_axes(size))]
+        grids = torch.meshgrid(*axes, indexing="ij")
+        return torch.stack([g.reshape(-1) for g in grids], dim=-1)
+
+    # -- attention probabilities -----------------------------------------------------------
+
+    def axis_logits(self, size: Sequence[int]) -> list[Tensor]:
+        """Lemma 2's scores split by axis, over the padded grid: (G, n_a, P_a) per axis a.
+
+        Entry [t, o, i] is -alpha * (i - q_o - c_t)^2 for the query of output index o (at
+        padded position q_o) and padded position i, for the t-th factor along the axis
+        (center c_t; see `_axis_heads`). A head's score is the sum of its factors' scores
+        over the axes. Computed in at least float32 (half types would round the squares).
+        """
+        out = self.output_size(size)
+        work = torch.promote_types(self.out_weight.dtype, torch.float32)
+        device = self.out_weight.device
+        logits = []
+        for a, q in enumerate(self._padded_query_axes(size, out)):
+            lo, hi = self.padding[a]
+            k = torch.arange(size[a] + lo + hi, device=device)  # (P_a,) padded positions
+            centers, alpha = self._axis_heads(a)  # (G,), and a float or (G,)
+            diff = (k[None, :] - q.to(device)[:, None]).to(work) - centers.to(device, work)[:, None, None]
+            if isinstance(alpha, Tensor):
+                alpha = alpha.to(device, work)[:, None, None]
+            logits.append(-alpha * diff.square())  # (G, n_a, P_a)
+        return logits
+
+    def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
+        """Per-axis softmax factors over the padded grid (Lemma 2 scores, split by axis).
+
+        Returns one tensor per axis a of shape (K_a, n_a, P_a): the probability that the
+        query of output index o attends to padded position i, for the heads whose tap
+        along axis a is t. Head h = (t_1, ..., t_n) has P_h = (x)_a factors[a][t_a].
+        """
+        return [torch.softmax(l, dim=-1).to(self.out_weight.dtype) for l in self.axis_logits(size)]
+
+    def _padded_query_axes(self, size: Sequence[int], out: Sequence[int] | None = None) -> list[Tensor]:
+        """Per axis, the padded-grid position of each output index's query: o * stride + dilation * anchor."""
+        out = self.output_size(size) if out is None else out
+        return [torch.arange(n) * self.stride[a] + self.dilation[a] * self.anchor[a] for a, n in enumerate(out)]
+
+    def _padded_sources(self, size: Sequence[int]) -> Tensor:
+        """For every token of the padded grid (row-major), the input pixel it holds (flat index), or -1
+        for a zero padding token: (P,) int64. Reflect/replicate/circular tokens name the pixel they copy."""
+        src = None
+        for a, n in enumerate(size):
+            s = source_index(n, *self.padding[a], self.padding_mode)  # (P_a,)
+            if src is None:
+                src = s
+            else:
+                both = (src[:, None] >= 0) & (s[None, :] >= 0)
+                src = torch.where(both, src[:, None] * n + s[None, :], -1).reshape(-1)
+        return src
+
+    def _inner_tokens(self, size: Sequence[int]) -> Tensor:
+        """The padded-grid token (flat index) of every input pixel, row-major: (T_in,) int64."""
+        idx = None
+        for a, n in enumerate(size):
+            lo, hi = self.padding[a]
+            r = torch.arange(n) + lo
+            idx = r if idx is None else (idx[:, None] * (n + lo + hi) + r[None, :]).reshape(-1)
+        return idx
+
+    def _axis_heads(self, a: int) -> tuple[Tensor, float | Tensor]:
+        """The centers along axis `a` of the softmax factors on that axis, and their alpha.
+
+        Here one factor per tap along the axis (K_a of them, shared by every head with that
+        tap), all with the layer's alpha.
+        """
+        return self.axis_offsets(a), self.alpha
+
+    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None) -> Tensor:
+        """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
+
+        `size` is the input spatial size (or pass an input tensor `x`, or the size as the
+        first argument). The padded grid is folded back onto the input pixels: a zero
+        padding key drops out, a reflect/replicate/circular padding key adds its probability
+        to the input pixel it copies. Hence the layer is exactly
+        y[q] = sum_h sum_k P[0, h, q, k] value_maps()[0][h] @ x[k] + bias.
+        Memory is heads * T_out * T_in: for analysis; forward never builds it.
+        """
+        if size is None:
+            if isinstance(x, Tensor):
+                size = x.shape[-self.ndim :]
+            elif x is not None:
+                size = x
+            else:
+                raise AttnconvError("attention_probs needs the input size (or an input tensor)")
+        size = tuple(int(s) for s in size)
+        out = self.output_size(size)
+        if self.heads * math.prod(out) * math.prod(size) > MAX_DENSE:
+            raise AttnconvError(
+                f"dense probabilities for input size {size} would have "
+                f"{self.heads * math.prod(out) * math.prod(size)} entries; use axis_probs(size)"
+            )
+        dense = None
+        for a, factor in enumerate(self.axis_probs(size)):  # factor: (K_a, n_a, P_a)
+            src = source_index(size[a], *self.padding[a], self.padding_mode).to(factor.device)  # (P_a,)
+            keep = src >= 0
+            folded = factor.new_zeros(factor.shape[0], factor.shape[1], size[a])  # (K_a, n_a, S_a)
+            folded.index_add_(2, src[keep], factor[:, :, keep])
+            if dense is None:
+                dense = folded
+            else:
+                dense = self._outer(dense, folded)
+        return dense.unsqueeze(0)
+
+    @staticmethod
+    def _outer(dense: Tensor, folded: Tensor) -> Tensor:
+        """Join the axes so far (h, Tq, Tk) with the next axis (K_a, n_a, S_a).
+
+        Here head h = (t_1, ..., t_n) has one factor per tap along each axis, so the heads
+        are the Kronecker product of the axes' families; tokens stay row-major.
+        """
+        h, tq, tk = dense.shape
+        dense = torch.einsum("hqk,top->htqokp", dense, folded)
+        return dense.reshape(h * folded.shape[0], tq * folded.shape[1], tk * folded.shape[2])
+
+    # -- values ----------------------------------------------------------------------------
+
+    def value_maps(self) -> tuple[Tensor, Tensor]:
+        """Lemma 1's W_val^h W_out^h per head, as maps on column vectors.
+
+        Returns (maps (heads, C_out, C_in), bias (C_out,)); maps[h] = W[:, :, tap_h] of the
+        convolution, zero outside each group's diagonal block; bias is zeros when absent.
+        """
+        g, o, i = self.groups, self.out_channels // self.groups, self.in_channels // self.groups
+        maps = self.out_weight.new_zeros(self.heads, self.out_channels, self.in_channels)
+        for j in range(g):
+            maps[:, j * o : (j + 1) * o, j * i : (j + 1) * i] = self.out_weight[:, j * o : (j + 1) * o]
+        bias = self.out_bias if self.out_bias is not None else self.out_weight.new_zeros(self.out_channels)
+        return maps, bias
+
+    def error_bound(self, x: Tensor) -> float:
+        """Bound on max |self(x) - conv(x)| over all outputs (absolute, elementwise).
+
+        With lambda = leakage_bound(alpha, ndim), each head's probability row differs from
+        the one-hot on its target by at most 2 lambda in l1 norm (the target loses at most
+        lambda, the other keys gain it), and every padded token is a zero or a copy of
+        some x entry, so
+
+            |y_attn - y_conv|[o, q] <= sum_{c, h} |W[o, c, tap_h]| * 2 lambda * max|x|
+                                   <= 2 lambda * ||W||_{inf,1} * max|x|,
+
+        with ||W||_{inf,1} the largest absolute row sum of the weight over (C_in, taps).
+        The bias cancels. Rounding error of the arithmetic comes on top. The bound is for
+        finite x: with a NaN or inf in x it is inf (outputs far from it are non-finite too;
+        see the class docstring).
+        """
+        row_sums = self.out_weight.detach().abs().sum(dim=(0, 2))  # (C_out,)
+        w_norm = float(row_sums.max()) if row_sums.numel() else 0.0
+        scale = float(x.detach().abs().max()) if x.numel() else 0.0
+        if not math.isfinite(scale):
+            return math.inf
+        return 2.0 * leakage_bound(self.alpha, self.ndim) * w_norm * scale
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def _batched(self, x: Tensor) -> tuple[Tensor, bool]:
+        """(B, C_in, *S) as is, or an unbatched (C_in, *S) with a batch axis added; checks the shape."""
+        unbatched = x.dim() == self.ndim + 1
+        if unbatched:
+            x = x.unsqueeze(0)
+        if x.dim() != self.ndim + 2 or x.shape[1] != self.in_channels:
+            raise AttnconvError(
+                f"expected input (B, {self.in_channels}, <{self.ndim} spatial sizes>), got {tuple(x.shape)}"
+            )
+        return x, unbatched
+
+    def _pad(self, x: Tensor) -> Tensor:
+        """Place x (B, C, *S) on the padded grid (B, C, *P); padding tokens per padding_mode."""
+        pad = [p for lo_hi in reversed(self.padding) for p in lo_hi]  # F.pad order: last axis first
+        if not any(pad):
+            return x
+        if self.padding_mode == "zeros":
+            return F.pad(x, pad)
+        return F.pad(x, pad, mode=self.padding_mode)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C_in, *S) -> (B, C_out, *S_out), equal to the source convolution (Theorem 1)."""
+        x, unbatched = self._batched(x)
+        size = tuple(x.shape[2:])
+        out = self.output_size(size)
+        z = self._pad(x)  # (B, C_in, P_1, ..., P_n)
+        # Attend along one axis at a time; each step consumes the leading spatial axis and
+        # appends (n_a, K_a): the queries' outputs and the head family along that axis.
+        for factor in self.axis_probs(size):  # (K_a, n_a, P_a)
+            z = torch.einsum("bci...,toi->bc...ot", z, factor)
+        # z: (B, C_in, n_1, K_1, ..., n_n, K_n): head h = (t_1..t_n) averaged tokens, per query
+        b, g = x.shape[0], self.groups
+        c_in, c_out = self.in_channels // g, self.out_channels // g
+        z = z.reshape(b, g, c_in, *z.shape[2:])
+        # W_out per group: (g, C_out/g, C_in/g, K_1, ..., K_n)
+        w = self.out_weight.permute(1, 2, 0).reshape(g, c_out, c_in, *self.kernel_size)
+        n_letters, t_letters = "ijklmn"[: self.ndim], "uvwxyz"[: self.ndim]
+        z_idx = "".join(nl + tl for nl, tl in zip(n_letters, t_letters))
+        y = torch.einsum(f"bgc{z_idx},goc{t_letters}->bgo{n_letters}", z, w)
+        y = y.reshape(b, self.out_channels, *out)
+        if self.out_bias is not None:
+            y = y + self.out_bias.view(-1, *([1] * self.ndim))
+        return y.squeeze(0) if unbatched else y
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+            f"bias={self.out_bias is not None}, padding_mode={self.padding_mode!r}, alpha={self.alpha:g}"
+        )
