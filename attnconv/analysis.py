@@ -43,6 +43,7 @@ position-only layer with the same value maps); the `probabilities` field says so
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -71,6 +72,7 @@ __all__ = [
     "analyze_run",
     "analyze_converted",
     "attention_layers",
+    "capture_inputs",
     "conv_head_geometry",
     "converted_inputs",
     "converted_layers",
@@ -117,26 +119,33 @@ def converted_layers(model: nn.Module, input_shape: Sequence[int]) -> list[tuple
              if isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1}
     if not found:
         return []
-    seen = _inputs_of(model, list(found), torch.zeros(1, *input_shape, device=next(model.parameters()).device))
+    seen = capture_inputs(model, list(found), torch.zeros(1, *input_shape, device=next(model.parameters()).device))
     return [(found[m], m, tuple(int(s) for s in inp.shape[-2:])) for m, inp in seen.items()]
 
 
-def _inputs_of(model: nn.Module, modules: list[nn.Module], x: Tensor) -> dict[nn.Module, Tensor]:
-    """The input each of `modules` receives (first call) when the model runs on x in eval mode, in call order."""
+def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) -> dict[nn.Module, Tensor]:
+    """What each of `modules` receives when `model` runs on x: {module: its first positional argument}.
+
+    One forward pass in eval mode without autograd, with a forward pre-hook on each module;
+    a module called more than once keeps its first input, one never called is absent, and
+    the dict is in call order. The hooks are removed and the model's training mode restored
+    however the pass ends, an exception included. Pre-hooks fire on `module(...)` calls
+    only: a layer its owner reaches through another method (the classifier's blocks call
+    `attention.forward_tokens`) is captured on the caller. Two passes of the same model at
+    once would see each other's hooks: callers that share a model between threads hold a
+    lock around this (the explorer does).
+    """
     seen: dict[nn.Module, Tensor] = {}
 
     def grab(module, args):
         seen.setdefault(module, args[0].detach())
 
-    hooks = [m.register_forward_pre_hook(grab) for m in modules]
     was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()(x)
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
+    with contextlib.ExitStack() as hooks, torch.no_grad():
+        hooks.callback(model.train, was_training)
+        for m in modules:
+            hooks.callback(m.register_forward_pre_hook(grab).remove)
+        model.eval()(x)
     return seen
 
 
@@ -268,7 +277,7 @@ def _own_centers(layer: nn.Module, heads: int) -> Tensor | None:
 def _widths(layer: nn.Module, heads: int) -> dict[str, Tensor | None]:
     """alpha (isotropic heads) and Sigma^-1 (every quadratic head), on the CPU in float64."""
     if isinstance(getattr(layer, "alpha", None), (int, float)):  # ConvAttention: A = -alpha_h ||delta - Delta||^2
-        alpha = layer.widths.detach().double().cpu()
+        alpha = layer.alphas.detach().double().cpu()
         return {"alpha": alpha, "inverse_covariance": 2 * alpha[:, None, None] * torch.eye(2, dtype=torch.float64)}
     enc = getattr(layer, "encoding", None)
     if enc is None or not hasattr(enc, "inverse_covariance"):
@@ -494,7 +503,7 @@ def converted_needs_images(layers: list[tuple[str, nn.Module, tuple[int, int]]])
 def converted_inputs(model: nn.Module, layers: list[tuple[str, nn.Module, tuple[int, int]]], x: Tensor
                      ) -> list[Tensor]:
     """What each converted layer receives when the model runs on the images x: (N, C, H, W) per layer."""
-    seen = _inputs_of(model, [layer for _, layer, _ in layers], x)
+    seen = capture_inputs(model, [layer for _, layer, _ in layers], x)
     return [seen[layer] for _, layer, _ in layers]
 
 

@@ -1,11 +1,13 @@
 """`attnconv explore`: the JSON API against the layers' own attention, bad requests, the CLI, the page in Chromium."""
 
 import contextlib
+import http.client
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +60,35 @@ def _get(url: str) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
+
+
+def _request(base: str, method: str = "GET", path: str = "/", *, host: str | list[str] | None = None,
+             body: bytes | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request sent as written (no quoting, no dot-segment removal) to the server at `base`:
+    (status, headers, body). host: None sends http.client's own Host header, a string that one,
+    a list each of its items (none for [])."""
+    conn = http.client.HTTPConnection("127.0.0.1", int(base.rsplit(":", 1)[1]), timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=host is not None, skip_accept_encoding=True)
+        for value in [host] if isinstance(host, str) else host or []:
+            conn.putheader("Host", value)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        conn.close()
+
+
+def _error_of(status_headers_body: tuple[int, http.client.HTTPMessage, bytes]) -> tuple[int, str]:
+    """(status, the JSON body's error message) of a refused request; fails on any other body."""
+    status, headers, body = status_headers_body
+    assert headers["Content-Type"] == "application/json", (status, headers["Content-Type"], body[:200])
+    assert b"Traceback" not in body
+    answer = json.loads(body)
+    assert list(answer) == ["error"], answer
+    return status, answer["error"]
 
 
 def _reference(run, image: int) -> tuple[list[dict], torch.Tensor]:
@@ -147,17 +178,193 @@ def test_attention_depends_on_the_image_for_content_models_only(servers):
         ("/api/image/11", "image 11 is out of range"),
         ("/api/image/first", "is not an integer"),
         ("/api/info?verbose=1", "unknown parameter(s) verbose"),
+        # huge numbers are out of range, not errors
+        ("/api/attention?image=0&i=99999999999999999999999&j=0", "outside the 7x7 token grid"),
+        ("/api/attention?image=99999999999999999999&i=0&j=0", "image 99999999999999999999 is out of range"),
+        ("/api/image/99999999999999999999", "image 99999999999999999999 is out of range"),
+        ("/api/attention?image=0&i=" + "9" * 5000 + "&j=0", "is not an integer"),  # past int()'s digit limit
+        # only ASCII digits: int() alone would take these as 10, 1, 1 and 1
+        ("/api/attention?image=0&i=1_0&j=0", "i='1_0' is not an integer"),
+        ("/api/attention?image=0&i=%201&j=0", "i=' 1' is not an integer"),
+        ("/api/attention?image=0&i=+1&j=0", "i=' 1' is not an integer"),
+        ("/api/attention?image=0&i=%D9%A1&j=0", "is not an integer"),  # ARABIC-INDIC DIGIT ONE
+        ("/api/attention?image=%ff&i=0&j=0", "is not an integer"),
+        ("/api/attention?image=0&i=1&j=1&mode=%00", "unknown mode '\\x00'"),
+        ("/api/attention?image=0&i=1&j=1&layer=-1", "layer -1 does not exist"),
+        ("/api/image/1_0", "image index '1_0' is not an integer"),
+        ("/api/image/%2e%2e", "image index '%2e%2e' is not an integer"),
+        ("/api/image/../info", "is not an integer"),
+        ("/api/image/1/2", "image index '1/2' is not an integer"),
+        ("/api/image/", "image index '' is not an integer"),
+        ("/api/image/-1", "image -1 is out of range"),
+        ("http://evil.example.com/api/info", "is not a path"),  # absolute-form target: not for an origin server
     ],
 )
 def test_bad_requests_get_400_and_a_message(servers, query, message):
-    status, body = _get(servers["sa-quadratic"] + query)
-    assert status == 400 and message in body["error"]
+    base = servers["sa-quadratic"]
+    status, error = _error_of(_request(base, "GET", query, host=f"127.0.0.1:{_port(base)}"))
+    assert status == 400 and message in error
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/passwd",
+        "/static/../server.py",  # a file next to static/
+        "/static/../../etc/passwd",
+        "/static/%2e%2e/server.py",
+        "/static/..%2fserver.py",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/static/app.js/../../server.py",
+        "/static/./app.js",
+        "/static/",
+        "/static/app.js%00.html",
+        "//etc/passwd",
+        "/index.html/",
+        "/api/",
+        "/api/info/",
+    ],
+)
+def test_paths_outside_the_page_and_the_api_get_404(servers, path):
+    response = _request(servers["sa-quadratic"], "GET", path)
+    status, error = _error_of(response)
+    assert status == 404 and error.startswith("no such page")
+    assert b"import" not in response[2] and b"root:" not in response[2]  # no file's contents
 
 
 def test_unknown_pages_get_404_and_the_server_keeps_serving(servers):
     assert _get(servers["sa-quadratic"] + "/etc/passwd")[0] == 404
     assert _get(servers["sa-quadratic"] + "/api/attention?image=0&i=9&j=9")[0] == 400
     assert _get(servers["sa-quadratic"] + "/api/attention?image=0&i=1&j=1")[0] == 200
+
+
+def _port(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "127.0.0.1", "localhost:{port}", "localhost",
+                                  "LocalHost:{port}", "[::1]:{port}", "[::1]"])
+def test_loopback_host_names_are_answered(servers, host):
+    base = servers["sa-quadratic"]
+    status, _, body = _request(base, "GET", "/api/info", host=host.format(port=_port(base)))
+    assert status == 200 and json.loads(body)["model"] == "sa-quadratic"
+    status, _, body = _request(base, "GET", "/", host=host.format(port=_port(base)))
+    assert status == 200 and b"<html" in body.lower()
+
+
+@pytest.mark.parametrize("host", [
+    "evil.example.com", "evil.example.com:{port}",  # DNS rebinding: another site's name resolved to 127.0.0.1
+    "127.0.0.1:{other}", "localhost:{other}", "[::1]:{other}",  # loopback, but not this server's port
+    "127.0.0.1.evil.example.com:{port}", "localhost.evil.example.com", "localhost.", "127.1:{port}", "::1",
+    "localhost:{port}:{port}", "localhost:0{port}", "",
+])
+@pytest.mark.parametrize("path", ["/api/info", "/api/attention?image=0&i=1&j=1", "/api/image/0", "/"])
+def test_other_host_names_get_403_and_no_data(servers, host, path):
+    base = servers["sa-quadratic"]
+    port = _port(base)
+    host = host.format(port=port, other=port + 1 if port < 65535 else port - 1)
+    status, error = _error_of(_request(base, "GET", path, host=host))
+    assert status == 403 and f"Host {host!r} is not served" in error
+    assert _error_of(_request(base, "POST", path, host=host, body=b"{}"))[0] == 403  # before the method
+
+
+@pytest.mark.parametrize("hosts", [[], ["127.0.0.1", "evil.example.com"], ["localhost", "localhost"]])
+def test_no_host_or_several_get_400(servers, hosts):
+    status, error = _error_of(_request(servers["sa-quadratic"], "GET", "/api/info", host=hosts))
+    assert status == 400 and f"exactly one Host header (got {len(hosts)})" in error
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"])
+@pytest.mark.parametrize("path", ["/api/info", "/api/attention?image=0&i=1&j=1", "/", "/nowhere"])
+def test_methods_other_than_get_and_head_get_405(servers, method, path):
+    response = _request(servers["sa-quadratic"], method, path, body=b'{"image": 0}')
+    status, error = _error_of(response)
+    assert status == 405 and error == f"method {method} is not allowed: the explorer only reads (GET, HEAD)"
+    assert response[1]["Allow"] == "GET, HEAD"
+    assert response[1]["Connection"] == "close"  # the body was not read: it must not pass for a next request
+
+
+def test_unknown_methods_and_malformed_requests_get_json_too(servers):
+    base = servers["sa-quadratic"]
+    status, error = _error_of(_request(base, "BREW", "/api/info"))
+    assert status == 501 and "BREW" in error
+
+    def raw(request: bytes, *, status_line: bool = True) -> tuple[int, str]:
+        with socket.create_connection(("127.0.0.1", _port(base)), timeout=30) as sock:
+            sock.sendall(request)
+            if not status_line:  # no readable HTTP version: http.server answers as HTTP/0.9, the body alone
+                return 0, json.loads(sock.makefile("rb").read())["error"]
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            return _error_of((response.status, response.headers, response.read()))
+
+    host = b"Host: 127.0.0.1\r\n"
+    assert raw(b"GET /api/info extra HTTP/1.1\r\n" + host + b"\r\n")[0] == 400
+    assert raw(b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n" + host + b"\r\n")[0] == 414
+    assert raw(b"GET /api/info HTTP/1.1\r\n" + host + b"X: y\r\n" * 101 + b"\r\n")[0] == 431
+    assert "Bad request version" in raw(b"GET /api/info HTTP/1.1 extra\r\n\r\n", status_line=False)[1]
+    assert _get(base + "/api/info")[0] == 200
+
+
+def test_head_answers_like_get_without_the_body(servers):
+    base = servers["sa-quadratic"]
+    for path, status in [("/", 200), ("/static/app.js", 200), ("/api/info", 200), ("/api/image/0", 200),
+                         ("/api/image/99", 400), ("/nowhere", 404)]:
+        got, head, body = _request(base, "HEAD", path)
+        assert (got, body) == (status, b"")
+        get_status, get_head, get_body = _request(base, "GET", path)
+        assert get_status == status and head["Content-Length"] == get_head["Content-Length"] == str(len(get_body))
+        assert head["Content-Type"] == get_head["Content-Type"]
+        assert head["Connection"] != "close"  # the connection stays usable
+
+
+def test_concurrent_requests_each_get_their_own_images_attention(servers):
+    """The content model runs under one lock: parallel requests for different images never see each other's inputs."""
+    base = servers["sa-learned-content"]
+    urls = [f"{base}/api/attention?image={image}&i=2&j=4&term=content" for image in range(4)]
+    expected = [_get(url)[1]["layers"] for url in urls]
+    assert len({json.dumps(e) for e in expected}) == 4
+    results: dict[int, list] = {}
+
+    def fetch(n: int) -> None:
+        results[n] = _get(urls[n % 4])[1]["layers"]
+
+    threads = [threading.Thread(target=fetch, args=(n,)) for n in range(48)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(results) == list(range(48))
+    assert all(results[n] == expected[n % 4] for n in range(48))
+
+
+def test_a_failing_forward_leaves_no_hooks_behind(runs, servers, monkeypatch):
+    """capture_inputs removes its pre-hooks and restores the training mode whatever the forward does."""
+    explorer = Explorer(runs["sa-learned-content"], images=2)
+    good = explorer.attention(1, 2, 3)
+    blocks = list(explorer.model.layers)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(blocks[1], "forward", broken)
+    explorer.model.train()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        explorer.layer_inputs(1)
+    assert all(not b._forward_pre_hooks for b in blocks) and explorer.model.training
+    explorer.model.eval()
+    server = make_server(explorer, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        status, error = _error_of(_request(base, "GET", "/api/attention?image=1&i=2&j=3"))
+        assert status == 500 and error == "RuntimeError: out of memory"
+        assert all(not b._forward_pre_hooks for b in blocks)
+        monkeypatch.undo()
+        assert _get(base + "/api/attention?image=1&i=2&j=3") == (200, good)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_page_loads_nothing_from_elsewhere(servers):

@@ -26,7 +26,12 @@ JSON API (every response is JSON; bad parameters get HTTP 400 and {"error": mess
                                    row-major over the keys, one list per layer (all layers, or layer L)
 
 The server binds 127.0.0.1 only and serves its own page and script (no external assets,
-works offline).
+works offline). It answers only requests whose Host header is a loopback name (127.0.0.1,
+localhost or [::1], with or without the port it serves): anything else gets 403, so a
+page elsewhere cannot read it by rebinding its own name to 127.0.0.1. GET and HEAD only:
+POST, PUT, DELETE, PATCH, OPTIONS, TRACE and CONNECT get 405 with `Allow: GET, HEAD`,
+unknown methods 501. Static files are looked up by their exact path (no decoding, no
+"..": anything else is a 404).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import threading
 from http import HTTPStatus
@@ -41,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import torch
 
@@ -158,22 +164,15 @@ class Explorer:
 
     def layer_inputs(self, k: int) -> list:
         """Every attention layer's input for test image k, (1, C, H, W) each, captured by forward pre-hooks."""
+        from attnconv.analysis import capture_inputs
+
         k = self._image_index(k)
-        captured: list = []
-
-        def grab(block, args):
-            captured.append(args[0].detach().permute(0, 3, 1, 2))  # block input (1, H, W, C) channels-last
-
-        with self._lock, torch.no_grad():
+        blocks = list(self.model.layers)
+        with self._lock:
             # A block's input goes straight into its attention layer (Block.forward), so a pre-hook
             # on each block sees exactly what attention.forward_tokens gets.
-            hooks = [block.register_forward_pre_hook(grab) for block in self.model.layers]
-            try:
-                self.model(self.x[k : k + 1].to(self.device))
-            finally:
-                for h in hooks:
-                    h.remove()
-        return captured
+            seen = capture_inputs(self.model, blocks, self.x[k : k + 1].to(self.device))
+        return [seen[block].permute(0, 3, 1, 2) for block in blocks]  # (1, H, W, C) channels-last -> (1, C, H, W)
 
     def attention(self, image: int, i: int, j: int, mode: str = "probs", term: str = "combined",
                   layer: int | None = None) -> dict[str, Any]:
@@ -264,16 +263,27 @@ def _finite(values: list) -> list:
 # ---------------------------------------------------------------------------------- HTTP
 
 
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only: int() would also take " 1", "1_0" and other scripts' digits
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+_ALLOW = "GET, HEAD"
+
+
+def _integer(text: str, what: str) -> int:
+    """`text` as an integer, or BadRequest naming `what`."""
+    try:
+        if _INTEGER.fullmatch(text):
+            return int(text)
+    except ValueError:  # more digits than int() converts from text (sys.get_int_max_str_digits)
+        pass
+    raise BadRequest(f"{what}{text!r} is not an integer")
+
+
 def _int(params: dict[str, list[str]], name: str, default: int | None = None) -> int | None:
     if name not in params:
         if default is None:
             raise BadRequest(f"missing parameter {name!r}")
         return default
-    text = params[name][0]
-    try:
-        return int(text)
-    except ValueError:
-        raise BadRequest(f"parameter {name}={text!r} is not an integer") from None
+    return _integer(params[name][0], f"parameter {name}=")
 
 
 def _str(params: dict[str, list[str]], name: str, default: str) -> str:
@@ -281,39 +291,106 @@ def _str(params: dict[str, list[str]], name: str, default: str) -> str:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """GET (and HEAD) of the page and the API, for loopback Host names only; every answer is JSON
+    except the static files. Other methods get 405, unknown ones and malformed requests
+    http.server's own status, all with a JSON {"error": message} body."""
+
     explorer: Explorer  # set on the subclass made by make_server
     server_version = "attnconv-explorer"
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._reply(*self._answer())
+
+    do_HEAD = do_GET  # noqa: N815 (the same status and headers; _reply leaves the body out)
+
+    def _not_allowed(self) -> None:
+        self._reply(*self._answer(allowed=False))
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _not_allowed  # noqa: N815
+
+    def _answer(self, allowed: bool = True) -> tuple[int, bytes, str, dict[str, str]]:
+        """(status, body, content type, extra headers) for the request: Host, then method, then route."""
+        refused = self._check_host()
+        if refused is not None:
+            return refused
+        if not allowed:
+            return _error(HTTPStatus.METHOD_NOT_ALLOWED,
+                          f"method {self.command} is not allowed: the explorer only reads ({_ALLOW})",
+                          {"Allow": _ALLOW})
         try:
-            status, body, ctype = self._route()
+            return (*self._route(), {})
         except BadRequest as err:
-            status, body, ctype = HTTPStatus.BAD_REQUEST, _json({"error": str(err)}), "application/json"
+            return _error(HTTPStatus.BAD_REQUEST, str(err))
         except Exception as err:  # never let a request take the server down; say what broke
             print(f"explorer: {self.path}: {type(err).__name__}: {err}", file=sys.stderr)
-            status, body, ctype = (HTTPStatus.INTERNAL_SERVER_ERROR,
-                                   _json({"error": f"{type(err).__name__}: {err}"}), "application/json")
+            return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(err).__name__}: {err}")
+
+    def _check_host(self) -> tuple[int, bytes, str, dict[str, str]] | None:
+        """None for a loopback Host header naming the port served; else the refusal.
+
+        A page on another site can make the browser resolve its own name to 127.0.0.1 (DNS
+        rebinding) and then read this server as same-origin; such requests carry that
+        site's name in Host, so only loopback names are answered."""
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) != 1:
+            return _error(HTTPStatus.BAD_REQUEST, f"a request needs exactly one Host header (got {len(hosts)})")
+        port = self.server.server_address[1]
+        if hosts[0].strip().lower() not in {f"{h}{p}" for h in _LOOPBACK_HOSTS for p in ("", f":{port}")}:
+            return _error(HTTPStatus.FORBIDDEN,
+                          f"Host {hosts[0]!r} is not served: the explorer answers only "
+                          f"{', '.join(_LOOPBACK_HOSTS)} (optionally with :{port}); open http://127.0.0.1:{port}/")
+        return None
+
+    def _reply(self, status: int, body: bytes, ctype: str, headers: dict[str, str]) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        if self._has_body():  # never read: close, so that it is not taken for the next request
+            self.send_header("Connection", "close")
         self.end_headers()
+        if self.command == "HEAD":
+            return
         try:
             self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the page dropped a request it no longer wants (a newer query)
 
+    def _has_body(self) -> bool:
+        return "Transfer-Encoding" in self.headers or self.headers.get("Content-Length", "0").strip() not in ("", "0")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (malformed request line or headers, a request line too long, an
+        unknown method) with a JSON body like every other answer, and the connection closed."""
+        message = message or self.responses.get(code, ("error",))[0]
+        self.log_error("code %d, message %s", code, message)
+        body = _json({"error": message})
+        self.send_response(code)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def _route(self) -> tuple[int, bytes, str]:
-        url = urlsplit(self.path)
+        # The request target as sent, neither percent-decoded nor normalized: static files are
+        # looked up by exact path, so "..", "%2e%2e" and the like can only miss (404).
+        target = self.path.split("#", 1)[0]
+        if not target.startswith("/"):
+            raise BadRequest(f"request target {target!r} is not a path")
+        path, _, query = target.partition("?")
         try:
-            params = parse_qs(url.query, keep_blank_values=True, strict_parsing=bool(url.query))
+            params = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
         except ValueError:
-            raise BadRequest(f"malformed query string {url.query!r}") from None
+            raise BadRequest(f"malformed query string {query!r}") from None
         for name, values in params.items():
             if len(values) > 1:
                 raise BadRequest(f"parameter {name!r} is given {len(values)} times")
-        path, ex = url.path, self.explorer
+        ex = self.explorer
         if path in _STATIC:
             name, ctype = _STATIC[path]
             return HTTPStatus.OK, resources.files("attnconv.explorer").joinpath("static", name).read_bytes(), ctype
@@ -322,11 +399,7 @@ class _Handler(BaseHTTPRequestHandler):
             return HTTPStatus.OK, _json(ex.info()), "application/json"
         if path.startswith("/api/image/"):
             self._only(params, set())
-            text = path[len("/api/image/"):]
-            try:
-                k = int(text)
-            except ValueError:
-                raise BadRequest(f"image index {text!r} is not an integer") from None
+            k = _integer(path[len("/api/image/"):], "image index ")
             return HTTPStatus.OK, _json(ex.image(k)), "application/json"
         if path == "/api/attention":
             self._only(params, {"image", "i", "j", "mode", "term", "layer"})
@@ -334,7 +407,7 @@ class _Handler(BaseHTTPRequestHandler):
             result = ex.attention(_int(params, "image"), _int(params, "i"), _int(params, "j"),
                                   _str(params, "mode", "probs"), _str(params, "term", "combined"), layer)
             return HTTPStatus.OK, _json(result), "application/json"
-        return HTTPStatus.NOT_FOUND, _json({"error": f"no such page {url.path!r}; the API is under /api/"}), \
+        return HTTPStatus.NOT_FOUND, _json({"error": f"no such page {path!r}; the API is under /api/"}), \
             "application/json"
 
     @staticmethod
@@ -352,8 +425,15 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, allow_nan=False).encode()
 
 
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, str, dict[str, str]]:
+    return status, _json({"error": message}), "application/json", headers or {}
+
+
 def make_server(explorer: Explorer, port: int = 0) -> ThreadingHTTPServer:
-    """A ThreadingHTTPServer for `explorer` on 127.0.0.1:`port` (0: a free port); call serve_forever()."""
+    """A ThreadingHTTPServer for `explorer` on 127.0.0.1:`port` (0: a free port); call serve_forever().
+
+    It answers requests whose Host header is a loopback name (127.0.0.1, localhost, [::1],
+    with or without its port) and GET/HEAD only; see `_Handler`."""
     if not 0 <= port <= 65535:
         raise AttnconvError(f"--port {port} is invalid: give a TCP port in 0..65535 (0 picks a free one)")
     handler = type("Handler", (_Handler,), {"explorer": explorer})
