@@ -25,12 +25,19 @@ Implementations (`impl`), all computing the same function:
 
 Position-only probabilities do not depend on the input: they are computed once
 per forward and shared by the whole batch. Scores and softmax are computed in
-at least float32 even under autocast (float64 layers stay float64).
+at least float32 even under autocast or in a float16/bfloat16 layer (float64 layers
+stay float64); the output has the layer's dtype (autocast's under autocast).
+
+Attention dropout (`attn_dropout_mask`): "per-sample" draws a mask per sample, as BERT
+does for content attention; "shared" draws one mask for the whole batch, the paper's
+code's convention for position-only probabilities (which have no batch dimension there).
+Both keep every probability's expectation.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from contextlib import ExitStack
 
 import torch
@@ -39,10 +46,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
-from attnconv.positional import ENCODINGS, build_encoding
+from attnconv.positional import ENCODINGS, at_least_float32, build_encoding, check_pos_init
 
 IMPLS = ("auto", "dense", "separable", "sdpa")
 VALUE_MODES = ("shared", "project")
+DROPOUT_MASKS = ("per-sample", "shared")
 
 
 class SelfAttention2d(nn.Module):
@@ -64,6 +72,11 @@ class SelfAttention2d(nn.Module):
         max_size: largest image side the learned tables cover.
         attn_dropout: dropout on the attention probabilities (training only).
         bias: bias of the output projection.
+        pos_init: "authors" (the paper's code: learned tables N(0, 1), per-head keys as
+            nn.Linear's default; quadratic centers N(0, 2^2)) or "bert" (learned tables and
+            keys N(0, 0.02^2), uniform heads at init; learned encodings only).
+        attn_dropout_mask: "per-sample" (a dropout mask per sample) or "shared" (one mask for
+            the batch, the paper's code's convention; position-only encodings only).
 
     Shapes: forward (B, C_in, H, W) -> (B, C_out, H, W); `forward_tokens` does the
     same on channels-last (B, H, W, C_in) -> (B, H, W, C_out) without transposes.
@@ -83,23 +96,38 @@ class SelfAttention2d(nn.Module):
         max_size: int = 32,
         attn_dropout: float = 0.0,
         bias: bool = True,
+        pos_init: str = "authors",
+        attn_dropout_mask: str = "per-sample",
     ):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
-        for name, v in (("in_channels", in_channels), ("out_channels", out_channels), ("heads", heads)):
-            if not isinstance(v, int) or v < 1:
-                raise AttnconvError(f"SelfAttention2d: {name} must be a positive integer, got {v!r}")
+        sizes = {"in_channels": in_channels, "out_channels": out_channels, "heads": heads, "max_size": max_size,
+                 "head_dim": head_dim, "key_dim": key_dim, "pos_dim": pos_dim}
+        for name, v in sizes.items():
+            if v is not None or name in ("in_channels", "out_channels", "heads", "max_size"):
+                _check_positive_int(name, v)
         if encoding not in ENCODINGS:
             raise AttnconvError(f"unknown encoding {encoding!r}; choose one of: {', '.join(ENCODINGS)}")
         if value not in VALUE_MODES:
             raise AttnconvError(f"unknown value mode {value!r}; choose one of: {', '.join(VALUE_MODES)}")
-        if not 0.0 <= attn_dropout < 1.0:
-            raise AttnconvError(f"attn_dropout must be in [0, 1), got {attn_dropout}")
+        if isinstance(attn_dropout, bool) or not isinstance(attn_dropout, (int, float)) or not 0.0 <= attn_dropout < 1.0:
+            raise AttnconvError(f"SelfAttention2d: attn_dropout must be a number in [0, 1), got {attn_dropout!r}")
+        check_pos_init(pos_init)
+        if attn_dropout_mask not in DROPOUT_MASKS:
+            raise AttnconvError(
+                f"unknown attn_dropout_mask {attn_dropout_mask!r}; choose one of: {', '.join(DROPOUT_MASKS)}"
+            )
+        if attn_dropout_mask == "shared" and encoding == "learned-content":
+            raise AttnconvError(
+                "attn_dropout_mask='shared' is for position-only encodings (content probabilities differ "
+                "per sample); use attn_dropout_mask='per-sample'"
+            )
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
-        self.encoding_name, self.value_mode, self.attn_dropout = encoding, value, attn_dropout
+        self.encoding_name, self.value_mode, self.attn_dropout = encoding, value, float(attn_dropout)
+        self.attn_dropout_mask = attn_dropout_mask
         self.key_dim = key_dim or in_channels
         self.encoding = build_encoding(
-            encoding, heads, pos_dim=pos_dim or in_channels, key_dim=self.key_dim, max_size=max_size
+            encoding, heads, pos_dim=pos_dim or in_channels, key_dim=self.key_dim, max_size=max_size, init=pos_init
         )
         if not self.position_only:
             self.query = nn.Linear(in_channels, heads * self.key_dim)
@@ -150,6 +178,7 @@ class SelfAttention2d(nn.Module):
         return (
             f"{self.in_channels}, {self.out_channels}, heads={self.heads}, encoding={self.encoding_name!r}, "
             f"value={self.value_mode!r}, impl={self._impl!r}, attn_dropout={self.attn_dropout}"
+            + (f", attn_dropout_mask={self.attn_dropout_mask!r}" if self.attn_dropout_mask != "per-sample" else "")
         )
 
     # ---------------------------------------------------------------- forward
@@ -195,6 +224,8 @@ class SelfAttention2d(nn.Module):
             # entry of P = P^row (x) P^col survives with probability 1 - p and keeps its expectation
             # as in the dense path (the masks of one row/column are correlated, unlike dense dropout).
             r = 1.0 - math.sqrt(1.0 - self.attn_dropout)
+            if self.attn_dropout_mask == "shared":  # one mask per factor for the whole batch
+                return self._apply_factors(self._drop(row, r), self._drop(col, r), v)
             row = self._drop(row.expand(B, -1, -1, -1), r)  # (B, heads, H, H)
             col = self._drop(col.expand(B, -1, -1, -1), r)  # (B, heads, W, W)
             if self.value_mode == "shared":
@@ -202,6 +233,10 @@ class SelfAttention2d(nn.Module):
             else:
                 tmp = torch.einsum("bhjl,bilhd->bhijd", col, v)
             return torch.einsum("bhik,bhkjd->bijhd", row, tmp)
+        return self._apply_factors(row, col, v)
+
+    def _apply_factors(self, row: Tensor, col: Tensor, v: Tensor) -> Tensor:
+        """Batch-independent factors row (heads, H, H), col (heads, W, W) applied to v -> (B, H, W, heads, D)."""
         if self.value_mode == "shared":
             tmp = torch.einsum("hjl,bild->hbijd", col, v)  # (heads, B, H, W, C): mix columns
         else:
@@ -213,7 +248,9 @@ class SelfAttention2d(nn.Module):
         B, T = x.shape[0], H * W
         probs = self._probs(x, H, W).to(v.dtype)  # (1 or B, heads, T, T)
         if self.training and self.attn_dropout > 0:
-            probs = self._drop(probs.expand(B, -1, -1, -1), self.attn_dropout)
+            if self.attn_dropout_mask == "per-sample":
+                probs = probs.expand(B, -1, -1, -1)
+            probs = self._drop(probs, self.attn_dropout)  # (B, heads, T, T), or (1, ...) for a shared mask
         if self.value_mode == "shared":
             v = v.reshape(B, 1, T, self.in_channels)  # every head sees the same values
         else:
@@ -223,6 +260,8 @@ class SelfAttention2d(nn.Module):
 
     def _sdpa(self, x: Tensor, v: Tensor, H: int, W: int) -> Tensor:
         B, T = x.shape[0], H * W
+        if self.training and self.attn_dropout > 0 and self.attn_dropout_mask == "shared":
+            return self._dense(x, v, H, W)  # SDPA draws a mask per sample; a shared one needs the probabilities
         if self.value_mode == "shared":
             v = v.reshape(B, 1, T, self.in_channels).expand(B, self.heads, T, self.in_channels)
         else:
@@ -237,7 +276,7 @@ class SelfAttention2d(nn.Module):
         else:
             q, k = self._queries_keys(x)
             with float32_scores():
-                bias = self.encoding.position_logits(_wide(q), H, W)
+                bias = self.encoding.position_logits(at_least_float32(q), H, W)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
         return out.transpose(1, 2)  # (B, T, heads, D)
 
@@ -261,7 +300,7 @@ class SelfAttention2d(nn.Module):
             raise AttnconvError("a content-attention layer needs the input x to compute its attention")
         q, k = self._queries_keys(x)  # projections run under autocast (bf16 on GPU), the scores do not
         with float32_scores():
-            q, k = _wide(q), _wide(k)
+            q, k = at_least_float32(q), at_least_float32(k)
             content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)  # (B, heads, T, T)
             pos = self.encoding.position_logits(q, H, W)
         return {"content": content, "position": pos, "combined": content + pos}
@@ -293,8 +332,13 @@ class SelfAttention2d(nn.Module):
             raise AttnconvError("give the input x, or size=(H, W) for a position-only layer")
         if not self.position_only:
             raise AttnconvError("a content-attention layer needs the input x to compute its attention")
-        H, W = size
-        return None, int(H), int(W)
+        try:
+            H, W = (operator.index(n) for n in size) if not any(isinstance(n, bool) for n in size) else (0, 0)
+        except (TypeError, ValueError):  # not a pair of integers
+            H = W = 0
+        if H < 1 or W < 1:
+            raise AttnconvError(f"size must be (H, W), two positive integers, got {size!r}")
+        return None, H, W
 
     def value_maps(self) -> tuple[Tensor, Tensor]:
         """Per-head linear maps (heads, C_out, C_in) and bias (C_out,) (Lemma 1: W_val^h W_out^h).
@@ -321,6 +365,6 @@ def float32_scores() -> ExitStack:
     return stack
 
 
-def _wide(t: Tensor) -> Tensor:
-    """At least float32 (float64 stays float64)."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+def _check_positive_int(name: str, v: object) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise AttnconvError(f"SelfAttention2d: {name} must be a positive integer, got {v!r}")

@@ -19,6 +19,17 @@ separable attention path exact.
 
 `LearnedContentEncoding` is the content-dependent positional term q . r_delta of
 Ramachandran et al. (2019), used with content attention q . k.
+
+Scores are computed in at least float32 whatever the parameters' dtype (a half or
+bfloat16 layer widens its few positional parameters, float64 stays float64): in
+float16 a quadratic score of a few hundred keeps only a tenth of a unit.
+
+Initialization (`init`, SelfAttention2d's `pos_init`): "authors" follows the paper's
+code (docs/design-notes.md): quadratic centers N(0, 2^2) and widths 1 + N(0, 0.01^2);
+learned tables N(0, 1) as `nn.Embedding`, per-head keys as `nn.Linear`'s default, so
+position-only heads start peaked rather than uniform. "bert" draws the learned tables
+and keys from N(0, 0.02^2) as BERT's `init_bert_weights` would (the version before
+this option); the quadratic encodings have only the authors' init.
 """
 
 from __future__ import annotations
@@ -30,6 +41,19 @@ import torch.nn as nn
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
+
+
+POS_INITS = ("authors", "bert")
+
+
+def at_least_float32(t: Tensor) -> Tensor:
+    """t in float32 if it is narrower (float16, bfloat16); float32 and float64 unchanged."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def check_pos_init(init: str) -> None:
+    if init not in POS_INITS:
+        raise AttnconvError(f"unknown pos_init {init!r}; choose one of: {', '.join(POS_INITS)}")
 
 
 def relative_offsets(n: int, device=None, dtype=torch.float32) -> Tensor:
@@ -109,36 +133,40 @@ class QuadraticEncoding(nn.Module):
             self.widths.fill_(a)
 
     def inverse_covariance(self) -> Tensor:
-        """Sigma_h^-1 as (heads, 2, 2)."""
+        """Sigma_h^-1 as (heads, 2, 2), at least float32."""
+        widths = at_least_float32(self.widths)
         if self.kind == "isotropic":
-            return torch.eye(2, device=self.widths.device, dtype=self.widths.dtype) * self.widths[:, None, None] ** 2
+            return torch.eye(2, device=widths.device, dtype=widths.dtype) * widths[:, None, None] ** 2
         if self.kind == "diagonal":
-            return torch.diag_embed(self.widths**2)
-        return self.widths @ self.widths.transpose(-1, -2)
+            return torch.diag_embed(widths**2)
+        return widths @ widths.transpose(-1, -2)
 
     def _axis_precisions(self) -> tuple[Tensor, Tensor]:
+        widths = at_least_float32(self.widths)
         if self.kind == "isotropic":
-            return self.widths**2, self.widths**2
-        return self.widths[:, 0] ** 2, self.widths[:, 1] ** 2
+            return widths**2, widths**2
+        return widths[:, 0] ** 2, widths[:, 1] ** 2
 
     def factors(self, H: int, W: int) -> tuple[Tensor, Tensor]:
         """Row (heads, H, H) and column (heads, W, W) terms: -1/2 s_axis (delta_axis - mu_axis)^2."""
         if not self.separable:
             raise AttnconvError("a full-covariance quadratic encoding is not separable; use impl='dense' or 'sdpa'")
         s1, s2 = self._axis_precisions()
-        d1 = relative_offsets(H, self.centers.device, self.centers.dtype)
-        d2 = relative_offsets(W, self.centers.device, self.centers.dtype)
-        row = -0.5 * s1[:, None, None] * (d1[None] - self.centers[:, 0, None, None]) ** 2
-        col = -0.5 * s2[:, None, None] * (d2[None] - self.centers[:, 1, None, None]) ** 2
+        centers = at_least_float32(self.centers)
+        d1 = relative_offsets(H, centers.device, centers.dtype)
+        d2 = relative_offsets(W, centers.device, centers.dtype)
+        row = -0.5 * s1[:, None, None] * (d1[None] - centers[:, 0, None, None]) ** 2
+        col = -0.5 * s2[:, None, None] * (d2[None] - centers[:, 1, None, None]) ** 2
         return row, col
 
     def logits(self, H: int, W: int) -> Tensor:
         if self.separable:
             return _outer_sum(*self.factors(H, W))
-        d1 = relative_offsets(H, self.centers.device, self.centers.dtype)  # (H, H)
-        d2 = relative_offsets(W, self.centers.device, self.centers.dtype)  # (W, W)
-        e1 = d1[None, :, None, :, None] - self.centers[:, 0, None, None, None, None]  # (heads, H, 1, H, 1)
-        e2 = d2[None, None, :, None, :] - self.centers[:, 1, None, None, None, None]  # (heads, 1, W, 1, W)
+        centers = at_least_float32(self.centers)
+        d1 = relative_offsets(H, centers.device, centers.dtype)  # (H, H)
+        d2 = relative_offsets(W, centers.device, centers.dtype)  # (W, W)
+        e1 = d1[None, :, None, :, None] - centers[:, 0, None, None, None, None]  # (heads, H, 1, H, 1)
+        e2 = d2[None, None, :, None, :] - centers[:, 1, None, None, None, None]  # (heads, 1, W, 1, W)
         S = self.inverse_covariance()[:, :, :, None, None, None, None]  # (heads, 2, 2, 1, 1, 1, 1)
         quad = S[:, 0, 0] * e1**2 + 2 * S[:, 0, 1] * e1 * e2 + S[:, 1, 1] * e2**2  # (heads, H, W, H, W)
         return (-0.5 * quad).reshape(self.heads, H * W, H * W)
@@ -156,23 +184,42 @@ class LearnedRelativeEncoding(nn.Module):
 
         A^h_{q,k} = u_row^h . r_row(delta_1) + u_col^h . r_col(delta_2)
 
-    Separable by construction. Init: N(0, 0.02^2), as BERT's embeddings and Linear layers.
+    Separable by construction. `init` (see the module docstring): "authors" draws the
+    tables from N(0, 1) (`nn.Embedding`'s default) and the keys from U(-1/sqrt(D_p),
+    1/sqrt(D_p)) (the default of the authors' `nn.Linear(D_p, heads, bias=False)`, whose
+    weight is our (heads, D_p) keys), so a score has variance 2/3 whatever D_p; "bert"
+    draws all four from N(0, 0.02^2), a score variance of 2 D_p 1.6e-7 (uniform heads).
     """
-
-    def __init__(self, heads: int, dim: int, max_size: int, init_std: float = 0.02):
-        super().__init__()
-        self.heads, self.dim, self.max_size = heads, dim, max_size
-        self.row_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, dim) * init_std)
-        self.col_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, dim) * init_std)
-        self.row_keys = nn.Parameter(torch.randn(heads, dim) * init_std)
-        self.col_keys = nn.Parameter(torch.randn(heads, dim) * init_std)
 
     separable = True
 
+    def __init__(self, heads: int, dim: int, max_size: int, init: str = "authors"):
+        super().__init__()
+        check_pos_init(init)
+        self.heads, self.dim, self.max_size = heads, dim, max_size
+        self.row_embeddings = nn.Parameter(torch.empty(2 * max_size - 1, dim))
+        self.col_embeddings = nn.Parameter(torch.empty(2 * max_size - 1, dim))
+        self.row_keys = nn.Parameter(torch.empty(heads, dim))
+        self.col_keys = nn.Parameter(torch.empty(heads, dim))
+        self.reset_parameters(init)
+
+    @torch.no_grad()
+    def reset_parameters(self, init: str = "authors") -> None:
+        """Draw the tables and keys again with the `init` scheme ("authors" or "bert")."""
+        check_pos_init(init)
+        for table in (self.row_embeddings, self.col_embeddings):
+            nn.init.normal_(table, std=1.0 if init == "authors" else 0.02)
+        for keys in (self.row_keys, self.col_keys):
+            if init == "authors":
+                nn.init.kaiming_uniform_(keys, a=math.sqrt(5))  # exactly nn.Linear's weight init
+            else:
+                nn.init.normal_(keys, std=0.02)
+
     def factors(self, H: int, W: int) -> tuple[Tensor, Tensor]:
         _check_size(H, W, self.max_size)
-        row_scores = self.row_keys @ self.row_embeddings.T  # (heads, 2S-1): score per row shift
-        col_scores = self.col_keys @ self.col_embeddings.T  # (heads, 2S-1)
+        wide = at_least_float32
+        row_scores = wide(self.row_keys) @ wide(self.row_embeddings).T  # (heads, 2S-1): score per row shift
+        col_scores = wide(self.col_keys) @ wide(self.col_embeddings).T  # (heads, 2S-1)
         return _gather_shifts(row_scores, H, self.max_size), _gather_shifts(col_scores, W, self.max_size)
 
     def logits(self, H: int, W: int) -> Tensor:
@@ -191,31 +238,45 @@ class LearnedContentEncoding(nn.Module):
 
         A^h_{q,k} = q^h . k^h / sqrt(D_k) + q^h_{:D_k/2} . r_row(delta_1) + q^h_{D_k/2:} . r_col(delta_2)
 
-    This module computes the second and third terms from the queries.
+    This module computes the second and third terms from the queries. The authors' code
+    divides them by sqrt(D_k) too, with N(0, 1) tables; ours are not divided, so `init`
+    "authors" draws the tables from N(0, 1/D_k): at initialization the scores have the
+    distribution of theirs (their weights map onto ours with the tables / sqrt(D_k)).
+    "bert" draws them from N(0, 0.02^2).
     """
 
     position_only = False
-
-    def __init__(self, key_dim: int, max_size: int, init_std: float = 0.02):
-        super().__init__()
-        self.key_dim, self.max_size = key_dim, max_size
-        self.row_dim = key_dim // 2
-        self.row_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, self.row_dim) * init_std)
-        self.col_embeddings = nn.Parameter(torch.randn(2 * max_size - 1, key_dim - self.row_dim) * init_std)
-
     separable = False
 
+    def __init__(self, key_dim: int, max_size: int, init: str = "authors"):
+        super().__init__()
+        check_pos_init(init)
+        self.key_dim, self.max_size = key_dim, max_size
+        self.row_dim = key_dim // 2
+        self.row_embeddings = nn.Parameter(torch.empty(2 * max_size - 1, self.row_dim))
+        self.col_embeddings = nn.Parameter(torch.empty(2 * max_size - 1, key_dim - self.row_dim))
+        self.reset_parameters(init)
+
+    @torch.no_grad()
+    def reset_parameters(self, init: str = "authors") -> None:
+        """Draw the tables again with the `init` scheme ("authors" or "bert")."""
+        check_pos_init(init)
+        std = 1.0 / math.sqrt(self.key_dim) if init == "authors" else 0.02
+        for table in (self.row_embeddings, self.col_embeddings):
+            nn.init.normal_(table, std=std)
+
     def position_logits(self, q: Tensor, H: int, W: int) -> Tensor:
-        """q: (B, heads, H*W, D_k) queries -> (B, heads, H*W, H*W) positional scores."""
+        """q: (B, heads, H*W, D_k) queries -> (B, heads, H*W, H*W) positional scores, in q's dtype."""
         _check_size(H, W, self.max_size)
         B, heads = q.shape[:2]
         q = q.reshape(B, heads, H, W, self.key_dim)
         S = self.max_size
-        row_scores = q[..., : self.row_dim] @ self.row_embeddings.T  # (B, heads, H, W, 2S-1)
-        col_scores = q[..., self.row_dim :] @ self.col_embeddings.T  # (B, heads, H, W, 2S-1)
+        # the tables follow the queries' dtype: a half layer's scores are computed from widened queries
+        row_scores = q[..., : self.row_dim] @ self.row_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
+        col_scores = q[..., self.row_dim :] @ self.col_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
         # score of key row k for query row i sits at shift index k - i + S - 1
-        row_idx = (relative_offsets(H, q.device, torch.long) + S - 1)  # (H_q, H_k)
-        col_idx = (relative_offsets(W, q.device, torch.long) + S - 1)  # (W_q, W_k)
+        row_idx = relative_offsets(H, q.device, torch.long) + S - 1  # (H_q, H_k)
+        col_idx = relative_offsets(W, q.device, torch.long) + S - 1  # (W_q, W_k)
         row = torch.gather(row_scores, -1, row_idx[:, None, :].expand(B, heads, H, W, H))  # (B, h, H, W, H_k)
         col = torch.gather(col_scores, -1, col_idx[None, :, :].expand(B, heads, H, W, W))  # (B, h, H, W, W_k)
         full = row[..., :, None] + col[..., None, :]  # (B, h, H, W, H_k, W_k)
@@ -242,8 +303,16 @@ def _gather_shifts(scores: Tensor, n: int, max_size: int) -> Tensor:
 ENCODINGS = ("quadratic", "quadratic-diag", "quadratic-aniso", "learned", "learned-content")
 
 
-def build_encoding(name: str, heads: int, *, pos_dim: int, key_dim: int, max_size: int) -> nn.Module:
-    """Encoding by its SelfAttention2d name."""
+def build_encoding(
+    name: str, heads: int, *, pos_dim: int, key_dim: int, max_size: int, init: str = "authors"
+) -> nn.Module:
+    """Encoding by its SelfAttention2d name; `init` is "authors" or "bert" (learned encodings only)."""
+    check_pos_init(init)
+    if init != "authors" and name.startswith("quadratic"):
+        raise AttnconvError(
+            f"pos_init={init!r} sets the learned tables' init; the {name!r} encoding has only the authors' "
+            f"(use pos_init='authors', or init_grid for a convolution-like start)"
+        )
     if name == "quadratic":
         return QuadraticEncoding(heads, "isotropic")
     if name == "quadratic-diag":
@@ -251,18 +320,21 @@ def build_encoding(name: str, heads: int, *, pos_dim: int, key_dim: int, max_siz
     if name == "quadratic-aniso":
         return QuadraticEncoding(heads, "full")
     if name == "learned":
-        return LearnedRelativeEncoding(heads, pos_dim, max_size)
+        return LearnedRelativeEncoding(heads, pos_dim, max_size, init)
     if name == "learned-content":
-        return LearnedContentEncoding(key_dim, max_size)
+        return LearnedContentEncoding(key_dim, max_size, init)
     raise AttnconvError(f"unknown encoding {name!r}; choose one of: {', '.join(ENCODINGS)}")
 
 
 __all__ = [
     "ENCODINGS",
+    "POS_INITS",
     "LearnedContentEncoding",
     "LearnedRelativeEncoding",
     "QuadraticEncoding",
+    "at_least_float32",
     "build_encoding",
+    "check_pos_init",
     "relative_offsets",
 ]
 

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -21,6 +22,11 @@ def _randomize(layer, scale=1.0):
         for name, p in layer.named_parameters():
             p.copy_(torch.randn_like(p) * (0.3 if "widths" in name else scale))
     return layer
+
+
+def _independent_forwards(layer, x, n):
+    """n forwards of x, each with its own dropout draws: (n, *output shape). vmap runs them as one batch."""
+    return torch.func.vmap(layer, randomness="different")(x.expand(n, *x.shape).contiguous())
 
 
 def _rel(a, b):
@@ -194,7 +200,7 @@ def test_eval_dropout_is_identity_and_train_dropout_is_unbiased():
     with torch.no_grad():
         for impl in ("separable", "dense"):
             layer.impl = impl
-            samples = torch.stack([layer(x) for _ in range(3000)])
+            samples = _independent_forwards(layer, x, 3000)
             assert not torch.allclose(samples[0], samples[1])
             # E[dropout(P)] = P, and the layer is linear in P
             assert _rel(samples.mean(0), ref) < 0.03, impl
@@ -260,3 +266,114 @@ def test_quadratic_layer_with_large_alpha_attends_to_its_center():
     y = layer(x)
     # every query but the last column reads its right neighbour (Lemma 2)
     assert torch.allclose(y[..., :-1], x[..., 1:], atol=1e-12)
+
+
+# ------------------------------------------------------------------ dtypes, dropout masks, bad arguments
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_half_and_bfloat16_layers_match_their_float32_copy(encoding, dtype):
+    # learned-content used to fail in every impl: float32 queries against half tables.
+    layer = SelfAttention2d(8, 6, heads=3, encoding=encoding, value="project", max_size=7)
+    x = torch.randn(2, 8, 5, 7)
+    for impl in _impls(layer):
+        layer.impl = impl
+        ref = layer(x)
+        low = copy.deepcopy(layer).to(dtype)
+        y = low(x.to(dtype))
+        scores = low.attention_scores(x.to(dtype), size=(5, 7))["combined"]
+        assert y.dtype == dtype and scores.dtype == torch.float32, impl
+        # measured: 1-1.5 eps of the dtype (inputs and weights rounded once); 4 eps leaves room
+        assert _rel(y.float(), ref) < 4 * torch.finfo(dtype).eps, impl
+        ref_scores = layer.attention_scores(x, size=(5, 7))["combined"]
+        assert _rel(scores, ref_scores) < 4 * torch.finfo(dtype).eps, impl
+
+
+@pytest.mark.parametrize("impl", ["dense", "separable", "sdpa"])
+def test_shared_dropout_mask_is_one_mask_for_the_batch(impl):
+    torch.manual_seed(4)
+    x = torch.randn(1, 3, 4, 5).expand(6, -1, -1, -1)  # six copies of one image
+    for mask, same in (("shared", True), ("per-sample", False)):
+        layer = _randomize(SelfAttention2d(3, 3, heads=2, encoding="learned", attn_dropout=0.3, impl=impl,
+                                           attn_dropout_mask=mask, max_size=5)).train()
+        y = layer(x)
+        copies_agree = all(torch.equal(y[0], y[b]) for b in range(1, 6))
+        assert copies_agree == same, (impl, mask)
+
+
+@pytest.mark.parametrize("impl", ["dense", "separable", "sdpa"])
+@pytest.mark.parametrize("mask", ["shared", "per-sample"])
+def test_attention_dropout_keeps_the_expectation_with_either_mask(impl, mask):
+    torch.manual_seed(5)
+    layer = _randomize(SelfAttention2d(3, 3, heads=2, encoding="quadratic", attn_dropout=0.3, impl=impl,
+                                       attn_dropout_mask=mask))
+    x = torch.randn(2, 3, 4, 4)
+    ref = layer.eval()(x)
+    layer.train()
+    with torch.no_grad():
+        mean = _independent_forwards(layer, x, 3000).mean(0)
+    assert _rel(mean, ref) < 0.03
+
+
+def test_shared_dropout_mask_needs_a_position_only_encoding():
+    with pytest.raises(AttnconvError, match="position-only"):
+        SelfAttention2d(4, encoding="learned-content", attn_dropout_mask="shared")
+    with pytest.raises(AttnconvError, match="per-sample"):
+        SelfAttention2d(4, attn_dropout_mask="batch")
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(in_channels=0), "in_channels"),
+        (dict(in_channels=-3), "in_channels"),
+        (dict(in_channels=True), "in_channels"),
+        (dict(in_channels=4.0), "in_channels"),
+        (dict(out_channels=-1), "out_channels"),
+        (dict(heads=0), "heads"),
+        (dict(heads=-2), "heads"),
+        (dict(key_dim=-1, encoding="learned-content"), "key_dim"),
+        (dict(key_dim=0, encoding="learned-content"), "key_dim"),
+        (dict(pos_dim=0, encoding="learned"), "pos_dim"),
+        (dict(pos_dim=-4, encoding="learned"), "pos_dim"),
+        (dict(max_size=0, encoding="learned"), "max_size"),
+        (dict(max_size=-5), "max_size"),
+        (dict(head_dim=0, value="project"), "head_dim"),
+        (dict(head_dim=-2, value="project"), "head_dim"),
+        (dict(attn_dropout=1.0), "attn_dropout"),
+        (dict(attn_dropout=-0.1), "attn_dropout"),
+        (dict(attn_dropout="0.1"), "attn_dropout"),
+        (dict(pos_init="xavier"), "pos_init"),
+        (dict(pos_init="bert", encoding="quadratic"), "pos_init"),
+    ],
+    ids=lambda v: str(v) if isinstance(v, dict) else None,
+)
+def test_bad_constructor_arguments_raise_one_clear_error(kwargs, name):
+    kwargs = {"in_channels": 4, **kwargs}
+    with pytest.raises(AttnconvError, match=name) as err:
+        SelfAttention2d(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("size", [(-1, 3), (3, 0), (3,), (2.5, 3), (True, 3), 5, "ab"])
+def test_attention_probs_rejects_a_bad_size(size):
+    layer = SelfAttention2d(4, heads=2)
+    with pytest.raises(AttnconvError, match=r"size must be \(H, W\)"):
+        layer.attention_probs(size=size)
+
+
+def test_attention_probs_takes_integer_like_sizes():
+    layer = SelfAttention2d(4, heads=2)
+    assert layer.attention_probs(size=torch.Size([3, 4])).shape == (1, 2, 12, 12)
+    assert layer.attention_probs(size=(torch.tensor(2), 5)).shape == (1, 2, 10, 10)
+
+
+@pytest.mark.parametrize("encoding", ["learned", "learned-content"])
+def test_pos_init_changes_values_not_names(encoding):
+    a = SelfAttention2d(6, heads=3, encoding=encoding, max_size=5)
+    b = SelfAttention2d(6, heads=3, encoding=encoding, max_size=5, pos_init="bert")
+    assert {k: v.shape for k, v in a.state_dict().items()} == {k: v.shape for k, v in b.state_dict().items()}
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 6, 4, 5)
+    assert torch.equal(a(x), b(x))

@@ -1,3 +1,6 @@
+import json
+import math
+
 import pytest
 import torch
 
@@ -96,3 +99,84 @@ def test_activation_checkpointing_gives_the_same_gradients():
         m(x).square().sum().backward()
     for (n, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7), n
+
+
+# ------------------------------------------------------------- the authors' init, old checkpoints
+
+
+def _layer0_position_statistics(model):
+    scores = model.layers[0].attention.attention_scores(size=(16, 16))["position"]  # (1, 9, 256, 256)
+    return scores.std().item(), scores.softmax(-1).amax(-1).mean().item()
+
+
+def test_learned_heads_start_peaked_as_the_authors_and_uniform_with_bert_init():
+    uniform = 1 / 256  # 16 x 16 tokens
+    # The paper's sa-learned layer: D_p = 400, keys U(+-1/20), N(0, 1) tables: score variance
+    # 2 * 400 * (1 / 1200) = 2/3 (std 0.816; 0.72-0.90 over 40 seeds). Mean max probability 0.019-0.028.
+    std, peak = _layer0_position_statistics(build_model("sa-learned", layers=1))
+    assert std == pytest.approx(math.sqrt(2 / 3), abs=0.12)
+    assert peak > 4 * uniform
+    # BERT's N(0, 0.02^2): variance 2 * 400 * 0.02^4, std 0.011; heads uniform to 3%
+    std, peak = _layer0_position_statistics(build_model("sa-learned", layers=1, pos_init="bert"))
+    assert std == pytest.approx(math.sqrt(2 * 400 * 0.02**4), rel=0.15)
+    assert peak == pytest.approx(uniform, rel=0.03)
+
+
+@pytest.mark.parametrize("name", list(PAPER_COUNTS))
+def test_new_options_keep_parameter_names_and_shapes(name):
+    small = dict(hidden=16, heads=4, layers=2, intermediate=24, image_size=12, in_channels=1)
+    shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}  # noqa: E731
+    ref = shapes(build_model(name, **small))
+    options = [dict(pos_init="bert")] if name.startswith("sa-learned") else []
+    options += [] if name == "sa-learned-content" else [dict(attn_dropout_mask="shared")]
+    for extra in options:
+        assert shapes(build_model(name, **small, **extra)) == ref, extra
+    assert not any("attention_dense" in k for k in ref)
+    assert {f"layers.{i}.attention_out.{p}" for i in range(2) for p in ("weight", "bias")} <= set(ref)
+
+
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned-content"])
+def test_checkpoints_with_the_old_attention_dense_names_still_load(name):
+    small = dict(hidden=16, heads=4, layers=2, intermediate=24, image_size=12, in_channels=1)
+    model = build_model(name, **small).eval()
+    old = {k.replace(".attention_out.", ".attention_dense."): v.clone() for k, v in model.state_dict().items()}
+    assert sum(".attention_dense." in k for k in old) == 4
+    fresh = build_model(name, **small).eval()
+    fresh.load_state_dict(old)  # strict: every old key lands on a parameter
+    x = torch.randn(2, 1, 12, 12)
+    assert torch.equal(fresh(x), model(x))
+    assert set(old) == {k.replace(".attention_out.", ".attention_dense.") for k in fresh.state_dict()}
+
+
+def test_a_run_written_before_the_new_options_loads(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.train import load_run, make_config, train
+    from fixtures_data import write_random_fashion
+
+    (tmp_path / "data").mkdir()
+    write_random_fashion(tmp_path / "data", 16, 4, seed=0)
+    overrides = dict(hidden=8, layers=1, heads=4, intermediate=8, downsample=4)
+    cfg = make_config(model="sa-learned", dataset="fashion-mnist", batch_size=16, workers=1, epochs=1, max_steps=1,
+                      data_dir=str(tmp_path / "data"), model_overrides=overrides)
+    train(cfg, tmp_path / "run", progress=False)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert "pos_init" not in json.dumps(config)  # options left at their defaults are not written
+    weights = load_file(str(tmp_path / "run" / "model.safetensors"))
+    # the weights file of a run written before the rename
+    save_file({k.replace(".attention_out.", ".attention_dense."): v for k, v in weights.items()},
+              str(tmp_path / "run" / "model.safetensors"))
+    model, _ = load_run(tmp_path / "run")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
+
+
+def test_new_options_are_checked():
+    with pytest.raises(AttnconvError, match="pos_init"):
+        build_model("sa-quadratic", pos_init="bert")
+    with pytest.raises(AttnconvError, match="pos_init"):
+        build_model("sa-learned", pos_init="normal")
+    with pytest.raises(AttnconvError, match="per-sample"):
+        build_model("sa-learned-content", attn_dropout_mask="shared")
+    with pytest.raises(AttnconvError, match="attn_dropout_mask"):
+        build_model("sa-learned", attn_dropout_mask="per-batch")

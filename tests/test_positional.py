@@ -1,3 +1,4 @@
+import copy
 import itertools
 import math
 
@@ -61,7 +62,7 @@ def test_paper_initialization_statistics():
 
 def test_learned_relative_logits_match_table_lookup():
     S = 6
-    enc = LearnedRelativeEncoding(3, dim=5, max_size=S, init_std=1.0).double()
+    enc = LearnedRelativeEncoding(3, dim=5, max_size=S).double()
     H, W = 4, 6
     logits = enc.logits(H, W)
     for q, k, (d1, d2) in _pairs(H, W):
@@ -72,7 +73,7 @@ def test_learned_relative_logits_match_table_lookup():
 
 def test_learned_content_position_logits_match_lookup():
     S, Dk, H, W = 5, 6, 3, 5
-    enc = LearnedContentEncoding(Dk, S, init_std=1.0).double()
+    enc = LearnedContentEncoding(Dk, S).double()
     q = torch.randn(2, 3, H * W, Dk, dtype=torch.float64)
     out = enc.position_logits(q, H, W)
     for b, h in [(0, 0), (1, 2)]:
@@ -83,7 +84,7 @@ def test_learned_content_position_logits_match_lookup():
 
 @pytest.mark.parametrize(
     "enc",
-    [QuadraticEncoding(4, "isotropic"), QuadraticEncoding(4, "diagonal"), LearnedRelativeEncoding(4, 8, 9, init_std=0.5)],
+    [QuadraticEncoding(4, "isotropic"), QuadraticEncoding(4, "diagonal"), LearnedRelativeEncoding(4, 8, 9)],
     ids=["isotropic", "diagonal", "learned"],
 )
 def test_separable_softmax_is_kronecker_product_of_factor_softmaxes(enc):
@@ -122,3 +123,67 @@ def test_widths_control_locality():
     probs = enc.logits(5, 5).softmax(-1)
     q = 2 * 5 + 2  # query (2, 2) -> key (3, 1)
     assert probs[0, q, 3 * 5 + 1].item() == pytest.approx(1.0, abs=1e-15)
+
+
+# --------------------------------------------------------------------------- initialization
+
+
+def test_authors_init_draws_what_their_embedding_and_linear_modules_draw():
+    # The paper's code: nn.Embedding row/col tables, then nn.Linear(D_p, heads, bias=False) keys,
+    # created in this order; same seed, same numbers.
+    torch.manual_seed(11)
+    enc = LearnedRelativeEncoding(5, dim=12, max_size=4)
+    torch.manual_seed(11)
+    row, col = torch.nn.Embedding(7, 12), torch.nn.Embedding(7, 12)
+    keys_row, keys_col = torch.nn.Linear(12, 5, bias=False), torch.nn.Linear(12, 5, bias=False)
+    for ours, theirs in ((enc.row_embeddings, row.weight), (enc.col_embeddings, col.weight),
+                         (enc.row_keys, keys_row.weight), (enc.col_keys, keys_col.weight)):
+        assert torch.equal(ours, theirs)
+
+
+def test_learned_init_statistics():
+    authors = LearnedRelativeEncoding(400, dim=400, max_size=16)
+    bert = LearnedRelativeEncoding(400, dim=400, max_size=16, init="bert")
+    assert authors.row_embeddings.std().item() == pytest.approx(1.0, rel=0.02)
+    bound = 1 / math.sqrt(400)  # U(-1/sqrt(D_p), 1/sqrt(D_p)), std bound / sqrt(3)
+    assert authors.row_keys.abs().max().item() <= bound
+    assert authors.col_keys.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    for p in bert.parameters():
+        assert p.std().item() == pytest.approx(0.02, rel=0.02)
+
+
+@pytest.mark.parametrize("key_dim", [8, 64, 401])
+def test_content_authors_init_gives_their_score_scale(key_dim):
+    # Theirs: q.r / sqrt(D_k) with N(0, 1) tables; ours: q.r with N(0, 1/D_k) tables. Same scores.
+    torch.manual_seed(2)
+    enc = LearnedContentEncoding(key_dim, max_size=40)
+    torch.manual_seed(2)
+    theirs_row = torch.nn.Embedding(79, key_dim // 2).weight
+    torch.testing.assert_close(enc.row_embeddings, theirs_row / math.sqrt(key_dim), rtol=1e-6, atol=0)
+    assert enc.col_embeddings.shape == (79, key_dim - key_dim // 2)
+    bert = LearnedContentEncoding(key_dim, max_size=40, init="bert")
+    assert bert.row_embeddings.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+def test_unknown_init_is_rejected():
+    with pytest.raises(AttnconvError, match="authors, bert"):
+        LearnedRelativeEncoding(2, 4, 5, init="normal")
+    with pytest.raises(AttnconvError, match="authors, bert"):
+        LearnedContentEncoding(4, 5, init="xavier")
+
+
+@pytest.mark.parametrize(
+    "enc",
+    [QuadraticEncoding(3, "isotropic"), QuadraticEncoding(3, "full"), LearnedRelativeEncoding(3, 6, 5)],
+    ids=["isotropic", "full", "learned"],
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_encodings_score_in_float32(enc, dtype):
+    ref = enc.logits(4, 5)
+    low = copy.deepcopy(enc).to(dtype)
+    logits = low.logits(4, 5)
+    assert logits.dtype == torch.float32
+    # the parameters were rounded to the dtype, the scores were not
+    exact = copy.deepcopy(low).float().logits(4, 5)
+    assert torch.equal(logits, exact)
+    assert ((logits - ref).norm() / ref.norm()).item() < 4 * torch.finfo(dtype).eps

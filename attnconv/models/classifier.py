@@ -8,11 +8,12 @@
 
 Block (as the paper's code, BERT with post-LayerNorm, eps 1e-12):
     a = SelfAttention2d(hidden, hidden, heads, value="shared")(x)   W_val = I, Linear(heads*hidden -> hidden)
-    x = LayerNorm(x + Dropout(Linear(hidden -> hidden)(a)))
+    x = LayerNorm(x + Dropout(attention_out(a)))                     attention_out: Linear(hidden -> hidden)
     x = LayerNorm(x + Dropout(Linear(intermediate -> hidden)(GELU(Linear(hidden -> intermediate)(x)))))
 
 With the defaults this gives the paper's Table 1 sizes: sa-quadratic 12.1M,
-sa-learned 12.3M, sa-learned-content 29.5M parameters.
+sa-learned 12.3M, sa-learned-content 29.5M parameters. Initialization follows the
+paper's code (`pos_init="authors"`; docs/design-notes.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
+from attnconv.positional import POS_INITS
 from attnconv.models.registry import register_model
 
 LAYER_NORM_EPS = 1e-12
@@ -49,6 +51,11 @@ class ClassifierConfig:
     init: str = "paper"  # "paper": centers ~ N(0, 2^2); "grid": centers on the K x K grid (quadratic only)
     locality: float = 1.0  # alpha of every head with init="grid"
     checkpoint: bool = False  # recompute each block in backward instead of storing its activations
+    # "authors": learned tables N(0, 1), per-head keys nn.Linear's default (the paper's code);
+    # "bert": N(0, 0.02^2) (uniform learned heads at init). Learned encodings only.
+    pos_init: str = "authors"
+    # "per-sample" or "shared" (one attention-dropout mask per batch, the paper's code; position-only)
+    attn_dropout_mask: str = "per-sample"
 
     def validate(self) -> None:
         for name in ("in_channels", "image_size", "num_classes", "hidden", "heads", "layers", "intermediate", "downsample"):
@@ -64,6 +71,22 @@ class ClassifierConfig:
             raise AttnconvError(f"model option init must be 'paper' or 'grid', got {self.init!r}")
         if self.init == "grid" and not self.encoding.startswith("quadratic"):
             raise AttnconvError(f"init='grid' places quadratic centers; the {self.encoding!r} encoding has none")
+        if self.pos_init not in POS_INITS:
+            raise AttnconvError(f"model option pos_init must be one of {', '.join(POS_INITS)}, got {self.pos_init!r}")
+        if self.pos_init != "authors" and not self.encoding.startswith("learned"):
+            raise AttnconvError(
+                f"pos_init={self.pos_init!r} sets the learned tables' init; the {self.encoding!r} encoding has none "
+                f"(leave pos_init at 'authors')"
+            )
+        if self.attn_dropout_mask not in ("per-sample", "shared"):
+            raise AttnconvError(
+                f"model option attn_dropout_mask must be 'per-sample' or 'shared', got {self.attn_dropout_mask!r}"
+            )
+        if self.attn_dropout_mask == "shared" and self.encoding == "learned-content":
+            raise AttnconvError(
+                "attn_dropout_mask='shared' is for position-only encodings (content probabilities differ per "
+                "sample); leave it at 'per-sample'"
+            )
         if not self.locality > 0:
             raise AttnconvError(f"model option locality must be positive, got {self.locality}")
         for name in ("dropout", "attn_dropout"):
@@ -77,7 +100,11 @@ class ClassifierConfig:
 
 
 class Block(nn.Module):
-    """One post-LN encoder layer: attention sublayer, then MLP sublayer (channels-last)."""
+    """One post-LN encoder layer: attention sublayer, then MLP sublayer (channels-last).
+
+    `attention_out` was named `attention_dense` before (a clash with impl="dense"); state
+    dicts with the old names still load.
+    """
 
     def __init__(self, cfg: ClassifierConfig):
         super().__init__()
@@ -91,17 +118,30 @@ class Block(nn.Module):
             pos_dim=cfg.pos_dim,
             max_size=cfg.grid,
             attn_dropout=cfg.attn_dropout,
+            pos_init=cfg.pos_init,
+            attn_dropout_mask=cfg.attn_dropout_mask,
         )
-        self.attention_dense = nn.Linear(cfg.hidden, cfg.hidden)
+        self.attention_out = nn.Linear(cfg.hidden, cfg.hidden)
         self.attention_norm = nn.LayerNorm(cfg.hidden, eps=LAYER_NORM_EPS)
         self.intermediate = nn.Linear(cfg.hidden, cfg.intermediate)
         self.output = nn.Linear(cfg.intermediate, cfg.hidden)
         self.output_norm = nn.LayerNorm(cfg.hidden, eps=LAYER_NORM_EPS)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, hidden)
-        x = self.attention_norm(x + self.dropout(self.attention_dense(self.attention.forward_tokens(x))))
+        x = self.attention_norm(x + self.dropout(self.attention_out(self.attention.forward_tokens(x))))
         return self.output_norm(x + self.dropout(self.output(nn.functional.gelu(self.intermediate(x)))))
+
+
+_RENAMED = {"attention_dense.": "attention_out."}  # old parameter-name prefix in a Block -> new
+
+
+def _rename_old_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre-hook: a checkpoint written before a rename loads under the new names."""
+    for old, new in _RENAMED.items():
+        for key in [k for k in state_dict if k.startswith(prefix + old)]:
+            state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
 
 
 class AttentionClassifier(nn.Module):
