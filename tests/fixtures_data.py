@@ -234,3 +234,47 @@ def use_md5_of(monkeypatch, served: dict[str, bytes]) -> None:
 
     for url, payload in served.items():
         monkeypatch.setitem(sources.DOWNLOAD_MD5, url.rsplit("/", 1)[1], hashlib.md5(payload).hexdigest())
+
+
+# --------------------------------------------------------------------------- image folders (Pillow)
+
+
+def halves(w: int, h: int, mode: str = "RGB", vertical: bool = True, dark=0, light=255):
+    """A w x h Pillow image: left half ``dark``, right half ``light`` (top/bottom when not ``vertical``)."""
+    from PIL import Image
+
+    bands = len(Image.getmodebands(mode) * "x")
+    img = Image.new(mode, (w, h), (light,) * bands if bands > 1 else light)
+    box = (0, 0, w // 2, h) if vertical else (0, 0, w, h // 2)
+    img.paste((dark,) * bands if bands > 1 else dark, box)
+    return img
+
+
+def write_image_folder(root: Path, grey: bool = False, test_split: str = "test", seed: int = 0) -> dict:
+    """A tiny ImageFolder dataset: classes cat, dog (and bird, train only); PNG and JPEG, mixed sizes.
+
+    Returns {"train": [(relative path, class name)], test_split: [...]} in the order a sorted scan
+    finds them. Grey folders hold mode-L images only; otherwise colour and grey images mix.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    sizes = [(40, 30), (30, 50), (33, 33), (64, 20)]
+    layout: dict[str, list[tuple[str, str]]] = {"train": [], test_split: []}
+    for split, per_class in (("train", 4), (test_split, 2)):
+        for cls in ("bird", "cat", "dog"):
+            if cls == "bird" and split != "train":
+                continue
+            folder = root / split / cls
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                w, h = sizes[i % len(sizes)]
+                mode = "L" if grey or i == 3 else "RGB"
+                shape = (h, w) if mode == "L" else (h, w, 3)
+                img = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode=mode)
+                name = f"{cls}{i}.{'jpg' if i % 2 else 'png'}"
+                img.save(folder / name, quality=95)
+                layout[split].append((f"{split}/{cls}/{name}", cls))
+    (root / "train" / "cat" / "notes.txt").write_text("not an image")  # skipped
+    (root / "train" / ".DS_Store").write_bytes(b"\0")  # skipped
+    return layout

@@ -1,0 +1,94 @@
+"""Decoding one image file with Pillow into a fixed-size uint8 array (folder datasets).
+
+The recipe is torchvision's ``Resize(S)`` + ``CenterCrop(S)`` on a PIL image: the shorter
+side is resized to S (bilinear, antialiased), the longer one to ``int(S * long / short)``,
+then the center S x S is cut (top-left at ``round((side - S) / 2)``). Before that the
+EXIF orientation is applied (a photo is used the way viewers show it), and JPEGs are
+decoded at the smallest 1/2, 1/4 or 1/8 scale that still covers S (``Image.draft``).
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from attnconv.errors import AttnconvError
+
+# What torchvision's ImageFolder accepts, plus GIF (first frame).
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
+# Modes whose pixels are grey by construction (a palette image is grey when every palette entry is).
+_GREY_MODES = {"1", "L", "LA", "La", "I;16", "I;16B", "I;16L", "I;16N"}
+_SIXTEEN_BIT = {"I;16", "I;16B", "I;16L", "I;16N"}
+_UNSUPPORTED = {"I", "F"}  # 32-bit integer / float pixels: no one right way to map them to 8 bits
+
+
+def _pil():  # imported on first use: only folder datasets need Pillow
+    from PIL import Image, ImageOps
+
+    return Image, ImageOps
+
+
+def _fail(path: Path, e: BaseException) -> AttnconvError:
+    what = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+    return AttnconvError(f"{path}: cannot decode the image ({what}); replace the file or remove it from the folder")
+
+
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error)
+
+
+def _check_mode(img, path: Path) -> None:
+    if img.mode in _UNSUPPORTED:
+        raise AttnconvError(
+            f"{path}: {img.mode}-mode pixels (32-bit integer or float) are not supported; "
+            "save it as an 8- or 16-bit image"
+        )
+
+
+def probe_grey(path: Path) -> bool:
+    """Whether the image is grey (from its header and palette; the pixels are not decoded)."""
+    Image, _ = _pil()
+    try:
+        with Image.open(path) as img:
+            _check_mode(img, path)
+            if img.mode == "P":
+                palette = img.getpalette() or []
+                return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
+            return img.mode in _GREY_MODES
+    except AttnconvError:
+        raise
+    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+        raise _fail(path, e) from e
+
+
+def decode_image(path: Path, grey: bool, size: int) -> np.ndarray:
+    """The image at ``path`` as uint8 (C, size, size), C = 1 when ``grey`` else 3 (RGB)."""
+    Image, ImageOps = _pil()
+    mode = "L" if grey else "RGB"
+    try:
+        with Image.open(path) as img, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # e.g. palette transparency notes: not our concern
+            _check_mode(img, path)
+            img.draft(mode, (size, size))  # JPEG: decode at the smallest scale that is still >= size
+            img.load()
+            ImageOps.exif_transpose(img, in_place=True)
+            if img.mode in _SIXTEEN_BIT:  # 16-bit grey: keep the high byte (convert("L") would clip)
+                img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
+            img = img.convert(mode)
+            w, h = img.size
+            short = min(w, h)
+            if short == 0:
+                raise ValueError("the image is empty (0 pixels wide or high)")
+            nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+            if (nw, nh) != (w, h):
+                img = img.resize((nw, nh), Image.Resampling.BILINEAR)
+            top, left = round((nh - size) / 2), round((nw - size) / 2)  # as torchvision's CenterCrop
+            img = img.crop((left, top, left + size, top + size))
+            pixels = np.asarray(img, dtype=np.uint8)  # (S, S) or (S, S, 3)
+    except AttnconvError:
+        raise
+    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+        raise _fail(path, e) from e
+    return pixels[None] if grey else pixels.transpose(2, 0, 1)

@@ -1,0 +1,111 @@
+"""Folder datasets, the layout: torchvision's ImageFolder, one folder per split.
+
+    PATH/train/<class>/*.png|jpg|jpeg|bmp|gif|webp|tif|ppm|pgm   (any depth below <class>)
+    PATH/test/<class>/...    (or PATH/val/<class>/... when there is no test/)
+
+Classes are the train split's sub-folders, sorted by name (label = index). Hidden
+files and folders (".name") and files with other extensions are skipped. Every
+mistake in the layout is one error naming the folder and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnconv.data.decode import IMAGE_EXTENSIONS
+from attnconv.errors import AttnconvError
+
+TEST_SPLITS = ("test", "val")
+LAYOUT_HELP = "expected PATH/train/<class>/<images> and PATH/test/<class>/<images> (or PATH/val/...)"
+# Part of every cache key: bump it when the decoded pixels or the cache format change.
+DECODE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FolderLayout:
+    """The files of a folder dataset: (relative path, label) per image, train split first."""
+
+    root: Path
+    test_split: str  # "test" or "val"
+    classes: tuple[str, ...]
+    train: tuple[tuple[str, int], ...]
+    test: tuple[tuple[str, int], ...]
+    stamps: tuple[tuple[str, int, int], ...]  # (relative path, size, mtime_ns) of every image, in order
+
+    @property
+    def files(self) -> tuple[tuple[str, int], ...]:
+        return self.train + self.test
+
+    def cache_key(self, image_size: int) -> str:
+        """A hash of the folder, the image size, and every image's name, size and modification time."""
+        text = json.dumps([DECODE_VERSION, str(self.root), image_size, self.test_split, self.stamps])
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _is_image(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def _class_folders(split: Path) -> list[str]:
+    names = sorted(e.name for e in os.scandir(split) if e.is_dir() and not e.name.startswith("."))
+    stray = sorted(e.name for e in os.scandir(split) if e.is_file() and _is_image(e.name))
+    if stray:
+        raise AttnconvError(
+            f"{split / stray[0]} is not in a class folder; move the images of {split} into "
+            f"{split}/<class>/ folders ({LAYOUT_HELP})"
+        )
+    if not names:
+        raise AttnconvError(f"{split} has no class folders; {LAYOUT_HELP}")
+    return names
+
+
+def _images_in(folder: Path) -> list[Path]:
+    """Image files below ``folder`` (symlinked files followed, symlinked sub-folders not), sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.extend(Path(dirpath) / f for f in filenames if _is_image(f))
+    return sorted(found)
+
+
+def scan_folder(root: Path) -> FolderLayout:
+    """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
+    if not root.is_dir():
+        raise AttnconvError(f"image folder {root} does not exist (or is not a directory); {LAYOUT_HELP}")
+    if not (root / "train").is_dir():
+        raise AttnconvError(f"{root} has no train/ folder; {LAYOUT_HELP}")
+    test_split = next((s for s in TEST_SPLITS if (root / s).is_dir()), None)
+    if test_split is None:
+        raise AttnconvError(f"{root} has no test/ (or val/) folder to evaluate on; {LAYOUT_HELP}")
+    classes = _class_folders(root / "train")
+    label = {c: i for i, c in enumerate(classes)}
+    splits: dict[str, list[tuple[str, int]]] = {"train": [], test_split: []}
+    stamps = []
+    for split, items in splits.items():
+        for cls in _class_folders(root / split):
+            folder = root / split / cls
+            if cls not in label:
+                raise AttnconvError(
+                    f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "
+                    f"with training images, or remove {folder}"
+                )
+            images = _images_in(folder)
+            if not images:
+                raise AttnconvError(
+                    f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}); add some or remove the folder"
+                )
+            for path in images:
+                rel = path.relative_to(root).as_posix()
+                try:
+                    st = path.stat()
+                except OSError as e:  # e.g. a symlink to nowhere
+                    raise AttnconvError(f"{path}: cannot read ({e.strerror}); fix or remove it") from e
+                items.append((rel, label[cls]))
+                stamps.append((rel, st.st_size, st.st_mtime_ns))
+    return FolderLayout(
+        root, test_split, tuple(classes), tuple(splits["train"]), tuple(splits[test_split]), tuple(stamps)
+    )
