@@ -13,7 +13,7 @@ from fixtures_data import halves, isolated_data, write_image_folder  # noqa: F40
 from PIL import Image
 
 from attnconv import data
-from attnconv.data import decode, folder
+from attnconv.data import decode, folder, folder_cache
 from attnconv.errors import AttnconvError
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
@@ -311,3 +311,17 @@ def test_builtin_search_is_unaffected_by_folder_names(tmp_path):
     assert data.search_dirs("fashion-mnist", tmp_path)[0] == tmp_path
     with pytest.raises(AttnconvError, match="unknown dataset"):
         data.search_dirs(name(tmp_path))
+
+
+
+def test_a_cache_another_process_finished_meanwhile_is_kept(tmp_path):
+    write_image_folder(tmp_path)
+    data.load_dataset(name(tmp_path), image_size=8)
+    [cache] = caches()
+    inode = (cache / "images.npy").stat().st_ino
+    index = json.loads((cache / "index.json").read_text())
+    labels = np.load(cache / "labels.npy")
+    fields = {k: v for k, v in index.items() if k != "format"}
+    folder_cache.build_cache(cache, labels, (index["channels"], 8, 8), lambda images: fields)  # a racing rank
+    assert (cache / "images.npy").stat().st_ino == inode  # the finished cache was not replaced
+    assert caches() == [cache] and not list((data.cache_dir() / "folders").glob(".*"))

@@ -95,7 +95,10 @@ def build_cache(
                 f"cannot write the decoded images to {target.parent} ({e.strerror or e}); free space there, "
                 "or set XDG_CACHE_HOME to a disk with room"
             ) from e
-        if target.exists():  # an inconsistent cache: a directory cannot be renamed over a non-empty one
+        if target.exists():
+            if open_cache(target) is not None:  # another process (a second DDP rank) built it meanwhile
+                return
+            # an inconsistent cache: a directory cannot be renamed over a non-empty one, move it aside
             old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old.", suffix=".attnconv-tmp"))
             os.replace(target, old / "x")
             shutil.rmtree(old, ignore_errors=True)
