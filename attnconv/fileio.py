@@ -63,6 +63,11 @@ def write_bytes(data: bytes) -> Callable[[Path], None]:
     return lambda tmp: tmp.write_bytes(data)
 
 
+def is_temporary(name: str, targets: tuple[str, ...]) -> bool:
+    """Whether `name` is an `atomic_write` temporary of one of the file names `targets`."""
+    return name.endswith(TMP_SUFFIX) and any(name.startswith(f".{t}.") for t in targets)
+
+
 def remove_temporaries(directory: str | os.PathLike, names: tuple[str, ...]) -> None:
     """Delete the temporaries `atomic_write` left for these file names (a killed writer's)."""
     directory = Path(directory)
@@ -82,6 +87,9 @@ def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str,
     if path.is_dir():
         raise AttnconvError(f"{flag} {path} is a directory; give a file name inside it")
     parent = path.parent
+    blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise AttnconvError(f"{flag} {path}: {blocking} is a file, not a folder; choose another location")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -97,8 +105,11 @@ def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str,
 class DirectoryLock:
     """An advisory lock (`fcntl.flock`) on `<directory>/.attnconv.lock`: one writer per directory.
 
-    The kernel drops the lock when its process dies, so a run killed with SIGKILL leaves
-    no stale lock behind: the lock file stays, but the next writer takes it at once.
+    A second process that tries to take it fails at once with one clear error. The kernel
+    drops the lock when its process dies, so a run killed with SIGKILL leaves no stale lock:
+    the file may stay behind, but the next writer takes it at once. The holder deletes the
+    file when it releases the lock; a writer that locked a file deleted meanwhile (its inode
+    is no longer the path's) tries again on the new one.
 
         with DirectoryLock(run_dir, "--out"):
             ...  # only this process writes into run_dir
@@ -106,25 +117,33 @@ class DirectoryLock:
 
     def __init__(self, directory: str | os.PathLike, flag: str = "--out"):
         self.directory, self.flag = Path(directory), flag
+        self.path = self.directory / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> DirectoryLock:
-        path = self.directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise AttnconvError(
-                    f"{self.flag} {self.directory}: another attnconv process is writing there; "
-                    "wait for it to finish (or stop it) and try again, or choose another directory") from None
-            raise
-        self._fd = fd
-        return self
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise AttnconvError(
+                        f"{self.flag} {self.directory}: another attnconv process is writing there; wait for it "
+                        "to finish (or stop it) and try again, or choose another directory") from None
+                raise
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return self
+            os.close(fd)  # the holder deleted the file as we opened it: lock the new one
 
     def release(self) -> None:
         if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # while still holding it, so nobody locks a deleted file for good
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from attnconv.errors import AttnconvError
@@ -73,6 +74,8 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", metavar="NAME", help="cifar10 or fashion-mnist")
     p.add_argument("--resume", action="store_true",
                    help="continue from RUN_DIR's last checkpoint (starts fresh if there is none)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in RUN_DIR (its config, metrics, weights and state; other files stay)")
     i = p.add_argument_group("starting from a trained CNN")
     i.add_argument("--init-from", metavar="CNN_RUN", help="a trained CNN run: train it further as attention")
     i.add_argument("--init-alpha", type=float, default=None,
@@ -109,7 +112,10 @@ def register(subparsers) -> None:
     r.add_argument("--data-dir", help="folder with the dataset files")
     r.add_argument("--checkpoint-every", type=int, metavar="STEPS",
                    help="also checkpoint every STEPS steps (default: at epoch ends only)")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--no-progress", action="store_true", help="no progress output (epoch summaries only)")
+    r.add_argument("--log-every", type=int, default=100, metavar="STEPS",
+                   help="when stderr is not a terminal (nohup, CI): a progress line every STEPS steps "
+                        "(default 100; on a terminal a progress bar is shown instead)")
     m = p.add_argument_group("model overrides")
     for flag, kind, text in MODEL_FLAGS:
         m.add_argument(f"--{flag}", type=kind, help=text)
@@ -136,11 +142,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.init_alpha is not None or args.fold_bn is not None or args.init_content is not None:
         raise AttnconvError("--init-alpha, --fold-bn and --init-content go with --init-from CNN_RUN")
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
-    if out.exists() and not out.is_dir():
-        raise AttnconvError(f"--out {out} is a file; give a directory")
-    row = train(config, out, resume=args.resume, progress=not args.no_progress)
+    if args.log_every < 1:
+        raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
+    row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
+                log_every=args.log_every)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
+        print(f"next: attnconv eval {out}  |  attnconv report {out}  |  attnconv explore {out}", file=sys.stderr)
     return 0
 
 

@@ -47,7 +47,15 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError
 from attnconv.evaluate import evaluate
-from attnconv.fileio import atomic_write, remove_temporaries, write_bytes
+from attnconv.fileio import (
+    LOCK_FILE,
+    DirectoryLock,
+    atomic_write,
+    describe_os_error,
+    is_temporary,
+    remove_temporaries,
+    write_bytes,
+)
 from attnconv.models import build_model
 from attnconv.runs import (
     CONFIG_FILE,
@@ -66,6 +74,7 @@ from attnconv.runs import (
     write_config,
 )
 from attnconv.train.distributed import Dist, init_distributed
+from attnconv.train.progress import ProgressLog
 from attnconv.train.schedule import learning_rate, make_optimizer
 
 # Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
@@ -92,35 +101,59 @@ def train(
     out: str | os.PathLike,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     dataset: tuple[D.ImageSet, D.ImageSet] | None = None,
     progress: bool = True,
+    log_every: int = 100,
 ) -> dict[str, float]:
     """Train `config` into the run directory `out`; returns the last metrics row.
 
-    resume: continue from out/state.pt if there is one (start fresh if not), after
-    checking that the config matches out/config.json except for `RESUMABLE_CHANGES`.
+    The run directory contract: `out` must be new or empty, or hold a run already, which
+    `resume` continues (from out/state.pt if there is one, after checking that the config
+    matches out/config.json except for `RESUMABLE_CHANGES`) and `overwrite` replaces (its
+    run files only, named on stderr). A folder holding anything else is refused; files the
+    run did not write are never modified or deleted. One process at a time writes a run
+    directory (an advisory lock on out/.attnconv.lock; a killed process holds none).
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
-    (they must have that dataset's shape). Launched by torchrun, trains with DDP.
+    (they must have that dataset's shape). progress: print progress (a bar on a terminal,
+    a line every `log_every` steps otherwise). Launched by torchrun, trains with DDP.
     """
     config.validate()
+    if resume and overwrite:
+        raise AttnconvError("--resume and --overwrite contradict each other: give one")
     out = Path(out)
     fresh = not out.exists()
     d = init_distributed(config)
+    lock = DirectoryLock(out, "--out") if d.main else None
     try:
-        return _Trainer(config, out, resume, dataset, progress, d).run()
-    except AttnconvError:
-        if fresh and d.main and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # a run that failed before writing anything leaves no empty directory behind
-        raise
+        return _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock).run()
+    except OSError as err:  # disk full or the folder gone while writing: one line, the last checkpoint kept
+        raise AttnconvError(f"--out {out}: could not write ({describe_os_error(err)}); {_last_checkpoint(out)}")\
+            from None
     finally:
+        if lock is not None:
+            lock.release()
+            if fresh and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()  # a run that failed before writing anything leaves no directory behind
         if d.active and dist.is_initialized():
             dist.destroy_process_group()
 
 
+def _last_checkpoint(out: Path) -> str:
+    try:
+        step = load_state(out / STATE_FILE)["progress"]["step"]
+    except AttnconvError:
+        return "no checkpoint was written yet"
+    return f"the last good checkpoint (step {step}) is intact; resume it with --resume"
+
+
 class _Trainer:
-    def __init__(self, config, out: Path, resume: bool, dataset, progress: bool, d: Dist):
-        self.config, self.out, self.resume, self.d = config, out, resume, d
-        self.show_bar = progress and d.main  # the bar; epoch summaries print on rank 0 regardless
+    def __init__(self, config, out: Path, resume: bool, overwrite: bool, dataset, progress: bool, log_every: int,
+                 d: Dist, lock: DirectoryLock | None):
+        self.config, self.out, self.resume, self.overwrite, self.d, self.lock = config, out, resume, overwrite, d, lock
+        # progress on rank 0 only; epoch summaries print on rank 0 regardless
+        self.progress_mode = ProgressLog.auto_mode(progress and d.main)
+        self.log_every = log_every
         if config.workers is not None:
             torch.set_num_threads(config.workers)
         if config.device.startswith("cuda"):
@@ -175,18 +208,34 @@ class _Trainer:
     # ---------------------------------------------------------------- setup checks
 
     def _check_out(self) -> str | None:
-        """Rank 0: the run directory can be written, and holds no other run."""
+        """Rank 0: take the run directory's lock; it is new, empty, or a run to resume or overwrite."""
         out = self.out
+        if out.exists() and not out.is_dir():
+            return f"--out {out} is a file; give a directory"
         try:
             out.mkdir(parents=True, exist_ok=True)
-            probe = out / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            self.lock.acquire()
+        except AttnconvError as err:
+            return str(err)
         except OSError as err:
-            return f"--out {out}: cannot write there ({err.strerror or err}); choose another directory"
-        if (out / CONFIG_FILE).exists() and not self.resume:
-            return (f"--out {out} already holds a run; pass --resume to continue it, "
-                    "or choose a new --out to start over")
+            return f"--out {out}: cannot write there ({describe_os_error(err)}); choose another directory"
+        ours = set(RUN_FILES) | {LOCK_FILE}
+        names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
+        if not (out / CONFIG_FILE).exists():
+            if names:
+                shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                return (f"--out {out} is not empty and holds no attnconv run ({shown}); "
+                        "choose a new or empty directory")
+            return None
+        if self.resume:
+            return None
+        if not self.overwrite:
+            return (f"--out {out} already holds a run; pass --resume to continue it, --overwrite to replace "
+                    "it, or choose a new --out")
+        replaced = [n for n in names if n in ours]
+        _write_line(f"--overwrite: replacing the run in {out} ({', '.join(replaced)}); other files stay")
+        for name in replaced:
+            (out / name).unlink()
         return None
 
     def _check_data(self) -> None:
@@ -342,7 +391,9 @@ class _Trainer:
             augment=cfg.augment, rank=d.rank, world_size=d.world_size, drop_last=True, start_batch=p.batch,
             device=self.device,
         )
-        bar = _bar(self.show_bar, self.steps_per_epoch, p.batch, f"epoch {p.epoch + 1}/{cfg.epochs}")
+        bar = ProgressLog(self.progress_mode, total_steps=self.total_steps, epoch_steps=self.steps_per_epoch,
+                          initial=p.batch, desc=f"epoch {p.epoch + 1}/{cfg.epochs}", log_every=self.log_every)
+        self._synced = p.step
         self.train_net.train()
         # Device-side accumulators: no host sync per step (a sync per step stalls a GPU).
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss_sum, correct, seen
@@ -366,14 +417,14 @@ class _Trainer:
                 sums += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(),
                                      torch.tensor(float(n), dtype=torch.float64, device=self.device)])
                 first_bad = torch.where((first_bad < 0) & ~loss.isfinite(), p.step, first_bad)
-            bar.update(1)
             epoch_done = p.batch == self.steps_per_epoch
             run_done = p.step >= self.total_steps
             ckpt = cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0
-            if epoch_done or run_done or ckpt or p.step % _SYNC_EVERY == 0:
+            log_due = self.progress_mode == "lines" and p.step % self.log_every == 0
+            if epoch_done or run_done or ckpt or log_due or p.step % _SYNC_EVERY == 0:
                 now = time.perf_counter()
                 p.seconds += now - tick
-                self._sync(sums, first_bad, bar)
+                self._sync(sums, first_bad, bar, lr)
                 if epoch_done or run_done:
                     break
                 if ckpt:
@@ -390,7 +441,7 @@ class _Trainer:
             "images_per_s": p.seen / p.seconds if p.seconds > 0 else 0.0, "lr": lr,
         }
         if self.d.main:
-            _write(
+            bar.write(
                 f"epoch {p.epoch + 1}/{cfg.epochs}  step {p.step}  train loss {row['train_loss']:.4f} "
                 f"acc {row['train_acc']:.4f}  test loss {test_loss:.4f} acc {test_acc:.4f}  "
                 f"{p.seconds:.1f} s  {row['images_per_s']:.0f} img/s"
@@ -408,7 +459,7 @@ class _Trainer:
         self._checkpoint()
         return row
 
-    def _sync(self, sums: torch.Tensor, first_bad: torch.Tensor, bar) -> None:
+    def _sync(self, sums: torch.Tensor, first_bad: torch.Tensor, bar: ProgressLog, lr: float) -> None:
         """Move the device-side sums into `progress`, and stop on a non-finite loss (on every rank)."""
         p = self.progress
         bad = int(first_bad)
@@ -423,10 +474,11 @@ class _Trainer:
         p.loss_sum += loss_sum
         p.correct += correct
         p.seen += seen
-        if p.seen and bar is not None:
+        steps, self._synced = p.step - self._synced, p.step
+        if p.seen:
             rate = p.seen * self.d.world_size / p.seconds if p.seconds > 0 else 0.0
-            bar.set_postfix(loss=f"{p.loss_sum / p.seen:.4f}", acc=f"{p.correct / p.seen:.4f}",
-                            img_s=f"{rate:.0f}", refresh=False)
+            bar.update(p.step, steps, loss=p.loss_sum / p.seen, acc=p.correct / p.seen, rate=rate, lr=lr,
+                       seconds_per_step=p.seconds / max(1, p.batch))
 
     def _evaluate(self) -> tuple[float, float]:
         with self.autocast:
@@ -434,15 +486,6 @@ class _Trainer:
                             device=self.device, rank=self.d.rank, world_size=self.d.world_size)
 
 
-def _bar(show: bool, total: int, initial: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, disable=not show, leave=False, unit="step",
-                dynamic_ncols=True, mininterval=0.5)
-
-
-def _write(line: str) -> None:
-    # tqdm.write keeps an active progress bar intact.
-    from tqdm import tqdm
-
-    tqdm.write(line, file=sys.stderr)
+def _write_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -1,0 +1,220 @@
+"""The run directory contract: train writes only where it may, one writer at a time, never a user's file."""
+
+import errno
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
+
+import attnconv.runs as runs
+import attnconv.train.loop as loop
+from attnconv.cli import main
+from attnconv.errors import AttnconvError
+from attnconv.fileio import LOCK_FILE, TMP_SUFFIX, DirectoryLock, atomic_write, is_temporary
+from attnconv.runs import convert_run, load_state
+from attnconv.train.progress import ProgressLog, format_duration
+
+RUN_FILES = ["config.json", "metrics.csv", "model.safetensors", "state.pt"]
+
+
+def one_epoch(out, data_dir, *extra):  # noqa: F811
+    return tiny_args(out, data_dir, "--epochs", "1", *extra)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_train_refuses_a_folder_of_user_files_and_touches_nothing(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "mine"
+    out.mkdir()
+    for name, text in (("notes.txt", "my notes"), ("metrics.csv", "a,b\n1,2\n"), ("model.safetensors", "x"),
+                       (".name.tmp-x", "hidden")):
+        (out / name).write_text(text)
+    before = snapshot(out)
+    assert main(one_epoch(out, data_dir)) == 2
+    err = capsys.readouterr().err
+    assert "is not empty and holds no attnconv run" in err and "notes.txt" in err
+    assert snapshot(out) == before  # nothing modified, nothing deleted, no lock file left
+    # --resume and --overwrite do not make a stranger's folder a run either
+    assert main(one_epoch(out, data_dir, "--overwrite")) == 2
+    assert main(one_epoch(out, data_dir, "--resume")) == 2
+    assert snapshot(out) == before
+
+
+def test_train_into_an_empty_folder_and_the_lock_file_is_gone_after(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert main(one_epoch(out, data_dir)) == 0
+    assert sorted(p.name for p in out.iterdir()) == RUN_FILES
+
+
+def test_existing_run_needs_resume_or_overwrite_and_overwrite_keeps_other_files(tmp_path, data_dir, capsys):  # noqa: F811,E501
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    (out / "notes.txt").write_text("keep me")
+    capsys.readouterr()
+    assert main(one_epoch(out, data_dir, "--seed", "1")) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["config"]["seed"] == 0
+    assert main(one_epoch(out, data_dir, "--seed", "1", "--overwrite")) == 0
+    err = capsys.readouterr().err
+    assert "--overwrite: replacing the run in" in err and "config.json" in err
+    assert json.loads((out / "config.json").read_text())["config"]["seed"] == 1
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert [r["epoch"] for r in runs.read_metrics(out)] == [1]  # the old run's rows are gone, not mixed in
+    assert main(one_epoch(out, data_dir, "--resume", "--overwrite")) == 2
+
+
+def test_a_second_writer_fails_at_once(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "busy"
+    out.mkdir()
+    with DirectoryLock(out):  # another process writing there (flock conflicts across open files)
+        assert main(one_epoch(out, data_dir)) == 2
+        assert "another attnconv process is writing there" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_a_stale_lock_file_from_a_killed_process_does_not_block_resume(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    (out / LOCK_FILE).write_text("")  # what a SIGKILLed writer leaves: the file, but no lock on it
+    assert main(one_epoch(out, data_dir, "--resume")) == 0  # takes the lock: the run is already finished
+    assert [r["epoch"] for r in runs.read_metrics(out)] == [1] and not (out / LOCK_FILE).exists()
+
+
+def test_only_our_own_temporaries_are_cleaned_up(tmp_path, data_dir):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    ours = out / f".state.pt.k3j2{TMP_SUFFIX}"
+    theirs = [out / ".name.tmp-x", out / ".state.pt.tmp-123", out / f".notes.txt.abc{TMP_SUFFIX}"]
+    for p in [ours, *theirs]:
+        p.write_text("x")
+    assert main(one_epoch(out, data_dir, "--resume")) == 0
+    assert not ours.exists() and all(p.read_text() == "x" for p in theirs)
+
+
+def test_is_temporary_and_atomic_write_names():
+    assert is_temporary(f".config.json.ab12{TMP_SUFFIX}", ("config.json",))
+    assert not is_temporary(".config.json.tmp-1", ("config.json",))
+    assert not is_temporary(f".other.ab{TMP_SUFFIX}", ("config.json",))
+
+
+def test_atomic_write_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+
+    def full(tmp):
+        tmp.write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        atomic_write(target, full)
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoint_survives(
+        tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    calls = {"n": 0}
+    real = loop.save_state
+
+    def fill_up(state, path):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(state, path)
+
+    monkeypatch.setattr(loop, "save_state", fill_up)
+    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("epoch ")]
+    assert len(err) == 1 and "no space left on the device" in err[0] and "checkpoint (step 5) is intact" in err[0]
+    assert load_state(out / "state.pt")["progress"]["step"] == 5
+    assert not any(p.name.endswith(TMP_SUFFIX) for p in out.iterdir())
+    monkeypatch.setattr(loop, "save_state", real)
+    assert main(tiny_args(out, data_dir, "--resume", "--checkpoint-every", "5")) == 0
+
+
+def test_no_room_at_all_leaves_no_empty_run_folder(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
+    out = tmp_path / "new" / "run"
+
+    def no_room(run_dir, meta):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(loop, "write_config", no_room)
+    assert main(one_epoch(out, data_dir)) == 2
+    assert "no space left" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_convert_never_touches_a_users_folder_next_to_its_output(tmp_path, data_dir):  # noqa: F811
+    run = tmp_path / "cnn"
+    assert main(["train", "--model", "resnet18", "--width", "4", "--dataset", "fashion-mnist", "--data-dir",
+                 str(data_dir), "--max-steps", "2", "--batch-size", "32", "--workers", "1", "--no-progress",
+                 "--out", str(run)]) == 0
+    cv = tmp_path / "cv"
+    users = cv / ".NAME.tmp"
+    users.mkdir(parents=True)
+    (users / "precious.txt").write_text("mine")
+    convert_run(run, cv / "NAME")
+    assert (users / "precious.txt").read_text() == "mine"
+    assert sorted(p.name for p in (cv / "NAME").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in cv.iterdir()) == [".NAME.tmp", "NAME"]
+    meta = json.loads((cv / "NAME" / "config.json").read_text())
+    assert "params" not in meta and meta["parameters"] == runs.parameter_count(meta) > 0
+    with pytest.raises(AttnconvError, match="already exists"):
+        convert_run(run, cv / "NAME")
+
+
+def test_parameter_count_of_old_converted_runs_reads_params():
+    assert runs.parameter_count({"parameters": 10}) == 10
+    assert runs.parameter_count({"parameters": 10, "params": 12, "converted": {}}) == 12
+    assert runs.parameter_count({}) is None
+
+
+# ---------------------------------------------------------------------------------- logs
+
+
+def test_logs_are_lines_with_eta_off_a_terminal(tmp_path, data_dir, capfd):  # noqa: F811
+    out = tmp_path / "run"
+    args = [a for a in one_epoch(out, data_dir) if a != "--no-progress"]
+    assert main([*args, "--log-every", "2"]) == 0
+    err = capfd.readouterr().err
+    assert "\r" not in err
+    steps = [line for line in err.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["2/8", "4/8", "6/8", "8/8"]  # synced every step at this size
+    assert all("img/s" in line and "ETA" in line and "lr" in line for line in steps)
+    assert "next: attnconv eval" in err
+
+
+def test_progress_log_lines_only_when_a_multiple_is_passed():
+    stream = io.StringIO()
+    log = ProgressLog("lines", total_steps=100, epoch_steps=50, initial=0, desc="epoch 1/2", log_every=25,
+                      stream=stream)
+    for step in (10, 20, 30, 40, 60):
+        log.update(step, 10 if step != 60 else 20, loss=1.0, acc=0.5, rate=100.0, lr=0.1, seconds_per_step=2.0)
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == ["30/100", "60/100"]
+    assert lines[0].endswith("ETA 2m20s")
+    assert ProgressLog.auto_mode(True, io.StringIO()) == "lines" and ProgressLog.auto_mode(False) == "off"
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (9.4, 192, 3725)] == ["9s", "3m12s", "1h02m"]
+
+
+def test_lock_is_per_directory_and_released_on_error(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    with DirectoryLock(a), DirectoryLock(b):
+        with pytest.raises(AttnconvError, match="another attnconv process"):
+            DirectoryLock(a).acquire()
+    with pytest.raises(RuntimeError):
+        with DirectoryLock(a):
+            raise RuntimeError("boom")
+    DirectoryLock(a).acquire().release()
+    assert os.listdir(a) == []
