@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import math
 import operator
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -356,13 +357,19 @@ class SelfAttention2d(nn.Module):
         return maps, bias + torch.einsum("ohd,hd->o", w_out, b_val)
 
 
-def float32_scores() -> ExitStack:
-    """Disable autocast so scores and softmax stay in float32 (fp16 softmax overflows to NaN)."""
-    stack = ExitStack()
-    for device in ("cpu", "cuda"):
-        if (device == "cpu" or torch.cuda.is_available()) and torch.is_autocast_enabled(device):
-            stack.enter_context(torch.autocast(device_type=device, enabled=False))
-    return stack
+@contextmanager
+def float32_scores() -> Iterator[None]:
+    """Disable autocast so scores and softmax stay in float32 (fp16 softmax overflows to NaN).
+
+    Plain nested `with torch.autocast(...)` blocks (no ExitStack), which torch.compile traces
+    without a graph break.
+    """
+    with torch.autocast("cpu", enabled=False):
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", enabled=False):
+                yield
+        else:
+            yield
 
 
 def _check_positive_int(name: str, v: object) -> None:

@@ -1,0 +1,47 @@
+"""torch.compile(fullgraph=True) readiness: every named model traces as one graph, and a compiled
+attention model computes what the eager one does, forward and backward."""
+
+import pytest
+import torch
+import torch._dynamo as dynamo
+
+from attnconv.models import build_model, list_models
+
+_SMALL = dict(hidden=16, heads=4, layers=2, intermediate=16, image_size=16)
+
+
+def _small(name: str) -> dict:
+    return dict(width=4, image_size=16) if name.startswith("resnet") else dict(_SMALL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("name", list_models())
+def test_every_model_traces_as_one_graph(name, amp):
+    # checkpoint=True (attention models) also puts the blocks under torch.utils.checkpoint
+    extra = {} if name.startswith("resnet") else dict(checkpoint=True)
+    model = build_model(name, **_small(name), **extra).train()
+    dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        explained = dynamo.explain(model)(torch.randn(2, 3, 16, 16))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.slow
+def test_compiled_attention_model_matches_eager_forward_and_backward():
+    torch.manual_seed(0)
+    small = dict(_small("sa-quadratic"), layers=1)  # compile time grows with the layers (about 15 s for one here)
+    model = build_model("sa-quadratic", **small, dropout=0.0, attn_dropout=0.0).train()
+    x = torch.randn(3, 3, 16, 16)
+    dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    results = []
+    for run in (model, compiled):
+        model.zero_grad()
+        y = run(x)
+        y.square().sum().backward()
+        results.append((y.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (y0, g0), (y1, g1) = results
+    torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6, msg=n)
