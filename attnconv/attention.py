@@ -102,11 +102,11 @@ class SelfAttention2d(nn.Module):
     ):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
+        optional = {"head_dim": head_dim, "key_dim": key_dim, "pos_dim": pos_dim}  # None: the default below
         sizes = {"in_channels": in_channels, "out_channels": out_channels, "heads": heads, "max_size": max_size,
-                 "head_dim": head_dim, "key_dim": key_dim, "pos_dim": pos_dim}
+                 **{name: v for name, v in optional.items() if v is not None}}
         for name, v in sizes.items():
-            if v is not None or name in ("in_channels", "out_channels", "heads", "max_size"):
-                _check_positive_int(name, v)
+            _check_positive_int(name, v)
         if encoding not in ENCODINGS:
             raise AttnconvError(f"unknown encoding {encoding!r}; choose one of: {', '.join(ENCODINGS)}")
         if value not in VALUE_MODES:
@@ -126,15 +126,16 @@ class SelfAttention2d(nn.Module):
         self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
         self.encoding_name, self.value_mode, self.attn_dropout = encoding, value, float(attn_dropout)
         self.attn_dropout_mask = attn_dropout_mask
-        self.key_dim = key_dim or in_channels
+        self.key_dim = in_channels if key_dim is None else key_dim
+        pos_dim = in_channels if pos_dim is None else pos_dim
         self.encoding = build_encoding(
-            encoding, heads, pos_dim=pos_dim or in_channels, key_dim=self.key_dim, max_size=max_size, init=pos_init
+            encoding, heads, pos_dim=pos_dim, key_dim=self.key_dim, max_size=max_size, init=pos_init
         )
         if not self.position_only:
             self.query = nn.Linear(in_channels, heads * self.key_dim)
             self.key = nn.Linear(in_channels, heads * self.key_dim)
         if value == "project":
-            self.head_dim = head_dim or math.ceil(out_channels / heads)
+            self.head_dim = math.ceil(out_channels / heads) if head_dim is None else head_dim
             self.value = nn.Linear(in_channels, heads * self.head_dim)
         else:
             if head_dim is not None:
