@@ -50,7 +50,7 @@ def data_dir(tmp_path_factory) -> Path:
 # A model small enough for many runs in the test budget; it keeps dropout (0.1) so
 # that resume must restore the RNG state.
 TINY_MODEL = ["--model", "sa-quadratic", "--hidden", "16", "--layers", "1", "--heads", "4",
-              "--intermediate", "32", "--downsample", "4"]
+              "--intermediate", "32", "--downsample", "4", "--dropout", "0.1"]
 
 
 def tiny_args(out, data_dir, *extra) -> list[str]:

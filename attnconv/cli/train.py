@@ -9,8 +9,11 @@
                                                      # ... plus content attention (8 channels per head)
     torchrun --nproc-per-node 2 -m attnconv train --preset ... --out runs/ddp
 
-Explicit flags override the preset; model flags (--hidden, --layers, ...) override
-the model's defaults. With --resume, a run directory's saved config is the base, and
+Without --preset, the recipe registered for the dataset is the base (Fashion-MNIST: the
+CPU recipes; CIFAR-10: the paper's; folder:PATH: AdamW scaled to the image size and count;
+see attnconv.recipes) and the line `recipe: ...` says what it set. Explicit flags override
+the preset or recipe; model flags (--hidden, --layers, ...) override the model's defaults.
+With --resume, a run directory's saved config is the base, and
 only --device, --workers, --data-dir, --checkpoint-every and --compile may change.
 With --init-from, the architecture, dataset and recipe are the CNN run's (optimization
 flags override the recipe): every convolution becomes a multi-head attention layer
@@ -141,7 +144,15 @@ def run(args: argparse.Namespace) -> int:
         base, changes = _init_from(args, base, overrides, changes)
     elif args.init_alpha is not None or args.fold_bn is not None or args.init_content is not None:
         raise AttnconvError("--init-alpha, --fold-bn and --init-content go with --init-from CNN_RUN")
+    recipe = None
+    if args.preset is None and base is None and args.model is not None and args.dataset is not None:
+        from attnconv.recipes import dataset_recipe, describe
+
+        recipe, base = dataset_recipe(args.model, args.dataset)
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
+    if recipe is not None and os.environ.get("RANK", "0") == "0":
+        print(f"recipe: {recipe}, with your flags on top: {describe(config)} (--preset NAME for another)",
+              file=sys.stderr)
     if args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
