@@ -207,10 +207,15 @@ def test_max_steps_stops_mid_epoch_and_logs_the_partial_epoch(tmp_path, data_dir
     assert load_state(out / "state.pt")["progress"]["finished"]
 
 
-def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch):
-    """An interruption right after the mid-epoch checkpoint at step 10 (epoch 2, batch 2 of 8)."""
+@pytest.mark.parametrize("precision", [(), ("--amp",)], ids=["float32", "bf16"])
+def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch, precision):
+    """An interruption right after the mid-epoch checkpoint at step 10 (epoch 2, batch 2 of 8); in bf16 too."""
+    from attnconv.precision import bf16_supported
+
+    if precision and not bf16_supported("cpu") and os.environ.get("CI") != "true":
+        pytest.skip("this CPU has no native bfloat16")
     ref = tmp_path / "ref"
-    assert main(tiny_args(ref, data_dir)) == 0
+    assert main(tiny_args(ref, data_dir, *precision)) == 0
 
     import attnconv.train.loop as T
 
@@ -223,12 +228,13 @@ def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch):
 
     monkeypatch.setattr(T._Trainer, "_checkpoint", checkpoint_then_die)
     out = tmp_path / "run"
-    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 130
+    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", *precision)) == 130
     progress = load_state(out / "state.pt")["progress"]
     assert (progress["step"], progress["epoch"], progress["batch"]) == (10, 1, 2)
     monkeypatch.undo()
-    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", "--resume")) == 0
+    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", "--resume", *precision)) == 0
     assert_bit_identical(weights(ref), weights(out))
+    assert json.loads((out / "config.json").read_text())["precision"].startswith("bfloat16" if precision else "float32")
     ref_rows, rows = read_metrics(ref), read_metrics(out)
     assert len(rows) == 2  # epoch 1 is not logged twice
     for a, b in zip(ref_rows, rows):  # the interrupted epoch's training sums were carried over
@@ -382,3 +388,13 @@ def test_load_run_reports_missing_and_corrupt_files(tmp_path, data_dir):
     (out / "config.json").write_text("{not json")
     with pytest.raises(AttnconvError, match="corrupt run config"):
         load_run(out)
+
+
+def test_amp_is_refused_where_bf16_is_emulated(monkeypatch):
+    import attnconv.precision as P
+
+    monkeypatch.setattr(P.torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
+    assert not P.bf16_supported("cpu")
+    with pytest.raises(AttnconvError, match="no native bfloat16"):
+        P.check_amp(True, "cpu")
+    P.check_amp(False, "cpu")

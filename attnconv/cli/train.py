@@ -52,6 +52,9 @@ MODEL_FLAGS = (
     ("impl", str, "attention models: auto, dense, separable or sdpa"),
     ("init", str, "quadratic attention models: 'paper' (centers ~ N(0, 2^2)) or 'grid' (centers on the KxK grid)"),
     ("locality", float, "quadratic attention models with --init grid: initial alpha of every head (default 1)"),
+    ("pos-init", str, "learned-encoding models: 'authors' (N(0, 1) tables, as the authors' code; default) or 'bert'"),
+    ("attn-dropout-mask", str, "attention models: 'per-sample' (default) or 'shared' (one mask per batch for "
+                               "position-only probabilities, as the authors' code)"),
     ("width", int, "resnet18: base channels (paper: 64)"),
 )
 

@@ -57,6 +57,7 @@ from attnconv.fileio import (
     write_bytes,
 )
 from attnconv.models import build_model
+from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -203,6 +204,7 @@ class _Trainer:
         self.train_net = torch.compile(net) if config.compile else net
         self.eval_net = self.train_net if not d.active else (
             torch.compile(self.model) if config.compile else self.model)
+        check_amp(config.amp, self.device)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.amp)
 
     # ---------------------------------------------------------------- setup checks
@@ -374,6 +376,7 @@ class _Trainer:
                 "steps_per_epoch": self.steps_per_epoch,
                 "total_steps": self.total_steps,
                 "world_size": self.d.world_size,
+                "precision": precision_name(cfg.amp),
                 "torch": torch.__version__,
                 "attnconv": attnconv.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
