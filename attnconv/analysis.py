@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -157,7 +156,7 @@ def load_attention_run(run_dir: str | os.PathLike, device: str = "cpu"):
     raises AttnconvError (from `attention_layers`).
     """
     from attnconv import data as D
-    from attnconv.train import load_run
+    from attnconv.runs import load_run
 
     model, config = load_run(run_dir, device)
     if getattr(model, "attention_layers", None):
@@ -191,13 +190,11 @@ def run_images(
     looked up in `data_dir`, else in the run's own data_dir, else where `load_dataset` searches.
     """
     from attnconv import data as D
+    from attnconv.runs import run_test_set
 
     if count is not None and count < 1:
         raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
-    data_dir = data_dir or config.data_dir
-    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        data_dir = None  # the run's data folder is gone: search the usual places
-    _, test = D.load_dataset(config.dataset, data_dir)
+    test = run_test_set(config, data_dir)
     if index is not None:
         if not 0 <= index < len(test):
             raise AttnconvError(
