@@ -1,8 +1,9 @@
 """Figures of trained attention layers: head centers (Figures 4, 12, 14) and attention maps (Figures 5, 6).
 
-    from attnconv.plots import plot_centers, plot_maps
+    from attnconv.plots import plot_centers, plot_maps, plot_figures
     plot_centers("runs/sa")                          # runs/sa/centers.png
     plot_maps("runs/sa", query=(3, 3), zoom=7)       # runs/sa/maps.png
+    plot_figures("runs/sa", "docs/figures/sa")       # docs/figures/sa-centers.png, sa-maps.png
 
 Coordinates are token-grid coordinates (the image after the model's d x d downsampling):
 a shift (row, col) = key - query, rows pointing down as in an image.
@@ -12,7 +13,9 @@ Centers. One panel per layer, one color per head. The query pixel is the black s
 (dotted) of its attention mass:
   - quadratic heads: the level sets of their Gaussian, score -1/2 (d - Delta)^T Sigma^-1 (d - Delta).
     Under that (continuous) Gaussian, d^T Sigma^-1 d is chi^2 with 2 degrees of freedom, so
-    the ellipse {d^T Sigma^-1 d = -2 ln(1 - m)} holds mass m (circles for isotropic heads);
+    the ellipse {d^T Sigma^-1 d = -2 ln(1 - m)} holds mass m (circles for isotropic heads;
+    ellipses of each head's own covariance for the full-covariance heads of
+    sa-quadratic-aniso, as in Figure 12; `gaussian_ellipse` gives their axes and angle);
   - learned and content heads (no center parameter): the probabilities of the query in
     the middle of the grid (content: averaged over test images), contoured at the levels
     that enclose 50% / 90% of the mass (the fewest, most probable pixels), and the center
@@ -41,9 +44,11 @@ _FORMATS = (".png", ".svg", ".pdf")
 __all__ = [
     "MASSES",
     "centers_figure",
+    "gaussian_ellipse",
     "maps_figure",
     "mass_level",
     "plot_centers",
+    "plot_figures",
     "plot_maps",
     "save_figure",
 ]
@@ -55,12 +60,15 @@ __all__ = [
 
 
 def _check_out(path: str | os.PathLike) -> Path:
+    """The figure's path, checked before any work: a .png/.svg/.pdf name whose folder can be written."""
+    from attnconv.fileio import check_writable_file
+
     path = Path(path)
     if path.suffix.lower() not in _FORMATS:
         raise AttnconvError(f"--out {path}: give a file name ending in {', '.join(_FORMATS)}")
     if path.exists() and path.is_dir():
         raise AttnconvError(f"--out {path} is a directory; give a file name such as {path / 'figure.png'}")
-    return path
+    return check_writable_file(path, "--out", _FORMATS)
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
@@ -101,14 +109,50 @@ def mass_level(p: np.ndarray, mass: float) -> float:
     return float((v[k] + (below[0] if len(below) else 0.0)) / 2)
 
 
-def _ellipse(center: np.ndarray, s: np.ndarray, mass: float) -> np.ndarray:
-    """Points (n, 2) as (row, col) of {d: (d - c)^T S (d - c) = -2 ln(1 - mass)}."""
-    r2 = -2.0 * math.log(1.0 - mass)
-    evals, evecs = np.linalg.eigh(s)
+def gaussian_ellipse(inverse_covariance: np.ndarray | Sequence[Sequence[float]], mass: float | None = None
+                     ) -> tuple[float, float, float]:
+    """Semi-major axis, semi-minor axis and angle (degrees) of a quadratic head's Gaussian ellipse.
+
+    A quadratic head (`positional.QuadraticEncoding`) scores a shift delta = key - query as
+
+        A(delta) = -1/2 (delta - Delta)^T Sigma^-1 (delta - Delta),  Sigma^-1 = `inverse_covariance`
+
+    (isotropic: Sigma^-1 = a^2 I = 2 alpha I; full covariance: Sigma^-1 = A A^T), so its
+    attention, softmax(A), is the Gaussian N(Delta, Sigma) with covariance Sigma =
+    (Sigma^-1)^-1 restricted to the grid. With Sigma^-1 = V diag(l_1, l_2) V^T (l_1 <= l_2),
+    the ellipse {d : d^T Sigma^-1 d = r^2} has semi-axes r / sqrt(l_1) >= r / sqrt(l_2) along
+    the eigenvectors v_1, v_2 (r / sqrt(l_i) = r sigma_i, sigma_i^2 the eigenvalues of Sigma).
+    r = 1 (`mass` None) is the one-sigma ellipse; r^2 = -2 ln(1 - mass) the ellipse holding
+    `mass` of the (continuous) Gaussian, d^T Sigma^-1 d being chi^2 with 2 degrees of freedom.
+
+    Coordinates are (row, col) shifts. The angle is that of the major axis v_1 in the plot's
+    (x = col, y = row) frame, from +col towards +row, in (-90, 90]: matplotlib's
+    `Ellipse((col, row), 2 * major, 2 * minor, angle=angle)` on axes whose rows point down.
+    A circle has angle 0. Eigenvalues below 1e-12 are raised to it (a degenerate head is a
+    very long ellipse, not an error).
+    """
+    s = np.asarray(inverse_covariance, dtype=float)
+    if s.shape != (2, 2):
+        raise AttnconvError(f"inverse_covariance must be 2x2, got shape {s.shape}")
+    r = 1.0 if mass is None else math.sqrt(-2.0 * math.log(1.0 - mass))
+    evals, evecs = np.linalg.eigh((s + s.T) / 2)  # ascending: the major axis first
     evals = np.maximum(evals, 1e-12)
+    major, minor = r / math.sqrt(evals[0]), r / math.sqrt(evals[1])
+    if math.isclose(major, minor, rel_tol=1e-12):
+        return major, minor, 0.0
+    v_row, v_col = evecs[:, 0]
+    angle = math.degrees(math.atan2(v_row, v_col))
+    angle = angle - 180.0 if angle > 90.0 else angle + 180.0 if angle <= -90.0 else angle
+    return major, minor, angle
+
+
+def _ellipse(center: np.ndarray, s: np.ndarray, mass: float) -> np.ndarray:
+    """Points (n, 2) as (row, col) of {d: (d - c)^T S (d - c) = -2 ln(1 - mass)} (`gaussian_ellipse`)."""
+    major, minor, angle = gaussian_ellipse(s, mass)
     t = np.linspace(0, 2 * math.pi, 121)
-    unit = np.stack([np.cos(t), np.sin(t)], axis=-1)  # (n, 2)
-    return center + (unit * np.sqrt(r2 / evals)) @ evecs.T
+    u, w = major * np.cos(t), minor * np.sin(t)  # along the major and minor axes
+    c, n = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    return center + np.stack([u * n + w * c, u * c - w * n], axis=-1)  # (row, col)
 
 
 def _window(layers: list[dict[str, Any]], grid: int) -> int:
@@ -119,9 +163,8 @@ def _window(layers: list[dict[str, Any]], grid: int) -> int:
         need = max(need, float(np.abs(c).max()) + 0.5 if c.size else 0.0)
         if g.get("inverse_covariance") is not None:
             s = np.asarray(g["inverse_covariance"], dtype=float)
-            r2 = -2.0 * math.log(1.0 - max(MASSES))
             for h in range(len(c)):
-                semi = math.sqrt(r2 / max(np.linalg.eigvalsh(s[h])[0], 1e-12))
+                semi = gaussian_ellipse(s[h], max(MASSES))[0]
                 need = max(need, float(np.abs(c[h]).max()) + semi)
         elif g.get("map") is not None:
             m = np.asarray(g["map"], dtype=float)
@@ -316,9 +359,15 @@ def _load(run_dir, device: str):
     """(model, config, converted layers or []) of a run with attention; one clear error otherwise."""
     from attnconv.analysis import load_attention_run
 
-    if not Path(run_dir).is_dir():
-        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
+    _check_run_dir(run_dir)
     return load_attention_run(run_dir, device)
+
+
+def _check_run_dir(run_dir) -> None:
+    if not Path(run_dir).exists():
+        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
+    if not Path(run_dir).is_dir():
+        raise AttnconvError(f"{run_dir}: not a run directory (it is a file); give the --out of `attnconv train`")
 
 
 def plot_centers(
@@ -346,6 +395,7 @@ def plot_centers(
         token_grid,
     )
 
+    _check_run_dir(run_dir)  # before the default out inside it is checked (which would create it)
     out = _check_out(Path(run_dir) / "centers.png" if out is None else out)
     model, config, layers = _load(run_dir, device)
     if layers:  # converted from a CNN: each layer on its own input grid
@@ -384,14 +434,16 @@ def plot_maps(
     *,
     images: int = 100,
     query: Sequence[int] | None = None,
-    zoom: int = 7,
+    zoom: int | None = 7,
     image: int | None = None,
     data_dir: str | os.PathLike | None = None,
     device: str = "cpu",
 ) -> Path:
     """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head.
 
-    query: (row, col) on the token grid (default its center). zoom: side of the window.
+    query: (row, col) on the token grid (default its center). zoom: side of the window;
+    None: the whole token grid around its middle (the smallest odd side >= the grid's; for a
+    network converted from a CNN, 7).
     Content models: mean over the first `images` test images, or the single test image
     `image` (drawn beside the grid; for position-only models the maps do not depend on it).
     Writes `out` (default RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
@@ -405,9 +457,10 @@ def plot_maps(
         token_grid,
     )
 
-    if not isinstance(zoom, int) or zoom < 1:
+    if zoom is not None and (not isinstance(zoom, int) or zoom < 1):
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
+    _check_run_dir(run_dir)
     out = _check_out(Path(run_dir) / default if out is None else out)
     model, config, layers = _load(run_dir, device)
     if layers:  # converted from a CNN: the query is an image pixel; check it before any work
@@ -427,8 +480,10 @@ def plot_maps(
         how = "position-only: the same for every input"
     x = None if x is None else x.to(device)
     if layers:  # converted from a CNN
+        zoom = 7 if zoom is None else zoom
         return save_figure(_converted_maps(config, layers, converted_probs(model, layers, x), query, zoom, how), out)
     size = token_grid(model)
+    zoom = 2 * (max(size) // 2) + 1 if zoom is None else zoom
     q = _parse_query(query, size)
     probs = mean_layer_probs(model, x)
     picture = None
@@ -461,3 +516,26 @@ def _converted_maps(config, layers, probs: list[Tensor], query: Sequence[int] | 
     title = (f"{config.model} as attention: image pixel ({i}, {j}) as the query of each converted layer "
              f"(on its own input grid), {zoom}x{zoom} window;\n{how}; each map scaled to its max")
     return maps_figure([], image_size, (i, j), zoom, title=title, windows=windows, row_labels=labels)
+
+
+def plot_figures(
+    run_dir: str | os.PathLike,
+    prefix: str | os.PathLike,
+    *,
+    images: int = 100,
+    data_dir: str | os.PathLike | None = None,
+    device: str = "cpu",
+) -> list[Path]:
+    """The paper-style figures of one attention run: PREFIX-centers.png and PREFIX-maps.png.
+
+    centers: `plot_centers`, each head's center and 50% / 90% contours per layer (Figure 4
+    for isotropic quadratic heads, Figure 12's ellipses for full-covariance ones, contours
+    of the middle query's probabilities for learned and content heads). maps: `plot_maps`
+    of the middle query over the whole token grid, layers x heads (Figure 5 for learned
+    relative heads; content heads averaged over the first `images` test images, Figure 6).
+    Returns the two paths; a run without attention (a CNN) raises AttnconvError.
+    """
+    prefix = Path(prefix)
+    common = {"images": images, "data_dir": data_dir, "device": device}
+    return [plot_centers(run_dir, prefix.with_name(prefix.name + "-centers.png"), **common),
+            plot_maps(run_dir, prefix.with_name(prefix.name + "-maps.png"), zoom=None, **common)]

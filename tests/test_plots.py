@@ -1,13 +1,30 @@
 """Figures: attention centers and attention maps of tiny runs of every encoding, and their bad inputs."""
 
+import importlib.util
 import math
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
+import torch
+from fixtures_runs import TINY, train_tiny_runs
 
+from attnconv.analysis import attention_layers, head_geometry, mean_layer_probs, token_grid
 from attnconv.cli import main
-from attnconv.plots import _ellipse, _window, mass_level, save_figure
+from attnconv.errors import AttnconvError
+from attnconv.models import build_model
+from attnconv.plots import (
+    _ellipse,
+    _window,
+    centers_figure,
+    gaussian_ellipse,
+    maps_figure,
+    mass_level,
+    plot_figures,
+    save_figure,
+)
+from attnconv.positional import QuadraticEncoding
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -133,3 +150,146 @@ def test_window_covers_centers_but_never_exceeds_the_grid():
     far = [{"centers": np.array([[30.0, 0.0]]), "inverse_covariance": np.eye(2)[None] * 50}]
     assert _window(near, 7) == 2
     assert _window(far, 7) == 7
+
+
+def _rotation(degrees: float) -> np.ndarray:
+    """Columns: the unit vectors at `degrees` and `degrees` + 90 in the (col, row) frame, as (row, col)."""
+    t = math.radians(degrees)
+    return np.array([[math.sin(t), math.cos(t)], [math.cos(t), -math.sin(t)]])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_gaussian_ellipse_axes_and_angle_are_the_eigendecomposition(seed):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(2, 2))
+    s = a @ a.T + 0.05 * np.eye(2)  # a random inverse covariance
+    evals, evecs = np.linalg.eigh(s)
+    for mass, r in ((None, 1.0), (0.5, math.sqrt(2 * math.log(2))), (0.9, math.sqrt(2 * math.log(10)))):
+        major, minor, angle = gaussian_ellipse(s, mass)
+        assert major == pytest.approx(r / math.sqrt(evals[0])) and minor == pytest.approx(r / math.sqrt(evals[1]))
+        assert -90 < angle <= 90
+        direction = np.array([math.sin(math.radians(angle)), math.cos(math.radians(angle))])  # (row, col)
+        assert abs(direction @ evecs[:, 0]) == pytest.approx(1.0)  # along the smallest eigenvalue's vector
+    # the one-sigma semi-axes are the standard deviations along the principal directions of Sigma
+    np.testing.assert_allclose(sorted(gaussian_ellipse(s)[:2]), np.sqrt(np.linalg.eigvalsh(np.linalg.inv(s))))
+
+
+def test_gaussian_ellipse_of_known_heads():
+    assert gaussian_ellipse(np.diag([1 / 4, 1.0])) == pytest.approx((2.0, 1.0, 90.0))  # long along rows (down)
+    assert gaussian_ellipse(np.diag([1.0, 1 / 4])) == pytest.approx((2.0, 1.0, 0.0))  # long along columns
+    alpha = 2.0  # isotropic A = -alpha ||delta||^2: Sigma^-1 = 2 alpha I, sigma = 1 / sqrt(2 alpha)
+    assert gaussian_ellipse(2 * alpha * np.eye(2)) == pytest.approx((0.5, 0.5, 0.0))
+    for degrees in (30.0, -60.0, 90.0):
+        v = _rotation(degrees)
+        sigma = v @ np.diag([9.0, 1.0]) @ v.T  # standard deviations 3 (at `degrees`) and 1
+        assert gaussian_ellipse(np.linalg.inv(sigma)) == pytest.approx((3.0, 1.0, degrees))
+    with pytest.raises(AttnconvError, match="2x2"):
+        gaussian_ellipse(np.eye(3))
+
+
+def test_gaussian_ellipse_of_a_full_covariance_encoding_head():
+    """positional.QuadraticEncoding(kind="full"), Sigma^-1 = A A^T: the ellipse of its scores' Gaussian."""
+    enc = QuadraticEncoding(1, kind="full")
+    v = _rotation(25.0)
+    with torch.no_grad():
+        enc.widths.copy_(torch.tensor(v @ np.diag([1 / 2.5, 1 / 0.8]), dtype=torch.float32)[None])
+        enc.centers.zero_()
+    s = enc.inverse_covariance()[0].detach().double().numpy()
+    major, minor, angle = gaussian_ellipse(s)
+    assert (major, minor, angle) == pytest.approx((2.5, 0.8, 25.0), rel=1e-5)
+    # the scores the ellipse is drawn from: -1/2 d^T Sigma^-1 d for a shift d = (row, col) from the middle query
+    size = 9
+    logits = enc.logits(size, size)[0].detach().double().reshape(size, size, size, size)  # (q_r, q_c, k_r, k_c)
+    q = size // 2
+    for dr, dc in ((1, 2), (-2, 1), (3, 3)):
+        d = np.array([dr, dc], dtype=float)
+        assert float(logits[q, q, q + dr, q + dc]) == pytest.approx(-0.5 * d @ s @ d, rel=1e-5)
+    pts = _ellipse(np.zeros(2), s, 0.5)  # the drawn 50% contour: the same ellipse, scaled
+    radius = np.linalg.norm(pts, axis=1)
+    assert radius.max() == pytest.approx(major * math.sqrt(2 * math.log(2)), rel=1e-3)
+    assert radius.min() == pytest.approx(minor * math.sqrt(2 * math.log(2)), rel=1e-3)
+
+
+# ------------------------------------------------------------------------------ figure functions on tiny models
+
+
+def _tiny_model(name: str, layers: int = 2, heads: int = 4):
+    return build_model(name, **{**TINY, "layers": layers, "heads": heads}, in_channels=1, image_size=28).eval()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("layers", [2, 5])
+def test_figure_functions_draw_a_panel_per_layer_and_head(model, layers):
+    m = _tiny_model(model, layers=layers)
+    x = torch.randn(3, 1, 28, 28) if model == "sa-learned-content" else None
+    probs = mean_layer_probs(m, x)
+    size = token_grid(m)
+    geometry = [head_geometry(layer, p, size) for layer, p in zip(attention_layers(m), probs)]
+    centers = centers_figure(geometry, max(size), model)
+    assert sum(ax.get_visible() for ax in centers.axes) == layers  # one panel per layer, extras hidden
+    assert all(len(ax.lines) >= 4 for ax in centers.axes if ax.get_visible())  # a center per head at least
+    if model.startswith("sa-quadratic"):  # 50% and 90% ellipses per head, plus its center
+        assert all(len(ax.lines) == 4 * 3 for ax in centers.axes if ax.get_visible())
+    maps = maps_figure(probs, size, (3, 3), 7)
+    assert len(maps.axes) == layers * 4
+    image = np.zeros((28, 28))
+    assert len(maps_figure(probs, size, (3, 3), 7, image=image, downsample=4).axes) == layers * 4 + 1
+
+
+# ------------------------------------------------------------------------------ a row's figures from its run
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_plot_figures_writes_centers_and_whole_grid_maps(runs, model, tmp_path):
+    paths = plot_figures(runs[model], tmp_path / "figs" / f"table1-{model}", images=3)
+    assert [p.name for p in paths] == [f"table1-{model}-centers.png", f"table1-{model}-maps.png"]
+    for p in paths:
+        assert_png(p)
+
+
+def test_plot_maps_without_zoom_shows_the_whole_grid(runs, tmp_path):
+    from attnconv.plots import plot_maps
+
+    whole = assert_png(plot_maps(runs["sa-learned"], tmp_path / "whole.png", zoom=None))
+    three = assert_png(plot_maps(runs["sa-learned"], tmp_path / "three.png", zoom=3))
+    assert whole.shape == three.shape  # the same panels: only what is inside them differs
+    with pytest.raises(AttnconvError, match="--zoom 0"):
+        plot_maps(runs["sa-learned"], tmp_path / "x.png", zoom=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_cnn_run(tmp_path_factory):
+    return train_tiny_runs(tmp_path_factory.mktemp("cnn"), [("resnet18", {"width": 4})], epochs=1,
+                           max_steps=1)["resnet18"]
+
+
+def test_plot_figures_of_a_cnn_is_one_error(tiny_cnn_run, tmp_path):
+    with pytest.raises(AttnconvError, match="no attention layers"):
+        plot_figures(tiny_cnn_run, tmp_path / "resnet18")
+    assert not list(tmp_path.iterdir())
+
+
+def _figures_script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "table1" / "figures.py"
+    spec = importlib.util.spec_from_file_location("table1_figures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table1_figures_script_draws_every_trained_attention_row(runs, tmp_path, capsys):
+    root = tmp_path / "table1"
+    for model in MODELS[:3]:  # sa-learned-content not trained yet
+        (root / model).mkdir(parents=True)
+        (root / model / "seed0").symlink_to(runs[model], target_is_directory=True)
+    out = tmp_path / "docs" / "figures"
+    script = _figures_script()
+    assert script.main(["--root", str(root), "--out", str(out), "--images", "3"]) == 0
+    captured = capsys.readouterr()
+    expected = sorted(f"table1-{m}-{kind}.png" for m in MODELS[:3] for kind in ("centers", "maps"))
+    assert sorted(p.name for p in out.iterdir()) == expected
+    assert captured.out.split() == [str(out / f"table1-{m}-{k}.png") for m in MODELS[:3] for k in ("centers", "maps")]
+    assert "skip sa-learned-content" in captured.err
+    for name in expected:
+        assert_png(out / name)
+    assert script.main(["--root", str(root), "--out", str(out), "--seed", "1"]) == 1  # nothing trained
