@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,11 +137,20 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of `to_dict`; unknown keys are an error (a config from another tool or version)."""
+        """Inverse of `to_dict`; unknown keys are an error (a config from another tool or version),
+        and so is a value of the wrong type (a list for model_overrides, a string for epochs):
+        what reads a run directory can rely on the field types."""
+        if not isinstance(d, dict):
+            raise AttnconvError(f"the training config is a {type(d).__name__}, not a JSON object")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
             raise AttnconvError(f"unknown training config field(s) {', '.join(unknown)}")
+        hints = typing.get_type_hints(cls)
+        for name, value in d.items():
+            if not _fits(value, hints[name]):
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                raise AttnconvError(f"field {name} is {shown}, expected {_type_name(hints[name])}")
         d = dict(d)
         if "milestones" in d:
             d["milestones"] = tuple(d["milestones"])
@@ -151,6 +162,38 @@ class TrainConfig:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a TrainConfig field's annotation (ints fit float, bools fit only bool)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(k, args[0]) for k in value) if args else isinstance(value, dict)
+    if origin is tuple:  # tuple[X, ...]: JSON gives a list
+        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return _is_int(value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    names = {dict: "an object", tuple: "a list of numbers", bool: "true or false", int: "a whole number",
+             float: "a number", str: "a string"}
+    return names.get(typing.get_origin(hint) or hint) or getattr(hint, "__name__", str(hint))
 
 
 # ---------------------------------------------------------------------------------- presets

@@ -45,6 +45,8 @@ from torch import Tensor, nn
 
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
+from attnconv.fileio import atomic_write, check_writable_file
+from attnconv.limits import check_memory
 
 SOURCES = ("fmnist", "random")
 DEFAULTS = dict(kernel=3, heads=9, steps=3000, channels=8, size=12, batch_size=32, lr=0.03, seed=0)
@@ -249,6 +251,13 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         raise AttnconvError(f"--record-every {record_every} is invalid: give a whole number >= 1")
     if source is not None and source not in SOURCES:
         raise AttnconvError(f"--source {source!r}: choose one of {', '.join(SOURCES)}")
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise AttnconvError(f"--data-dir {data_dir}: no such directory; give the folder holding Fashion-MNIST's files")
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise AttnconvError(f"--out {out} is a file; give a folder for learn-conv.json and learn-conv.png")
+    check_memory(_memory_needed(kernel, heads, channels, size, batch_size),
+                 f"--size {size} with --channels {channels}, --heads {heads}, --batch-size {batch_size}",
+                 "give a smaller --size, fewer --channels or --heads, or a smaller --batch-size")
 
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
@@ -264,6 +273,8 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         note = f"Fashion-MNIST not found, used Gaussian images ({err})"
         data = _Images("random", channels, size, gen, data_dir)
     source = data.source
+    if out is not None:  # before the training, not after it
+        check_writable_file(Path(out) / "learn-conv.json", "--out")
     held_out = data.batch(_EVAL_IMAGES, held_out=True)
     pad = kernel // 2
     opt = torch.optim.Adam(student.parameters(), lr=lr)
@@ -327,16 +338,24 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         result["note"] = note
     if out is not None:
         from attnconv.plots import save_figure
-        from attnconv.fileio import atomic_write
 
         out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise AttnconvError(f"--out {out} is a file; give a folder for learn-conv.json and learn-conv.png")
         out.mkdir(parents=True, exist_ok=True)
         text = json.dumps(result, indent=1) + "\n"
         atomic_write(out / "learn-conv.json", lambda tmp: tmp.write_text(text))
         save_figure(learn_conv_figure(result), out / "learn-conv.png")
     return result
+
+
+def _memory_needed(kernel: int, heads: int, channels: int, size: int, batch_size: int) -> int:
+    """Bytes learn-conv needs at its peak, about (float32): the held-out forward (256 images)
+    and a training step's activations and gradients, each per head on the padded grid
+    ((heads, B, T, C) twice on the separable path), the inputs, and the layers with Adam's state."""
+    padded = (size + 2 * (kernel // 2)) ** 2  # tokens T of the zero-padded grid
+    elements = (heads * channels * padded * (2 * _EVAL_IMAGES + 4 * batch_size)
+                + _EVAL_IMAGES * channels * (size**2 + 2 * padded)
+                + 4 * channels**2 * (kernel**2 + heads) + 2 * heads * padded)
+    return 4 * elements
 
 
 def _tap_mixing(student: SelfAttention2d, side: int, kernel: int) -> dict[str, Any]:
@@ -346,11 +365,19 @@ def _tap_mixing(student: SelfAttention2d, side: int, kernel: int) -> dict[str, A
     computes sum_t (sum_h M[t, h] W_h) x[q + t], so it can match any K x K conv whenever M
     has full rank K^2 and little mass leaks outside the window, with or without centers on
     the grid (Theorem 1's one-hot M is one such solution).
+
+    Only the middle query's probabilities are computed: for the separable (isotropic)
+    encoding, the outer product of its row and column softmaxes, (heads, side, side),
+    not the (heads, T, T) matrix of every query.
     """
+    mid = side // 2
     with torch.no_grad():
-        probs = student.attention_probs(size=(side, side))[0].double()  # (heads, T, T)
-    mid = (side // 2) * side + side // 2
-    p = probs[:, mid].reshape(-1, side, side)  # (heads, side, side) over keys
+        if student.encoding.separable:
+            row, col = student.encoding.factors(side, side)  # (heads, side, side) each, [h, query, key]
+            p = row[:, mid].double().softmax(-1)[:, :, None] * col[:, mid].double().softmax(-1)[:, None, :]
+        else:
+            probs = student.attention_probs(size=(side, side))[0].double()  # (heads, T, T)
+            p = probs[:, mid * side + mid].reshape(-1, side, side)  # (heads, side, side) over keys
     lo = side // 2 - kernel // 2
     window = p[:, lo : lo + kernel, lo : lo + kernel].reshape(p.shape[0], -1)  # (heads, K^2)
     sv = torch.linalg.svdvals(window.T)  # singular values of M (K^2, heads)

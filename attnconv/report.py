@@ -358,9 +358,9 @@ def build_report(
     if not isinstance(images, int) or images < 1:
         raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    if not run_dir.exists():
         raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-    meta = read_config(run_dir)
+    meta = read_config(run_dir)  # a file, or a folder that holds no run: one error naming it
     rows = read_metrics(run_dir)
     model, config = load_run(run_dir, device)
     summary = describe_run(run_dir, device=device)
@@ -400,13 +400,16 @@ def write_report(
     data_dir: str | os.PathLike | None = None,
     device: str = "cpu",
 ) -> Path:
-    """Write the report of `run_dir` to `out` (default RUN_DIR/report.html) atomically; return its path."""
-    from attnconv.fileio import atomic_write
+    """Write the report of `run_dir` to `out` (default RUN_DIR/report.html) atomically; return its path.
+
+    `out` is checked first (not a directory, its folder writable), before the report is built."""
+    from attnconv.fileio import atomic_write, check_writable_file
 
     out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
     if out.is_dir():
         raise AttnconvError(f"--out {out} is a directory; give a file name such as {out / REPORT_FILE}")
+    if Path(run_dir).is_dir():  # else build_report names the missing run directory
+        out = check_writable_file(out, "--out")
     text = build_report(run_dir, images=images, data_dir=data_dir, device=device)
-    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return out

@@ -21,9 +21,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
+import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,8 @@ from attnconv.convert import cnn_to_attention
 from attnconv import data as D
 from attnconv.errors import AttnconvError
 from attnconv.fileio import atomic_write, write_bytes
-from attnconv.models import build_model
+from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
+from attnconv.models import build_model, list_models
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
@@ -65,49 +69,169 @@ def save_state(state: dict[str, Any], path: Path) -> None:
 
 
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a training-state file (only tensors and plain containers: weights_only=True)."""
+    """Read a training-state file and check its structure; one AttnconvError if it is not sound.
+
+    Only tensors and plain containers are unpickled (weights_only=True: a pickle that asks
+    for anything else is refused without running it). The structure is checked here, so
+    that resuming never meets a bad one: "progress" holds whole-number counters (step,
+    epoch, batch, rows), a bool "finished" and real-number sums; "model" maps names to
+    tensors; "optimizer" is a state_dict; "rng" holds CPU generator states (ByteTensors
+    of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
+    """
     path = Path(path)
+    fix = "delete it to restart the run from scratch, or resume from another copy of the run"
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. torch's note on the pickle protocol of a foreign file
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise AttnconvError(f"{path}: no training state here (the run has not checkpointed yet)") from None
+    except IsADirectoryError:
+        raise AttnconvError(f"{path} is a directory, not a training state; {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the training state ({err.strerror or err}); {fix}") from None
     except Exception as err:  # corrupt or foreign file: unpickling errors of many kinds
-        raise AttnconvError(f"{path}: cannot read the training state ({type(err).__name__}: {err}); "
-                            "delete it to restart the run from scratch") from None
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise AttnconvError(f"{path}: not an attnconv training state (format {STATE_FORMAT})")
+        # torch's own message suggests weights_only=False, which would run whatever the file asks: never.
+        asked = re.search(r"GLOBAL ([\w.]+)", str(err))
+        why = (f"it asks for {asked.group(1)}, which a training state never holds; refused, nothing ran" if asked
+               else "truncated, damaged, or not written by torch.save")
+        raise AttnconvError(f"{path}: cannot read the training state: the file is corrupt ({why}); {fix}") from None
+    problem = _state_problem(state)
+    if problem is not None:
+        raise AttnconvError(f"{path}: cannot read the training state: the file is corrupt ({problem}); {fix}")
     return state
 
 
+_STATE_COUNTERS = ("step", "epoch", "batch", "rows")
+_STATE_SUMS = ("loss_sum", "correct", "seen", "seconds")
+
+
+def _state_problem(state: Any) -> str | None:
+    """What is wrong with a training state's structure (`load_state`), or None."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        return f"not an attnconv training state of format {STATE_FORMAT}"
+    progress = state.get("progress")
+    if not isinstance(progress, dict):
+        return "no progress counters"
+    for key in _STATE_COUNTERS:
+        v = progress.get(key)
+        if not _whole(v) or v < 0:
+            return f"progress {key} is {v!r}, not a whole number >= 0"
+    if not isinstance(progress.get("finished", False), bool):
+        return f"progress finished is {progress['finished']!r}, not true or false"
+    for key in _STATE_SUMS:
+        v = progress.get(key, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return f"progress {key} is {v!r}, not a finite number"
+    model = state.get("model")
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                              for k, t in model.items()):
+        return "the weights are not a mapping of names to tensors"
+    opt = state.get("optimizer")
+    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) \
+            or not isinstance(opt.get("param_groups"), list) or not all(isinstance(g, dict) for g in opt["param_groups"]):
+        return "the optimizer state is not an optimizer's state_dict"
+    rng = state.get("rng")
+    if not isinstance(rng, dict):
+        return "no random number generator states"
+    cpu, cuda = rng.get("torch"), rng.get("cuda")
+    size = torch.get_rng_state().numel()
+    if not isinstance(cpu, list) or not cpu or not all(_byte_vector(t, size) for t in cpu):
+        return f"the CPU random number generator states are not ByteTensors of {size} bytes, one per process"
+    if cuda is not None and (not isinstance(cuda, list) or len(cuda) != len(cpu)
+                             or not all(_byte_vector(t) for t in cuda)):
+        return "the CUDA random number generator states are not ByteTensors, one per process"
+    return None
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _byte_vector(t: Any, size: int | None = None) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+            and (size is None or t.numel() == size))
+
+
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The parsed config.json of a run directory (with the TrainConfig under "config")."""
-    path = Path(run_dir) / CONFIG_FILE
+    """The parsed config.json of a run directory (with the TrainConfig under "config").
+
+    Checked before anything is built from it: the directory and the file exist, the file
+    is UTF-8 JSON holding a "config" object that `TrainConfig.from_dict` accepts (field
+    types included), with a known model. One AttnconvError otherwise. (The dataset is
+    checked where it is used, the size of the network as `build_run_model` builds it.)
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_FILE
+    hint = "give the folder that `attnconv train --out` wrote"
+    if not run_dir.is_dir():
+        why = "it is a file" if run_dir.exists() else "no such directory"
+        raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
+    if not path.exists():
+        raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
+    fix = "restore it from a copy, or train the run again"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt run config (not a regular file); {fix}")
+    if path.stat().st_size > _MAX_CONFIG_BYTES:
+        raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
+                            f"few KiB); {fix}")
     try:
-        meta = json.loads(path.read_text())
-        TrainConfig.from_dict(meta["config"])
-    except FileNotFoundError:
-        raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); give the --out of a training run")\
-            from None
-    except (json.JSONDecodeError, KeyError, TypeError, AttnconvError) as err:
-        raise AttnconvError(f"{path}: corrupt run config ({err})") from None
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
+    except json.JSONDecodeError as err:
+        raise AttnconvError(f"{path}: corrupt run config (not JSON: {err}); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the run config ({err.strerror or err}); {fix}") from None
+    try:
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise AttnconvError('no "config" object')
+        config = TrainConfig.from_dict(meta["config"])
+        if config.model not in list_models():
+            raise AttnconvError(f"unknown model {config.model!r}")
+    except AttnconvError as err:
+        raise AttnconvError(f"{path}: corrupt run config ({err}); {fix}") from None
     return meta
+
+
+_MAX_CONFIG_BYTES = 2**24  # 16 MiB
+_MAX_METRICS_BYTES = 2**26  # 64 MiB: about a million epochs
 
 
 def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
     """Rows of metrics.csv as dicts of numbers ([] if no epoch finished yet), at most `limit`.
 
-    A last line without its newline is a row cut short by a crash and is skipped.
+    A last line without its newline is a row cut short by a crash and is skipped. The
+    header must name every column of METRICS_COLUMNS; a file that is not UTF-8 text, not
+    CSV, or holds a value that is not a number is one AttnconvError naming the file.
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    lines = path.read_text().split("\n")[:-1]  # the piece after the last newline is empty or cut short
+    fix = "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt metrics file (not a regular file); {fix}")
+    if path.stat().st_size > _MAX_METRICS_BYTES:
+        raise AttnconvError(f"{path}: corrupt metrics file (over {_MAX_METRICS_BYTES >> 20} MiB); {fix}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt metrics file (binary data, not CSV text); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the metrics file ({err.strerror or err}); {fix}") from None
+    lines = text.split("\n")[:-1]  # the piece after the last newline is empty or cut short
+    if not lines:
+        return []
     if limit is not None:
         lines = lines[: limit + 1]
     try:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(lines)]
-    except (ValueError, TypeError) as err:
-        raise AttnconvError(f"{path}: corrupt metrics file ({err})") from None
+        reader = csv.DictReader(lines)
+        missing = [c for c in METRICS_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
+        return [{k: float(v) for k, v in row.items()} for row in reader]
+    except (ValueError, TypeError, csv.Error, AttnconvError) as err:
+        raise AttnconvError(f"{path}: corrupt metrics file ({err}); {fix}") from None
 
 
 def metrics_text(rows: list[dict[str, float]]) -> str:
@@ -123,24 +247,41 @@ def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))
 
 
-def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[nn.Module, TrainConfig]:
+def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
+             allow_nonfinite: bool = False) -> tuple[nn.Module, TrainConfig]:
     """Rebuild a run's model from config.json and load model.safetensors into it (eval mode).
 
-    Returns (model, config). Missing or corrupt files raise AttnconvError.
+    Returns (model, config). Missing or corrupt files raise AttnconvError, and so do weights
+    holding NaN or inf (a diverged run) unless `allow_nonfinite` (then `nonfinite_tensor`
+    of the model's state_dict names the first such tensor).
     """
     run_dir = Path(run_dir)
     meta = read_config(run_dir)
     config = TrainConfig.from_dict(meta["config"])
-    model = build_run_model(config)
-    if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
-        conv = meta["converted"]
-        model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
-    load_weights(model, run_dir / WEIGHTS_FILE, config.model)
+    try:
+        model = build_run_architecture(meta)
+    except AttnconvError as err:  # e.g. model_overrides too large to build: name the file that asks for it
+        raise AttnconvError(f"{run_dir / CONFIG_FILE}: {err}") from None
+    load_weights(model, run_dir / WEIGHTS_FILE, config.model, allow_nonfinite=allow_nonfinite)
     return model.to(device).eval(), config
 
 
-def load_weights(model: nn.Module, path: Path, what: str) -> None:
-    """Load a safetensors file into `model`; one AttnconvError naming the file if that fails."""
+def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
+    """The network a run's config.json (`read_config`) describes, with fresh weights, in eval mode.
+
+    `build_run_model`, then, for a run written by `attnconv convert`, the same conversion.
+    What needs no weights (parameter and FLOP counts) is read off it; `load_run` loads them into it.
+    """
+    model = build_run_model(TrainConfig.from_dict(meta["config"]))
+    if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
+        conv = meta["converted"]
+        model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
+    return model.eval()
+
+
+def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False) -> None:
+    """Load a safetensors file into `model`; one AttnconvError naming the file if that fails,
+    or if a floating-point tensor holds NaN or inf (unless `allow_nonfinite`)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -150,11 +291,23 @@ def load_weights(model: nn.Module, path: Path, what: str) -> None:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
         raise AttnconvError(f"{path}: corrupt weights file ({err})") from None
+    bad = None if allow_nonfinite else nonfinite_tensor(tensors)
+    if bad is not None:
+        raise AttnconvError(f"{path}: the run's weights hold NaN/inf (parameter {bad}); the run diverged: "
+                            "retrain it with a lower --lr")
     try:
         model.load_state_dict(tensors)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0]
         raise AttnconvError(f"{path}: weights do not fit model {what!r} ({first})") from None
+
+
+def nonfinite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or inf, or None."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.Module:
@@ -165,8 +318,12 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
     heads' initial alpha, BatchNorm folding and content attention (`key_dim`) of `init_from`. `source_weights=True`
     first loads the source CNN run's trained weights (a fresh `--init-from` run);
     otherwise the architecture is built with fresh weights (to load a checkpoint into).
+    A network whose tensors would pass `attnconv.limits.parameter_limit` (2e9 float32
+    parameters, or the machine's memory) is refused before that tensor is allocated.
     """
-    model = build_model(config.model, **config.model_overrides)
+    what = f"model {config.model!r} with model_overrides {json.dumps(config.model_overrides)}"
+    with AllocationLimit(parameter_limit(), what, "fix the model_overrides"):
+        model = build_model(config.model, **config.model_overrides)
     src = config.init_from
     if src is None:
         return model
@@ -199,17 +356,33 @@ def parameter_count(meta: dict[str, Any]) -> int | None:
 
 def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None) -> str | None:
     """Where to look for a run's data: `data_dir` if given, else the run's own data_dir if that
-    folder still exists, else None (`load_dataset` then searches the usual places)."""
+    folder still exists, else None (`load_dataset` then searches the usual places). A given
+    `data_dir` that is not a folder is an AttnconvError (a typo must not fall back silently)."""
     if data_dir is not None:
+        if not Path(data_dir).expanduser().is_dir():
+            why = "it is a file" if Path(data_dir).expanduser().exists() else "no such directory"
+            raise AttnconvError(f"--data-dir {data_dir}: {why}; give the folder holding the dataset's files")
         return str(data_dir)
     if config.data_dir is not None and Path(config.data_dir).expanduser().is_dir():
         return config.data_dir
     return None  # the run's data folder is gone (or it had none): search the usual places
 
 
+def run_image_size(config: TrainConfig) -> int | None:
+    """The image size a run's data is read at (what a folder dataset is decoded to; None: its default)."""
+    size = config.model_overrides.get("image_size")
+    return size if D.folder_path(config.dataset) is not None else None
+
+
+def run_info(config: TrainConfig) -> D.DatasetInfo:
+    """The DatasetInfo of a run's dataset, at the run's image size (folder datasets)."""
+    return D.dataset_info(config.dataset, image_size=run_image_size(config))
+
+
 def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None) -> D.ImageSet:
-    """The test split of a run's dataset, found as `run_data_dir` says."""
-    return D.load_dataset(config.dataset, run_data_dir(config, data_dir), download=True)[1]
+    """The test split of a run's dataset, found as `run_data_dir` says, at the run's image size."""
+    return D.load_dataset(config.dataset, run_data_dir(config, data_dir), download=True,
+                          image_size=run_image_size(config))[1]
 
 
 def convert_run(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import warnings
 from pathlib import Path
 
@@ -18,10 +17,14 @@ import torch
 from torch import nn
 
 from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
+from attnconv.construct.geometry import MAX_DENSE
 from attnconv.errors import AttnconvError
+from attnconv.fileio import atomic_write, check_writable_file
+from attnconv.limits import check_memory
 
 _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_PLOT_FORMATS = (".png", ".svg", ".pdf")
 
 
 def _int_list(minimum: int):
@@ -97,7 +100,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weights", type=Path, default=None, metavar="FILE.safetensors", help="load weight (and bias)")
-    p.add_argument("--plot", type=Path, default=None, metavar="heads.png", help="draw each head's attention (2-D)")
+    p.add_argument("--plot", type=Path, default=None, metavar="heads.png",
+                   help="draw each head's attention (2-D) into a .png, .svg or .pdf file")
     p.set_defaults(func=run)
 
 
@@ -215,21 +219,51 @@ def _plot_heads(attn: ConvAttention, size: tuple[int, ...], path: Path) -> None:
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"attention of each head at query {(qi, qj)} (red), alpha={attn.alpha:g}", fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=120))
+
+
+def _check_memory(args: argparse.Namespace, size: tuple[int, ...]) -> None:
+    """Refuse, before allocating, a run that cannot fit in memory; and a --plot too large to draw.
+
+    Peak memory (elements, batch B = 2): the conv's weight and the attention layer's copy,
+    the input and its padded grid, the per-head averages of the attention's einsums
+    (B * C_in * heads * T_out, twice: the conv's unfolded input is as large), and the
+    outputs of both layers and their difference.
+    """
+    dim, batch = args.dim, 2
+    kernel = _per_axis("kernel", args.kernel, dim)
+    stride = _per_axis("stride", args.stride, dim)
+    dilation = _per_axis("dilation", args.dilation, dim)
+    if args.padding is None or args.padding == "same":
+        pad = tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))
+    elif args.padding == "valid":
+        pad = (0,) * dim
+    else:
+        pad = _per_axis("padding", args.padding, dim)
+    heads, padded = math.prod(kernel), math.prod(n + 2 * p for n, p in zip(size, pad))
+    out = math.prod(max(1, (n + 2 * p - d * (k - 1) - 1) // s + 1)
+                    for n, p, d, k, s in zip(size, pad, dilation, kernel, stride))
+    c_in, c_out = args.in_channels, args.out_channels
+    elements = (2 * c_out * (c_in // max(args.groups, 1)) * heads + batch * c_in * (math.prod(size) + padded)
+                + 2 * batch * c_in * heads * out + 3 * batch * c_out * out)
+    check_memory(elements * _DTYPES[args.dtype].itemsize,
+                 f"--size {','.join(map(str, args.size))} with a {'x'.join(map(str, kernel))} kernel and "
+                 f"{c_in} -> {c_out} channels", "give a smaller --size, fewer channels or a smaller --kernel")
+    if args.plot is not None and heads * out * math.prod(size) > MAX_DENSE:
+        raise AttnconvError(f"--plot with --size {','.join(map(str, args.size))}: the attention maps would have "
+                            f"{heads * out * math.prod(size):,} entries, more than {MAX_DENSE:,}; plot a smaller "
+                            "--size (the heads' maps look the same at any size)")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.plot is not None and args.dim != 2:
         raise AttnconvError(f"--plot draws 2-D attention maps only; got --dim {args.dim} (drop --plot or use --dim 2)")
+    if args.plot is not None:
+        args.plot = check_writable_file(args.plot, "--plot", _PLOT_FORMATS)
+    size = _per_axis("size", args.size, args.dim)
+    _check_memory(args, size)
     torch.manual_seed(args.seed)
     conv = _build_conv(args)
-    size = _per_axis("size", args.size, args.dim)
     attn = conv_to_attention(conv, alpha=args.alpha)
     attn.output_size(size)  # a clear error when the input is too small for this conv
     x = torch.randn(2, args.in_channels, *size, dtype=conv.weight.dtype)  # (B, C_in, *size)

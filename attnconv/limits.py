@@ -1,0 +1,121 @@
+"""Up-front size limits: refuse work that cannot fit in memory before allocating any of it.
+
+A request that is too large (a model override of 10**7 channels, `express --size 100000`)
+would otherwise fail deep inside PyTorch with an allocator error, or be killed by the
+operating system, possibly after minutes of work. The commands estimate what they need
+first and raise one AttnconvError naming the input, the amount and the limit.
+
+    check_memory(need_bytes, "--size 100000", "give a smaller --size")
+    with AllocationLimit(parameter_limit(), "model 'sa-quadratic' ...", "fix its model_overrides"):
+        model = build_model("sa-quadratic", hidden=10**7)   # refused at the first oversized tensor
+
+Estimates are rough (within a small factor); the limits only refuse what clearly cannot fit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from attnconv.errors import AttnconvError
+
+__all__ = ["MAX_PARAMETERS", "AllocationLimit", "check_memory", "format_bytes", "parameter_limit", "physical_memory"]
+
+# The largest network attnconv builds. The paper's largest model has 30M parameters; 2e9 float32
+# parameters are 8 GB of weights before gradients and optimizer state.
+MAX_PARAMETERS = 2_000_000_000
+# Used when the machine's memory cannot be read (os.sysconf missing).
+_FALLBACK_MEMORY = 16 * 2**30
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (16 GiB if the operating system does not say)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return _FALLBACK_MEMORY
+    return pages * size if pages > 0 and size > 0 else _FALLBACK_MEMORY
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB', 3.2e12 -> '2.9 TiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_memory(need: float, what: str, fix: str) -> None:
+    """Raise AttnconvError if `need` bytes are more than this machine's physical memory.
+
+    `what` names the input ("--size 5000"), `fix` says what to change ("give a smaller --size").
+    """
+    have = physical_memory()
+    if need > have:
+        raise AttnconvError(f"{what}: needs about {format_bytes(need)} of memory, more than this machine's "
+                            f"{format_bytes(have)}; {fix}")
+
+
+class AllocationLimit(TorchFunctionMode):
+    """Refuses tensor allocations, before they happen, once their sizes add up to more than `limit` bytes.
+
+        with AllocationLimit(8 * 2**30, "model 'sa-quadratic' with hidden 10000000", "fix the overrides"):
+            model = build_model(...)      # one AttnconvError instead of an allocator failure
+
+    Counts the tensor factories (torch.empty, zeros, ones, full, rand, randn, randint, eye,
+    empty_strided: what nn.Linear, nn.Conv2d, nn.Embedding, norms and positional tables
+    call) that do not go to the meta device. No build runs twice and nothing is estimated:
+    the request that would pass the limit is refused, having allocated at most `limit`.
+    """
+
+    def __init__(self, limit: int, what: str, fix: str):
+        super().__init__()
+        self.limit, self.what, self.fix, self.total = limit, what, fix, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FACTORIES and str(kwargs.get("device", "")) != "meta":
+            shape = _factory_shape(func, args, kwargs)
+            if shape is not None:
+                dtype = kwargs.get("dtype") or torch.get_default_dtype()
+                self.total += math.prod(shape) * dtype.itemsize
+                if self.total > self.limit:
+                    raise AttnconvError(
+                        f"{self.what}: its tensors would take more than {format_bytes(self.limit)} (the limit: "
+                        f"{MAX_PARAMETERS:.0e} float32 parameters, and at most this machine's memory; it asks for a "
+                        f"{'x'.join(map(str, shape))} tensor); {self.fix}")
+        return func(*args, **kwargs)
+
+
+def parameter_limit() -> int:
+    """Bytes of MAX_PARAMETERS float32 numbers, or of the machine's memory if that is smaller."""
+    return min(4 * MAX_PARAMETERS, physical_memory())
+
+
+_FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.randint,
+                        torch.eye, torch.empty_strided})
+
+
+def _factory_shape(func, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
+    """The shape a factory call asks for (None if it cannot be read: left to the call)."""
+    if func is torch.eye:
+        n = kwargs.get("n", args[0] if args else None)
+        m = kwargs.get("m", args[1] if len(args) > 1 and isinstance(args[1], int) else n)
+        shape = (n, m)
+    elif "size" in kwargs:
+        shape = kwargs["size"]
+    elif func is torch.randint:  # randint(high, size) or randint(low, high, size)
+        shape = next((a for a in args if isinstance(a, (tuple, list, torch.Size))), None)
+    elif func in (torch.full, torch.empty_strided) or (len(args) == 1 and isinstance(args[0], (tuple, list))):
+        shape = args[0] if args else None
+    else:
+        shape = args
+    if isinstance(shape, int):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list, torch.Size)) or not all(isinstance(n, int) for n in shape):
+        return None
+    return tuple(shape)

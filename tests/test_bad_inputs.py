@@ -1,0 +1,290 @@
+"""Every bad input is one line on stderr ("error: ..." naming the input and the fix), exit 2, no traceback.
+
+One table: each case builds its bad input under tmp_path (most from a copy of a tiny
+trained run), runs one command in-process, and checks the exit code, the single error
+line and a piece of its text. Cases whose check must come before any long work name a
+function that the command must not reach ("forbid"): it raises AssertionError, which
+`attnconv.cli.main` does not turn into an error line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_runs import TINY, train_tiny_runs
+from safetensors.torch import load_file, save_file
+
+from attnconv.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A finished 2-step sa-quadratic run (7x7 token grid) and its 32 + 12 random images."""
+    return train_tiny_runs(tmp_path_factory.mktemp("bad-inputs"), [("sa-quadratic", TINY)], epochs=1, max_steps=2)
+
+
+# ------------------------------------------------------------------------------------ builders
+# Each takes (tmp_path, the fixture's dict) and returns the names the argv templates use.
+
+
+def _copy(tmp: Path, tiny) -> Path:
+    run = tmp / "run"
+    shutil.copytree(tiny["sa-quadratic"], run)
+    return run
+
+
+def a_file(tmp, tiny):
+    (tmp / "run.txt").write_text("not a run\n")
+    return {"run": tmp / "run.txt"}
+
+
+def missing(tmp, tiny):
+    return {"run": tmp / "nope"}
+
+
+def a_run(tmp, tiny):
+    return {"run": _copy(tmp, tiny), "data": tiny["data"]}
+
+
+def config_folder(tmp, tiny):
+    run = _copy(tmp, tiny)
+    (run / "config.json").unlink()
+    (run / "config.json").mkdir()
+    return {"run": run}
+
+
+def config_binary(tmp, tiny):
+    run = _copy(tmp, tiny)
+    (run / "config.json").write_bytes(bytes(range(128, 256)) * 8)
+    return {"run": run}
+
+
+def _edit_config(tmp, tiny, **changes):
+    run = _copy(tmp, tiny)
+    meta = json.loads((run / "config.json").read_text())
+    for key, value in changes.items():
+        if key == "hidden":
+            meta["config"]["model_overrides"]["hidden"] = value
+        else:
+            meta["config"][key] = value
+    (run / "config.json").write_text(json.dumps(meta))
+    return {"run": run}
+
+
+def overrides_list(tmp, tiny):
+    return _edit_config(tmp, tiny, model_overrides=[8, 2])
+
+
+def hidden_huge(tmp, tiny):
+    return _edit_config(tmp, tiny, hidden=10**7)
+
+
+def unknown_model_in_config(tmp, tiny):
+    return _edit_config(tmp, tiny, model="sa-nonexistent")
+
+
+def metrics_binary(tmp, tiny):
+    run = _copy(tmp, tiny)
+    (run / "metrics.csv").write_bytes(bytes(range(128, 256)) * 8)
+    return {"run": run}
+
+
+def metrics_without_test_loss(tmp, tiny):
+    run = _copy(tmp, tiny)
+    path = run / "metrics.csv"
+    path.write_text(path.read_text().replace("test_loss", "loss_on_test"))
+    return {"run": run}
+
+
+def _edit_state(tmp, tiny, edit):
+    run = _copy(tmp, tiny)
+    state = torch.load(run / "state.pt", weights_only=True)
+    edit(state)
+    torch.save(state, run / "state.pt")
+    return {"run": run}
+
+
+def state_string_step(tmp, tiny):
+    return _edit_state(tmp, tiny, lambda s: s["progress"].update(step="two"))
+
+
+def state_bad_rng(tmp, tiny):
+    return _edit_state(tmp, tiny, lambda s: s["rng"].update(torch=[torch.zeros(3)]))
+
+
+def state_random_bytes(tmp, tiny):
+    run = _copy(tmp, tiny)
+    noise = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    (run / "state.pt").write_bytes(bytes(noise.tolist()))
+    return {"run": run}
+
+
+class _RunsCode:
+    """Unpickling this runs `touch marker` (what a malicious state.pt would do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def state_malicious(tmp, tiny):
+    run = _copy(tmp, tiny)
+    marker = tmp / "code-ran"
+    (run / "state.pt").write_bytes(pickle.dumps({"format": 1, "x": _RunsCode(marker)}, protocol=2))
+    return {"run": run, "marker": marker}
+
+
+def nan_weights(tmp, tiny):
+    run = _copy(tmp, tiny)
+    tensors = load_file(str(run / "model.safetensors"))
+    name = next(k for k in sorted(tensors) if k.endswith("centers"))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, str(run / "model.safetensors"))
+    return {"run": run, "param": name}
+
+
+def out_under_a_file(tmp, tiny):
+    (tmp / "file.txt").write_text("a file, not a folder\n")
+    return {"run": _copy(tmp, tiny), "under": tmp / "file.txt"}
+
+
+def corrupt_fashion(tmp, tiny):
+    data = tmp / "data"
+    shutil.copytree(tiny["data"], data)
+    images = data / "t10k-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:-1])
+    return {"run": _copy(tmp, tiny), "data": data}
+
+
+# ---------------------------------------------------------------------------------------- table
+
+TRAIN = ["--max-steps", "1", "--batch-size", "16", "--workers", "1", "--no-progress"]
+RESUME = ["train", "--out", "{run}", "--resume", "--no-progress"]
+
+CASES = [
+    # id, builder, argv, message, forbid (a function the command must not reach)
+    ("eval-run-is-a-file", a_file, ["eval", "{run}"], "not a run directory (it is a file)", None),
+    ("table-run-is-a-file", a_file, ["table", "{run}"], "not a run directory (it is a file)", None),
+    ("analyze-run-is-a-file", a_file, ["analyze", "{run}"], "not a run directory (it is a file)", None),
+    ("convert-run-is-a-file", a_file, ["convert", "{run}", "--out", "{tmp}/new"], "not a run directory (it is a file)",
+     None),
+    ("report-run-is-a-file", a_file, ["report", "{run}"], "not a run directory (it is a file)", None),
+    ("plot-run-is-a-file", a_file, ["plot", "centers", "{run}"], "not a run directory (it is a file)", None),
+    ("train-init-from-a-file", a_file, ["train", "--init-from", "{run}", "--out", "{tmp}/attn", *TRAIN],
+     "not a run directory (it is a file)", None),
+    ("eval-missing-run", missing, ["eval", "{run}"], "not a run directory (no such directory)", None),
+    ("table-missing-run", missing, ["table", "{run}"], "not a run directory (no such directory)", None),
+    ("report-missing-run", missing, ["report", "{run}"], "no such run directory", None),
+    ("config-json-is-a-folder", config_folder, ["eval", "{run}"], "config.json: corrupt run config (not a regular file)",
+     None),
+    ("config-json-is-binary", config_binary, ["table", "{run}"], "config.json: corrupt run config (binary data", None),
+    ("config-overrides-a-list", overrides_list, ["eval", "{run}"], "field model_overrides is [8, 2], expected an object",
+     None),
+    ("config-hidden-10**7", hidden_huge, ["analyze", "{run}"],
+     "config.json: model 'sa-quadratic' with model_overrides {{\"hidden\": 10000000", None),
+    ("config-unknown-model", unknown_model_in_config, ["eval", "{run}"], "unknown model 'sa-nonexistent'", None),
+    ("metrics-binary-report", metrics_binary, ["report", "{run}", "--out", "{tmp}/r.html"],
+     "metrics.csv: corrupt metrics file (binary data", None),
+    ("metrics-binary-table", metrics_binary, ["table", "{run}"], "metrics.csv: corrupt metrics file (binary data", None),
+    ("metrics-no-test-loss-report", metrics_without_test_loss, ["report", "{run}", "--out", "{tmp}/r.html"],
+     "corrupt metrics file (no test_loss column)", None),
+    ("metrics-no-test-loss-table", metrics_without_test_loss, ["table", "{run}"],
+     "corrupt metrics file (no test_loss column)", None),
+    ("state-string-step", state_string_step, RESUME, "progress step is 'two', not a whole number", None),
+    ("state-bad-rng", state_bad_rng, RESUME, "random number generator states are not ByteTensors", None),
+    ("state-random-bytes", state_random_bytes, RESUME, "state.pt: cannot read the training state: the file is corrupt",
+     None),
+    ("state-malicious-pickle", state_malicious, RESUME, "asks for posix.system, which a training state never holds",
+     None),
+    ("report-out-under-a-file", out_under_a_file, ["report", "{run}", "--out", "{under}/r.html"],
+     "file.txt is a file, not a folder; choose another location", "attnconv.report.build_report"),
+    ("plot-out-under-a-file", out_under_a_file, ["plot", "centers", "{run}", "--out", "{under}/c.png"],
+     "file.txt is a file, not a folder", "attnconv.analysis.load_attention_run"),
+    ("express-plot-under-a-file", out_under_a_file, ["express", "--plot", "{under}/h.png"],
+     "file.txt is a file, not a folder", "attnconv.cli.express.conv_to_attention"),
+    ("learn-conv-out-under-a-file", out_under_a_file,
+     ["learn-conv", "--source", "random", "--steps", "5", "--out", "{under}/lc"], "file.txt is a file, not a folder",
+     "torch.optim.Adam"),
+    ("express-size-100000", missing, ["express", "--size", "100000"],
+     "--size 100000 with a 3x3 kernel and 4 -> 4 channels: needs about", "attnconv.cli.express.conv_to_attention"),
+    ("learn-conv-size-5000", missing, ["learn-conv", "--source", "random", "--size", "5000", "--out", "{tmp}/lc"],
+     "--size 5000 with --channels 8, --heads 9, --batch-size 32: needs about", "attnconv.learnconv.SelfAttention2d"),
+    ("analyze-nan-weights", nan_weights, ["analyze", "{run}"],
+     "the run's weights hold NaN/inf (parameter {param}); the run diverged: retrain it with a lower --lr", None),
+    ("report-nan-weights", nan_weights, ["report", "{run}"], "hold NaN/inf (parameter {param})", None),
+    ("plot-nan-weights", nan_weights, ["plot", "maps", "{run}"], "hold NaN/inf (parameter {param})", None),
+    ("eval-missing-data-dir", a_run, ["eval", "{run}", "--data-dir", "{tmp}/no-data"],
+     "--data-dir {tmp}/no-data: no such directory", None),
+    ("learn-conv-missing-data-dir", missing, ["learn-conv", "--data-dir", "{tmp}/no-data", "--out", "{tmp}/lc"],
+     "--data-dir {tmp}/no-data: no such directory", "attnconv.learnconv.SelfAttention2d"),
+    ("express-plot-txt", missing, ["express", "--plot", "{tmp}/h.txt"],
+     "--plot {tmp}/h.txt: give a file name ending in .png, .svg, .pdf", "attnconv.cli.express.conv_to_attention"),
+    ("plot-query-negative-separate", a_run, ["plot", "maps", "{run}", "--query", "-1,0"],
+     "--query -1,0 is outside the 7x7 token grid", None),
+    ("plot-query-negative-joined", a_run, ["plot", "maps", "{run}", "--query=-1,0"],
+     "--query -1,0 is outside the 7x7 token grid", None),
+    ("eval-corrupt-fashion-mnist", corrupt_fashion, ["eval", "{run}", "--data-dir", "{data}"],
+     "t10k-images-idx3-ubyte", None),
+    ("train-unknown-model", missing,
+     ["train", "--preset", "fmnist-sa-quadratic", "--model", "sa-nope", "--out", "{tmp}/x"],
+     "unknown model 'sa-nope'", None),
+    ("train-unknown-preset", missing, ["train", "--preset", "cifar-nope", "--out", "{tmp}/x"],
+     "unknown preset 'cifar-nope'", None),
+]
+
+
+@pytest.mark.parametrize("build, argv, message, forbid", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line_exit_2(tiny, tmp_path, capsys, monkeypatch, build, argv, message, forbid):
+    names = {"tmp": tmp_path, **build(tmp_path, tiny)}
+    if forbid is not None:
+        module, _, attr = forbid.rpartition(".")
+
+        def reached(*args, **kwargs):
+            raise AssertionError(f"{forbid} was reached: the bad input must be refused before this work")
+
+        monkeypatch.setattr(f"{module}.{attr}", reached)
+    capsys.readouterr()
+    code = main([a.format(**names) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message.format(**names) in lines[0]
+    assert "weights_only=False" not in err and "weights_only` set to `False`" not in err
+    if "marker" in names:
+        assert not names["marker"].exists(), "unpickling state.pt ran code"
+
+
+def test_eval_of_nan_weights_warns_in_one_line_naming_the_parameter(tiny, tmp_path, capsys):
+    names = nan_weights(tmp_path, tiny)
+    assert main(["eval", str(names["run"])]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ")
+    assert f"hold NaN/inf (parameter {names['param']})" in lines[0] and "lower --lr" in lines[0]
+    assert "test acc" in captured.out
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root writes into read-only folders; the file-as-parent cases cover this as root")
+def test_read_only_output_folder_is_refused_before_the_work(tiny, tmp_path, capsys, monkeypatch):
+    run = _copy(tmp_path, tiny)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    monkeypatch.setattr("attnconv.report.build_report", lambda *a, **k: pytest.fail("built before checking --out"))
+    try:
+        assert main(["report", str(run), "--out", str(locked / "r.html")]) == 2
+    finally:
+        locked.chmod(0o755)
+    err = capsys.readouterr().err
+    assert "not writable; choose another location" in err and len(err.strip().splitlines()) == 1
