@@ -1,14 +1,23 @@
-"""Evaluation: test accuracy, parameters, FLOPs, and the Table-1-style summary.
+"""Evaluation: test accuracy, parameters, FLOPs, and Table 1 over runs and seeds.
 
 FLOPs come from `attnconv.flops.count_flops` (re-exported here): every matrix product
 and convolution, and the paper's Linear-only convention, per image.
+
+Table 1: `describe_run` summarizes one run directory from its config.json and
+metrics.csv alone (no weights needed), `group_runs` puts the runs of one configuration
+(everything but the seed and where the run ran) into one row, and `format_table`
+prints the rows, in the paper's order, as text or Markdown:
+
+    summaries = [describe_run(d) for d in glob.glob("benchmarks/table1/*/*")]
+    print(format_table(summaries, markdown=False))
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from pathlib import Path
+import statistics
 from typing import Any, Iterable
 
 import torch
@@ -17,11 +26,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from attnconv import data as D
+from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.flops import count_flops
 from attnconv.tables import format_table as _format_rows
 
-__all__ = ["TABLE_HEADERS", "count_flops", "count_params", "describe_run", "evaluate", "format_table", "table_row"]
+__all__ = [
+    "PAPER_ORDER",
+    "TABLE_HEADERS",
+    "count_flops",
+    "count_params",
+    "describe_run",
+    "evaluate",
+    "format_table",
+    "group_runs",
+    "run_setup",
+    "table_row",
+]
 
 
 @torch.no_grad()
@@ -79,17 +100,36 @@ def describe_run(
 ) -> dict[str, Any]:
     """Summary of a run directory: model, dataset, accuracy, parameters, FLOPs, time.
 
-    The accuracy is the last metrics.csv row's, or, with `recompute`, measured anew on
-    the test set from model.safetensors (the data is looked up in `data_dir`, else in
-    the run's own data_dir, else where `load_dataset` searches).
+    Only config.json and metrics.csv are read, so a run directory without its weights
+    (the copies under benchmarks/table1/) is described too: the accuracy is the last
+    metrics.csv row's, the parameters are config.json's count, and the FLOPs are counted
+    on the network the config describes, built with fresh weights (FLOPs do not depend
+    on them). With `recompute` the weights are loaded (model.safetensors) and the
+    accuracy is measured anew on the test set (the data is looked up in `data_dir`, else
+    in the run's own data_dir, else where `load_dataset` searches).
+
+    Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
-    from attnconv.train import load_run, read_config, read_metrics
+    from attnconv.config import TrainConfig
+    from attnconv.runs import (
+        build_run_architecture,
+        load_run,
+        nonfinite_tensor,
+        parameter_count,
+        read_config,
+        read_metrics,
+        run_test_set,
+    )
 
     meta = read_config(run_dir)
-    model, config = load_run(run_dir, device)
+    if recompute:
+        model, config = load_run(run_dir, device, allow_nonfinite=True)  # measured anyway, with a warning
+    else:
+        model, config = build_run_architecture(meta), TrainConfig.from_dict(meta["config"])
     info = D.dataset_info(config.dataset)
     rows = read_metrics(run_dir)
     flops = count_flops(model, (info.channels, info.size, info.size))
+    params = parameter_count(meta)
     summary: dict[str, Any] = {
         "run": str(run_dir),
         "model": config.model + (" (as attention)" if "converted" in meta else
@@ -100,17 +140,20 @@ def describe_run(
         "step": int(rows[-1]["step"]) if rows else 0,
         "test_loss": rows[-1]["test_loss"] if rows else None,
         "test_acc": rows[-1]["test_acc"] if rows else None,
-        "params": count_params(model),
+        "seed": config.seed,
+        "setup": run_setup(meta),
+        "params": count_params(model) if params is None else params,
         "flops_total": flops["total"],
         "flops_linear": flops["linear_only"],
         "flops_by_op": flops["by_op"],
         "seconds_per_epoch": _mean_epoch_seconds(rows, meta.get("steps_per_epoch")),
     }
     if recompute:
-        data_dir = data_dir or config.data_dir
-        if data_dir is not None and not Path(data_dir).is_dir():
-            data_dir = None  # the run's data folder is gone; search the usual places
-        _, test = D.load_dataset(config.dataset, data_dir, download=True)
+        bad = nonfinite_tensor(model.state_dict())
+        if bad is not None:  # only present when there is something to say
+            summary["warning"] = (f"{run_dir}: the run's weights hold NaN/inf (parameter {bad}); the run diverged, "
+                                  "so its accuracy means nothing: retrain it with a lower --lr")
+        test = run_test_set(config, data_dir)
         summary["test_loss"], summary["test_acc"] = evaluate(model, test, info, batch_size, device)
     return summary
 
@@ -133,18 +176,127 @@ def _human(n: float | None) -> str:
     return f"{n:g}"
 
 
-TABLE_HEADERS = ("model", "dataset", "test acc", "params", "FLOPs (all ops)", "FLOPs (Linear only)", "s/epoch")
+# Table 1's rows, first to last; other models follow, by name.
+PAPER_ORDER = ("resnet18", "sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
+# What does not change what a run computes: where and how fast it ran, plus the seed (averaged over).
+_NOT_SETUP = RESUMABLE_CHANGES | {"seed"}
+
+TABLE_HEADERS = ("model", "dataset", "seeds", "epochs", "test acc", "params", "FLOPs (all ops)",
+                 "FLOPs (Linear only)", "s/epoch")
 
 
-def table_row(run: dict[str, Any]) -> list[str]:
-    """One `describe_run` summary as Table 1's cells (see TABLE_HEADERS), rounded like the paper."""
-    acc = "-" if run.get("test_acc") is None else f"{run['test_acc']:.4f}"
-    secs = run.get("seconds_per_epoch")
-    return [run["model"], run["dataset"], acc, _human(run["params"]), _human(run["flops_total"]),
-            _human(run["flops_linear"]), "-" if secs is None or math.isnan(secs) else f"{secs:.1f}"]
+def run_setup(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a run computes, from its config.json (`read_config`): the training config without
+    the seed and the fields a resumed run may change (device, workers, data_dir,
+    checkpoint_every, compile, preset), plus `attnconv convert`'s fold_bn and alpha.
+    Runs with equal setups differ only by their seed."""
+    setup = {k: v for k, v in meta["config"].items() if k not in _NOT_SETUP}
+    if "converted" in meta:
+        setup["converted"] = {k: meta["converted"].get(k) for k in ("fold_bn", "alpha")}
+    return setup
 
 
-def format_table(runs: Iterable[dict[str, Any]]) -> str:
-    """Table 1 of the paper as Markdown, one row per `describe_run` summary (columns after the first right-aligned)."""
-    rows = [table_row(r) for r in runs]
-    return _format_rows(TABLE_HEADERS, rows, markdown=True, align="l" + "r" * (len(TABLE_HEADERS) - 1)) + "\n"
+def group_runs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`describe_run` summaries of the same setup (`run_setup`) as one Table-1 row each, in the paper's order.
+
+    Every row: model (with the setup fields that tell it from another row of the same
+    model and dataset, e.g. "sa-quadratic (amp=False)"), dataset, runs (their
+    directories), seeds, n (runs), epochs (fewest and most finished by a run),
+    test_acc (mean over the runs that finished an epoch) and test_acc_std (their sample
+    standard deviation, None for fewer than two), params, flops_total and flops_linear
+    (the setup's: equal for every run), seconds_per_epoch (mean over the runs).
+    Rows go as PAPER_ORDER lists the models, then the other models by name. Two runs of
+    one setup with the same seed (a run given twice, or a run and its copy) are an
+    AttnconvError: they would count as two seeds.
+    """
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        groups.setdefault(json.dumps(run["setup"], sort_keys=True), []).append(run)
+    rows = []
+    for members in groups.values():
+        first = members[0]
+        seen: dict[Any, str] = {}
+        for r in members:
+            if r.get("seed") in seen:
+                raise AttnconvError(f"{seen[r['seed']]} and {r['run']} are runs of the same configuration with the "
+                                    f"same seed {r['seed']}: give each run once (a copy counts as a second seed)")
+            seen[r.get("seed")] = r["run"]
+        accs = [r["test_acc"] for r in members if r.get("test_acc") is not None]
+        secs = [r["seconds_per_epoch"] for r in members if r.get("seconds_per_epoch") is not None]
+        epochs = [int(r.get("epochs") or 0) for r in members]
+        rows.append({
+            "model": first["model"],
+            "dataset": first["dataset"],
+            "runs": [r["run"] for r in members],
+            "seeds": [r.get("seed") for r in members],
+            "n": len(members),
+            "epochs": (min(epochs), max(epochs)),
+            "test_acc": statistics.fmean(accs) if accs else None,
+            "test_acc_std": statistics.stdev(accs) if len(accs) > 1 else None,
+            "params": first["params"],
+            "flops_total": first["flops_total"],
+            "flops_linear": first["flops_linear"],
+            "seconds_per_epoch": statistics.fmean(secs) if secs else None,
+            "setup": first["setup"],
+        })
+    for row, differs in zip(rows, _differences(rows)):
+        if differs:
+            row["model"] += " (" + ", ".join(differs) + ")"
+    return sorted(rows, key=_paper_position)
+
+
+def _paper_position(row: dict[str, Any]) -> tuple:
+    setup = row["setup"]
+    plain = "converted" not in setup and not setup.get("init_from")  # not a CNN turned into attention
+    position = PAPER_ORDER.index(setup["model"]) if plain and setup["model"] in PAPER_ORDER else len(PAPER_ORDER)
+    return position, row["model"], row["dataset"]
+
+
+def _flat_setup(setup: dict[str, Any]) -> dict[str, str]:
+    """A setup as {field: value text}, the model overrides and conversion options as fields of their own."""
+    flat = {}
+    for key, value in setup.items():
+        if key in ("model_overrides", "converted") and isinstance(value, dict):
+            for k, v in value.items():
+                flat[k if k not in setup else f"{key}.{k}"] = v
+        else:
+            flat[key] = value
+    return {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, (dict, list)) else repr(v)
+            for k, v in flat.items()}
+
+
+def _differences(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Per row, "field=value" for the setup fields in which it differs from other rows of its model and dataset."""
+    flat = [_flat_setup(r["setup"]) for r in rows]
+    out = []
+    for i, row in enumerate(rows):
+        peers = [j for j, r in enumerate(rows) if (r["model"], r["dataset"]) == (row["model"], row["dataset"])]
+        keys = sorted({k for j in peers for k in flat[j]})
+        varying = [k for k in keys if len({flat[j].get(k) for j in peers}) > 1]
+        out.append([f"{k}={flat[i].get(k, '-')}" for k in varying])
+    return out
+
+
+def table_row(row: dict[str, Any]) -> list[str]:
+    """One `group_runs` row as Table 1's cells (see TABLE_HEADERS), rounded like the paper.
+
+    Accuracy: "mean ± sample std" over the seeds, the mean alone for one seed. Epochs:
+    "3", or "2-3" when the runs have not all finished as many.
+    """
+    acc, std = row["test_acc"], row["test_acc_std"]
+    acc = "-" if acc is None or math.isnan(acc) else f"{acc:.4f}" + ("" if std is None else f" ± {std:.4f}")
+    lo, hi = row["epochs"]
+    epochs = str(lo) if lo == hi else f"{lo}-{hi}"
+    secs = row["seconds_per_epoch"]
+    secs = "-" if secs is None or math.isnan(secs) else f"{secs:.1f}"
+    return [row["model"], row["dataset"], str(row["n"]), epochs, acc, _human(row["params"]),
+            _human(row["flops_total"]), _human(row["flops_linear"]), secs]
+
+
+def format_table(runs: Iterable[dict[str, Any]], *, markdown: bool = True) -> str:
+    """Table 1 of the paper from `describe_run` summaries: runs of one setup averaged into one
+    row (`group_runs`), as Markdown (the default) or aligned text; columns after the second
+    right-aligned. Ends with a newline."""
+    rows = [table_row(r) for r in group_runs(runs)]
+    align = "ll" + "r" * (len(TABLE_HEADERS) - 2)
+    return _format_rows(TABLE_HEADERS, rows, markdown=markdown, align=align) + "\n"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -10,9 +11,10 @@ from fixtures_data import write_random_fashion
 
 from attnconv.cli import main
 from attnconv.data import ImageSet, dataset_info
-from attnconv.evaluate import count_flops, count_params, evaluate, format_table
+from attnconv.errors import AttnconvError
+from attnconv.evaluate import count_flops, count_params, describe_run, evaluate, format_table, group_runs, table_row
 from attnconv.models import build_model
-from attnconv.train import read_metrics
+from attnconv.runs import metrics_text, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -110,19 +112,127 @@ def test_eval_command_reports_accuracy_params_and_flops(tiny_run, capsys):
     assert "test acc" in text and "Linear layers only" in text and f"{result['params']:,}" in text
 
 
+HEADER = "| model | dataset | seeds | epochs | test acc | params | FLOPs (all ops) | FLOPs (Linear only) | s/epoch |"
+
+
 def test_table_command_prints_markdown(tiny_run, capsys):
-    assert main(["table", str(tiny_run), str(tiny_run)]) == 0
+    assert main(["table", str(tiny_run), "--markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| model | dataset | test acc | params | FLOPs (all ops) | FLOPs (Linear only) | s/epoch |"
-    assert len(lines) == 4 and lines[2] == lines[3] and lines[2].startswith("| sa-quadratic | fashion-mnist | ")
+    assert lines[0] == HEADER and lines[1] == "|---|---|" + "---:|" * 7
+    assert len(lines) == 3 and lines[2].startswith("| sa-quadratic | fashion-mnist | 1 | 2 | ")
+
+
+def test_table_command_prints_aligned_text_by_default(tiny_run, capsys):
+    assert main(["table", str(tiny_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["model", "dataset", "seeds", "epochs", "test", "acc", "params", "FLOPs", "(all",
+                                "ops)", "FLOPs", "(Linear", "only)", "s/epoch"]
+    assert set(lines[1]) == {"-", " "} and len(lines) == 3 and lines[2].split()[:4] == ["sa-quadratic",
+                                                                                     "fashion-mnist", "1", "2"]
+
+
+def _summary(model="resnet18", setup=None, **numbers):
+    row = {"run": "r", "model": model, "dataset": "cifar10", "epochs": 300, "test_acc": 0.938, "seed": 0,
+           "params": 11_173_962, "flops_total": 1_110_845_440, "flops_linear": 10_240, "seconds_per_epoch": 12.34,
+           "setup": {"model": model, **(setup or {})}}
+    return {**row, **numbers}
 
 
 def test_format_table_rounds_like_the_paper():
-    row = {"model": "resnet18", "dataset": "cifar10", "test_acc": 0.938, "params": 11_173_962,
-           "flops_total": 1_110_845_440, "flops_linear": 10_240, "seconds_per_epoch": 12.34}
-    assert format_table([row]).splitlines()[2] == "| resnet18 | cifar10 | 0.9380 | 11.2M | 1.11B | 10.2k | 12.3 |"
-    unfinished = {**row, "test_acc": None, "seconds_per_epoch": None}
-    assert format_table([unfinished]).splitlines()[2] == "| resnet18 | cifar10 | - | 11.2M | 1.11B | 10.2k | - |"
+    row = _summary()
+    assert format_table([row]).splitlines()[2] == "| resnet18 | cifar10 | 1 | 300 | 0.9380 | 11.2M | 1.11B | 10.2k | 12.3 |"
+    unfinished = {**row, "test_acc": None, "seconds_per_epoch": None, "epochs": 0}
+    assert format_table([unfinished]).splitlines()[2] == "| resnet18 | cifar10 | 1 | 0 | - | 11.2M | 1.11B | 10.2k | - |"
+
+
+def test_group_runs_averages_the_seeds_of_one_setup():
+    runs = [_summary(test_acc=a, seed=s, seconds_per_epoch=t, run=f"seed{s}")
+            for s, (a, t) in enumerate([(0.90, 10.0), (0.92, 12.0), (0.97, 20.0)])]
+    (row,) = group_runs(runs)
+    assert row["n"] == 3 and row["seeds"] == [0, 1, 2] and row["runs"] == ["seed0", "seed1", "seed2"]
+    assert row["test_acc"] == pytest.approx(0.93)
+    assert row["test_acc_std"] == pytest.approx(math.sqrt(((0.03) ** 2 + 0.01**2 + 0.04**2) / 2))  # n - 1
+    assert row["seconds_per_epoch"] == pytest.approx(14.0)
+    assert table_row(row)[4] == "0.9300 ± 0.0361"
+
+
+def test_group_runs_orders_rows_as_table_1_and_tells_apart_setups_of_one_model():
+    runs = [_summary(m, test_acc=0.5) for m in ("sa-learned-content", "zz-other", "sa-learned", "sa-quadratic-aniso")]
+    runs += [_summary("sa-quadratic", {"amp": amp}, seed=s) for amp in (True, False) for s in (0, 1)]
+    runs += [_summary("resnet18"), _summary("resnet18 (as attention)", {"model": "resnet18", "converted": {"fold_bn": True}})]
+    rows = group_runs(runs)
+    assert [r["model"] for r in rows] == ["resnet18", "sa-quadratic (amp=False)", "sa-quadratic (amp=True)",
+                                          "sa-quadratic-aniso", "sa-learned", "sa-learned-content",
+                                          "resnet18 (as attention)", "zz-other"]
+    assert [r["n"] for r in rows] == [1, 2, 2, 1, 1, 1, 1, 1]
+    assert rows[1]["test_acc_std"] == 0 and rows[0]["test_acc_std"] is None
+
+
+def test_a_run_given_twice_is_not_two_seeds(tiny_run, capsys):
+    with pytest.raises(AttnconvError, match="same seed 0: give each run once"):
+        group_runs([_summary(run="a"), _summary(run="b"), _summary(run="c", seed=1)])
+    assert main(["table", str(tiny_run), str(tiny_run)]) == 2
+    assert "same seed" in capsys.readouterr().err
+
+
+def test_table_epochs_show_runs_that_have_not_all_finished():
+    rows = group_runs([_summary(epochs=3, seed=0), _summary(epochs=2, seed=1, test_acc=None)])
+    assert rows[0]["epochs"] == (2, 3) and rows[0]["n"] == 2
+    assert table_row(rows[0])[2:5] == ["2", "2-3", "0.9380"]  # the mean of the runs with an accuracy
+
+
+# ------------------------------------------------------------- Table 1 from run directories without weights
+
+
+def _strip(run, dest, *, acc=None, meta_changes=None, **config):
+    """A copy of run holding only config.json (config fields changed) and metrics.csv (last accuracy `acc`)."""
+    dest.mkdir(parents=True)
+    meta = json.loads((run / "config.json").read_text())
+    meta["config"].update(config)
+    meta.update(meta_changes or {})
+    (dest / "config.json").write_text(json.dumps(meta))
+    rows = read_metrics(run)
+    if acc is not None:
+        rows[-1]["test_acc"] = acc
+    (dest / "metrics.csv").write_text(metrics_text(rows))
+    return dest
+
+
+def test_table_of_runs_without_weights_groups_seeds(tiny_run, tmp_path, capsys):
+    accs = [0.25, 0.5, 0.75]
+    dirs = [_strip(tiny_run, tmp_path / f"seed{s}", acc=a, seed=s, device="cuda", workers=s + 1, data_dir=None,
+                   checkpoint_every=s, compile=bool(s), preset="fmnist-sa-quadratic" if s else None)
+            for s, a in enumerate(accs)]
+    assert not any((d / "model.safetensors").exists() for d in dirs)
+    with_weights = describe_run(tiny_run)
+    summaries = [describe_run(d) for d in dirs]
+    for s in summaries:  # parameters from config.json, FLOPs from the architecture: as with the weights
+        for key in ("params", "flops_total", "flops_linear", "setup"):
+            assert s[key] == with_weights[key]
+    assert main(["table", *map(str, dirs), "--markdown"]) == 0
+    cells = capsys.readouterr().out.splitlines()[2].strip("| ").split(" | ")
+    alone = format_table([with_weights]).splitlines()[2].strip("| ").split(" | ")
+    assert cells[:5] == ["sa-quadratic", "fashion-mnist", "3", "2", "0.5000 ± 0.2500"]
+    assert cells[5:8] == alone[5:8]  # params, FLOPs (all ops), FLOPs (Linear only)
+    assert cells[8] == f"{statistics.fmean(s['seconds_per_epoch'] for s in summaries):.1f}"
+
+
+def test_table_of_a_run_without_its_parameter_count_counts_the_architecture(tiny_run, tmp_path):
+    meta = json.loads((tiny_run / "config.json").read_text())
+    del meta["parameters"]
+    d = _strip(tiny_run, tmp_path / "old")
+    (d / "config.json").write_text(json.dumps(meta))
+    assert describe_run(d)["params"] == describe_run(tiny_run)["params"] > 0
+
+
+def test_table_recompute_needs_the_weights(tiny_run, tmp_path, capsys):
+    d = _strip(tiny_run, tmp_path / "stripped")
+    assert main(["table", str(d), "--recompute"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and err.count("\n") == 1
+    assert main(["table", str(tiny_run), "--recompute", "--markdown"]) == 0
+    acc = read_metrics(tiny_run)[-1]["test_acc"]
+    assert f" {acc:.4f} " in capsys.readouterr().out  # measured anew: the last epoch's accuracy again
 
 
 def test_eval_of_a_directory_that_is_not_a_run_is_one_line_exit_2(tmp_path, capsys):

@@ -1,7 +1,15 @@
 """`attnconv eval` and `attnconv table`: accuracy, parameters and FLOPs of trained runs.
 
     attnconv eval runs/sa [--json]
-    attnconv table runs/resnet runs/sa > table.md
+    attnconv table benchmarks/table1/*/*              Table 1, seeds averaged, as text
+    attnconv table runs/resnet runs/sa --markdown > table.md
+
+`table` puts the runs of one configuration (everything but the seed and where the run
+ran: device, workers, data_dir, checkpoint_every, compile, preset) in one row: test
+accuracy as mean ± sample standard deviation over the seeds (last metrics.csv row of
+each), parameters, FLOPs and seconds per epoch (mean), rows in the paper's order. It
+reads config.json and metrics.csv only, so run directories without their weights do;
+--recompute loads the weights and measures the accuracy on the test set instead.
 
 FLOPs are per image at batch size 1. "all ops" is what torch.utils.flop_counter
 counts: matrix products, convolutions and attention (2 per multiply-add); it leaves
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers) -> None:
@@ -28,10 +37,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_eval)
 
     t = subparsers.add_parser(
-        "table", help="Table 1 of the paper (Markdown) from run directories", description=__doc__,
+        "table", help="Table 1 of the paper from run directories (seeds averaged)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    t.add_argument("run_dirs", metavar="RUN_DIR", nargs="+")
+    t.add_argument("run_dirs", metavar="RUN_DIR", nargs="+",
+                   help="run directories (config.json and metrics.csv; weights only for --recompute)")
+    t.add_argument("--markdown", action="store_true", help="print a Markdown table instead of aligned text")
+    t.add_argument("--recompute", action="store_true",
+                   help="load each run's weights and measure its test accuracy anew (default: metrics.csv)")
+    t.add_argument("--data-dir", help="with --recompute: dataset folder (default: the run's, then the usual places)")
+    t.add_argument("--device", default="cpu", help="with --recompute: cpu or cuda")
+    t.add_argument("--batch-size", type=int, default=500, help="with --recompute: images per forward pass")
     t.set_defaults(func=run_table)
 
 
@@ -47,6 +63,8 @@ def run_eval(args: argparse.Namespace) -> int:
         raise AttnconvError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
                      batch_size=args.batch_size)
+    if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
+        print(f"warning: {s['warning']}", file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -62,7 +80,19 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_table(args: argparse.Namespace) -> int:
+    import torch
+
+    from attnconv.errors import AttnconvError
     from attnconv.evaluate import describe_run, format_table
 
-    print(format_table(describe_run(d) for d in args.run_dirs), end="")
+    if args.recompute and args.batch_size < 1:
+        raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
+    if args.recompute and args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise AttnconvError(f"--device {args.device}: CUDA is not available here; use --device cpu")
+    summaries = [describe_run(d, recompute=args.recompute, device=args.device, data_dir=args.data_dir,
+                              batch_size=args.batch_size) for d in args.run_dirs]
+    for s in summaries:
+        if "warning" in s:
+            print(f"warning: {s['warning']}", file=sys.stderr)
+    print(format_table(summaries, markdown=args.markdown), end="")
     return 0
