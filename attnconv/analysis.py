@@ -155,13 +155,12 @@ def load_attention_run(run_dir: str | os.PathLike, device: str = "cpu"):
     convert`, `train --init-from`) and [] for an attention classifier; a plain CNN run
     raises AttnconvError (from `attention_layers`).
     """
-    from attnconv import data as D
-    from attnconv.runs import load_run
+    from attnconv.runs import load_run, run_info
 
     model, config = load_run(run_dir, device)
     if getattr(model, "attention_layers", None):
         return model, config, []
-    info = D.dataset_info(config.dataset)
+    info = run_info(config)
     convs = converted_layers(model, (info.channels, info.size, info.size))
     if not convs:
         attention_layers(model)  # raises: a CNN
@@ -190,7 +189,7 @@ def run_images(
     looked up in `data_dir`, else in the run's own data_dir, else where `load_dataset` searches.
     """
     from attnconv import data as D
-    from attnconv.runs import run_test_set
+    from attnconv.runs import run_info, run_test_set
 
     if count is not None and count < 1:
         raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
@@ -204,7 +203,7 @@ def run_images(
         raw = test.images[index : index + 1]
     else:
         raw = test.images[: count if count is not None else len(test)]
-    return raw, D.normalize(raw, D.dataset_info(config.dataset))
+    return raw, D.normalize(raw, run_info(config))
 
 
 @torch.no_grad()

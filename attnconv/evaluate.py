@@ -118,6 +118,7 @@ def describe_run(
         parameter_count,
         read_config,
         read_metrics,
+        run_info,
         run_test_set,
     )
 
@@ -126,7 +127,7 @@ def describe_run(
         model, config = load_run(run_dir, device, allow_nonfinite=True)  # measured anyway, with a warning
     else:
         model, config = build_run_architecture(meta), TrainConfig.from_dict(meta["config"])
-    info = D.dataset_info(config.dataset)
+    info = run_info(config)
     rows = read_metrics(run_dir)
     flops = count_flops(model, (info.channels, info.size, info.size))
     params = parameter_count(meta)

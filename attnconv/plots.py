@@ -464,9 +464,9 @@ def plot_maps(
     out = _check_out(Path(run_dir) / default if out is None else out)
     model, config, layers = _load(run_dir, device)
     if layers:  # converted from a CNN: the query is an image pixel; check it before any work
-        from attnconv import data as D
+        from attnconv.runs import run_info
 
-        side = D.dataset_info(config.dataset).size
+        side = run_info(config).size
         _parse_query(query, (side, side))
     content = converted_needs_images(layers) if layers else needs_images(model)
     raw, x = None, None
@@ -501,10 +501,10 @@ def _converted_maps(config, layers, probs: list[Tensor], query: Sequence[int] | 
 
     probs: `converted_probs` of the layers, (heads, T_out, T_in) each; `how` says over which inputs.
     """
-    from attnconv import data as D
     from attnconv.analysis import converted_query
+    from attnconv.runs import run_info
 
-    info = D.dataset_info(config.dataset)
+    info = run_info(config)
     image_size = (info.size, info.size)
     i, j = _parse_query(query, image_size)
     windows, labels = [], []

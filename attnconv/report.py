@@ -235,7 +235,6 @@ def _analysis_tables(result: dict[str, Any]) -> str:
 
 def _converted_section(model, config, meta: dict[str, Any], *, images: int, data_dir) -> str | None:
     """Centers figure and analysis of a network converted from a CNN; None if it has no such layers."""
-    from attnconv import data as D
     from attnconv.analysis import (
         analyze_converted,
         conv_head_geometry,
@@ -245,8 +244,9 @@ def _converted_section(model, config, meta: dict[str, Any], *, images: int, data
         run_images,
     )
     from attnconv.plots import centers_figure
+    from attnconv.runs import run_info
 
-    info = D.dataset_info(config.dataset)
+    info = run_info(config)
     layers = converted_layers(model, (info.channels, info.size, info.size))
     if not layers:
         return None

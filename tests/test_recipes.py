@@ -83,3 +83,18 @@ def test_a_folder_of_images_trains_evaluates_reports_and_explores(tmp_path, monk
     assert json.dumps(info) and ex.image(0)
     probs = ex.attention(0, 3, 4)
     assert probs  # the same API answers as for a built-in dataset
+
+
+def test_folder_image_size_is_the_decode_size_of_every_later_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_image_folder(tmp_path / "imgs", grey=True)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    assert main(["train", "--model", "sa-quadratic", "--dataset", "folder:imgs", "--image-size", "24", *TINY,
+                 "--max-steps", "2", "--workers", "1", "--no-progress", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["dataset"] == f"folder:{tmp_path / 'imgs'}"  # absolute: later commands work from anywhere
+    assert config["model_overrides"]["image_size"] == 24 and config["model_overrides"]["in_channels"] == 1
+    monkeypatch.chdir("/")
+    assert main(["eval", str(out)]) == 0
+    assert "on folder:" in capsys.readouterr().out

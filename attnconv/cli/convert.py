@@ -34,14 +34,14 @@ def run(args: argparse.Namespace) -> int:
     from attnconv import data as D
     from attnconv.errors import AttnconvError
     from attnconv.evaluate import count_flops, count_params
-    from attnconv.runs import convert_run, load_run, run_test_set
+    from attnconv.runs import convert_run, load_run, run_info, run_test_set
 
     if args.batch_size < 1:
         raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
     if args.alpha is not None and not args.alpha > 0:
         raise AttnconvError(f"--alpha {args.alpha} is invalid: give a positive number")
     cnn, config = load_run(args.run_dir)
-    info = D.dataset_info(config.dataset)
+    info = run_info(config)
     test = run_test_set(config, args.data_dir)
     out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
     attn, _ = load_run(out)

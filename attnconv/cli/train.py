@@ -40,7 +40,8 @@ from attnconv.errors import AttnconvError
 # Model overrides as flags: (flag, type, help). None (the default) keeps the preset's or model's value.
 MODEL_FLAGS = (
     ("in-channels", int, "input channels (set from the dataset)"),
-    ("image-size", int, "image side (set from the dataset)"),
+    ("image-size", int, "image side (set from the dataset; for folder:PATH the size images are resized and "
+                        "center-cropped to, default 32)"),
     ("num-classes", int, "classes (set from the dataset)"),
     ("hidden", int, "attention models: hidden width (paper: 400)"),
     ("heads", int, "attention models: heads (paper: 9)"),
@@ -77,7 +78,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory (config, metrics, checkpoints)")
     p.add_argument("--preset", metavar="NAME", help=f"named recipe: {', '.join(PRESETS)}")
     p.add_argument("--model", metavar="NAME", help=f"model: {', '.join(list_models())}")
-    p.add_argument("--dataset", metavar="NAME", help="cifar10 or fashion-mnist")
+    p.add_argument("--dataset", metavar="NAME",
+                   help="cifar10, fashion-mnist, or folder:PATH (PATH/train/<class>/*.png|jpg..., PATH/test|val/...)")
     p.add_argument("--resume", action="store_true",
                    help="continue from RUN_DIR's last checkpoint (starts fresh if there is none)")
     p.add_argument("--overwrite", action="store_true",
@@ -143,6 +145,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
     overrides["checkpoint"] = args.checkpoint
     changes = {f: getattr(args, f) for f in fields}
+    if args.dataset is not None:
+        from attnconv.data import canonical_name, folder_path
+
+        if folder_path(args.dataset) is not None:  # folder:PATH as an absolute path, valid from anywhere
+            changes["dataset"] = args.dataset = canonical_name(args.dataset)
     if args.init_from is not None:
         base, changes = _init_from(args, base, overrides, changes)
     elif args.init_alpha is not None or args.fold_bn is not None or args.init_content is not None:
@@ -151,15 +158,15 @@ def run(args: argparse.Namespace) -> int:
     if args.preset is None and base is None and args.model is not None and args.dataset is not None:
         from attnconv.recipes import dataset_recipe, describe
 
-        recipe, base = dataset_recipe(args.model, args.dataset)
+        recipe, base = dataset_recipe(args.model, args.dataset, image_size=args.image_size)
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
-    if recipe is not None and os.environ.get("RANK", "0") == "0":
-        print(f"recipe: {recipe}, with your flags on top: {describe(config)} (--preset NAME for another)",
-              file=sys.stderr)
+    config.validate()  # a bad flag is one error line, before anything else is printed
+    announce = None if recipe is None else \
+        f"recipe: {recipe}, with your flags on top: {describe(config)} (--preset NAME for another)"
     if args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
-                log_every=args.log_every)
+                log_every=args.log_every, announce=announce)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
         print(f"next: attnconv eval {out}  |  attnconv report {out}  |  attnconv explore {out}", file=sys.stderr)

@@ -87,7 +87,8 @@ class Explorer:
         device: str = "cpu",
     ):
         from attnconv.analysis import attention_layers, load_attention_run, token_grid
-        from attnconv.data import dataset_info, normalize
+        from attnconv.data import normalize
+        from attnconv.runs import run_info, run_test_set
 
         if not isinstance(images, int) or images < 1:
             raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
@@ -95,7 +96,7 @@ class Explorer:
         if not self.run_dir.is_dir():
             raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
         self.model, self.config, self.converted = load_attention_run(self.run_dir, device)  # refuses CNN runs
-        self.info_ = dataset_info(self.config.dataset)
+        self.info_ = run_info(self.config)
         if self.converted:
             # A network converted from a CNN (convert, train --init-from): every layer has its own
             # input grid; the query is an image pixel, placed on each layer's output grid.
@@ -106,7 +107,7 @@ class Explorer:
             self.layers = attention_layers(self.model)
             self.grid = token_grid(self.model)
         self.device = device
-        test = _test_set(self.config, data_dir)
+        test = run_test_set(self.config, data_dir)
         self.raw = test.images[:images]  # uint8 (N, C, H_img, W_img)
         self.x = normalize(self.raw, self.info_)  # float32, as the model was trained
         self.labels = test.labels[:images].tolist()
@@ -242,16 +243,6 @@ class Explorer:
         if not 0 <= k < len(self.raw):
             raise BadRequest(f"image {k} is out of range: the explorer offers test images 0..{len(self.raw) - 1}")
         return k
-
-
-def _test_set(config, data_dir):
-    """The run's test set: from `data_dir`, else the run's own data_dir, else where load_dataset searches."""
-    from attnconv import data as D
-
-    data_dir = data_dir or config.data_dir
-    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        data_dir = None  # the run's data folder is gone: search the usual places
-    return D.load_dataset(config.dataset, data_dir)[1]
 
 
 def _finite(values: list) -> list:

@@ -56,6 +56,7 @@ from attnconv.fileio import (
     remove_temporaries,
     write_bytes,
 )
+from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
@@ -70,6 +71,8 @@ from attnconv.runs import (
     read_config,
     RUN_FILES,
     read_metrics,
+    run_image_size,
+    run_info,
     save_state,
     save_weights,
     write_config,
@@ -106,6 +109,7 @@ def train(
     dataset: tuple[D.ImageSet, D.ImageSet] | None = None,
     progress: bool = True,
     log_every: int = 100,
+    announce: str | None = None,
 ) -> dict[str, float]:
     """Train `config` into the run directory `out`; returns the last metrics row.
 
@@ -117,7 +121,8 @@ def train(
     directory (an advisory lock on out/.attnconv.lock; a killed process holds none).
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
     (they must have that dataset's shape). progress: print progress (a bar on a terminal,
-    a line every `log_every` steps otherwise). Launched by torchrun, trains with DDP.
+    a line every `log_every` steps otherwise). announce: a line printed once every check has
+    passed, before the first step (the CLI's recipe line). Launched by torchrun, trains with DDP.
     """
     config.validate()
     if resume and overwrite:
@@ -127,7 +132,7 @@ def train(
     d = init_distributed(config)
     lock = DirectoryLock(out, "--out") if d.main else None
     try:
-        return _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock).run()
+        return _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock).run(announce)
     except OSError as err:  # disk full or the folder gone while writing: one line, the last checkpoint kept
         raise AttnconvError(f"--out {out}: could not write ({describe_os_error(err)}); {_last_checkpoint(out)}")\
             from None
@@ -164,10 +169,10 @@ class _Trainer:
 
         # Cheap checks first: a bad --out fails before the data is read.
         d.agree(self._check_out() if d.main else None)
-        self.info = D.dataset_info(config.dataset)
+        self.info = run_info(config)
         try:
             self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
-                config.dataset, config.data_dir, download=True)
+                config.dataset, config.data_dir, download=True, image_size=run_image_size(config))
             self._check_data()
         except AttnconvError as err:
             d.agree(str(err))  # every rank fails the same way here; agree keeps them in step anyway
@@ -268,8 +273,9 @@ class _Trainer:
                 self.d.agree(f"{flag} {overrides[key]} does not match {info.name} ({key} = {value}); drop {flag}")
             overrides[key] = value
         config = dataclasses.replace(config, model_overrides=overrides)
-        try:
-            build_model(config.model, **overrides)  # bad overrides fail here, before any file is written
+        try:  # bad overrides fail here, before any file is written; too large ones before allocating
+            with AllocationLimit(parameter_limit(), f"model {config.model!r} with {overrides}", "lower the sizes"):
+                build_model(config.model, **overrides)
         except AttnconvError as err:
             self.d.agree(str(err))
         return config
@@ -351,10 +357,12 @@ class _Trainer:
 
     # ---------------------------------------------------------------- loop
 
-    def run(self) -> dict[str, float]:
+    def run(self, announce: str | None = None) -> dict[str, float]:
         p, d = self.progress, self.d
         if d.main:
             self._prepare_files()
+            if announce and not p.finished:
+                _write_line(announce)
         if p.finished:
             if self.d.main:
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
