@@ -46,7 +46,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn

@@ -18,10 +18,18 @@ Implementations (`impl`), all computing the same function:
     probabilities factor as P_h = P_h^row (x) P_h^col and are applied as two
     small matmuls, O(B h H W (H + W) D) instead of O(B h (HW)^2 D); the T x T
     matrix is never formed.
+  - "stacked": position-only layers with shared values: the heads' (T x T)
+    probabilities stacked into one (T * heads, T) matrix, rows (query, head), and
+    applied to every image by one batched matmul. Its output (B, T, heads, C) is
+    already the layout the output projection reads, so nothing is permuted or
+    copied per sample; it costs the dense FLOPs, O(B h T^2 C), in large matmuls.
   - "sdpa": torch.nn.functional.scaled_dot_product_attention with the positional
     term as a float bias (content attention's natural fast path).
-  - "auto": separable when the encoding allows it, sdpa for content attention,
-    dense otherwise.
+  - "auto": for position-only layers with shared values, stacked on small grids
+    (T <= STACKED_RATIO * (H + W), up to 8x8) and separable above when the
+    encoding allows it (stacked otherwise); separable or dense with value="project";
+    sdpa for content attention. The crossover was measured on a CPU
+    (benchmarks/RESULTS.md, "Speed on the CPU").
 
 Position-only probabilities do not depend on the input: they are computed once
 per forward and shared by the whole batch. Scores and softmax are computed in
@@ -49,7 +57,10 @@ from torch import Tensor
 from attnconv.errors import AttnconvError
 from attnconv.positional import ENCODINGS, at_least_float32, build_encoding, check_pos_init
 
-IMPLS = ("auto", "dense", "separable", "sdpa")
+IMPLS = ("auto", "dense", "separable", "stacked", "sdpa")
+# auto: the stacked path up to T = H * W <= STACKED_RATIO * (H + W) tokens (its FLOPs over the
+# separable path's are T / (H + W)); above, the separable path's fewer FLOPs win.
+STACKED_RATIO = 4
 VALUE_MODES = ("shared", "project")
 DROPOUT_MASKS = ("per-sample", "shared")
 
@@ -65,7 +76,7 @@ class SelfAttention2d(nn.Module):
             "quadratic-diag" (axis-aligned), "quadratic-aniso" (full 2x2 inverse
             covariance), "learned" (row/column tables, no content), or
             "learned-content" (q.k plus q.r).
-        impl: "auto", "dense", "separable" or "sdpa" (see the module docstring).
+        impl: "auto", "dense", "separable", "stacked" or "sdpa" (see the module docstring).
         value: "shared" (W_val = I, the paper's) or "project" (per-head values of size head_dim).
         head_dim: per-head value width for value="project" (default ceil(C_out / heads)).
         key_dim: per-head query/key width for content attention (default C_in, the paper's).
@@ -123,7 +134,7 @@ class SelfAttention2d(nn.Module):
                 "attn_dropout_mask='shared' is for position-only encodings (content probabilities differ "
                 "per sample); use attn_dropout_mask='per-sample'"
             )
-        self.in_channels, self.out_channels, self.heads = in_channels, out_channels, heads
+        self.in_channels, self.out_channels, self.heads, self.max_size = in_channels, out_channels, heads, max_size
         self.encoding_name, self.value_mode, self.attn_dropout = encoding, value, float(attn_dropout)
         self.attn_dropout_mask = attn_dropout_mask
         self.key_dim = in_channels if key_dim is None else key_dim
@@ -166,14 +177,27 @@ class SelfAttention2d(nn.Module):
                 f"impl='separable' needs a separable encoding (quadratic, quadratic-diag, learned); "
                 f"{self.encoding_name!r} is not: use impl='dense' or 'sdpa'"
             )
+        if impl == "stacked" and not self.stackable:
+            raise AttnconvError(
+                "impl='stacked' needs a position-only encoding and value='shared' "
+                f"(this layer: encoding={self.encoding_name!r}, value={self.value_mode!r}); use impl='dense'"
+            )
         self._impl = impl
 
-    def resolved_impl(self) -> str:
-        """The path `impl='auto'` takes for this layer."""
+    @property
+    def stackable(self) -> bool:
+        """Whether the stacked path applies: position-only probabilities and shared values."""
+        return self.position_only and self.value_mode == "shared"
+
+    def resolved_impl(self, size: tuple[int, int] | None = None) -> str:
+        """The path `impl='auto'` takes for this layer on an H x W grid (default: max_size x max_size)."""
         if self._impl != "auto":
             return self._impl
         if not self.position_only:
             return "sdpa"
+        H, W = size if size is not None else (self.max_size, self.max_size)
+        if self.stackable and (not self.separable or H * W <= STACKED_RATIO * (H + W)):
+            return "stacked"
         return "separable" if self.separable else "dense"
 
     def extra_repr(self) -> str:
@@ -195,7 +219,10 @@ class SelfAttention2d(nn.Module):
     def forward_tokens(self, x: Tensor) -> Tensor:
         """Channels-last forward: (B, H, W, C_in) -> (B, H, W, C_out)."""
         B, H, W, _ = x.shape
-        impl = self.resolved_impl()
+        impl = self.resolved_impl((H, W))
+        if impl == "stacked":
+            out = self._stacked(x, H, W)  # (B, T * heads, C_in): rows (q, h)
+            return self.out(out.view(B, H, W, self.heads * self.in_channels))
         v = self._values(x)  # (B, H, W, C_in) shared, or (B, H, W, heads, D)
         if impl == "separable":
             out = self._separable(v, H, W)
@@ -244,6 +271,36 @@ class SelfAttention2d(nn.Module):
         else:
             tmp = torch.einsum("hjl,bilhd->hbijd", col, v)
         return torch.einsum("hik,hbkjd->bijhd", row, tmp)  # (B, H, W, heads, D): mix rows
+
+    def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
+        """Shared values, position-only: (B, H, W, C) -> (B, T * heads, C), row q * heads + h = SA_h(X)_q.
+
+        The probabilities are batch-independent: one (T * heads, T) matrix with rows (q, h),
+        broadcast over the batch (a stride-0 operand of bmm, not a copy), so one batched
+        matmul writes every head's output where the output projection reads it. Its
+        backward is two batched matmuls of the same shapes and a sum over the batch of
+        the (T * heads, T) probability gradients.
+        """
+        B, T = x.shape[0], H * W
+        with float32_scores():
+            probs = self._position_probs(H, W)  # (heads, T, T)
+        stacked = probs.transpose(0, 1).reshape(T * self.heads, T).to(x.dtype)  # [(q, h), k] = P_h[q, k]
+        if self.training and self.attn_dropout > 0:
+            if self.attn_dropout_mask == "per-sample":
+                stacked = stacked.expand(B, -1, -1)  # a mask per sample: the batch's copies are materialized
+            stacked = self._drop(stacked, self.attn_dropout)
+        if stacked.ndim == 2:
+            stacked = stacked.expand(B, -1, -1)
+        return torch.bmm(stacked, x.reshape(B, T, self.in_channels))
+
+    def _position_probs(self, H: int, W: int) -> Tensor:
+        """Position-only probabilities (heads, T, T) in at least float32; separable encodings as the
+        outer product of their row and column softmaxes (exact: Kronecker product)."""
+        if not self.separable:
+            return self._position_logits(H, W).softmax(-1)
+        row, col = self.encoding.factors(H, W)
+        row, col = row.softmax(-1), col.softmax(-1)  # (heads, H, H), (heads, W, W)
+        return (row[:, :, None, :, None] * col[:, None, :, None, :]).reshape(self.heads, H * W, H * W)
 
     def _dense(self, x: Tensor, v: Tensor, H: int, W: int) -> Tensor:
         """The plain formulation: (heads, T, T) probabilities times the values."""

@@ -18,7 +18,8 @@ import json
 import math
 import os
 import statistics
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -17,8 +17,8 @@ import errno
 import fcntl
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from attnconv.errors import AttnconvError
 

@@ -29,8 +29,9 @@ import io
 import json
 import math
 import os
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 from attnconv.errors import AttnconvError
 
@@ -276,8 +277,15 @@ def _converted_section(model, config, meta: dict[str, Any], *, images: int, data
 
 
 def _attention_section(model, config, meta: dict[str, Any], *, images: int, data_dir) -> str:
-    from attnconv.analysis import analyze_model, attention_layers, head_geometry, mean_layer_probs, needs_images, \
-        run_images, token_grid
+    from attnconv.analysis import (
+        analyze_model,
+        attention_layers,
+        head_geometry,
+        mean_layer_probs,
+        needs_images,
+        run_images,
+        token_grid,
+    )
     from attnconv.plots import centers_figure, maps_figure
 
     head = '<section id="attention"><h2>Attention</h2>'

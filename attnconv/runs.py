@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention
 from attnconv.convert import cnn_to_attention
-from attnconv import data as D
 from attnconv.errors import AttnconvError
 from attnconv.fileio import atomic_write, write_bytes
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit

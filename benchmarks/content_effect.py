@@ -38,7 +38,7 @@ def main() -> None:
     sd = {path: 0.0 for path, _, _ in layers}
     content = any(not layer.position_only for _, layer, _ in layers)
     for batch in x.split(4) if content else ():
-        for (path, layer, size), inp in zip(layers, converted_inputs(model, layers, batch)):
+        for (path, layer, _size), inp in zip(layers, converted_inputs(model, layers, batch)):
             if layer.position_only:
                 continue
             both = layer.attention_probs(inp)

@@ -37,8 +37,8 @@ def start_accuracy(run: Path) -> float:
     import torch
 
     from attnconv import data as D
-    from attnconv.evaluate import evaluate
     from attnconv.config import TrainConfig
+    from attnconv.evaluate import evaluate
     from attnconv.runs import build_run_model, read_config
 
     config = TrainConfig.from_dict(read_config(run)["config"])

@@ -14,8 +14,8 @@ import torch
 from fixtures_data import write_random_fashion
 from test_construct import _random_case, rel
 from torch import nn
-from torch.nn import functional as F
 from torch.func import functional_call
+from torch.nn import functional as F
 
 from attnconv.analysis import analyze_layer
 from attnconv.cli import main
@@ -538,7 +538,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     _, x = run_images(config, 3, data_dir=data_dir)
     probs = converted_probs(model, layers, x, batch_size=2)  # two batches: the mean must weigh them right
     inputs = converted_inputs(model, layers, x)
-    for (path, layer, size), p, inp in zip(layers, probs, inputs):
+    for (_path, layer, size), p, inp in zip(layers, probs, inputs):
         assert inp.shape[-2:] == size
         torch.testing.assert_close(p, layer.attention_probs(inp).mean(0), rtol=1e-5, atol=1e-7)
     with pytest.raises(AttnconvError, match="give test images"):
@@ -562,7 +562,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     own = converted_inputs(model, layers, explorer.x[2:3])
     for mode, term in (("probs", "combined"), ("scores", "content"), ("probs", "position")):
         result = explorer.attention(2, 20, 9, mode=mode, term=term)
-        for n, (path, layer, size) in enumerate(layers):
+        for n, (_path, layer, size) in enumerate(layers):
             q = result["queries"][n]
             oh, ow = layer.output_size(size)
             qi = min(oh - 1, 20 * oh // 28) * ow + min(ow - 1, 9 * ow // 28)

@@ -11,8 +11,8 @@ import pytest
 from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.cli import main
-from attnconv.runs import convert_run
 from attnconv.report import build_report, write_report
+from attnconv.runs import convert_run
 from attnconv.train import read_metrics
 
 ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")

@@ -34,9 +34,9 @@ def _int_list(minimum: int):
         try:
             values = [int(v) for v in text.split(",")]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list, got {text!r}") from None
         if min(values) < minimum:
-            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {text!r}") from None
         return values
 
     return parse
@@ -52,9 +52,9 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected one positive integer, got {text!r}") from None
     return value
 
 
@@ -62,9 +62,9 @@ def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}") from None
     return value
 
 

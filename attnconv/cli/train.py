@@ -64,12 +64,13 @@ def _fractions(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated fractions like 0.27,0.5,0.83, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated fractions like 0.27,0.5,0.83, got {text!r}") from None
 
 
 def register(subparsers) -> None:
-    from attnconv.models import list_models
     from attnconv.config import OPTIMIZERS, PRESETS, SCHEDULES
+    from attnconv.models import list_models
 
     p = subparsers.add_parser(
         "train", help="train a model (paper presets, resume, DDP)", description=__doc__,

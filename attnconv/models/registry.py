@@ -7,7 +7,8 @@ imports them, so `build_model` sees every model once `attnconv.models` is import
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.nn as nn
 

@@ -62,6 +62,7 @@ from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
     METRICS_FILE,
+    RUN_FILES,
     STATE_FILE,
     STATE_FORMAT,
     WEIGHTS_FILE,
@@ -69,7 +70,6 @@ from attnconv.runs import (
     load_state,
     metrics_text,
     read_config,
-    RUN_FILES,
     read_metrics,
     run_image_size,
     run_info,
