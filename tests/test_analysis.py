@@ -9,11 +9,11 @@ import torch
 import torch.nn as nn
 
 from attnconv.analysis import (
-    _json_ready,
     analyze_layer,
     analyze_model,
     attention_layers,
     format_analysis,
+    json_ready,
     mean_layer_probs,
 )
 from attnconv.attention import SelfAttention2d
@@ -116,7 +116,7 @@ def test_content_layer_is_averaged_over_its_inputs():
 
 
 def test_json_ready_turns_non_finite_numbers_into_null():
-    assert _json_ready({"a": [1.0, math.inf, (math.nan, 2)]}) == {"a": [1.0, None, [None, 2]]}
+    assert json_ready({"a": [1.0, math.inf, (math.nan, 2)]}) == {"a": [1.0, None, [None, 2]]}
 
 
 # ------------------------------------------------------------------------------ models and runs
