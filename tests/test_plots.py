@@ -15,8 +15,6 @@ from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model
 from attnconv.plots import (
-    _ellipse,
-    _window,
     centers_figure,
     gaussian_ellipse,
     maps_figure,
@@ -24,6 +22,7 @@ from attnconv.plots import (
     plot_figures,
     save_figure,
 )
+from attnconv.plots.figures import ellipse_points, window_radius
 from attnconv.positional import QuadraticEncoding
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
@@ -134,7 +133,7 @@ def test_mass_level_keeps_the_fewest_most_probable_pixels():
 def test_ellipse_is_the_gaussian_level_set_holding_the_mass(mass):
     s = np.array([[2.0, 0.6], [0.6, 0.5]])
     center = np.array([1.0, -2.0])
-    pts = _ellipse(center, s, mass)
+    pts = ellipse_points(center, s, mass)
     d = pts - center
     q = np.einsum("ni,ij,nj->n", d, s, d)
     np.testing.assert_allclose(q, -2 * math.log(1 - mass))
@@ -148,8 +147,8 @@ def test_ellipse_is_the_gaussian_level_set_holding_the_mass(mass):
 def test_window_covers_centers_but_never_exceeds_the_grid():
     near = [{"centers": np.array([[1.0, 0.0]]), "inverse_covariance": np.eye(2)[None] * 50}]
     far = [{"centers": np.array([[30.0, 0.0]]), "inverse_covariance": np.eye(2)[None] * 50}]
-    assert _window(near, 7) == 2
-    assert _window(far, 7) == 7
+    assert window_radius(near, 7) == 2
+    assert window_radius(far, 7) == 7
 
 
 def _rotation(degrees: float) -> np.ndarray:
@@ -204,7 +203,7 @@ def test_gaussian_ellipse_of_a_full_covariance_encoding_head():
     for dr, dc in ((1, 2), (-2, 1), (3, 3)):
         d = np.array([dr, dc], dtype=float)
         assert float(logits[q, q, q + dr, q + dc]) == pytest.approx(-0.5 * d @ s @ d, rel=1e-5)
-    pts = _ellipse(np.zeros(2), s, 0.5)  # the drawn 50% contour: the same ellipse, scaled
+    pts = ellipse_points(np.zeros(2), s, 0.5)  # the drawn 50% contour: the same ellipse, scaled
     radius = np.linalg.norm(pts, axis=1)
     assert radius.max() == pytest.approx(major * math.sqrt(2 * math.log(2)), rel=1e-3)
     assert radius.min() == pytest.approx(minor * math.sqrt(2 * math.log(2)), rel=1e-3)

@@ -1,28 +1,7 @@
-"""Figures of trained attention layers: head centers (Figures 4, 12, 14) and attention maps (Figures 5, 6).
+"""The paper's figures as matplotlib Figures: head centers with their Gaussian contours, attention maps.
 
-    from attnconv.plots import plot_centers, plot_maps, plot_figures
-    plot_centers("runs/sa")                          # runs/sa/centers.png
-    plot_maps("runs/sa", query=(3, 3), zoom=7)       # runs/sa/maps.png
-    plot_figures("runs/sa", "docs/figures/sa")       # docs/figures/sa-centers.png, sa-maps.png
-
-Coordinates are token-grid coordinates (the image after the model's d x d downsampling):
-a shift (row, col) = key - query, rows pointing down as in an image.
-
-Centers. One panel per layer, one color per head. The query pixel is the black square at
-(0, 0); each head's center is a dot, with the contours holding 50% (solid) and 90%
-(dotted) of its attention mass:
-  - quadratic heads: the level sets of their Gaussian, score -1/2 (d - Delta)^T Sigma^-1 (d - Delta).
-    Under that (continuous) Gaussian, d^T Sigma^-1 d is chi^2 with 2 degrees of freedom, so
-    the ellipse {d^T Sigma^-1 d = -2 ln(1 - m)} holds mass m (circles for isotropic heads;
-    ellipses of each head's own covariance for the full-covariance heads of
-    sa-quadratic-aniso, as in Figure 12; `gaussian_ellipse` gives their axes and angle);
-  - learned and content heads (no center parameter): the probabilities of the query in
-    the middle of the grid (content: averaged over test images), contoured at the levels
-    that enclose 50% / 90% of the mass (the fewest, most probable pixels), and the center
-    is the probability-weighted mean shift.
-Centers outside the window are drawn on its edge as open markers.
-
-Figures are written atomically (temporary file, then os.replace); parent folders are created.
+Pure drawing: these functions take numbers (head geometry, probabilities) and return a Figure;
+`save_figure` writes one atomically. See the `attnconv.plots` package docstring for the conventions.
 """
 
 from __future__ import annotations
@@ -39,20 +18,8 @@ from torch import Tensor
 from attnconv.errors import AttnconvError
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
-_STYLES = {0.5: "-", 0.9: ":"}
-_FORMATS = (".png", ".svg", ".pdf")
-
-__all__ = [
-    "MASSES",
-    "centers_figure",
-    "gaussian_ellipse",
-    "maps_figure",
-    "mass_level",
-    "plot_centers",
-    "plot_figures",
-    "plot_maps",
-    "save_figure",
-]
+STYLES = {0.5: "-", 0.9: ":"}
+FORMATS = (".png", ".svg", ".pdf")
 
 
 # ----------------------------------------------------------------------------------------
@@ -60,23 +27,23 @@ __all__ = [
 # ----------------------------------------------------------------------------------------
 
 
-def _check_out(path: str | os.PathLike) -> Path:
+def check_out(path: str | os.PathLike) -> Path:
     """The figure's path, checked before any work: a .png/.svg/.pdf name whose folder can be written."""
     from attnconv.fileio import check_writable_file
 
     path = Path(path)
-    if path.suffix.lower() not in _FORMATS:
-        raise AttnconvError(f"--out {path}: give a file name ending in {', '.join(_FORMATS)}")
+    if path.suffix.lower() not in FORMATS:
+        raise AttnconvError(f"--out {path}: give a file name ending in {', '.join(FORMATS)}")
     if path.exists() and path.is_dir():
         raise AttnconvError(f"--out {path} is a directory; give a file name such as {path / 'figure.png'}")
-    return check_writable_file(path, "--out", _FORMATS)
+    return check_writable_file(path, "--out", FORMATS)
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
     """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders."""
     from attnconv.fileio import atomic_write
 
-    path = _check_out(path)
+    path = check_out(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=dpi, bbox_inches="tight"))
     return path
@@ -147,7 +114,7 @@ def gaussian_ellipse(inverse_covariance: np.ndarray | Sequence[Sequence[float]],
     return major, minor, angle
 
 
-def _ellipse(center: np.ndarray, s: np.ndarray, mass: float) -> np.ndarray:
+def ellipse_points(center: np.ndarray, s: np.ndarray, mass: float) -> np.ndarray:
     """Points (n, 2) as (row, col) of {d: (d - c)^T S (d - c) = -2 ln(1 - mass)} (`gaussian_ellipse`)."""
     major, minor, angle = gaussian_ellipse(s, mass)
     t = np.linspace(0, 2 * math.pi, 121)
@@ -156,7 +123,7 @@ def _ellipse(center: np.ndarray, s: np.ndarray, mass: float) -> np.ndarray:
     return center + np.stack([u * n + w * c, u * c - w * n], axis=-1)  # (row, col)
 
 
-def _window(layers: list[dict[str, Any]], grid: int) -> int:
+def window_radius(layers: list[dict[str, Any]], grid: int) -> int:
     """Half-width R of the shift window [-R, R]: enough for every center and 90% contour, at most grid."""
     need = 2.0
     for g in layers:
@@ -187,8 +154,8 @@ def _draw_centers(ax, g: dict[str, Any], colors: list, R: int, title: str) -> No
         color = colors[h]
         if s is not None:
             for mass in MASSES:
-                pts = _ellipse(c[h], np.asarray(s[h], dtype=float), mass)
-                ax.plot(pts[:, 1], pts[:, 0], _STYLES[mass], color=color, lw=1.3)
+                pts = ellipse_points(c[h], np.asarray(s[h], dtype=float), mass)
+                ax.plot(pts[:, 1], pts[:, 0], STYLES[mass], color=color, lw=1.3)
         elif g.get("map") is not None:
             m = np.asarray(g["map"][h], dtype=float)  # (H, W) over keys
             q = g["query"]
@@ -199,7 +166,7 @@ def _draw_centers(ax, g: dict[str, Any], colors: list, R: int, title: str) -> No
                 level = mass_level(m, mass)
                 if padded.max() > level > padded.min():
                     ax.contour(cols, rows, padded, levels=[level], colors=[color],
-                               linestyles=[_STYLES[mass]], linewidths=1.3)
+                               linestyles=[STYLES[mass]], linewidths=1.3)
         inside = bool(np.all(np.abs(c[h]) <= lim))
         y, x = np.clip(c[h], -lim, lim)
         ax.plot(x, y, "o", ms=5, color=color, mfc=color if inside else "none", mew=1.5, zorder=3)
@@ -232,7 +199,7 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(2.6 * ncols + 1.4, 2.6 * nrows + 0.5))
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    R = _window(layers, grid)
+    R = window_radius(layers, grid)
     colors = head_colors(heads)
     for i, g in enumerate(layers):
         _draw_centers(axes.flat[i], g, colors, R, f"layer {i + 1}")
@@ -258,13 +225,13 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
 # ----------------------------------------------------------------------------------------
 
 
-def _crop(probs: Tensor, size: tuple[int, int], query: tuple[int, int], zoom: int) -> np.ndarray:
+def crop_map(probs: Tensor, size: tuple[int, int], query: tuple[int, int], zoom: int) -> np.ndarray:
     """probs (heads, T, T) -> the query's rows as (heads, zoom, zoom), NaN outside the grid."""
     H, W = size
-    return _window_around(probs[:, query[0] * W + query[1]].double().cpu().reshape(-1, H, W).numpy(), query, zoom)
+    return window_around(probs[:, query[0] * W + query[1]].double().cpu().reshape(-1, H, W).numpy(), query, zoom)
 
 
-def _window_around(maps: np.ndarray, query: Sequence[int], zoom: int) -> np.ndarray:
+def window_around(maps: np.ndarray, query: Sequence[int], zoom: int) -> np.ndarray:
     """maps (heads, H, W) -> the zoom x zoom window centered on `query`, NaN outside the grid."""
     H, W = maps.shape[1:]
     lo = -(zoom // 2)
@@ -304,7 +271,7 @@ def maps_figure(
     from matplotlib.patches import Rectangle
 
     if windows is None:
-        windows = [_crop(p, size, query, zoom) for p in probs]
+        windows = [crop_map(p, size, query, zoom) for p in probs]
     n_layers, heads = len(windows), windows[0].shape[0]
     cell = 1.05
     side = 2.6 if image is not None else 0.0
@@ -351,192 +318,3 @@ def maps_figure(
     return fig
 
 
-# ----------------------------------------------------------------------------------------
-# From a run directory
-# ----------------------------------------------------------------------------------------
-
-
-def _load(run_dir, device: str):
-    """(model, config, converted layers or []) of a run with attention; one clear error otherwise."""
-    from attnconv.analysis import load_attention_run
-
-    _check_run_dir(run_dir)
-    return load_attention_run(run_dir, device)
-
-
-def _check_run_dir(run_dir) -> None:
-    if not Path(run_dir).exists():
-        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-    if not Path(run_dir).is_dir():
-        raise AttnconvError(f"{run_dir}: not a run directory (it is a file); give the --out of `attnconv train`")
-
-
-def plot_centers(
-    run_dir: str | os.PathLike,
-    out: str | os.PathLike | None = None,
-    *,
-    images: int = 100,
-    data_dir: str | os.PathLike | None = None,
-    device: str = "cpu",
-) -> Path:
-    """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per layer.
-
-    Content models are averaged over the first `images` test images. Writes `out`
-    (default RUN_DIR/centers.png) and returns its path.
-    """
-    from attnconv.analysis import (
-        attention_layers,
-        conv_head_geometry,
-        converted_needs_images,
-        converted_probs,
-        head_geometry,
-        mean_layer_probs,
-        needs_images,
-        run_images,
-        token_grid,
-    )
-
-    _check_run_dir(run_dir)  # before the default out inside it is checked (which would create it)
-    out = _check_out(Path(run_dir) / "centers.png" if out is None else out)
-    model, config, layers = _load(run_dir, device)
-    if layers:  # converted from a CNN: each layer on its own input grid
-        x = run_images(config, images, data_dir=data_dir)[1].to(device) if converted_needs_images(layers) else None
-        probs = converted_probs(model, layers, x)
-        geometry = [conv_head_geometry(layer, size, p) for (_, layer, size), p in zip(layers, probs)]
-        how = f", mean over {len(x)} test images" if x is not None else ""
-        title = (f"{config.model} as attention: head centers per converted layer "
-                 f"(kxk convs; shifts on each input grid{how})")
-        return save_figure(centers_figure(geometry, max(max(s) for *_, s in layers), title), out)
-    size = token_grid(model)
-    x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None
-    probs = mean_layer_probs(model, x)
-    layers = [head_geometry(layer, p, size) for layer, p in zip(attention_layers(model), probs)]
-    how = f", mean over {len(x)} test images" if x is not None else ""
-    title = f"{config.model}: attention centers ({size[0]}x{size[1]} token grid{how})"
-    fig = centers_figure(layers, max(size), title)
-    return save_figure(fig, out)
-
-
-def _parse_query(query: Sequence[int] | None, size: tuple[int, int]) -> tuple[int, int]:
-    if query is None:
-        return size[0] // 2, size[1] // 2
-    query = tuple(int(v) for v in query)
-    if len(query) != 2 or not (0 <= query[0] < size[0] and 0 <= query[1] < size[1]):
-        raise AttnconvError(
-            f"--query {','.join(map(str, query))} is outside the {size[0]}x{size[1]} token grid "
-            f"(rows 0..{size[0] - 1}, columns 0..{size[1] - 1}; coordinates are after downsampling)"
-        )
-    return query
-
-
-def plot_maps(
-    run_dir: str | os.PathLike,
-    out: str | os.PathLike | None = None,
-    *,
-    images: int = 100,
-    query: Sequence[int] | None = None,
-    zoom: int | None = 7,
-    image: int | None = None,
-    data_dir: str | os.PathLike | None = None,
-    device: str = "cpu",
-) -> Path:
-    """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head.
-
-    query: (row, col) on the token grid (default its center). zoom: side of the window;
-    None: the whole token grid around its middle (the smallest odd side >= the grid's; for a
-    network converted from a CNN, 7).
-    Content models: mean over the first `images` test images, or the single test image
-    `image` (drawn beside the grid; for position-only models the maps do not depend on it).
-    Writes `out` (default RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
-    """
-    from attnconv.analysis import (
-        converted_needs_images,
-        converted_probs,
-        mean_layer_probs,
-        needs_images,
-        run_images,
-        token_grid,
-    )
-
-    if zoom is not None and (not isinstance(zoom, int) or zoom < 1):
-        raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
-    default = "maps.png" if image is None else f"maps-image-{image}.png"
-    _check_run_dir(run_dir)
-    out = _check_out(Path(run_dir) / default if out is None else out)
-    model, config, layers = _load(run_dir, device)
-    if layers:  # converted from a CNN: the query is an image pixel; check it before any work
-        from attnconv.runs import run_info
-
-        side = run_info(config).size
-        _parse_query(query, (side, side))
-    content = converted_needs_images(layers) if layers else needs_images(model)
-    raw, x = None, None
-    if image is not None:
-        raw, x = run_images(config, index=image, data_dir=data_dir)
-        how = f"test image {image}"
-    elif content:
-        _, x = run_images(config, images, data_dir=data_dir)
-        how = f"mean over {len(x)} test images"
-    else:
-        how = "position-only: the same for every input"
-    x = None if x is None else x.to(device)
-    if layers:  # converted from a CNN
-        zoom = 7 if zoom is None else zoom
-        return save_figure(_converted_maps(config, layers, converted_probs(model, layers, x), query, zoom, how), out)
-    size = token_grid(model)
-    zoom = 2 * (max(size) // 2) + 1 if zoom is None else zoom
-    q = _parse_query(query, size)
-    probs = mean_layer_probs(model, x)
-    picture = None
-    if raw is not None:
-        picture = raw[0].permute(1, 2, 0).numpy()
-        picture = picture[..., 0] if picture.shape[-1] == 1 else picture
-    title = (f"{config.model}: attention of query {q}, {zoom}x{zoom} window\n"
-             f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max")
-    fig = maps_figure(probs, size, q, zoom, image=picture, downsample=model.config.downsample, title=title)
-    return save_figure(fig, out)
-
-
-def _converted_maps(config, layers, probs: list[Tensor], query: Sequence[int] | None, zoom: int, how: str):
-    """Maps of a network converted from a CNN: image pixel `query` placed on each layer's grid.
-
-    probs: `converted_probs` of the layers, (heads, T_out, T_in) each; `how` says over which inputs.
-    """
-    from attnconv.analysis import converted_query
-    from attnconv.runs import run_info
-
-    info = run_info(config)
-    image_size = (info.size, info.size)
-    i, j = _parse_query(query, image_size)
-    windows, labels = [], []
-    for n, ((_, layer, size), p) in enumerate(zip(layers, probs)):
-        q, pos = converted_query(layer, size, image_size, i, j)
-        row = p[:, q].double().cpu().reshape(-1, *size).numpy()
-        windows.append(_window_around(row, pos, zoom))
-        labels.append(f"layer {n + 1}\n{size[0]}x{size[1]}")
-    title = (f"{config.model} as attention: image pixel ({i}, {j}) as the query of each converted layer "
-             f"(on its own input grid), {zoom}x{zoom} window;\n{how}; each map scaled to its max")
-    return maps_figure([], image_size, (i, j), zoom, title=title, windows=windows, row_labels=labels)
-
-
-def plot_figures(
-    run_dir: str | os.PathLike,
-    prefix: str | os.PathLike,
-    *,
-    images: int = 100,
-    data_dir: str | os.PathLike | None = None,
-    device: str = "cpu",
-) -> list[Path]:
-    """The paper-style figures of one attention run: PREFIX-centers.png and PREFIX-maps.png.
-
-    centers: `plot_centers`, each head's center and 50% / 90% contours per layer (Figure 4
-    for isotropic quadratic heads, Figure 12's ellipses for full-covariance ones, contours
-    of the middle query's probabilities for learned and content heads). maps: `plot_maps`
-    of the middle query over the whole token grid, layers x heads (Figure 5 for learned
-    relative heads; content heads averaged over the first `images` test images, Figure 6).
-    Returns the two paths; a run without attention (a CNN) raises AttnconvError.
-    """
-    prefix = Path(prefix)
-    common = {"images": images, "data_dir": data_dir, "device": device}
-    return [plot_centers(run_dir, prefix.with_name(prefix.name + "-centers.png"), **common),
-            plot_maps(run_dir, prefix.with_name(prefix.name + "-maps.png"), zoom=None, **common)]

@@ -1,0 +1,53 @@
+"""Figures of trained attention layers: head centers (Figures 4, 12, 14) and attention maps (Figures 5, 6).
+
+    from attnconv.plots import plot_centers, plot_maps, plot_figures
+    plot_centers("runs/sa")                          # runs/sa/centers.png
+    plot_maps("runs/sa", query=(3, 3), zoom=7)       # runs/sa/maps.png
+    plot_figures("runs/sa", "docs/figures/sa")       # docs/figures/sa-centers.png, sa-maps.png
+
+Coordinates are token-grid coordinates (the image after the model's d x d downsampling):
+a shift (row, col) = key - query, rows pointing down as in an image.
+
+Centers. One panel per layer, one color per head. The query pixel is the black square at
+(0, 0); each head's center is a dot, with the contours holding 50% (solid) and 90%
+(dotted) of its attention mass:
+  - quadratic heads: the level sets of their Gaussian, score -1/2 (d - Delta)^T Sigma^-1 (d - Delta).
+    Under that (continuous) Gaussian, d^T Sigma^-1 d is chi^2 with 2 degrees of freedom, so
+    the ellipse {d^T Sigma^-1 d = -2 ln(1 - m)} holds mass m (circles for isotropic heads;
+    ellipses of each head's own covariance for the full-covariance heads of
+    sa-quadratic-aniso, as in Figure 12; `gaussian_ellipse` gives their axes and angle);
+  - learned and content heads (no center parameter): the probabilities of the query in
+    the middle of the grid (content: averaged over test images), contoured at the levels
+    that enclose 50% / 90% of the mass (the fewest, most probable pixels), and the center
+    is the probability-weighted mean shift.
+Centers outside the window are drawn on its edge as open markers.
+
+Figures are written atomically (temporary file, then os.replace); parent folders are created.
+
+Modules: `figures` (drawing: numbers in, Figure out; `save_figure`), `runs` (a run directory's
+figures: load, analyze, draw, save).
+"""
+
+from attnconv.plots.figures import (
+    MASSES,
+    centers_figure,
+    gaussian_ellipse,
+    head_colors,
+    maps_figure,
+    mass_level,
+    save_figure,
+)
+from attnconv.plots.runs import plot_centers, plot_figures, plot_maps
+
+__all__ = [
+    "MASSES",
+    "centers_figure",
+    "gaussian_ellipse",
+    "head_colors",
+    "maps_figure",
+    "mass_level",
+    "plot_centers",
+    "plot_figures",
+    "plot_maps",
+    "save_figure",
+]
