@@ -18,17 +18,17 @@ Implementations (`impl`), all computing the same function:
     probabilities factor as P_h = P_h^row (x) P_h^col and are applied as two
     small matmuls, O(B h H W (H + W) D) instead of O(B h (HW)^2 D); the T x T
     matrix is never formed.
-  - "stacked": position-only layers with shared values: the heads' (T x T)
-    probabilities stacked into one (T * heads, T) matrix, rows (query, head), and
-    applied to every image by one batched matmul. Its output (B, T, heads, C) is
-    already the layout the output projection reads, so nothing is permuted or
-    copied per sample; it costs the dense FLOPs, O(B h T^2 C), in large matmuls.
+  - "stacked" (shared values): the heads' (T x T) probabilities laid out as one
+    (T * heads, T) matrix, rows (query, head), applied by one batched matmul per image.
+    Its output (B, T, heads, C) is already the layout the output projection reads, so
+    neither values nor outputs are copied per head; position-only probabilities are one
+    matrix for the whole batch. It costs the dense FLOPs, O(B h T^2 C), in large matmuls.
   - "sdpa": torch.nn.functional.scaled_dot_product_attention with the positional
     term as a float bias (content attention's natural fast path).
-  - "auto": for position-only layers with shared values, stacked on small grids
-    (T <= STACKED_RATIO * (H + W), up to 8x8) and separable above when the
-    encoding allows it (stacked otherwise); separable or dense with value="project";
-    sdpa for content attention. The crossover was measured on a CPU
+  - "auto": with shared values, stacked for position-only layers on small grids
+    (T <= STACKED_RATIO * (H + W), up to 8x8) or with a non-separable encoding, and for
+    content layers on the CPU; otherwise separable when the encoding allows it, sdpa for
+    content attention, dense otherwise. The crossovers were measured on a CPU
     (benchmarks/RESULTS.md, "Speed on the CPU").
 
 Position-only probabilities do not depend on the input: they are computed once
@@ -179,25 +179,35 @@ class SelfAttention2d(nn.Module):
             )
         if impl == "stacked" and not self.stackable:
             raise AttnconvError(
-                "impl='stacked' needs a position-only encoding and value='shared' "
-                f"(this layer: encoding={self.encoding_name!r}, value={self.value_mode!r}); use impl='dense'"
+                "impl='stacked' needs value='shared' (per-head values would have to be copied per head); "
+                "use impl='dense'"
             )
         self._impl = impl
 
     @property
     def stackable(self) -> bool:
-        """Whether the stacked path applies: position-only probabilities and shared values."""
-        return self.position_only and self.value_mode == "shared"
+        """Whether the stacked path applies: shared values."""
+        return self.value_mode == "shared"
 
     def resolved_impl(self, size: tuple[int, int] | None = None) -> str:
-        """The path `impl='auto'` takes for this layer on an H x W grid (default: max_size x max_size)."""
+        """The path `impl='auto'` takes for this layer on an H x W grid (default: max_size x max_size).
+
+        With shared values: stacked where it is the cheaper path (measured on the CPU,
+        benchmarks/RESULTS.md "Speed on the CPU"): position-only layers whose encoding is not
+        separable, or on grids of at most STACKED_RATIO * (H + W) tokens; content layers on the
+        CPU (where SDPA with a positional bias runs its math kernel, which copies the shared
+        values once per head). Otherwise separable, sdpa for content, dense.
+        """
         if self._impl != "auto":
             return self._impl
+        H, W = size if size is not None else (self.max_size, self.max_size)
+        if self.stackable:
+            if self.position_only and (not self.separable or H * W <= STACKED_RATIO * (H + W)):
+                return "stacked"
+            if not self.position_only and self.out.weight.device.type == "cpu":
+                return "stacked"
         if not self.position_only:
             return "sdpa"
-        H, W = size if size is not None else (self.max_size, self.max_size)
-        if self.stackable and (not self.separable or H * W <= STACKED_RATIO * (H + W)):
-            return "stacked"
         return "separable" if self.separable else "dense"
 
     def extra_repr(self) -> str:
@@ -216,21 +226,36 @@ class SelfAttention2d(nn.Module):
         y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
         return y.permute(0, 3, 1, 2)
 
-    def forward_tokens(self, x: Tensor) -> Tensor:
-        """Channels-last forward: (B, H, W, C_in) -> (B, H, W, C_out)."""
+    def forward_tokens(self, x: Tensor, then: nn.Linear | None = None) -> Tensor:
+        """Channels-last forward: (B, H, W, C_in) -> (B, H, W, C_out), or then(...) of it.
+
+        `then`, a Linear on the output (the classifier's `attention_out`), is folded into the
+        output projection where that saves work: y = a W_out^T W_then^T + (b_out W_then^T + b_then)
+        costs one (heads * D -> C_then) matmul per token instead of two, plus a weight product
+        per forward. Folded when gradients are being recorded and there are more tokens than
+        heads * D (the product's cost); otherwise `out` and `then` run as modules, so their
+        forward hooks (FLOP counters) see them.
+        """
         B, H, W, _ = x.shape
         impl = self.resolved_impl((H, W))
         if impl == "stacked":
-            out = self._stacked(x, H, W)  # (B, T * heads, C_in): rows (q, h)
-            return self.out(out.view(B, H, W, self.heads * self.in_channels))
-        v = self._values(x)  # (B, H, W, C_in) shared, or (B, H, W, heads, D)
-        if impl == "separable":
-            out = self._separable(v, H, W)
-        elif impl == "dense":
-            out = self._dense(x, v, H, W)
+            heads_out = self._stacked(x, H, W).view(B, H, W, self.heads * self.in_channels)  # rows (q, h)
         else:
-            out = self._sdpa(x, v, H, W)
-        return self.out(out.reshape(B, H, W, self.heads * self.head_dim))  # (B, H, W, C_out)
+            v = self._values(x)  # (B, H, W, C_in) shared, or (B, H, W, heads, D)
+            if impl == "separable":
+                out = self._separable(v, H, W)
+            elif impl == "dense":
+                out = self._dense(x, v, H, W)
+            else:
+                out = self._sdpa(x, v, H, W)
+            heads_out = out.reshape(B, H, W, self.heads * self.head_dim)
+        if then is None:
+            return self.out(heads_out)  # (B, H, W, C_out)
+        if torch.is_grad_enabled() and B * H * W > self.out.in_features:
+            weight = then.weight @ self.out.weight  # (C_then, heads * D)
+            bias = then.bias if self.out.bias is None else then.weight @ self.out.bias + then.bias
+            return F.linear(heads_out, weight, bias)
+        return then(self.out(heads_out))
 
     def _values(self, x: Tensor) -> Tensor:
         if self.value_mode == "shared":
@@ -273,25 +298,33 @@ class SelfAttention2d(nn.Module):
         return torch.einsum("hik,hbkjd->bijhd", row, tmp)  # (B, H, W, heads, D): mix rows
 
     def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
-        """Shared values, position-only: (B, H, W, C) -> (B, T * heads, C), row q * heads + h = SA_h(X)_q.
+        """Shared values: (B, H, W, C) -> (B, T * heads, C), row q * heads + h = SA_h(X)_q.
 
-        The probabilities are batch-independent: one (T * heads, T) matrix with rows (q, h),
-        broadcast over the batch (a stride-0 operand of bmm, not a copy), so one batched
-        matmul writes every head's output where the output projection reads it. Its
-        backward is two batched matmuls of the same shapes and a sum over the batch of
-        the (T * heads, T) probability gradients.
+        The probabilities are laid out as a (T * heads, T) matrix per image, rows (q, h), so one
+        batched matmul writes every head's output where the output projection reads it: no
+        per-head copies of the values, no permutes of the outputs. Position-only probabilities
+        are batch-independent: one matrix, broadcast over the batch (a stride-0 operand of bmm,
+        not a copy); its backward sums the (T * heads, T) gradients over the batch. Content
+        probabilities (B, heads, T, T) are transposed to (B, T, heads, T) once (T * heads * T
+        numbers per image, against T * heads * C for expanded values).
         """
         B, T = x.shape[0], H * W
-        with float32_scores():
-            probs = self._position_probs(H, W)  # (heads, T, T)
-        stacked = probs.transpose(0, 1).reshape(T * self.heads, T).to(x.dtype)  # [(q, h), k] = P_h[q, k]
-        if self.training and self.attn_dropout > 0:
-            if self.attn_dropout_mask == "per-sample":
+        dtype = _matmul_dtype(x)
+        if self.position_only:
+            with float32_scores():
+                probs = self._position_probs(H, W)  # (heads, T, T)
+            # cast before the batch expand: autocast would cast the expanded operand, i.e. copy it per sample
+            stacked = probs.transpose(0, 1).reshape(T * self.heads, T).to(dtype)  # [(q, h), k] = P_h[q, k]
+            if self.training and self.attn_dropout > 0 and self.attn_dropout_mask == "per-sample":
                 stacked = stacked.expand(B, -1, -1)  # a mask per sample: the batch's copies are materialized
+        else:
+            probs = self._probs(x, H, W)  # (B, heads, T, T) float32
+            stacked = probs.to(dtype).transpose(1, 2).reshape(B, T * self.heads, T)
+        if self.training and self.attn_dropout > 0:
             stacked = self._drop(stacked, self.attn_dropout)
         if stacked.ndim == 2:
             stacked = stacked.expand(B, -1, -1)
-        return torch.bmm(stacked, x.reshape(B, T, self.in_channels))
+        return torch.bmm(stacked, x.reshape(B, T, self.in_channels).to(dtype))
 
     def _position_probs(self, H: int, W: int) -> Tensor:
         """Position-only probabilities (heads, T, T) in at least float32; separable encodings as the
@@ -428,6 +461,14 @@ def float32_scores() -> Iterator[None]:
                 yield
         else:
             yield
+
+
+def _matmul_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a matmul on x runs in: autocast's where it is on for x's device, else x's own."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
 
 
 def _check_positive_int(name: str, v: object) -> None:

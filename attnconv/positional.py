@@ -42,7 +42,6 @@ from torch import Tensor
 
 from attnconv.errors import AttnconvError
 
-
 POS_INITS = ("authors", "bert")
 
 
@@ -272,8 +271,10 @@ class LearnedContentEncoding(nn.Module):
         q = q.reshape(B, heads, H, W, self.key_dim)
         S = self.max_size
         # the tables follow the queries' dtype: a half layer's scores are computed from widened queries
-        row_scores = q[..., : self.row_dim] @ self.row_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
-        col_scores = q[..., self.row_dim :] @ self.col_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
+        # split, not slicing: a slice's backward fills a zero tensor of q's size per half
+        q_row, q_col = q.split([self.row_dim, self.key_dim - self.row_dim], dim=-1)
+        row_scores = q_row @ self.row_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
+        col_scores = q_col @ self.col_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
         # score of key row k for query row i sits at shift index k - i + S - 1
         row_idx = relative_offsets(H, q.device, torch.long) + S - 1  # (H_q, H_k)
         col_idx = relative_offsets(W, q.device, torch.long) + S - 1  # (W_q, W_k)

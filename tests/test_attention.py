@@ -13,7 +13,8 @@ POSITION_ONLY = ["quadratic", "quadratic-diag", "quadratic-aniso", "learned"]
 
 
 def _impls(layer):
-    return [i for i in ("dense", "separable", "sdpa") if i != "separable" or layer.separable]
+    return [i for i in ("dense", "separable", "stacked", "sdpa")
+            if (i != "separable" or layer.separable) and (i != "stacked" or layer.stackable)]
 
 
 def _randomize(layer, scale=1.0):
@@ -179,7 +180,7 @@ def test_attention_scores_split_content_and_position_terms():
         layer.attention_probs(size=(5, 4))
 
 
-@pytest.mark.parametrize("impl", ["dense", "separable", "sdpa"])
+@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "sdpa"])
 def test_position_probabilities_are_computed_once_per_forward(impl, monkeypatch):
     layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl=impl)
     calls = []
@@ -198,7 +199,7 @@ def test_eval_dropout_is_identity_and_train_dropout_is_unbiased():
     assert torch.equal(ref, layer(x))
     layer.train()
     with torch.no_grad():
-        for impl in ("separable", "dense"):
+        for impl in ("separable", "dense", "stacked"):
             layer.impl = impl
             samples = _independent_forwards(layer, x, 3000)
             assert not torch.allclose(samples[0], samples[1])
@@ -236,10 +237,33 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_auto_picks_the_cheap_valid_path():
+    # shared values: stacked on small grids, separable on large ones (the default grid is max_size=32)
     assert SelfAttention2d(4, encoding="quadratic").resolved_impl() == "separable"
     assert SelfAttention2d(4, encoding="learned").resolved_impl() == "separable"
-    assert SelfAttention2d(4, encoding="quadratic-aniso").resolved_impl() == "dense"
-    assert SelfAttention2d(4, encoding="learned-content").resolved_impl() == "sdpa"
+    for encoding in ("quadratic", "quadratic-diag", "learned"):
+        layer = SelfAttention2d(4, encoding=encoding, max_size=16)
+        assert layer.resolved_impl((7, 7)) == layer.resolved_impl((8, 8)) == "stacked", encoding
+        assert layer.resolved_impl((9, 9)) == layer.resolved_impl((16, 16)) == "separable", encoding
+        assert layer.resolved_impl((1, 30)) == "stacked"  # 30 tokens <= 4 * 31
+    assert SelfAttention2d(4, encoding="quadratic-aniso").resolved_impl() == "stacked"  # dense FLOPs either way
+    assert SelfAttention2d(4, encoding="learned-content").resolved_impl() == "stacked"  # on the CPU
+    # per-head values: no stacked path
+    assert SelfAttention2d(4, encoding="quadratic", value="project").resolved_impl((7, 7)) == "separable"
+    assert SelfAttention2d(4, encoding="quadratic-aniso", value="project").resolved_impl() == "dense"
+    assert SelfAttention2d(4, encoding="learned-content", value="project").resolved_impl() == "sdpa"
+    with pytest.raises(AttnconvError, match="value='shared'"):
+        SelfAttention2d(4, value="project", impl="stacked")
+
+
+def test_forward_picks_the_path_for_the_grid_it_gets(monkeypatch):
+    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", max_size=16)
+    ran = []
+    for name in ("_stacked", "_separable"):
+        original = getattr(layer, name)
+        monkeypatch.setattr(layer, name, lambda *a, name=name, original=original: ran.append(name) or original(*a))
+    layer(torch.randn(2, 4, 8, 8))
+    layer(torch.randn(2, 4, 16, 16))
+    assert ran == ["_stacked", "_separable"]
 
 
 def test_separable_path_never_forms_the_token_by_token_matrix(monkeypatch):
@@ -290,7 +314,7 @@ def test_half_and_bfloat16_layers_match_their_float32_copy(encoding, dtype):
         assert _rel(scores, ref_scores) < 4 * torch.finfo(dtype).eps, impl
 
 
-@pytest.mark.parametrize("impl", ["dense", "separable", "sdpa"])
+@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "sdpa"])
 def test_shared_dropout_mask_is_one_mask_for_the_batch(impl):
     torch.manual_seed(4)
     x = torch.randn(1, 3, 4, 5).expand(6, -1, -1, -1)  # six copies of one image
@@ -302,7 +326,7 @@ def test_shared_dropout_mask_is_one_mask_for_the_batch(impl):
         assert copies_agree == same, (impl, mask)
 
 
-@pytest.mark.parametrize("impl", ["dense", "separable", "sdpa"])
+@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "sdpa"])
 @pytest.mark.parametrize("mask", ["shared", "per-sample"])
 def test_attention_dropout_keeps_the_expectation_with_either_mask(impl, mask):
     torch.manual_seed(5)
@@ -377,3 +401,45 @@ def test_pos_init_changes_values_not_names(encoding):
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 6, 4, 5)
     assert torch.equal(a(x), b(x))
+
+
+# ------------------------------------------------------------------ a following Linear folded into the output projection
+
+
+@pytest.mark.parametrize("impl", ["separable", "stacked", "dense"])
+def test_a_following_linear_is_folded_with_the_same_function_and_gradients(impl):
+    torch.manual_seed(6)
+    layer = _randomize(SelfAttention2d(5, 6, heads=3, encoding="quadratic", impl=impl), scale=0.5)
+    then = nn.Linear(6, 4)
+    x = torch.randn(4, 5, 3, 3).permute(0, 2, 3, 1)  # 36 tokens > heads * C_in = 15: folded
+    upstream = torch.randn(4, 3, 3, 4)
+    results = []
+    for fold in (True, False):
+        layer.zero_grad()
+        then.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = layer.forward_tokens(xi, then=then) if fold else then(layer.forward_tokens(xi))
+        (y * upstream).sum().backward()
+        grads = {n: p.grad.clone() for n, p in [*layer.named_parameters(), *then.named_parameters(prefix="then")]}
+        results.append((y.detach(), xi.grad, grads))
+    (y0, gx0, g0), (y1, gx1, g1) = results
+    assert _rel(y0, y1) < 1e-6 and _rel(gx0, gx1) < 1e-6
+    for n in g0:
+        assert _rel(g0[n], g1[n]) < 1e-5, n
+
+
+def test_without_gradients_the_output_linears_run_as_modules():
+    """FLOP counters count Linear layers with forward hooks; under no_grad nothing is folded."""
+    layer = SelfAttention2d(4, 4, heads=2)
+    then = nn.Linear(4, 4)
+    seen = []
+    for module in (layer.out, then):
+        module.register_forward_hook(lambda m, args, out: seen.append(m))
+    x = torch.randn(8, 6, 6, 4)
+    with torch.no_grad():
+        y = layer.forward_tokens(x, then=then)
+    assert seen == [layer.out, then]
+    assert _rel(y, then(layer.forward_tokens(x)).detach()) < 1e-6
+    seen.clear()
+    layer.forward_tokens(x, then=then)  # 288 tokens > 8: folded in training
+    assert seen == []

@@ -9,7 +9,6 @@ from attnconv.attention import SelfAttention2d
 from attnconv.cli import main
 from attnconv.models import build_model
 
-
 # ------------------------------------------------------------------ timing and ratio helpers
 
 
@@ -140,7 +139,9 @@ def test_bench_runs_every_benchmark_end_to_end(tmp_path, capsys, keep_threads):
         assert "skipped" not in r, r
         assert min(r["seconds"]) > 0 and r["speedup"] > 0
         assert r["error_vs_fp64"] < 1e-5  # every path computes the dense function, to float32 rounding
-    assert {r["variant"] for r in layers} == {"dense", "separable", "sdpa"}
+    # every fast path the layer has; at these toy sides (4x4, 8x8) auto takes the stacked path
+    assert {r["variant"] for r in layers} == {"dense", "separable", "stacked", "sdpa"}
+    assert {r["variant"] for r in layers if r["auto"]} == {"stacked"}
     assert all(0 < r["utilization"] for r in sections["util"]["data"])
     assert sections["data"]["data"][0]["images_per_s"] > 0 and sections["data"]["data"][0]["ratio"] > 0
     memory = sections["memory"]["data"]
@@ -150,6 +151,70 @@ def test_bench_runs_every_benchmark_end_to_end(tmp_path, capsys, keep_threads):
     markdown = out_md.read_text()
     assert "- command: `attnconv bench --tiny --profile --threads 1" in markdown and "- machine: " in markdown
     assert "| encoding | tokens |" in markdown
+
+
+@pytest.mark.slow
+def test_cpu_sections_run_end_to_end(tmp_path, capsys, keep_threads):
+    """presets, conv, fullsize and compile at toy sizes (--tiny), fp32 and bf16, through the command."""
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "--tiny", "--threads", "1", "--only", "presets,conv,fullsize,compile", "--precisions",
+                 "fp32,bf16", "--json", str(out_json)]) == 0
+    stdout = capsys.readouterr().out
+    assert "--only presets,conv,fullsize,compile --precisions fp32,bf16" in stdout.splitlines()[0]
+    sections = {s["key"]: s for s in json.loads(out_json.read_text())["sections"]}
+    assert list(sections) == ["presets", "conv", "fullsize", "compile"]
+
+    presets = sections["presets"]["data"]
+    assert {(r["model"], r["precision"]) for r in presets} == {
+        (name, p) for name in ("sa-quadratic", "sa-quadratic, separable path", "sa-learned-content",
+                               "resnet18 (width 16)") for p in ("fp32", "bf16")}
+    for r in presets:
+        assert r["images_per_s"] > 0 and r["flops"] > 0 and r["vs_resnet"] > 0
+        assert (r["target"] == bench.PRESET_TARGET) == (r["model"] == "sa-quadratic")
+    assert {r["path"] for r in presets if r["model"].startswith("sa-quadratic")} == {"stacked", "separable"}
+
+    conv = sections["conv"]["data"]
+    assert len(conv) == 3 * 2 and all(r["flops"] > 0 and r["flops_per_s"] > 0 for r in conv)
+    assert {r["time_vs_conv"] for r in conv if r["layer"] == "conv 3x3"} == {1.0}
+
+    full = sections["fullsize"]["data"]
+    assert [r["precision"] for r in full] == ["fp32", "bf16"]
+    assert all(0 < r["utilization"] and r["target"] == bench.FULLSIZE_UTILIZATION_TARGET for r in full)
+
+    compiled = sections["compile"]["data"]
+    assert [(r["model"], r["precision"]) for r in compiled] == [("sa-quadratic", "fp32"), ("sa-quadratic", "bf16")]
+    for r in compiled:
+        assert "failed" not in r, r
+        assert r["first_compiled"] > r["compiled"] > 0 and r["compile_cost"] > 0
+        assert r["pays_in_epoch"] == (r["eager"] > r["compiled"]
+                                      and (r["eager"] - r["compiled"]) * bench.EPOCH_STEPS > r["compile_cost"])
+
+
+def test_swin_style_attention_gathers_a_relative_bias_table():
+    layer = bench.RelativeBiasAttention(8, 2, 3)
+    with torch.no_grad():
+        layer.table.copy_(torch.arange(25.0)[:, None].expand(25, 2))
+    # entry [q, k] is the table row of k - q: (dr + 2) * 5 + (dc + 2)
+    assert layer.index[0, 0] == 12 and layer.index[0, 1] == 13 and layer.index[0, 3] == 17 and layer.index[8, 0] == 0
+    x = torch.randn(2, 8, 3, 3)
+    tokens = x.flatten(2).transpose(1, 2)
+    q, k, v = layer.qkv(tokens).view(2, 9, 3, 2, 4).permute(2, 0, 3, 1, 4)
+    bias = layer.table[layer.index].permute(2, 0, 1)
+    probs = (q @ k.transpose(-1, -2) / 2 + bias).softmax(-1)
+    expected = layer.proj((probs @ v).transpose(1, 2).reshape(2, 9, 8)).transpose(1, 2).reshape(2, 8, 3, 3)
+    assert bench.rel_diff(layer(x), expected) < 1e-5
+    assert bench.swin_heads(64) == 2 and bench.swin_heads(400) == 10 and bench.swin_heads(8) == 1
+
+
+def test_precisions_flag_reaches_the_config(capsys):
+    from attnconv.cli import build_parser
+    from attnconv.cli.bench import config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["bench", "--precisions", "bf16", "--fullsize-batch", "25"]))
+    assert cfg.precisions == ("bf16",) and cfg.fullsize_batch == 25
+    assert cfg.only == bench.DEFAULT_SECTIONS  # the CPU sections run only when named
+    assert main(["bench", "--precisions", "fp16"]) == 2
+    assert "fp16" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("where", ["a directory", "inside a file"])

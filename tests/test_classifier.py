@@ -31,7 +31,7 @@ def test_output_does_not_depend_on_impl(name):
     ref = build_model(name, impl="dense", **small).eval()
     x = torch.randn(3, 1, 12, 12)
     y_ref = ref(x)
-    for impl in ("auto", "sdpa", "separable"):
+    for impl in ("auto", "sdpa", "separable", "stacked"):
         try:
             model = build_model(name, impl=impl, **small).eval()
         except AttnconvError:
@@ -39,6 +39,33 @@ def test_output_does_not_depend_on_impl(name):
             continue
         model.load_state_dict(ref.state_dict())
         assert torch.allclose(model(x), y_ref, rtol=1e-5, atol=1e-5), impl
+
+
+@pytest.mark.parametrize("name", list(PAPER_COUNTS))
+def test_training_gradients_do_not_depend_on_impl(name):
+    """Training mode (attention_out folded into the output projection: 3 images x 36 tokens > heads x
+    hidden = 64; tests/test_attention.py checks the fold against the two Linears): every path gives the
+    dense path's loss and gradients."""
+    small = dict(hidden=16, heads=4, layers=2, intermediate=24, image_size=12, in_channels=1, dropout=0.0,
+                 attn_dropout=0.0)
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 1, 12, 12), torch.tensor([0, 3, 7])
+    state = build_model(name, **small).state_dict()
+    results = {}
+    for impl in ("dense", "auto", "separable", "stacked", "sdpa"):
+        try:
+            model = build_model(name, impl=impl, **small).train()
+        except AttnconvError:
+            continue
+        model.load_state_dict(state)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        results[impl] = (loss.item(), {n: p.grad for n, p in model.named_parameters()})
+    loss0, grads0 = results.pop("dense")
+    for impl, (loss, grads) in results.items():
+        assert loss == pytest.approx(loss0, rel=1e-5), impl
+        for n, g in grads.items():
+            torch.testing.assert_close(g, grads0[n], rtol=1e-4, atol=1e-6), (impl, n)
 
 
 def test_centers_and_widths_take_no_weight_decay():
@@ -149,10 +176,10 @@ def test_checkpoints_with_the_old_attention_dense_names_still_load(name):
 
 
 def test_a_run_written_before_the_new_options_loads(tmp_path):
+    from fixtures_data import write_random_fashion
     from safetensors.torch import load_file, save_file
 
     from attnconv.train import load_run, make_config, train
-    from fixtures_data import write_random_fashion
 
     (tmp_path / "data").mkdir()
     write_random_fashion(tmp_path / "data", 16, 4, seed=0)

@@ -42,9 +42,14 @@ def set_impl(module: nn.Module, impl: str) -> nn.Module:
     return module
 
 
+def _first_layer(module: nn.Module) -> SelfAttention2d:
+    return next(m for m in module.modules() if isinstance(m, SelfAttention2d))
+
+
 def auto_path(module: nn.Module) -> str:
-    """The path impl='auto' takes in module's (first) attention layer ("separable", "sdpa", "dense")."""
-    layer = next(m for m in module.modules() if isinstance(m, SelfAttention2d))
+    """The path impl='auto' takes in module's (first) attention layer ("separable", "stacked", "sdpa", "dense"),
+    on the grid of its max_size (the classifiers' token grid)."""
+    layer = _first_layer(module)
     saved = layer.impl
     layer.impl = "auto"
     name = layer.resolved_impl()
@@ -52,11 +57,26 @@ def auto_path(module: nn.Module) -> str:
     return name
 
 
-def variant_modules(base: nn.Module, cfg: BenchConfig, content: bool, flex: Callable[[nn.Module], nn.Module]
-                    ) -> dict[str, nn.Module]:
-    """Copies of `base` with identical parameters: dense, the fast path, [flex], [compiled]."""
-    fast_name = auto_path(base)
-    variants = {"dense": set_impl(copy.deepcopy(base), "dense"), fast_name: set_impl(copy.deepcopy(base), "auto")}
+def taken_path(module: nn.Module) -> str:
+    """The path module's (first) attention layer takes as its impl is set, on the grid of its max_size."""
+    return _first_layer(module).resolved_impl()
+
+
+def fast_paths(module: nn.Module) -> list[str]:
+    """Every path other than dense that module's attention layers can take: separable (separable encodings),
+    stacked (shared values), sdpa (content attention; for position-only layers it is not a fast path)."""
+    layer = _first_layer(module)
+    valid = {"separable": layer.separable, "stacked": layer.stackable, "sdpa": not layer.position_only}
+    return [name for name, ok in valid.items() if ok]
+
+
+def variant_modules(base: nn.Module, cfg: BenchConfig, content: bool, flex: Callable[[nn.Module], nn.Module],
+                    every_path: bool = False) -> dict[str, nn.Module]:
+    """Copies of `base` with identical parameters: dense, the fast path (auto's; with `every_path`, every fast
+    path), [flex], [compiled]."""
+    names = fast_paths(base) if every_path else [auto_path(base)]
+    variants = {"dense": set_impl(copy.deepcopy(base), "dense")}
+    variants.update({name: set_impl(copy.deepcopy(base), name) for name in names if name != "dense"})
     if content and flex_unavailable(cfg.device) is None:
         variants["flex"] = flex(copy.deepcopy(base))
     if cfg.compile:
@@ -68,9 +88,16 @@ def variant_modules(base: nn.Module, cfg: BenchConfig, content: bool, flex: Call
 def train_step(model: nn.Module, x: Tensor, y: Tensor, cfg: BenchConfig) -> Callable[[], None]:
     """One SGD step (the paper's optimizer; lr does not change the cost)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    return training_step(model, x, y, opt, lambda: autocast(cfg))
+
+
+def training_step(model: nn.Module, x: Tensor, y: Tensor, opt: torch.optim.Optimizer,
+                  autocast_context: Callable[[], Any]) -> Callable[[], None]:
+    """One training step as attnconv.train runs it: forward under the autocast context, float32
+    cross-entropy, backward, the optimizer's step."""
 
     def step() -> None:
-        with autocast(cfg):
+        with autocast_context():
             logits = model(x)
         loss = F.cross_entropy(logits.float(), y)
         opt.zero_grad(set_to_none=True)
@@ -92,7 +119,7 @@ def output_errors(variants: dict[str, nn.Module], base: nn.Module, x: Tensor, fi
         ref = reference(x.double())
         for name, m in variants.items():
             out: list[Tensor] = []
-            failed = attempt(lambda: out.append(m(x)))  # a failing variant fails again, and is reported, when timed
+            failed = attempt(lambda m=m, out=out: out.append(m(x)))  # a failing variant fails again, and is reported, when timed
             errors[name] = None if failed else rel_diff(out[0], ref)
     return errors
 

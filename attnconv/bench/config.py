@@ -9,14 +9,24 @@ import torch
 
 from attnconv.errors import AttnconvError
 
-SECTIONS = ("matmul", "layer", "model", "data", "memory")  # what --only selects; "util" follows matmul + model
+# What --only selects; "util" follows matmul + model. The CPU sections (presets, compile, conv, fullsize)
+# run only when asked for: `attnconv bench --only presets,compile,conv,fullsize --threads 1`.
+DEFAULT_SECTIONS = ("matmul", "layer", "model", "data", "memory")
+CPU_SECTIONS = ("presets", "compile", "conv", "fullsize")
+SECTIONS = DEFAULT_SECTIONS + CPU_SECTIONS
 LAYER_ENCODINGS = ("quadratic", "learned", "learned-content")
+PRECISIONS = ("fp32", "bf16")  # bf16: torch.autocast(dtype=torch.bfloat16) around the forward
 
 # Targets from the issue (2-core CPU): dense / fast time ratio, utilization, data / model speed.
 LAYER_TARGETS = {"quadratic": {16: 1.3, 32: 2.5, 64: 6.0}}
 MODEL_TARGETS = {"cifar": 1.2, "full-res": 2.5}
 UTILIZATION_TARGET = 0.5
 DATA_TARGET = 10.0
+# "Speed on the CPU": the attention preset's images/s over the ResNet preset's, same precision; the
+# paper's full-size step's FLOP/s over the matmul rate of the same precision.
+PRESET_TARGET = 1.0
+FULLSIZE_UTILIZATION_TARGET = 0.6
+EPOCH_STEPS = 469  # Fashion-MNIST: 60,000 images at batch 128 (the compile section's break-even horizon)
 
 EPOCH_IMAGES = 50_000  # CIFAR-10 training set
 PAPER_EPOCHS = 300
@@ -27,7 +37,7 @@ class BenchConfig:
     """What to run and at which sizes (defaults: the issue's full sizes)."""
 
     mode: str = "full"  # "full", "quick" or "tiny" (the smoke test's)
-    only: tuple[str, ...] = SECTIONS
+    only: tuple[str, ...] = DEFAULT_SECTIONS
     device: str = "cpu"
     amp: bool = False  # bf16 autocast around forward passes
     compile: bool = False  # add torch.compile'd variants
@@ -52,13 +62,27 @@ class BenchConfig:
     memory_budget: int | None = None  # bytes; None: default_memory_budget(device)
     check_batch: int = 1  # samples used for the float64 equality checks
     profile: bool = True  # torch.profiler on the cases that miss a target (one extra run each)
+    # CPU sections: presets, compile (Fashion-MNIST sizes), conv (layer vs Conv2d vs Swin-style), fullsize
+    precisions: tuple[str, ...] = PRECISIONS
+    preset_batch: int = 128
+    compile_models: tuple[str, ...] | None = None  # None: every named model
+    compile_overrides: dict[str, Any] = field(default_factory=dict)  # on the attention models' preset sizes
+    conv_channels: tuple[int, ...] = (64, 400)
+    conv_sides: tuple[int, ...] = (16, 32)
+    conv_batch: int = 8
+    fullsize_batch: int = 100
+    fullsize_overrides: dict[str, Any] = field(default_factory=dict)  # {} : the paper's 6 layers, hidden 400
 
     def validate(self) -> None:
         unknown = [s for s in self.only if s not in SECTIONS]
         if unknown:
             raise AttnconvError(f"--only: unknown benchmark {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+        bad = [p for p in self.precisions if p not in PRECISIONS]
+        if bad or not self.precisions:
+            raise AttnconvError(f"--precisions: choose from {', '.join(PRECISIONS)}, got {', '.join(bad) or 'none'}")
         for name in ("repeats", "layer_batch", "model_batch", "full_res_batch", "matmul_size", "data_images",
-                     "data_batch", "memory_batch", "channels", "heads", "check_batch"):
+                     "data_batch", "memory_batch", "channels", "heads", "check_batch", "preset_batch", "conv_batch",
+                     "fullsize_batch"):
             if getattr(self, name) < 1:
                 raise AttnconvError(f"bench option {name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 1:
@@ -78,7 +102,8 @@ def quick_config(**changes: Any) -> BenchConfig:
     cfg = BenchConfig(
         mode="quick", repeats=3, sides=(8, 16, 32), layer_batch=2, model_batch=8, full_res_batch=2,
         model_overrides={"layers": 1}, matmul_size=2048, data_images=1000, memory_sides=(32,), memory_batch=2,
-        profile=False,
+        profile=False, preset_batch=32, conv_sides=(16,), conv_batch=2, fullsize_batch=8,
+        fullsize_overrides={"layers": 1},
     )
     return replace(cfg, **changes)
 
@@ -88,6 +113,9 @@ def tiny_config(**changes: Any) -> BenchConfig:
     cfg = BenchConfig(
         mode="tiny", repeats=2, sides=(4, 8), layer_batch=2, channels=16, heads=4, model_batch=4, full_res_batch=2,
         model_overrides={"layers": 1, "hidden": 16, "heads": 4, "intermediate": 32}, matmul_size=128,
-        data_images=200, data_batch=50, memory_sides=(8,), memory_batch=2, profile=False,
+        data_images=200, data_batch=50, memory_sides=(12,), memory_batch=2, profile=False,
+        preset_batch=4, compile_models=("sa-quadratic",), conv_channels=(8,), conv_sides=(4,), conv_batch=2,
+        compile_overrides={"layers": 1, "hidden": 16, "heads": 4, "intermediate": 32},
+        fullsize_batch=2, fullsize_overrides={"layers": 1, "hidden": 16, "heads": 4, "intermediate": 32},
     )
     return replace(cfg, **changes)

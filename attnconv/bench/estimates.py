@@ -21,6 +21,8 @@ def estimate_layer_bytes(impl: str, encoding: str, batch: int, side: int, channe
         n = (5 * P if content else 2 * P + 3 * heads * T * T) + 6 * V
     elif impl == "sdpa":
         n = 4 * P + 4 * V  # the bias is (B, heads, T, T); CPU falls back to the math kernel when it needs a grad
+    elif impl == "stacked":  # broadcast probabilities, but their gradient is summed from one (T*heads, T) per sample
+        n = (3 * P if content else P) + 5 * V
     else:  # separable, flex: a few (B, heads, T, C) intermediates and their grads (measured: ~8.5 V)
         n = 9 * V
     if content:
@@ -37,6 +39,8 @@ def estimate_step_bytes(impl: str, model: nn.Module, batch: int) -> int:
     content = cfg.encoding == "learned-content"
     if impl in ("dense", "sdpa"):
         kept, transient = (3 * P if content else 1.5 * P) + 3 * V, (3 * P if content else 2 * P) + V
+    elif impl == "stacked":
+        kept, transient = (3 * P if content else 0) + 3 * V, P + 2 * V
     else:
         kept, transient = 3 * V, 2 * V
     if content:

@@ -10,8 +10,18 @@ import torch.nn as nn
 from torch import Tensor
 
 from attnconv.attention import SelfAttention2d
-from attnconv.bench.cases import (COMPILE_NOTE, FLOP_NOTE, PEAK_NOTE, auto_path, output_errors, plan_batch,
-                                  ratio_cells, run_case, variant_modules)
+from attnconv.bench.cases import (
+    COMPILE_NOTE,
+    FLOP_NOTE,
+    PEAK_NOTE,
+    auto_path,
+    fast_paths,
+    output_errors,
+    plan_batch,
+    ratio_cells,
+    run_case,
+    variant_modules,
+)
 from attnconv.bench.config import LAYER_ENCODINGS, LAYER_TARGETS, BenchConfig
 from attnconv.bench.estimates import estimate_layer_bytes
 from attnconv.bench.flex import FlexContentAttention, flex_unavailable
@@ -39,13 +49,17 @@ def _layer_case(cfg: BenchConfig, encoding: str, side: int, budget: int, target:
     base = SelfAttention2d(C, C, heads=heads, encoding=encoding, impl="dense", max_size=side).to(cfg.device)
     fast = auto_path(base)
     est = {impl: (lambda b, impl=impl: estimate_layer_bytes(impl, encoding, b, side, C, heads))
-           for impl in ("dense", fast)}
+           for impl in ("dense", *fast_paths(base))}
     batch, rows, notes = plan_batch(label, cfg.layer_batch, est, fast, budget)
     if batch == 0:
         return rows, notes
-    variants = variant_modules(base, cfg, encoding == "learned-content", FlexContentAttention)
-    if est["dense"](batch) > budget:
-        variants.pop("dense")
+    variants = variant_modules(base, cfg, encoding == "learned-content", FlexContentAttention, every_path=True)
+    for name in [n for n in variants if n in est and est[n](batch) > budget]:
+        variants.pop(name)
+        if name != "dense":
+            reason = f"needs ~{fmt_bytes(est[name](batch))} (estimate) > budget {fmt_bytes(budget)}"
+            rows.append({"variant": name, "batch": batch, "skipped": reason})
+            notes.append(f"{label}: {name} at batch {batch} skipped: {reason}")
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(batch, C, side, side, generator=gen).to(cfg.device).requires_grad_()
     grad = torch.randn(batch, C, side, side, generator=gen).to(cfg.device)
@@ -53,6 +67,8 @@ def _layer_case(cfg: BenchConfig, encoding: str, side: int, budget: int, target:
                            fits=2 * est["dense"](cfg.check_batch) <= budget)
     steps = {name: _layer_step(m, x, grad, cfg) for name, m in variants.items()}
     timed, why = run_case(label, steps, cfg, batch, errors, target)
+    for r in timed:
+        r["auto"] = r["variant"] == fast
     return rows + timed, notes + why
 
 
@@ -78,6 +94,7 @@ def bench_layers(cfg: BenchConfig, budget: int) -> Section:
         sec.notes.append(f"learned-content: no FlexAttention variant: {flex_reason}")
     sec.notes.append("err vs fp64: max |out - ref| / max |ref| against the dense path in float64, on "
                      f"{cfg.check_batch} sample(s) of the same input, float32 without autocast")
+    sec.notes.append("(auto): the path impl='auto' takes at that side; every fast path the layer has is timed")
     sec.notes.append(FLOP_NOTE)
     sec.notes.append(PEAK_NOTE)
     if cfg.compile:
@@ -86,7 +103,7 @@ def bench_layers(cfg: BenchConfig, budget: int) -> Section:
 
 
 def _layer_row(r: dict[str, Any]) -> list[str]:
-    head = [r["encoding"], f"{r['side']}x{r['side']}", str(r["batch"]), r["variant"]]
+    head = [r["encoding"], f"{r['side']}x{r['side']}", str(r["batch"]), r["variant"] + (" (auto)" if r.get("auto") else "")]
     if "skipped" in r or "failed" in r:
         return head + ["skipped (see notes)" if "skipped" in r else "FAILED (see notes)"] + [""] * 6
     t = Timing(r["seconds"])

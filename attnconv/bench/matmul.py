@@ -19,7 +19,7 @@ def bench_matmul(cfg: BenchConfig) -> Section:
         gen = torch.Generator(device=cfg.device).manual_seed(0)
         a = torch.randn(n, n, device=cfg.device, generator=gen).to(dtype)
         b = torch.randn(n, n, device=cfg.device, generator=gen).to(dtype)
-        t = time_variants({"mm": lambda: a @ b}, warmup=max(cfg.warmup, 1), repeats=cfg.repeats,
+        t = time_variants({"mm": lambda a=a, b=b: a @ b}, warmup=max(cfg.warmup, 1), repeats=cfg.repeats,
                           device=cfg.device)["mm"]
         rate = 2 * n**3 / t.median
         sec.rows.append([str(dtype).removeprefix("torch."), *fmt_timing(t), f"{rate / 1e9:.1f}"])

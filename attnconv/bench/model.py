@@ -11,8 +11,19 @@ from typing import Any
 
 import torch
 
-from attnconv.bench.cases import (COMPILE_NOTE, FLOP_NOTE, PEAK_NOTE, auto_path, best_speedup, output_errors,
-                                  plan_batch, ratio_cells, run_case, train_step, variant_modules)
+from attnconv.bench.cases import (
+    COMPILE_NOTE,
+    FLOP_NOTE,
+    PEAK_NOTE,
+    auto_path,
+    best_speedup,
+    output_errors,
+    plan_batch,
+    ratio_cells,
+    run_case,
+    train_step,
+    variant_modules,
+)
 from attnconv.bench.config import EPOCH_IMAGES, MODEL_TARGETS, PAPER_EPOCHS, BenchConfig
 from attnconv.bench.estimates import estimate_step_bytes
 from attnconv.bench.flex import flex_model

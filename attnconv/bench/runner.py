@@ -9,13 +9,17 @@ from dataclasses import asdict
 
 import torch
 
+from attnconv.bench.compiled import bench_compile
 from attnconv.bench.config import BenchConfig
+from attnconv.bench.conv import bench_conv
+from attnconv.bench.fullsize import bench_fullsize
 from attnconv.bench.layer import bench_layers
 from attnconv.bench.matmul import bench_matmul
 from attnconv.bench.memory import bench_memory
 from attnconv.bench.model import bench_models
 from attnconv.bench.peakmem import default_memory_budget
 from attnconv.bench.pipeline import bench_data
+from attnconv.bench.presets import bench_presets
 from attnconv.bench.results import Report, Section, machine_info
 from attnconv.bench.utilization import bench_utilization
 
@@ -37,6 +41,10 @@ def run_benchmarks(cfg: BenchConfig, command: str = "attnconv bench",
         "util": lambda: bench_utilization(report, cfg),
         "data": lambda: bench_data(report, cfg),
         "memory": lambda: bench_memory(cfg, budget),
+        "presets": lambda: bench_presets(cfg),
+        "conv": lambda: bench_conv(cfg),
+        "fullsize": lambda: bench_fullsize(cfg),
+        "compile": lambda: bench_compile(cfg),
     }
     wanted = set(cfg.only) | ({"util"} if {"matmul", "model"} <= set(cfg.only) else set())
     for key in runners:

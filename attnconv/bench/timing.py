@@ -110,7 +110,12 @@ def target_status(value: float | None, target: float | None) -> str:
 
 def autocast(cfg: BenchConfig) -> contextlib.AbstractContextManager:
     """bf16 autocast on the config's device under --amp, else nothing."""
-    return torch.autocast(cfg.device, dtype=torch.bfloat16) if cfg.amp else contextlib.nullcontext()
+    return precision_autocast(cfg.device, "bf16" if cfg.amp else "fp32")
+
+
+def precision_autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the device for precision "bf16", nothing for "fp32"."""
+    return torch.autocast(device, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
 
 def progress(message: str) -> None:

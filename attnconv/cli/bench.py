@@ -4,11 +4,15 @@
     attnconv bench --markdown out.md --json out.json
     attnconv bench --only layer --sides 16,32 --repeats 7
     attnconv bench --device cuda --amp --compile   # GPU: bf16 autocast, compiled variants, FlexAttention
+    attnconv bench --only presets,conv,fullsize,compile --threads 1   # the CPU sections, fp32 and bf16
 
 Each comparison runs in one process on the same inputs, after warm-up, with the
 variants' repeats interleaved; it prints the medians, dense/variant ratios next to
 their targets, the output error against a float64 reference, and peak memory.
-Benchmarks: matmul, layer, model (with utilization: model FLOP/s / matmul FLOP/s), data, memory.
+Benchmarks: matmul, layer, model (with utilization: model FLOP/s / matmul FLOP/s), data, memory;
+on request (--only): presets (the Fashion-MNIST attention and ResNet presets), conv (the
+quadratic layer vs Conv2d vs Swin-style attention), fullsize (the paper's step against the
+matmul rate, fp32 and bf16), compile (torch.compile's cost and gain per named model).
 """
 
 from __future__ import annotations
@@ -33,8 +37,13 @@ def register(subparsers) -> None:
     p.add_argument("--amp", action="store_true", help="bf16 autocast around forward passes")
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd fast variants")
     p.add_argument("--only", type=_names, metavar="LIST",
-                   help="comma-separated subset of: matmul,layer,model,data,memory (default: all; "
-                        "utilization is reported when matmul and model both run)")
+                   help="comma-separated subset of: matmul,layer,model,data,memory (default: these five; "
+                        "utilization is reported when matmul and model both run) and the CPU sections "
+                        "presets,conv,fullsize,compile")
+    p.add_argument("--precisions", type=_precisions, metavar="LIST",
+                   help="precisions of the CPU sections: fp32,bf16 (default both; bf16 = bf16 autocast)")
+    p.add_argument("--fullsize-batch", type=_positive, metavar="N",
+                   help="batch of the fullsize section's step (default 100, the paper's)")
     p.add_argument("--repeats", type=_positive, metavar="N", help="timed runs per variant (default 5, --quick 3)")
     p.add_argument("--sides", type=_sides, metavar="LIST", help="layer image sides (default 8,16,32,64; --quick 8,16,32)")
     p.add_argument("--model-batch", type=_positive, metavar="N",
@@ -84,6 +93,17 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _precisions(text: str) -> tuple[str, ...]:
+    from attnconv.bench import PRECISIONS
+
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [n for n in names if n not in PRECISIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown precision {', '.join(bad) or repr(text)}; "
+                                         f"choose from {','.join(PRECISIONS)}")
+    return names
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The command, rebuilt from the parsed options (those that differ from the defaults)."""
     parts = ["attnconv", "bench"]
@@ -98,7 +118,10 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--only", ",".join(args.only)]
     if args.sides:
         parts += ["--sides", ",".join(map(str, args.sides))]
-    for flag in ("repeats", "model_batch", "model_layers", "threads", "memory_budget_gb", "json", "markdown"):
+    if args.precisions:
+        parts += ["--precisions", ",".join(args.precisions)]
+    for flag in ("repeats", "model_batch", "model_layers", "fullsize_batch", "threads", "memory_budget_gb", "json",
+                 "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
@@ -121,6 +144,10 @@ def config_from_args(args: argparse.Namespace):
         changes["profile"] = args.profile
     if args.sides:
         changes["sides"] = args.sides
+    if args.precisions:
+        changes["precisions"] = args.precisions
+    if args.fullsize_batch:
+        changes["fullsize_batch"] = args.fullsize_batch
     if args.model_batch:
         changes["model_batch"] = changes["full_res_batch"] = args.model_batch
     if args.model_layers:

@@ -27,8 +27,8 @@ from torch.utils.checkpoint import checkpoint
 
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
-from attnconv.positional import POS_INITS
 from attnconv.models.registry import register_model
+from attnconv.positional import POS_INITS
 
 LAYER_NORM_EPS = 1e-12
 
@@ -130,7 +130,7 @@ class Block(nn.Module):
         self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, hidden)
-        x = self.attention_norm(x + self.dropout(self.attention_out(self.attention.forward_tokens(x))))
+        x = self.attention_norm(x + self.dropout(self.attention.forward_tokens(x, then=self.attention_out)))
         return self.output_norm(x + self.dropout(self.output(nn.functional.gelu(self.intermediate(x)))))
 
 
