@@ -271,31 +271,40 @@ class SelfAttention2d(nn.Module):
         with float32_scores():
             row, col = self.encoding.factors(H, W)  # (heads, H, H), (heads, W, W)
             row, col = row.softmax(-1), col.softmax(-1)
-        row, col = row.to(v.dtype), col.to(v.dtype)
+        dtype = _matmul_dtype(v)
+        row, col = row.to(dtype), col.to(dtype)
         B = v.shape[0]
         if self.training and self.attn_dropout > 0:
             # Factorized dropout: each factor drops entries with rate r, 1 - (1 - r)^2 = p, so an
             # entry of P = P^row (x) P^col survives with probability 1 - p and keeps its expectation
             # as in the dense path (the masks of one row/column are correlated, unlike dense dropout).
             r = 1.0 - math.sqrt(1.0 - self.attn_dropout)
-            if self.attn_dropout_mask == "shared":  # one mask per factor for the whole batch
-                return self._apply_factors(self._drop(row, r), self._drop(col, r), v)
-            row = self._drop(row.expand(B, -1, -1, -1), r)  # (B, heads, H, H)
-            col = self._drop(col.expand(B, -1, -1, -1), r)  # (B, heads, W, W)
-            if self.value_mode == "shared":
-                tmp = torch.einsum("bhjl,bild->bhijd", col, v)
-            else:
-                tmp = torch.einsum("bhjl,bilhd->bhijd", col, v)
-            return torch.einsum("bhik,bhkjd->bijhd", row, tmp)
-        return self._apply_factors(row, col, v)
-
-    def _apply_factors(self, row: Tensor, col: Tensor, v: Tensor) -> Tensor:
-        """Batch-independent factors row (heads, H, H), col (heads, W, W) applied to v -> (B, H, W, heads, D)."""
+            if self.attn_dropout_mask == "per-sample":
+                row, col = row.expand(B, -1, -1, -1), col.expand(B, -1, -1, -1)  # (B, heads, H, H), (B, heads, W, W)
+            row, col = self._drop(row, r), self._drop(col, r)  # "shared": one mask per factor for the batch
         if self.value_mode == "shared":
-            tmp = torch.einsum("hjl,bild->hbijd", col, v)  # (heads, B, H, W, C): mix columns
-        else:
-            tmp = torch.einsum("hjl,bilhd->hbijd", col, v)
+            return self._apply_factors_shared(row, col, v.to(dtype))
+        if row.ndim == 4:
+            tmp = torch.einsum("bhjl,bilhd->bhijd", col, v)
+            return torch.einsum("bhik,bhkjd->bijhd", row, tmp)
+        tmp = torch.einsum("hjl,bilhd->hbijd", col, v)  # (heads, B, H, W, D): mix columns
         return torch.einsum("hik,hbkjd->bijhd", row, tmp)  # (B, H, W, heads, D): mix rows
+
+    def _apply_factors_shared(self, row: Tensor, col: Tensor, x: Tensor) -> Tensor:
+        """Shared values: factors row ([B,] heads, H, H), col ([B,] heads, W, W) on x (B, H, W, C) -> (B, H, W, heads, C).
+
+        Rows first with the heads stacked into the matrix, (heads * H, H) @ (H, W * C) per image, which
+        reads x in place and writes (B, heads, H, W, C); then every (image, head, row) is a (W, W) @ (W, C)
+        product. One permute of the result remains (to the output projection's layout), where two
+        einsums need three.
+        """
+        B, H, W, C = x.shape
+        heads = self.heads
+        rows = row.reshape(-1, heads * H, H).expand(B, -1, -1)  # batch-independent: a stride-0 broadcast
+        tmp = torch.bmm(rows, x.reshape(B, H, W * C))  # (B, heads * H, W * C): (b, h, i, l, c)
+        cols = col.reshape(-1, heads, 1, W, W).expand(B, heads, H, W, W).reshape(B * heads * H, W, W)
+        out = torch.bmm(cols, tmp.view(B * heads * H, W, C))  # (b, h, i, j, c)
+        return out.view(B, heads, H, W, C).permute(0, 2, 3, 1, 4)
 
     def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
         """Shared values: (B, H, W, C) -> (B, T * heads, C), row q * heads + h = SA_h(X)_q.
