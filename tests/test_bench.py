@@ -210,8 +210,9 @@ def test_precisions_flag_reaches_the_config(capsys):
     from attnconv.cli import build_parser
     from attnconv.cli.bench import config_from_args
 
-    cfg = config_from_args(build_parser().parse_args(["bench", "--precisions", "bf16", "--fullsize-batch", "25"]))
-    assert cfg.precisions == ("bf16",) and cfg.fullsize_batch == 25
+    cfg = config_from_args(build_parser().parse_args(["bench", "--precisions", "bf16", "--fullsize-batch", "25",
+                                                      "--channels", "96"]))
+    assert cfg.precisions == ("bf16",) and cfg.fullsize_batch == 25 and cfg.channels == 96
     assert cfg.only == bench.DEFAULT_SECTIONS  # the CPU sections run only when named
     assert main(["bench", "--precisions", "fp16"]) == 2
     assert "fp16" in capsys.readouterr().err

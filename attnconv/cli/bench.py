@@ -46,6 +46,8 @@ def register(subparsers) -> None:
                    help="batch of the fullsize section's step (default 100, the paper's)")
     p.add_argument("--repeats", type=_positive, metavar="N", help="timed runs per variant (default 5, --quick 3)")
     p.add_argument("--sides", type=_sides, metavar="LIST", help="layer image sides (default 8,16,32,64; --quick 8,16,32)")
+    p.add_argument("--channels", type=_positive, metavar="N",
+                   help="channels of the layer benchmark's layers (default 400, the paper's hidden size)")
     p.add_argument("--model-batch", type=_positive, metavar="N",
                    help="batch of the model training steps, both token grids (default 100, the paper's)")
     p.add_argument("--model-layers", type=_positive, metavar="N",
@@ -120,8 +122,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--sides", ",".join(map(str, args.sides))]
     if args.precisions:
         parts += ["--precisions", ",".join(args.precisions)]
-    for flag in ("repeats", "model_batch", "model_layers", "fullsize_batch", "threads", "memory_budget_gb", "json",
-                 "markdown"):
+    for flag in ("repeats", "channels", "model_batch", "model_layers", "fullsize_batch", "threads", "memory_budget_gb",
+                 "json", "markdown"):
         value = getattr(args, flag)
         if value is not None:
             parts += [f"--{flag.replace('_', '-')}", str(value)]
@@ -148,6 +150,8 @@ def config_from_args(args: argparse.Namespace):
         changes["precisions"] = args.precisions
     if args.fullsize_batch:
         changes["fullsize_batch"] = args.fullsize_batch
+    if args.channels:
+        changes["channels"] = args.channels
     if args.model_batch:
         changes["model_batch"] = changes["full_res_batch"] = args.model_batch
     if args.model_layers:
