@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --durations=15
 
 # Real Fashion-MNIST from Debian's package when apt is there; otherwise attnconv finds it
