@@ -253,7 +253,9 @@ class SelfAttention2d(nn.Module):
             return self.out(heads_out)  # (B, H, W, C_out)
         if torch.is_grad_enabled() and B * H * W > self.out.in_features:
             weight = then.weight @ self.out.weight  # (C_then, heads * D)
-            bias = then.bias if self.out.bias is None else then.weight @ self.out.bias + then.bias
+            bias = None if self.out.bias is None else then.weight @ self.out.bias
+            if then.bias is not None:
+                bias = then.bias if bias is None else bias + then.bias
             return F.linear(heads_out, weight, bias)
         return then(self.out(heads_out))
 

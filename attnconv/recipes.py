@@ -26,7 +26,7 @@ FOLDER_EPOCHS = (5, 100)
 MAX_TOKENS_SIDE = 16
 
 
-def _attention_size(image_size: int) -> int:
+def _space_to_depth(image_size: int) -> int:
     """The smallest space-to-depth factor dividing the image with at most MAX_TOKENS_SIDE tokens a side."""
     for d in (1, 2, 4, 8, 16, 32):
         if image_size % d == 0 and image_size // d <= MAX_TOKENS_SIDE:
@@ -40,7 +40,7 @@ def folder_recipe(model: str, info: D.DatasetInfo) -> TrainConfig:
     steps_per_epoch = max(1, info.train_size // batch)
     epochs = min(max(math.ceil(FOLDER_STEPS / steps_per_epoch), FOLDER_EPOCHS[0]), FOLDER_EPOCHS[1])
     overrides: dict = {"width": 16} if model == "resnet18" else {
-        **PRESETS["fmnist-sa-quadratic"].model_overrides, "downsample": _attention_size(info.size)}
+        **PRESETS["fmnist-sa-quadratic"].model_overrides, "downsample": _space_to_depth(info.size)}
     return TrainConfig(
         model=model, dataset=info.name, model_overrides=overrides, epochs=epochs, batch_size=batch,
         optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="warmup-cosine", warmup=0.05, augment=True,

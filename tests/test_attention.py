@@ -407,10 +407,11 @@ def test_pos_init_changes_values_not_names(encoding):
 
 
 @pytest.mark.parametrize("impl", ["separable", "stacked", "dense"])
-def test_a_following_linear_is_folded_with_the_same_function_and_gradients(impl):
+@pytest.mark.parametrize("bias,then_bias", [(True, True), (False, True), (True, False), (False, False)])
+def test_a_following_linear_is_folded_with_the_same_function_and_gradients(impl, bias, then_bias):
     torch.manual_seed(6)
-    layer = _randomize(SelfAttention2d(5, 6, heads=3, encoding="quadratic", impl=impl), scale=0.5)
-    then = nn.Linear(6, 4)
+    layer = _randomize(SelfAttention2d(5, 6, heads=3, encoding="quadratic", impl=impl, bias=bias), scale=0.5)
+    then = nn.Linear(6, 4, bias=then_bias)
     x = torch.randn(4, 5, 3, 3).permute(0, 2, 3, 1)  # 36 tokens > heads * C_in = 15: folded
     upstream = torch.randn(4, 3, 3, 4)
     results = []

@@ -167,6 +167,7 @@ class _Trainer:
         else:
             self.device = torch.device("cpu")
 
+        check_amp(config.amp, self.device)  # before any file or data: --amp where bf16 is emulated
         # Cheap checks first: a bad --out fails before the data is read.
         d.agree(self._check_out() if d.main else None)
         self.info = run_info(config)
@@ -209,7 +210,6 @@ class _Trainer:
         self.train_net = torch.compile(net) if config.compile else net
         self.eval_net = self.train_net if not d.active else (
             torch.compile(self.model) if config.compile else self.model)
-        check_amp(config.amp, self.device)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.amp)
 
     # ---------------------------------------------------------------- setup checks
