@@ -34,6 +34,11 @@ FLOP_NOTE = ("FLOPs dense/variant: the ratio of the FLOPs torch.utils.flop_count
 COMPILE_NOTE = "+compile: torch.compile'd copy; its peak mem is that of the first run, which compiles"
 
 
+def comparison_notes(compiled: bool) -> list[str]:
+    """The notes every dense-vs-fast section ends with (FLOPs, peak memory, and compile when it ran)."""
+    return [FLOP_NOTE, PEAK_NOTE] + ([COMPILE_NOTE] if compiled else [])
+
+
 def set_impl(module: nn.Module, impl: str) -> nn.Module:
     """Set `impl` on every SelfAttention2d in module (parameters are shared by all impls)."""
     for m in module.modules():

@@ -11,10 +11,8 @@ from torch import Tensor
 
 from attnconv.attention import SelfAttention2d
 from attnconv.bench.cases import (
-    COMPILE_NOTE,
-    FLOP_NOTE,
-    PEAK_NOTE,
     auto_path,
+    comparison_notes,
     fast_paths,
     output_errors,
     plan_batch,
@@ -95,10 +93,7 @@ def bench_layers(cfg: BenchConfig, budget: int) -> Section:
     sec.notes.append("err vs fp64: max |out - ref| / max |ref| against the dense path in float64, on "
                      f"{cfg.check_batch} sample(s) of the same input, float32 without autocast")
     sec.notes.append("(auto): the path impl='auto' takes at that side; every fast path the layer has is timed")
-    sec.notes.append(FLOP_NOTE)
-    sec.notes.append(PEAK_NOTE)
-    if cfg.compile:
-        sec.notes.append(COMPILE_NOTE)
+    sec.notes.extend(comparison_notes(cfg.compile))
     return sec
 
 

@@ -12,11 +12,9 @@ from typing import Any
 import torch
 
 from attnconv.bench.cases import (
-    COMPILE_NOTE,
-    FLOP_NOTE,
-    PEAK_NOTE,
     auto_path,
     best_speedup,
+    comparison_notes,
     output_errors,
     plan_batch,
     ratio_cells,
@@ -108,10 +106,7 @@ def bench_models(cfg: BenchConfig, budget: int) -> Section:
     sec.notes.append(f"{PAPER_EPOCHS} epochs: projected from images/s for {PAPER_EPOCHS} x {EPOCH_IMAGES} images "
                      "(the paper's CIFAR-10 schedule), training steps only")
     sec.notes.append("err vs fp64: the logits in eval mode against the dense model in float64; timing in train mode")
-    sec.notes.append(FLOP_NOTE)
-    sec.notes.append(PEAK_NOTE)
-    if cfg.compile:
-        sec.notes.append(COMPILE_NOTE)
+    sec.notes.extend(comparison_notes(cfg.compile))
     return sec
 
 

@@ -425,8 +425,8 @@ class _Trainer:
             p.batch += 1
             with torch.no_grad():
                 n = len(y)
-                sums += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double(),
-                                     torch.tensor(float(n), dtype=torch.float64, device=self.device)])
+                sums[:2] += torch.stack([loss.detach().double() * n, (logits.argmax(1) == y).sum().double()])
+                sums[2] += n  # no host-built tensor copied to the device per step
                 first_bad = torch.where((first_bad < 0) & ~loss.isfinite(), p.step, first_bad)
             epoch_done = p.batch == self.steps_per_epoch
             run_done = p.step >= self.total_steps
