@@ -46,12 +46,13 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
 WEIGHTS_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
+HEADS_FILE = "heads.jsonl"
 METRICS_COLUMNS = (
     "epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "seconds", "images_per_s", "lr",
 )
 STATE_FORMAT = 1
 # The files `train` writes into a run directory (only temporaries of these are ever cleaned up).
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE)
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:
@@ -232,6 +233,53 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
         return [{k: float(v) for k, v in row.items()} for row in reader]
     except (ValueError, TypeError, csv.Error, AttnconvError) as err:
         raise AttnconvError(f"{path}: corrupt metrics file ({err}); {fix}") from None
+
+
+_MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
+
+
+def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+    """The snapshots of heads.jsonl, oldest first ([] for a run without one), at most `limit`.
+
+    Each is {"epoch", "step", "layers": [[{"center", "attention_distance", "alpha" or
+    "inverse_covariance"}, ...per head], ...per layer]} (`attnconv.analysis.head_snapshot`),
+    written by `train` at initialization (epoch 0, step 0) and after every epoch. A last line
+    without its newline was cut short by a crash and is skipped; anything else that is not
+    such a record is one AttnconvError naming the file.
+    """
+    path = Path(run_dir) / HEADS_FILE
+    if not path.exists():
+        return []
+    fix = "restore it from a copy, or delete it (the heads' history is then unknown)"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt heads file (not a regular file); {fix}")
+    if path.stat().st_size > _MAX_HEADS_BYTES:
+        raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the heads file ({err.strerror or err}); {fix}") from None
+    records = []
+    for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
+        try:
+            record = json.loads(line)
+            ok = (isinstance(record, dict) and isinstance(record.get("epoch"), (int, float))
+                  and isinstance(record.get("step"), int) and isinstance(record.get("layers"), list)
+                  and all(isinstance(layer, list) and all(isinstance(h, dict) and "center" in h for h in layer)
+                          for layer in record["layers"]))
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            raise AttnconvError(f"{path}: corrupt heads file (line {number} is not a snapshot of the heads); {fix}")
+        records.append(record)
+    return records
+
+
+def heads_line(record: dict[str, Any]) -> str:
+    """One snapshot as the line of heads.jsonl that `read_heads` reads back."""
+    return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def metrics_text(rows: list[dict[str, float]]) -> str:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model, list_models, no_weight_decay
+from attnconv.runs import read_heads
 from attnconv.train import (
     PRESETS,
     TrainConfig,
@@ -178,7 +179,8 @@ def test_read_metrics_skips_a_row_cut_short_by_a_crash(tmp_path):
 def test_train_writes_a_complete_run_directory(tmp_path, data_dir):
     out = tmp_path / "run"
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.csv", "model.safetensors", "state.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "heads.jsonl", "metrics.csv", "model.safetensors",
+                                                     "state.pt"]
     meta = json.loads((out / "config.json").read_text())
     assert meta["config"]["model"] == "sa-quadratic" and meta["config"]["model_overrides"]["in_channels"] == 1
     assert meta["steps_per_epoch"] == N_TRAIN // 32 and meta["total_steps"] == 2 * (N_TRAIN // 32)
@@ -194,9 +196,16 @@ def test_train_writes_a_complete_run_directory(tmp_path, data_dir):
     model, cfg = load_run(out)
     assert cfg.model == "sa-quadratic"
     assert_bit_identical({k: v for k, v in model.state_dict().items()}, weights(out))
+    # The heads at initialization and after each epoch; the last snapshot is of the final weights.
+    snaps = read_heads(out)
+    assert [(s["epoch"], s["step"]) for s in snaps] == [(0, 0), (1, 8), (2, 16)]
+    assert [len(s["layers"]) for s in snaps] == [1, 1, 1] and all(len(s["layers"][0]) == 4 for s in snaps)
+    assert torch.allclose(torch.tensor([h["center"] for h in snaps[-1]["layers"][0]], dtype=torch.float64),
+                          model.attention_layers[0].encoding.centers.double(), atol=1e-12, rtol=0)
+    assert snaps[0]["layers"] != snaps[-1]["layers"]  # the heads moved
     # Resuming a finished run does nothing and succeeds.
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", "--resume")) == 0
-    assert len(read_metrics(out)) == 2
+    assert len(read_metrics(out)) == 2 and len(read_heads(out)) == 3
 
 
 def test_max_steps_stops_mid_epoch_and_logs_the_partial_epoch(tmp_path, data_dir):
@@ -204,6 +213,7 @@ def test_max_steps_stops_mid_epoch_and_logs_the_partial_epoch(tmp_path, data_dir
     assert main(tiny_args(out, data_dir, "--max-steps", "11")) == 0
     rows = read_metrics(out)
     assert [(r["epoch"], r["step"]) for r in rows] == [(1, 8), (2, 11)]
+    assert [(s["epoch"], s["step"]) for s in read_heads(out)] == [(0, 0), (1, 8), (2, 11)]
     assert load_state(out / "state.pt")["progress"]["finished"]
 
 
@@ -237,9 +247,46 @@ def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch, preci
     assert json.loads((out / "config.json").read_text())["precision"].startswith("bfloat16" if precision else "float32")
     ref_rows, rows = read_metrics(ref), read_metrics(out)
     assert len(rows) == 2  # epoch 1 is not logged twice
+    assert (out / "heads.jsonl").read_bytes() == (ref / "heads.jsonl").read_bytes()
     for a, b in zip(ref_rows, rows):  # the interrupted epoch's training sums were carried over
         assert {k: v for k, v in a.items() if k not in ("seconds", "images_per_s")} == \
             {k: v for k, v in b.items() if k not in ("seconds", "images_per_s")}
+
+
+def test_heads_logged_after_the_last_checkpoint_are_not_logged_twice(tmp_path, data_dir, monkeypatch):
+    """Killed after epoch 1's heads were appended but before its checkpoint: the resumed run
+    replays epoch 1 and ends with the same heads.jsonl as an uninterrupted one."""
+    ref = tmp_path / "ref"
+    assert main(tiny_args(ref, data_dir)) == 0
+
+    import attnconv.train.loop as T
+
+    original = T._Trainer._record_heads
+
+    def record_then_die(self, epoch):
+        original(self, epoch)
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(T._Trainer, "_record_heads", record_then_die)
+    out = tmp_path / "run"
+    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 130
+    assert [s["epoch"] for s in read_heads(out)] == [0, 1]
+    progress = load_state(out / "state.pt")["progress"]
+    assert (progress["step"], progress["snapshots"]) == (5, 1)  # the checkpoint knows of the first only
+    monkeypatch.undo()
+    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", "--resume")) == 0
+    assert (out / "heads.jsonl").read_bytes() == (ref / "heads.jsonl").read_bytes()
+    assert [s["epoch"] for s in read_heads(out)] == [0, 1, 2]
+
+
+def test_cnn_runs_record_no_heads(tmp_path, data_dir):
+    out = tmp_path / "run"
+    args = tiny_args(out, data_dir, "--max-steps", "2")
+    cut = args.index("--model")
+    args[cut:cut + len(TINY_MODEL)] = ["--model", "resnet18", "--width", "4"]
+    assert main(args) == 0
+    assert not (out / "heads.jsonl").exists() and read_heads(out) == []
 
 
 @pytest.mark.slow
@@ -266,6 +313,7 @@ def test_resume_after_sigkill_reaches_bit_identical_weights(tmp_path, data_dir):
     assert f"resuming {out} at step {killed_at['step']}" in stderr
     assert_bit_identical(weights(ref), weights(out))
     assert len(read_metrics(out)) == 4
+    assert (out / "heads.jsonl").read_bytes() == (ref / "heads.jsonl").read_bytes()
 
 
 @pytest.mark.slow

@@ -43,6 +43,7 @@ position-only layer with the same value maps); the `probabilities` field says so
 
 from attnconv.analysis.heads import (
     ILL_CONDITIONED,
+    SNAPSHOT_IMAGES,
     UNIFORM_ALPHA,
     UNIFORM_ENTROPY,
     analyze_converted,
@@ -52,6 +53,7 @@ from attnconv.analysis.heads import (
     conv_head_geometry,
     format_analysis,
     head_geometry,
+    head_snapshot,
     json_ready,
 )
 from attnconv.analysis.layers import (
@@ -71,6 +73,7 @@ from attnconv.analysis.layers import (
 
 __all__ = [
     "ILL_CONDITIONED",
+    "SNAPSHOT_IMAGES",
     "UNIFORM_ALPHA",
     "UNIFORM_ENTROPY",
     "analyze_converted",
@@ -87,6 +90,7 @@ __all__ = [
     "converted_query",
     "format_analysis",
     "head_geometry",
+    "head_snapshot",
     "json_ready",
     "load_attention_run",
     "mean_layer_probs",

@@ -213,6 +213,54 @@ def analyze_layer(
     })
 
 
+# Test images a content model's snapshot averages its attention over (the first ones of the test set).
+SNAPSHOT_IMAGES = 64
+
+
+@torch.no_grad()
+def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[str, Any]]]:
+    """Where every head of an attention classifier looks: one line of `heads.jsonl` (its "layers").
+
+    Per layer, a list of heads, each with
+      - center: [row, col] in tokens; the quadratic encoding's Delta_h (Lemma 2), else the
+        center of mass of the middle query's position-only attention (Eq. 6 without the
+        content term; content layers: averaged over the images x);
+      - attention_distance: E ||k - q|| under the head's attention, averaged over all queries
+        (ViT's "mean attention distance"; content layers: averaged over the images x);
+      - alpha (isotropic quadratic heads: A = -alpha ||delta - Delta||^2), or
+        inverse_covariance (other quadratic heads: Sigma^-1, 2x2).
+    x: normalized images (N, C, H, W), needed only when some layer has content attention.
+    Costs a forward of x through the model at most; the model's mode is kept.
+    """
+    layers = attention_layers(model)
+    size = token_grid(model)
+    combined = mean_layer_probs(model, x)
+    position = mean_layer_probs(model, x, term="position") if needs_images(model) else combined
+    keys = _grid(size).double()  # (T, 2)
+    distance = torch.cdist(keys, keys)  # (T, T): ||k - q|| in tokens
+    mid = (size[0] // 2) * size[1] + size[1] // 2
+    rel_mid = keys - keys[mid]  # (T, 2)
+    out = []
+    for layer, p, pp in zip(layers, combined, position):
+        p, p_mid = p.double().cpu(), pp[:, mid].double().cpu()  # (heads, T, T), (heads, T)
+        heads = p.shape[0]
+        mean_distance = (p * distance).sum(-1).mean(-1)  # (heads,)
+        centers = _own_centers(layer, heads)
+        if centers is None:
+            centers = (p_mid @ rel_mid) / p_mid.sum(-1, keepdim=True).clamp_min(1e-300)
+        widths = _widths(layer, heads)
+        entries = []
+        for h in range(heads):
+            head: dict[str, Any] = {"center": centers[h].tolist(), "attention_distance": float(mean_distance[h])}
+            if widths["alpha"] is not None:
+                head["alpha"] = float(widths["alpha"][h])
+            elif widths["inverse_covariance"] is not None:
+                head["inverse_covariance"] = widths["inverse_covariance"][h].tolist()
+            entries.append(head)
+        out.append(entries)
+    return json_ready(out)
+
+
 def analyze_model(model: nn.Module, x: Tensor | None = None, *, probs: list[Tensor] | None = None) -> dict[str, Any]:
     """`analyze_layer` for every attention layer of an attention classifier.
 

@@ -136,13 +136,18 @@ def run_images(
 
 
 @torch.no_grad()
-def mean_layer_probs(model: nn.Module, x: Tensor | None = None, *, batch_size: int = BATCH) -> list[Tensor]:
+def mean_layer_probs(model: nn.Module, x: Tensor | None = None, *, batch_size: int = BATCH,
+                     term: str = "combined") -> list[Tensor]:
     """Attention probabilities of every layer, (heads, T, T) float32 each, T = H*W tokens.
 
     Position-only layers: their exact, input-independent probabilities (x is not needed).
     Content layers: the mean over the images x (N, C, H_img, W_img), normalized as the
     model was trained; each layer sees the hidden state the blocks before it produce.
+    term: "combined" (the layer's attention) or "position" (the softmax of the positional
+    score term alone, Eq. 6 without q.k; the same as "combined" for position-only layers).
     """
+    if term not in ("combined", "position"):
+        raise AttnconvError(f"term must be 'combined' or 'position', got {term!r}")
     layers = attention_layers(model)
     size = token_grid(model)
     if not needs_images(model):
@@ -161,7 +166,7 @@ def mean_layer_probs(model: nn.Module, x: Tensor | None = None, *, batch_size: i
                     if sums[i] is None:
                         sums[i] = att.attention_probs(size=size)[0].float() * len(x)
                 else:
-                    p = att.attention_probs(h.permute(0, 3, 1, 2)).sum(0)  # (heads, T, T)
+                    p = att.attention_scores(h.permute(0, 3, 1, 2))[term].softmax(-1).sum(0)  # (heads, T, T)
                     sums[i] = p if sums[i] is None else sums[i] + p
                 h = block(h)
     finally:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 import attnconv
 from attnconv import data as D
+from attnconv.analysis import SNAPSHOT_IMAGES, head_snapshot
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError
 from attnconv.evaluate import evaluate
@@ -61,15 +62,18 @@ from attnconv.models import build_model
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
+    HEADS_FILE,
     METRICS_FILE,
     RUN_FILES,
     STATE_FILE,
     STATE_FORMAT,
     WEIGHTS_FILE,
     build_run_model,
+    heads_line,
     load_state,
     metrics_text,
     read_config,
+    read_heads,
     read_metrics,
     run_image_size,
     run_info,
@@ -93,6 +97,7 @@ class _Progress:
     epoch: int = 0  # epoch in progress (0-based)
     batch: int = 0  # batches of `epoch` done
     rows: int = 0  # rows in metrics.csv
+    snapshots: int = 0  # lines in heads.jsonl
     finished: bool = False
     loss_sum: float = 0.0  # this epoch's training loss, summed over samples
     correct: float = 0.0
@@ -199,6 +204,8 @@ class _Trainer:
         # Dropout streams differ per rank (the shards are different samples anyway).
         torch.manual_seed(config.seed + d.rank)
         self.optimizer = make_optimizer(self.model, config)
+        # Attention classifiers record their heads (heads.jsonl); CNNs and converted networks do not.
+        self.watch_heads = d.main and bool(getattr(self.model, "attention_layers", None))
         self.progress = _Progress()
         if has_state:
             self._restore(load_state(out / STATE_FILE))
@@ -394,6 +401,24 @@ class _Trainer:
         # checkpoint is replayed, and must not be logged twice.
         rows = read_metrics(out, limit=self.progress.rows)
         atomic_write(out / METRICS_FILE, write_bytes(metrics_text(rows).encode()))
+        if self.watch_heads:
+            p = self.progress
+            snapshots = read_heads(out, limit=p.snapshots)
+            atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, snapshots)).encode()))
+            if p.step == 0 and p.snapshots == 0:  # the heads at initialization
+                self._record_heads(epoch=0)
+
+    def _record_heads(self, epoch: int) -> None:
+        """Append the heads' snapshot after `epoch` epochs (0: at initialization) to heads.jsonl."""
+        x = None
+        if any(not layer.position_only for layer in self.model.attention_layers):
+            x = D.normalize(self.test_set.images[:SNAPSHOT_IMAGES], self.info)
+        record = {"epoch": epoch, "step": self.progress.step, "layers": head_snapshot(self.model, x)}
+        with open(self.out / HEADS_FILE, "a") as f:
+            f.write(heads_line(record))
+            f.flush()
+            os.fsync(f.fileno())
+        self.progress.snapshots += 1
 
     def _epoch(self) -> dict[str, float]:
         cfg, p, d = self.config, self.progress, self.d
@@ -466,6 +491,8 @@ class _Trainer:
                 f.write(metrics_text([row]).split("\n", 1)[1])
                 f.flush()
                 os.fsync(f.fileno())
+        if self.watch_heads:
+            self._record_heads(epoch=row["epoch"])
         p.loss_sum = p.correct = p.seen = p.seconds = 0.0
         self._checkpoint()
         return row

@@ -1,0 +1,93 @@
+"""head_snapshot: the per-head record of heads.jsonl, checked against the definitions written out."""
+
+import math
+
+import pytest
+import torch
+
+from attnconv.analysis import head_snapshot
+from attnconv.models import build_model
+
+SIZES = {"hidden": 16, "layers": 2, "heads": 4, "intermediate": 32, "in_channels": 1, "image_size": 12,
+         "downsample": 2, "num_classes": 3, "dropout": 0.0, "attn_dropout": 0.0}
+
+
+def _model(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(name, **SIZES).eval()
+
+
+def _expected(p: torch.Tensor, side: int):
+    """Attention distance (mean over queries of E||k - q||) and the middle query's center of mass, by loops."""
+    heads = p.shape[0]
+    mid = (side // 2) * side + side // 2
+    dist, com = torch.zeros(heads, dtype=torch.float64), torch.zeros(heads, 2, dtype=torch.float64)
+    for h in range(heads):
+        for q in range(side * side):
+            for k in range(side * side):
+                dr, dc = k // side - q // side, k % side - q % side
+                dist[h] += p[h, q, k] * math.hypot(dr, dc) / side**2
+                if q == mid:
+                    com[h] += p[h, q, k] * torch.tensor([dr, dc], dtype=torch.float64)
+    return dist, com
+
+
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-quadratic-aniso", "sa-learned"])
+def test_position_only_heads_match_their_definitions(name):
+    model = _model(name)
+    snap = head_snapshot(model)
+    assert len(snap) == 2 and all(len(layer) == 4 for layer in snap)
+    for layer, heads in zip(model.attention_layers, snap):
+        p = layer.attention_probs(size=(6, 6))[0].double()
+        dist, com = _expected(p, 6)
+        assert [h["attention_distance"] for h in heads] == pytest.approx(dist.tolist(), abs=1e-9)
+        centers = torch.tensor([h["center"] for h in heads], dtype=torch.float64)
+        enc = layer.encoding
+        if name == "sa-learned":  # no parameter: the middle query's center of mass
+            assert torch.allclose(centers, com, atol=1e-9)
+            assert all(set(h) == {"center", "attention_distance"} for h in heads)
+        else:
+            assert torch.equal(centers, enc.centers.detach().double())
+        if name == "sa-quadratic":
+            assert [h["alpha"] for h in heads] == pytest.approx((enc.widths.detach().double() ** 2 / 2).tolist())
+        if name == "sa-quadratic-aniso":
+            s = torch.tensor([h["inverse_covariance"] for h in heads], dtype=torch.float64)
+            assert torch.allclose(s, enc.inverse_covariance().detach().double())
+
+
+def test_content_heads_average_over_the_images_and_center_on_the_position_term():
+    model = _model("sa-learned-content")
+    x = torch.randn(5, 1, 12, 12)
+    snap = head_snapshot(model, x)
+    assert snap == head_snapshot(model, x)  # deterministic: no dropout, no RNG
+    assert snap != head_snapshot(model, torch.randn(5, 1, 12, 12))  # content attention depends on the images
+    # Layer 0 sees the embedded images: its mean attention and its position-term attention, by hand.
+    layer = model.attention_layers[0]
+    with torch.no_grad():
+        scores = layer.attention_scores(model.tokens(x).permute(0, 3, 1, 2))
+    combined = scores["combined"].softmax(-1).mean(0).double()
+    position = scores["position"].softmax(-1).mean(0).double()
+    dist, _ = _expected(combined, 6)
+    _, com = _expected(position, 6)
+    heads = snap[0]
+    assert [h["attention_distance"] for h in heads] == pytest.approx(dist.tolist(), abs=1e-6)
+    assert torch.allclose(torch.tensor([h["center"] for h in heads], dtype=torch.float64), com, atol=1e-6)
+    with pytest.raises(Exception, match="content attention depends on the input"):
+        head_snapshot(model)
+
+
+def test_a_head_attending_to_one_shifted_token_has_that_center_and_distance():
+    model = _model("sa-quadratic")
+    enc = model.attention_layers[0].encoding
+    with torch.no_grad():
+        enc.centers.copy_(torch.tensor([[0.0, 1.0], [1.0, 1.0], [-2.0, 0.0], [0.0, 0.0]]))
+        enc.widths.fill_(30.0)  # alpha = 450: each head looks at one token (where it exists)
+    heads = head_snapshot(model)[0]
+    assert [h["center"] for h in heads] == [[0.0, 1.0], [1.0, 1.0], [-2.0, 0.0], [0.0, 0.0]]
+    # Queries whose target token is off the grid attend to the nearest existing one (6 x 6 grid):
+    # (0, 1): 30 queries at distance 1, the last column at 0; (1, 1): 25 at sqrt(2), 10 at 1, one at 0;
+    # (-2, 0): 24 at 2, the first row at 0, the second at 1.
+    assert heads[3]["attention_distance"] == pytest.approx(0.0, abs=1e-9)
+    assert heads[0]["attention_distance"] == pytest.approx(30 / 36, abs=1e-9)
+    assert heads[1]["attention_distance"] == pytest.approx((25 * math.sqrt(2) + 10) / 36, abs=1e-9)
+    assert heads[2]["attention_distance"] == pytest.approx((24 * 2 + 6) / 36, abs=1e-9)
