@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnconv.analysis.grid import grid_points, match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
 from attnconv.fileio import atomic_write, check_writable_file
@@ -52,95 +53,7 @@ SOURCES = ("fmnist", "random")
 DEFAULTS = dict(kernel=3, heads=9, steps=3000, channels=8, size=12, batch_size=32, lr=0.03, seed=0)
 _EVAL_IMAGES = 256
 
-__all__ = ["DEFAULTS", "SOURCES", "assignment", "learn_conv", "learn_conv_figure", "match_to_grid"]
-
-
-# ----------------------------------------------------------------------------------------
-# Matching heads to grid points
-# ----------------------------------------------------------------------------------------
-
-
-def assignment(cost: np.ndarray) -> list[tuple[int, int]]:
-    """Minimum-cost one-to-one assignment (Hungarian algorithm, O(n^2 m)).
-
-    cost (n, m): returns min(n, m) pairs (row, col), each row and column used at most once,
-    with the smallest total cost. The shortest-augmenting-path form with potentials
-    (Kuhn 1955, Munkres 1957; as in Jonker-Volgenant without the initialization heuristics).
-    """
-    cost = np.asarray(cost, dtype=float)
-    if cost.ndim != 2:
-        raise AttnconvError(f"assignment needs a 2-d cost matrix, got shape {cost.shape}")
-    if cost.shape[0] > cost.shape[1]:
-        return [(r, c) for c, r in assignment(cost.T)]
-    n, m = cost.shape
-    if n == 0:
-        return []
-    INF = math.inf
-    u, v = np.zeros(n + 1), np.zeros(m + 1)  # potentials of rows and columns (1-based, 0 = virtual)
-    match = np.zeros(m + 1, dtype=int)  # match[j] = row assigned to column j (0: none)
-    way = np.zeros(m + 1, dtype=int)
-    for i in range(1, n + 1):
-        match[0] = i
-        j0 = 0
-        minv = np.full(m + 1, INF)
-        used = np.zeros(m + 1, dtype=bool)
-        while True:  # grow the alternating tree until it reaches a free column
-            used[j0] = True
-            i0, delta, j1 = match[j0], INF, 0
-            for j in range(1, m + 1):
-                if not used[j]:
-                    cur = cost[i0 - 1, j - 1] - u[i0] - v[j]
-                    if cur < minv[j]:
-                        minv[j], way[j] = cur, j0
-                    if minv[j] < delta:
-                        delta, j1 = minv[j], j
-            for j in range(m + 1):
-                if used[j]:
-                    u[match[j]] += delta
-                    v[j] -= delta
-                else:
-                    minv[j] -= delta
-            j0 = j1
-            if match[j0] == 0:
-                break
-        while j0:  # flip the augmenting path
-            j1 = way[j0]
-            match[j0] = match[j1]
-            j0 = j1
-    return sorted((int(match[j]) - 1, j - 1) for j in range(1, m + 1) if match[j])
-
-
-def _grid_points(kernel: int) -> np.ndarray:
-    """The K x K shifts (row, col) of a zero-padded K x K conv: (K^2, 2), row-major."""
-    r = np.arange(kernel) - kernel // 2
-    return np.stack(np.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2).astype(float)
-
-
-def match_to_grid(centers: np.ndarray, kernel: int, tol: float = 0.5) -> dict[str, Any]:
-    """Match head centers (heads, 2) one-to-one to the K x K grid points (Hungarian, Euclidean).
-
-    Returns the matched grid point and distance per head (None for heads left over when
-    heads > K^2), their mean, and how many heads lie within `tol` of their grid point.
-    """
-    centers = np.asarray(centers, dtype=float)
-    grid = _grid_points(kernel)
-    dist = np.linalg.norm(centers[:, None, :] - grid[None, :, :], axis=-1)  # (heads, K^2)
-    pairs = assignment(dist)
-    matched: list[list[float] | None] = [None] * len(centers)
-    distance: list[float | None] = [None] * len(centers)
-    for h, g in pairs:
-        matched[h], distance[h] = grid[g].tolist(), float(dist[h, g])
-    d = [x for x in distance if x is not None]
-    return {
-        "grid_points": grid.tolist(),
-        "matched_point": matched,
-        "distance": distance,
-        "mean_distance": float(np.mean(d)) if d else None,
-        "max_distance": float(np.max(d)) if d else None,
-        "within": int(sum(x < tol for x in d)),
-        "tolerance": tol,
-        "nearest_distance": dist.min(axis=1).tolist(),  # to any grid point (not one-to-one)
-    }
+__all__ = ["DEFAULTS", "SOURCES", "learn_conv", "learn_conv_figure"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -401,7 +314,7 @@ def learn_conv_figure(result: dict[str, Any]):
     colors = head_colors(heads)
     fig = Figure(figsize=(10, 4.6))
     ax, ax_err = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
-    grid = _grid_points(kernel)
+    grid = grid_points(kernel)
     ax.plot(grid[:, 1], grid[:, 0], "s", ms=11, mfc="none", mec="black", mew=1.2, label=f"{kernel}x{kernel} grid")
     for h in range(heads):
         ax.plot(traj[:, h, 1], traj[:, h, 0], "-", color=colors[h], lw=1.2)

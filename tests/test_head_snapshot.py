@@ -1,11 +1,13 @@
-"""head_snapshot: the per-head record of heads.jsonl, checked against the definitions written out."""
+"""head_snapshot (the per-head record of heads.jsonl) against the definitions written out; grid-likeness."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from attnconv.analysis import head_snapshot
+from attnconv import conv_to_attention
+from attnconv.analysis import grid_likeness, head_snapshot, match_to_grid
 from attnconv.models import build_model
 
 SIZES = {"hidden": 16, "layers": 2, "heads": 4, "intermediate": 32, "in_channels": 1, "image_size": 12,
@@ -91,3 +93,39 @@ def test_a_head_attending_to_one_shifted_token_has_that_center_and_distance():
     assert heads[0]["attention_distance"] == pytest.approx(30 / 36, abs=1e-9)
     assert heads[1]["attention_distance"] == pytest.approx((25 * math.sqrt(2) + 10) / 36, abs=1e-9)
     assert heads[2]["attention_distance"] == pytest.approx((24 * 2 + 6) / 36, abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------- grid-likeness
+
+
+def test_grid_likeness_of_heads_on_the_kernel_grid_is_nine_of_nine_at_distance_zero():
+    model = build_model("sa-quadratic", **{**SIZES, "heads": 9})
+    for layer in model.attention_layers:
+        layer.encoding.init_grid(locality=4.0)  # Theorem 1's layout, permuted below in layer 1
+    with torch.no_grad():
+        enc = model.attention_layers[1].encoding
+        enc.centers.copy_(enc.centers[torch.randperm(9)])
+    snaps = [{"epoch": 0, "step": 0, "layers": head_snapshot(model)}]
+    (entry,) = grid_likeness(snaps)
+    assert entry["epoch"] == 0 and len(entry["layers"]) == 2
+    for layer in entry["layers"]:
+        assert layer == {"mean_distance": pytest.approx(0.0, abs=1e-12), "within": 9, "heads": 9}
+
+
+def test_grid_likeness_of_a_converted_3x3_conv_is_nine_of_nine():
+    attn = conv_to_attention(torch.nn.Conv2d(4, 5, 3, padding=1))
+    m = match_to_grid(attn.centers.numpy(), 3)
+    assert m["within"] == 9 and m["mean_distance"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_grid_likeness_counts_heads_near_distinct_offsets_only():
+    # Two heads on one offset: one-to-one matching sends one of them elsewhere.
+    centers = [[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [2.4, 0.0]]
+    (entry,) = grid_likeness([{"epoch": 3, "step": 30, "layers": [[{"center": c} for c in centers]]}])
+    (layer,) = entry["layers"]
+    assert layer["within"] == 2 and layer["heads"] == 4  # (0,0)/(0.1,0), one of them; (1,1); not (2.4,0)
+    brute = min(
+        sum(math.dist(c, g) for c, g in zip(centers, perm))
+        for perm in itertools.permutations([[r, c] for r in (-1, 0, 1) for c in (-1, 0, 1)], 4)
+    )
+    assert layer["mean_distance"] == pytest.approx(brute / 4)

@@ -10,10 +10,11 @@ import torch
 import torch.nn as nn
 from fixtures_data import write_random_fashion
 
+from attnconv.analysis import assignment, match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
-from attnconv.learnconv import _relative_error, assignment, learn_conv, match_to_grid
+from attnconv.learnconv import _relative_error, learn_conv
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 3), (5, 5), (4, 6), (6, 4), (6, 6)])

@@ -41,6 +41,7 @@ measured on their probabilities averaged over test images (the average is a
 position-only layer with the same value maps); the `probabilities` field says so.
 """
 
+from attnconv.analysis.grid import assignment, grid_likeness, grid_points, match_to_grid
 from attnconv.analysis.heads import (
     ILL_CONDITIONED,
     SNAPSHOT_IMAGES,
@@ -80,6 +81,7 @@ __all__ = [
     "analyze_layer",
     "analyze_model",
     "analyze_run",
+    "assignment",
     "attention_layers",
     "capture_inputs",
     "conv_head_geometry",
@@ -89,10 +91,13 @@ __all__ = [
     "converted_probs",
     "converted_query",
     "format_analysis",
+    "grid_likeness",
+    "grid_points",
     "head_geometry",
     "head_snapshot",
     "json_ready",
     "load_attention_run",
+    "match_to_grid",
     "mean_layer_probs",
     "needs_images",
     "run_images",
