@@ -104,14 +104,16 @@ def grid_likeness(snapshots: list[dict[str, Any]], kernel: int = 3, tol: float =
     """`match_to_grid` of each layer's centers in each snapshot of heads.jsonl (`attnconv.runs.read_heads`).
 
     Returns one entry per snapshot: {"epoch", "step", "layers": [{"mean_distance",
-    "within", "heads"}, ...]}, "within" counting heads within `tol` tokens of a distinct
-    K x K shift.
+    "within", "heads", "attention_distance"}, ...]}: the mean matched distance, the heads
+    within `tol` tokens of a distinct K x K shift, the layer's head count, and its heads'
+    mean attention distance.
     """
     out = []
     for snap in snapshots:
         layers = []
         for heads in snap["layers"]:
             m = match_to_grid(np.array([h["center"] for h in heads], dtype=float).reshape(-1, 2), kernel, tol)
-            layers.append({"mean_distance": m["mean_distance"], "within": m["within"], "heads": len(heads)})
+            layers.append({"mean_distance": m["mean_distance"], "within": m["within"], "heads": len(heads),
+                           "attention_distance": float(np.mean([h["attention_distance"] for h in heads]))})
         out.append({"epoch": snap["epoch"], "step": snap["step"], "layers": layers})
     return out

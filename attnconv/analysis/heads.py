@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnconv.analysis.grid import grid_likeness
 from attnconv.analysis.layers import (
     attention_layers,
     converted_needs_images,
@@ -25,6 +26,7 @@ from attnconv.analysis.layers import (
 )
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
+from attnconv.runs import read_heads
 
 UNIFORM_ALPHA = 1e-2
 ILL_CONDITIONED = 1e3
@@ -304,7 +306,9 @@ def analyze_run(
         _, x = run_images(config, images, data_dir=data_dir)
         x = x.to(device)
     result = analyze_model(model, x)
-    return {"run": str(run_dir), "model": config.model, "dataset": config.dataset, **result}
+    history = grid_likeness(read_heads(run_dir))  # [] for runs trained before heads.jsonl
+    return {"run": str(run_dir), "model": config.model, "dataset": config.dataset, **result,
+            **({"history": history} if history else {})}
 
 
 def analyze_converted(layers: list[tuple[str, nn.Module, tuple[int, int]]], probs: list[Tensor] | None = None,
@@ -407,4 +411,16 @@ def format_analysis(result: dict[str, Any]) -> str:
                 f"  {h['head']:>4} {center:>15} {_num(h['alpha']):>8} {eig:>17} {_num(h['condition']):>8} "
                 f"{h['avg_distance']:>8.2f} {h['mass_3x3']:>6.3f} {h['mass_5x5']:>6.3f} {h['entropy']:>7.3f}  {flags}"
             )
+    if result.get("history"):
+        lines.append("")
+        lines.append("over training (heads.jsonl): per layer, heads within 0.5 token of a distinct 3x3 kernel offset "
+                     "(Hungarian matching), the mean matched distance, and the mean attention distance (tokens)")
+        n = len(result["history"][0]["layers"])
+        lines.append(f"  {'epoch':>5}  " + "  ".join(f"{f'layer {i + 1}':>19}" for i in range(n)))
+        for snap in result["history"]:
+            cells = []
+            for x in snap["layers"]:
+                within = f"{x['within']}/{x['heads']}"
+                cells.append(f"{within:>5} {_num(x['mean_distance'], '.2f'):>5} {x['attention_distance']:>6.2f}")
+            lines.append(f"  {snap['epoch']:>5}  " + "  ".join(f"{c:>19}" for c in cells))
     return "\n".join(lines) + "\n"

@@ -1,6 +1,8 @@
 """`attnconv plot`, `attnconv analyze`, `attnconv learn-conv`: what trained attention layers learned.
 
     attnconv plot centers runs/sa [--out centers.svg]         Figures 4, 12, 14: head centers per layer
+    attnconv plot centers runs/sa --layer 2 [--epochs 0,1,12] Figure 4 over training: one layer at several epochs
+    attnconv plot distance runs/sa                            mean attention distance per head over epochs
     attnconv plot maps runs/sa [--query 3,3] [--zoom 7]       Figures 5, 6: attention around a query
     attnconv plot maps runs/sa-content --image 0              one test image, drawn beside the maps
     attnconv analyze runs/sa [--json]                         centers, widths, distances, conv-likeness
@@ -35,8 +37,23 @@ def register(subparsers) -> None:
                     f"middle query's attention probabilities. Shifts are in tokens: {_COORDS}.",
     )
     _common(c)
-    c.add_argument("--out", metavar="FILE", help="output .png, .svg or .pdf (default RUN_DIR/centers.png)")
+    c.add_argument("--out", metavar="FILE",
+                   help="output .png, .svg or .pdf (default RUN_DIR/centers.png, or RUN_DIR/centers-layerL.png)")
+    c.add_argument("--layer", type=int, metavar="L",
+                   help="draw layer L (from 1) at several epochs of training, from RUN_DIR/heads.jsonl")
+    c.add_argument("--epochs", metavar="E,E,...",
+                   help="with --layer (default 1): the recorded epochs to draw, 0 = initialization "
+                        "(default: up to five, denser early)")
     c.set_defaults(func=run_centers)
+
+    dist = figures.add_parser(
+        "distance", help="each layer's mean attention distance per head over training (ViT Figure 7 style)",
+        description="From RUN_DIR/heads.jsonl: for every layer, each head's mean attention distance (tokens, "
+                    "averaged over queries) at initialization and after each epoch.",
+    )
+    dist.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train`")
+    dist.add_argument("--out", metavar="FILE", help="output .png, .svg or .pdf (default RUN_DIR/distance.png)")
+    dist.set_defaults(func=run_distance)
 
     m = figures.add_parser(
         "maps", help="attention probabilities around a query pixel, layers x heads (Figures 5, 6)",
@@ -127,11 +144,37 @@ def _query(text: str | None) -> tuple[int, int] | None:
     return i, j
 
 
-def run_centers(args: argparse.Namespace) -> int:
-    from attnconv.plots import plot_centers
+def _epochs(text: str | None) -> list[int] | None:
+    from attnconv.errors import AttnconvError
 
+    if text is None:
+        return None
+    try:
+        epochs = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise AttnconvError(f"--epochs {text!r}: give whole numbers separated by commas, e.g. 0,1,2,5,12") from None
+    if any(e < 0 for e in epochs):
+        raise AttnconvError(f"--epochs {text!r}: epochs count from 0 (the initialization)")
+    return epochs
+
+
+def run_centers(args: argparse.Namespace) -> int:
+    from attnconv.plots import plot_centers, plot_centers_history
+
+    if args.layer is not None or args.epochs is not None:
+        epochs = _epochs(args.epochs)
+        layer = 1 if args.layer is None else args.layer
+        print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs))
+        return 0
     _check(args)
     print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device))
+    return 0
+
+
+def run_distance(args: argparse.Namespace) -> int:
+    from attnconv.plots import plot_distance
+
+    print(plot_distance(args.run_dir, args.out))
     return 0
 
 

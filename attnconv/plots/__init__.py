@@ -4,6 +4,8 @@
     plot_centers("runs/sa")                          # runs/sa/centers.png
     plot_maps("runs/sa", query=(3, 3), zoom=7)       # runs/sa/maps.png
     plot_figures("runs/sa", "docs/figures/sa")       # docs/figures/sa-centers.png, sa-maps.png
+    plot_centers_history("runs/sa", layer=2)         # runs/sa/centers-layer2.png: Figure 4 over epochs
+    plot_distance("runs/sa")                         # runs/sa/distance.png: attention distance over epochs
 
 Coordinates are token-grid coordinates (the image after the model's d x d downsampling):
 a shift (row, col) = key - query, rows pointing down as in an image.
@@ -22,6 +24,11 @@ Centers. One panel per layer, one color per head. The query pixel is the black s
     is the probability-weighted mean shift.
 Centers outside the window are drawn on its edge as open markers.
 
+Over training. Attention runs record their heads at initialization and after every epoch
+(heads.jsonl, `attnconv.analysis.head_snapshot`); `plot_centers_history` draws one layer
+at several epochs (the paper's Figure 4), `plot_distance` each head's mean attention
+distance per layer against epochs (ViT's Figure 7). Neither needs the weights.
+
 Figures are written atomically (temporary file, then os.replace); parent folders are created.
 
 Modules: `figures` (drawing: numbers in, Figure out; `save_figure`), `runs` (a run directory's
@@ -31,23 +38,31 @@ figures: load, analyze, draw, save).
 from attnconv.plots.figures import (
     MASSES,
     centers_figure,
+    distance_figure,
     gaussian_ellipse,
     head_colors,
     maps_figure,
     mass_level,
     save_figure,
+    snapshot_geometry,
+    spread_epochs,
 )
-from attnconv.plots.runs import plot_centers, plot_figures, plot_maps
+from attnconv.plots.runs import plot_centers, plot_centers_history, plot_distance, plot_figures, plot_maps
 
 __all__ = [
     "MASSES",
     "centers_figure",
+    "distance_figure",
     "gaussian_ellipse",
     "head_colors",
     "maps_figure",
     "mass_level",
     "plot_centers",
+    "plot_centers_history",
+    "plot_distance",
     "plot_figures",
     "plot_maps",
     "save_figure",
+    "snapshot_geometry",
+    "spread_epochs",
 ]

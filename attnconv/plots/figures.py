@@ -186,8 +186,38 @@ def _draw_centers(ax, g: dict[str, Any], colors: list, R: int, title: str) -> No
     ax.set_title(title, fontsize=9)
 
 
-def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
-    """One panel per layer of `analysis.head_geometry` dicts (centers, inverse_covariance or map, query)."""
+def snapshot_geometry(heads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One layer of a heads.jsonl snapshot as `centers_figure` draws it: centers, inverse_covariance or None.
+
+    Isotropic quadratic heads (alpha) become Sigma^-1 = 2 alpha I; learned and content heads
+    have no Gaussian, so only their centers are drawn.
+    """
+    centers = np.array([h["center"] for h in heads], dtype=float).reshape(-1, 2)
+    if all("inverse_covariance" in h for h in heads):
+        s = np.array([h["inverse_covariance"] for h in heads], dtype=float)
+    elif all("alpha" in h for h in heads):
+        s = np.array([2 * h["alpha"] * np.eye(2) for h in heads], dtype=float)
+    else:
+        s = None
+    return {"centers": centers, "inverse_covariance": s}
+
+
+def spread_epochs(available: Sequence[int], count: int = 5) -> list[int]:
+    """Up to `count` of the recorded epochs, denser early (where heads move most): 0, 1, 2, 5, 12 of 0..12."""
+    available = sorted(set(available))
+    if len(available) <= count:
+        return available
+    last = len(available) - 1
+    picks = {0} | {int(round(v)) for v in np.geomspace(1, last, count - 1)}  # at most count, last included
+    return [available[i] for i in sorted(picks)]
+
+
+def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", panel_titles: Sequence[str] | None = None):
+    """One panel per layer of `analysis.head_geometry` dicts (centers, inverse_covariance or map, query).
+
+    panel_titles: one per panel (default "layer 1", "layer 2", ...); Figure 4 over training
+    passes one layer's geometry at several epochs with "epoch E" titles.
+    """
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -202,7 +232,7 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
     R = window_radius(layers, grid)
     colors = head_colors(heads)
     for i, g in enumerate(layers):
-        _draw_centers(axes.flat[i], g, colors, R, f"layer {i + 1}")
+        _draw_centers(axes.flat[i], g, colors, R, panel_titles[i] if panel_titles else f"layer {i + 1}")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     handles = [Line2D([], [], color=colors[h], marker="o", ls="", label=f"head {h + 1}") for h in range(heads)]
@@ -214,6 +244,50 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = ""):
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
     fig.supxlabel("column shift (tokens)", fontsize=8)
     fig.supylabel("row shift (tokens, down)", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
+    return fig
+
+
+def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
+    """Each layer's mean attention distance per head over training (ViT's Figure 7, against epochs).
+
+    snapshots: heads.jsonl records (epoch, layers of heads with attention_distance). One panel
+    per layer, one line per head (colors as in the centers figure), the layer's mean in black.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    if not snapshots or not snapshots[0]["layers"]:
+        raise AttnconvError("no recorded heads to draw")
+    epochs = [s["epoch"] for s in snapshots]
+    d = np.array([[[h["attention_distance"] for h in layer] for layer in s["layers"]] for s in snapshots],
+                 dtype=float)  # (snapshots, layers, heads)
+    n, heads = d.shape[1], d.shape[2]
+    ncols = n if n <= 4 else math.ceil(n / 2) if n <= 8 else 4
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(2.8 * ncols + 1.4, 2.4 * nrows + 0.6))
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    colors = head_colors(heads)
+    for i in range(n):
+        ax = axes.flat[i]
+        for h in range(heads):
+            ax.plot(epochs, d[:, i, h], "-", color=colors[h], lw=1.1, marker="." if len(epochs) < 30 else None)
+        ax.plot(epochs, d[:, i].mean(-1), "-", color="black", lw=2)
+        ax.set_title(f"layer {i + 1}", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(color="0.9", lw=0.6)
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles = [Line2D([], [], color=colors[h], label=f"head {h + 1}") for h in range(heads)]
+    handles.append(Line2D([], [], color="black", lw=2, label="layer mean"))
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.supxlabel("epoch", fontsize=8)
+    fig.supylabel("mean attention distance (tokens)", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))

@@ -9,7 +9,16 @@ from pathlib import Path
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
-from attnconv.plots.figures import centers_figure, check_out, maps_figure, save_figure, window_around
+from attnconv.plots.figures import (
+    centers_figure,
+    check_out,
+    distance_figure,
+    maps_figure,
+    save_figure,
+    snapshot_geometry,
+    spread_epochs,
+    window_around,
+)
 
 # ----------------------------------------------------------------------------------------
 # From a run directory
@@ -75,6 +84,85 @@ def plot_centers(
     title = f"{config.model}: attention centers ({size[0]}x{size[1]} token grid{how})"
     fig = centers_figure(layers, max(size), title)
     return save_figure(fig, out)
+
+
+def _history(run_dir) -> list[dict]:
+    """The run's heads.jsonl snapshots; one clear error when it has none."""
+    from attnconv.runs import HEADS_FILE, read_config, read_heads
+
+    _check_run_dir(run_dir)
+    config = read_config(run_dir)["config"]
+    snapshots = read_heads(run_dir)
+    if not snapshots:
+        raise AttnconvError(
+            f"{run_dir}: no {HEADS_FILE} (the heads recorded during training); only attention classifiers "
+            f"trained by this version record them ({config['model']} run). Train the run again to record them, "
+            "or draw the final heads with `attnconv plot centers RUN`")
+    return snapshots
+
+
+def plot_centers_history(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    layer: int = 1,
+    epochs: Sequence[int] | None = None,
+) -> Path:
+    """Figure 4 over training: one layer's head centers and 50% / 90% contours at several epochs.
+
+    From the run's heads.jsonl (no weights needed). layer: numbered from 1. epochs: recorded
+    epochs to draw (0 is the initialization; default up to five, denser early). Quadratic
+    heads get their Gaussian's contours; learned and content heads only their centers.
+    Writes `out` (default RUN_DIR/centers-layer<L>.png) and returns its path.
+    """
+    from attnconv.runs import build_run_architecture, read_config
+
+    _check_run_dir(run_dir)
+    out = check_out(Path(run_dir) / f"centers-layer{layer}.png" if out is None else out)
+    snapshots = _history(run_dir)
+    n_layers = len(snapshots[0]["layers"])
+    if not isinstance(layer, int) or not 1 <= layer <= n_layers:
+        raise AttnconvError(f"--layer {layer} is invalid: the run has layers 1..{n_layers}")
+    by_epoch = {s["epoch"]: s for s in snapshots}  # a replayed epoch: the last record wins
+    if epochs is None:
+        epochs = spread_epochs(list(by_epoch))
+    missing = [e for e in epochs if e not in by_epoch]
+    if missing:
+        raise AttnconvError(f"--epochs {','.join(map(str, missing))}: not recorded; the run's heads.jsonl has epochs "
+                            f"{_ranges(sorted(by_epoch))}")
+    geometry = [snapshot_geometry(by_epoch[e]["layers"][layer - 1]) for e in epochs]
+    meta = read_config(run_dir)
+    grid = build_run_architecture(meta).config.grid  # fresh weights: only the shape is read
+    title = f"{meta['config']['model']}: layer {layer} head centers over training ({grid}x{grid} token grid)"
+    fig = centers_figure(geometry, grid, title, panel_titles=[f"epoch {e}" for e in epochs])
+    return save_figure(fig, out)
+
+
+def plot_distance(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Each layer's mean attention distance per head over training, from heads.jsonl.
+
+    Writes `out` (default RUN_DIR/distance.png) and returns its path.
+    """
+    from attnconv.runs import read_config
+
+    _check_run_dir(run_dir)
+    out = check_out(Path(run_dir) / "distance.png" if out is None else out)
+    snapshots = _history(run_dir)
+    model = read_config(run_dir)["config"]["model"]
+    fig = distance_figure(snapshots, f"{model}: mean attention distance per head over training")
+    return save_figure(fig, out)
+
+
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 3, 5] -> '0-3, 5'."""
+    parts, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(parts)
 
 
 def _parse_query(query: Sequence[int] | None, size: tuple[int, int]) -> tuple[int, int]:
