@@ -565,3 +565,67 @@ def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# ------------------------------------------------------------------------------ heads over training
+
+
+def test_heads_endpoint_serves_heads_jsonl_with_each_quadratic_heads_ellipses(runs, servers):
+    from attnconv.plots import gaussian_ellipse
+    from attnconv.runs import read_heads
+
+    for model in ("sa-quadratic", "sa-learned-content"):
+        status, body = _get(servers[model] + "/api/heads")
+        assert status == 200 and body["grid"] == [7, 7]
+        recorded = read_heads(runs[model])
+        assert [s["epoch"] for s in body["snapshots"]] == [s["epoch"] for s in recorded] == [0, 1]
+        assert _get(servers[model] + "/api/info")[1]["recorded_epochs"] == [0, 1]
+        for served, snap in zip(body["snapshots"], recorded):
+            for layer_s, layer_r in zip(served["layers"], snap["layers"]):
+                assert [h["center"] for h in layer_s] == [h["center"] for h in layer_r]
+                for hs, hr in zip(layer_s, layer_r):
+                    if model == "sa-quadratic":  # Sigma^-1 = 2 alpha I: circles, at 50% and 90% mass
+                        expected = [list(gaussian_ellipse(2 * hr["alpha"] * np.eye(2), m)) for m in (0.5, 0.9)]
+                        np.testing.assert_allclose(hs["ellipses"], expected, rtol=1e-12)
+                    else:
+                        assert hs["ellipses"] is None
+    status, error = _error_of(_request(servers["sa-quadratic"], path="/api/heads?epoch=1"))
+    assert status == 400 and "epoch" in error
+
+
+def test_a_run_without_heads_jsonl_is_still_explored(runs, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(runs["sa-quadratic"], old)
+    (old / "heads.jsonl").unlink()
+    explorer = Explorer(old, images=2)
+    assert explorer.heads()["snapshots"] == [] and explorer.info()["recorded_epochs"] == []
+
+
+def test_stepping_through_the_recorded_epochs_in_chromium(runs, servers):
+    from attnconv.runs import read_heads
+
+    recorded = read_heads(runs["sa-quadratic"])
+    with _chromium_page(servers["sa-quadratic"] + "/") as (page, errors):
+        page.wait_for_selector('#centers[data-status="ready"][data-epoch="1"]')  # the last epoch first
+        assert page.text_content("#epoch-readout").startswith("epoch 1 (step 2)")
+        assert page.locator("#centers canvas").count() == TINY["layers"]
+        shown = page.evaluate("window.__lastHeads")
+        assert [[h["center"] for h in layer] for layer in shown["layers"]] == \
+            [[h["center"] for h in layer] for layer in recorded[1]["layers"]]
+        page.focus("#epoch")
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_selector('#centers[data-status="ready"][data-epoch="0"]')
+        assert "at initialization" in page.text_content("#epoch-readout")
+        shown = page.evaluate("window.__lastHeads")
+        assert [[h["center"] for h in layer] for layer in shown["layers"]] == \
+            [[h["center"] for h in layer] for layer in recorded[0]["layers"]]
+        # The last head is drawn on top: the pixel at its center has its colour (tab10, as the figures).
+        r, g, b, n = page.evaluate("""() => {
+            const heads = window.__lastHeads.layers[0], n = heads.length - 1, [r, c] = heads[n].center;
+            const R = state.reach, canvas = document.getElementById('centers-0'), scale = canvas.width / (2 * R + 1);
+            const d = canvas.getContext('2d').getImageData(
+                Math.floor((c + R + 0.5) * scale), Math.floor((r + R + 0.5) * scale), 1, 1).data;
+            return [d[0], d[1], d[2], n]; }""")
+        tab10 = ["1f77b4", "ff7f0e", "2ca02c", "d62728", "9467bd", "8c564b", "e377c2", "7f7f7f", "bcbd22", "17becf"]
+        assert (r, g, b) == tuple(int(tab10[n][k:k + 2], 16) for k in (0, 2, 4))
+        assert errors == []

@@ -3,6 +3,7 @@
 import base64
 import json
 import os
+import shutil
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -10,9 +11,10 @@ from pathlib import Path
 import pytest
 from fixtures_runs import TINY, train_tiny_runs
 
+from attnconv.analysis import grid_likeness
 from attnconv.cli import main
 from attnconv.report import build_report, write_report
-from attnconv.runs import convert_run
+from attnconv.runs import convert_run, read_heads
 from attnconv.train import read_metrics
 
 ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
@@ -98,6 +100,22 @@ def test_report_of_an_attention_run_has_every_section_and_embedded_figures(runs,
         assert "mean over 4 test images" in text
     else:
         assert "position-only" in text
+    # heads over training: Figure 4 at the recorded epochs, attention distance, and grid-likeness per epoch
+    assert "history" in page.ids and len(page.images) == 5
+    assert "Recorded at initialization (epoch 0) and after each epoch (4 snapshots)" in text
+    assert "Epochs 0, 1, 2, 3, one row per layer" in text
+    likeness = {row["epoch"]: row["layers"] for row in grid_likeness(read_heads(run))}
+    assert [x["within"] <= 4 for x in likeness[3]] == [True, True]
+    first = likeness[3][0]
+    assert f"{first['within']}/4, {first['mean_distance']:.2f}; {first['attention_distance']:.2f}" in text
+
+
+def test_report_of_a_run_without_heads_jsonl_says_so(runs, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(runs["sa-quadratic"], old)
+    (old / "heads.jsonl").unlink()
+    text = " ".join(_parse(build_report(old, images=2)).text)
+    assert "This run has no heads.jsonl" in text and "Analysis per layer and head" in text
 
 
 def test_report_shows_the_config_readably_and_in_full(runs):

@@ -24,6 +24,10 @@ JSON API (every response is JSON; bad parameters get HTTP 400 and {"error": mess
     GET /api/attention?image=K&i=I&j=J[&mode=probs|scores][&term=combined|content|position][&layer=L]
                                    {"layers": [[heads x (H*W) numbers]], "layer_indices": [...], ...}:
                                    row-major over the keys, one list per layer (all layers, or layer L)
+    GET /api/heads                 the heads recorded during training (heads.jsonl): {"snapshots": [{epoch,
+                                   step, layers: [[{center, attention_distance, ellipses}]]}]}, ellipses
+                                   [[semi-major, semi-minor, angle] at 50% and 90% mass] for quadratic
+                                   heads, else null; [] for a run without heads.jsonl
 
 The server binds 127.0.0.1 only and serves its own page and script (no external assets,
 works offline). It answers only requests whose Host header is a loopback name (127.0.0.1,
@@ -111,6 +115,7 @@ class Explorer:
         self.raw = test.images[:images]  # uint8 (N, C, H_img, W_img)
         self.x = normalize(self.raw, self.info_)  # float32, as the model was trained
         self.labels = test.labels[:images].tolist()
+        self.snapshots = _heads_over_training(self.run_dir) if not self.converted else []
         self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \
             else TERMS
         self.title = f"{self.run_dir.resolve().name} ({self.config.model} on {self.info_.name})"
@@ -142,7 +147,12 @@ class Explorer:
             "modes": list(MODES),
             "terms": list(self.terms),
             "classes": list(self.info_.classes),
+            "recorded_epochs": [s["epoch"] for s in self.snapshots],
         }
+
+    def heads(self) -> dict[str, Any]:
+        """The heads recorded during training, with each quadratic head's 50% / 90% ellipses."""
+        return {"grid": list(self.grid), "snapshots": self.snapshots}
 
     def image(self, k: int) -> dict[str, Any]:
         k = self._image_index(k)
@@ -243,6 +253,25 @@ class Explorer:
         if not 0 <= k < len(self.raw):
             raise BadRequest(f"image {k} is out of range: the explorer offers test images 0..{len(self.raw) - 1}")
         return k
+
+
+def _heads_over_training(run_dir: Path) -> list[dict[str, Any]]:
+    """heads.jsonl with the contours the page draws: per head its center, attention distance and ellipses."""
+    from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
+    from attnconv.runs import read_heads
+
+    out = []
+    for snap in read_heads(run_dir):
+        layers = []
+        for heads in snap["layers"]:
+            s = snapshot_geometry(heads)["inverse_covariance"]
+            layers.append([{
+                "center": h["center"],
+                "attention_distance": h["attention_distance"],
+                "ellipses": None if s is None else [list(gaussian_ellipse(s[n], m)) for m in MASSES],
+            } for n, h in enumerate(heads)])
+        out.append({"epoch": snap["epoch"], "step": snap["step"], "layers": layers})
+    return out
 
 
 def _finite(values: list) -> list:
@@ -392,6 +421,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._only(params, set())
             k = _integer(path[len("/api/image/"):], "image index ")
             return HTTPStatus.OK, _json(ex.image(k)), "application/json"
+        if path == "/api/heads":
+            self._only(params, set())
+            return HTTPStatus.OK, _json(ex.heads()), "application/json"
         if path == "/api/attention":
             self._only(params, {"image", "i", "j", "mode", "term", "layer"})
             layer = _int(params, "layer") if "layer" in params else None

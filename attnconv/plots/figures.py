@@ -212,11 +212,13 @@ def spread_epochs(available: Sequence[int], count: int = 5) -> list[int]:
     return [available[i] for i in sorted(picks)]
 
 
-def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", panel_titles: Sequence[str] | None = None):
+def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", panel_titles: Sequence[str] | None = None,
+                   ncols: int | None = None):
     """One panel per layer of `analysis.head_geometry` dicts (centers, inverse_covariance or map, query).
 
     panel_titles: one per panel (default "layer 1", "layer 2", ...); Figure 4 over training
-    passes one layer's geometry at several epochs with "epoch E" titles.
+    passes one layer's geometry at several epochs with "epoch E" titles. ncols: panels per
+    row (default: up to 4, chosen from the count).
     """
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -225,7 +227,7 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", pan
     if n == 0:
         raise AttnconvError("no attention layers to draw")
     heads = len(layers[0]["centers"])
-    ncols = n if n <= 4 else math.ceil(n / 2) if n <= 8 else 4
+    ncols = ncols or (n if n <= 4 else math.ceil(n / 2) if n <= 8 else 4)
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(2.6 * ncols + 1.4, 2.6 * nrows + 0.5))
     axes = fig.subplots(nrows, ncols, squeeze=False)

@@ -67,6 +67,118 @@ async function start() {
   buildImageCanvas();
   await buildStrip();
   selectImage(0);
+  await startHistory();
+}
+
+// ------------------------------------------------------------------------------ heads over training
+
+// matplotlib's tab10, the colours of the heads in `attnconv plot centers`.
+const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf"];
+const CENTERS_PX = 170;
+
+async function startHistory() {
+  const data = await getJSON("/api/heads");
+  const snaps = data.snapshots;
+  state.history = data;
+  const box = $("centers");
+  if (!snaps.length) {
+    $("history-note").textContent =
+      "This run has no heads.jsonl (runs trained before heads were recorded, and networks converted from a " +
+      "CNN, have none): train it again to step through its heads over training.";
+    $("history-controls").hidden = true;
+    box.dataset.status = "empty";
+    return;
+  }
+  $("history-note").textContent =
+    "Where each head looks, recorded at initialization (epoch 0) and after every epoch: its center relative " +
+    "to the query token (black square), in tokens" +
+    (snaps[0].layers[0][0].ellipses ? ", with the contours holding 50% (solid) and 90% (dotted) of its mass. " :
+      " (the centre of mass of the middle query's positional attention). ") +
+    "Drag the slider, or focus it and use the arrow keys.";
+  // One window for every epoch, so the heads' movement reads directly: all centers and 90% contours fit.
+  let reach = 2;
+  for (const snap of snaps) for (const layer of snap.layers) for (const h of layer) {
+    const extent = h.ellipses ? h.ellipses[h.ellipses.length - 1][0] : 0;
+    reach = Math.max(reach, Math.abs(h.center[0]) + extent, Math.abs(h.center[1]) + extent);
+  }
+  state.reach = Math.min(Math.ceil(reach), Math.max(...data.grid));
+  const heads = snaps[0].layers[0].length;
+  const legend = $("head-legend");
+  for (let h = 0; h < heads; h++) {
+    const item = document.createElement("span");
+    item.innerHTML = `<span class="swatch" style="background:${TAB10[h % 10]}"></span>head ${h + 1}`;
+    legend.appendChild(item);
+  }
+  snaps[0].layers.forEach((_, l) => {
+    const fig = document.createElement("figure");
+    const canvas = document.createElement("canvas");
+    canvas.id = `centers-${l}`;
+    canvas.width = canvas.height = CENTERS_PX;
+    canvas.setAttribute("role", "img");
+    const cap = document.createElement("figcaption");
+    cap.textContent = `layer ${l + 1}`;
+    fig.append(canvas, cap);
+    box.appendChild(fig);
+  });
+  const slider = $("epoch");
+  slider.max = String(snaps.length - 1);
+  slider.value = String(snaps.length - 1);
+  slider.setAttribute("aria-valuetext", `epoch ${snaps[snaps.length - 1].epoch}`);
+  slider.addEventListener("input", () => drawHistory(Number(slider.value)));
+  drawHistory(snaps.length - 1);
+}
+
+function drawHistory(index) {
+  const snap = state.history.snapshots[index];
+  const text = `epoch ${snap.epoch} (step ${snap.step})${snap.epoch === 0 ? ", at initialization" : ""}`;
+  $("epoch-readout").textContent = text;
+  $("epoch").setAttribute("aria-valuetext", text);
+  snap.layers.forEach((heads, l) => {
+    const canvas = $(`centers-${l}`);
+    canvas.setAttribute("aria-label", `layer ${l + 1} head centers at ${text}`);
+    drawCenters(canvas, heads, state.reach);
+  });
+  const box = $("centers");
+  box.dataset.epoch = String(snap.epoch);
+  box.dataset.status = "ready";
+  window.__lastHeads = snap;
+}
+
+function drawCenters(canvas, heads, R) {
+  const ctx = canvas.getContext("2d");
+  const scale = canvas.width / (2 * R + 1);
+  const x = (col) => (col + R + 0.5) * scale; // token (row, col) shifts -> canvas pixels, rows down
+  const y = (row) => (row + R + 0.5) * scale;
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  ctx.strokeStyle = "#e3e7eb";
+  ctx.lineWidth = 1;
+  for (let k = 0; k <= 2 * R + 1; k++) {
+    ctx.beginPath();
+    ctx.moveTo(k * scale, 0); ctx.lineTo(k * scale, canvas.height);
+    ctx.moveTo(0, k * scale); ctx.lineTo(canvas.width, k * scale);
+    ctx.stroke();
+  }
+  ctx.fillStyle = "#000";
+  ctx.fillRect(x(-0.5), y(-0.5), scale, scale);
+  const lim = R + 0.5;
+  heads.forEach((h, n) => {
+    const color = TAB10[n % 10];
+    const [r, c] = h.center;
+    ctx.strokeStyle = color;
+    ctx.lineWidth = 1.4;
+    (h.ellipses || []).forEach(([major, minor, angle], k) => {
+      ctx.setLineDash(k === 0 ? [] : [2, 3]);
+      ctx.beginPath();
+      ctx.ellipse(x(c), y(r), major * scale, minor * scale, (angle * Math.PI) / 180, 0, 2 * Math.PI);
+      ctx.stroke();
+    });
+    ctx.setLineDash([]);
+    const inside = Math.abs(r) <= lim && Math.abs(c) <= lim;
+    ctx.beginPath();
+    ctx.arc(x(Math.min(lim, Math.max(-lim, c))), y(Math.min(lim, Math.max(-lim, r))), 3.5, 0, 2 * Math.PI);
+    if (inside) { ctx.fillStyle = color; ctx.fill(); } else { ctx.lineWidth = 1.5; ctx.stroke(); }
+  });
 }
 
 function buildStrip() {
