@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 from attnconv.errors import AttnconvError
 
 TMP_SUFFIX = ".attnconv-tmp"
-LOCK_FILE = ".attnconv.lock"
+LOCK_FILE = ".attnconv.lock"  # the lock file of earlier versions (the lock is now on the directory)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -103,13 +104,14 @@ def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str,
 
 
 class DirectoryLock:
-    """An advisory lock (`fcntl.flock`) on `<directory>/.attnconv.lock`: one writer per directory.
+    """An advisory lock (`fcntl.flock`) on the directory itself: one writer per directory.
 
-    A second process that tries to take it fails at once with one clear error. The kernel
-    drops the lock when its process dies, so a run killed with SIGKILL leaves no stale lock:
-    the file may stay behind, but the next writer takes it at once. The holder deletes the
-    file when it releases the lock; a writer that locked a file deleted meanwhile (its inode
-    is no longer the path's) tries again on the new one.
+    A second process that tries to take it fails at once with one clear error. The lock
+    belongs to the directory's inode, not to a file in it, so deleting or replacing files in
+    the directory cannot let a second writer in, and no lock file is ever created (nothing
+    to follow through a symlink). The kernel drops the lock when its process dies, so a run
+    killed with SIGKILL leaves no stale lock. A `.attnconv.lock` file that earlier versions
+    left behind is deleted when the lock is taken (a regular file only; never through a link).
 
         with DirectoryLock(run_dir, "--out"):
             ...  # only this process writes into run_dir
@@ -117,33 +119,30 @@ class DirectoryLock:
 
     def __init__(self, directory: str | os.PathLike, flag: str = "--out"):
         self.directory, self.flag = Path(directory), flag
-        self.path = self.directory / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> DirectoryLock:
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise AttnconvError(
-                        f"{self.flag} {self.directory}: another attnconv process is writing there; wait for it "
-                        "to finish (or stop it) and try again, or choose another directory") from None
-                raise
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._fd = fd
-                return self
-            os.close(fd)  # the holder deleted the file as we opened it: lock the new one
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise AttnconvError(
+                    f"{self.flag} {self.directory}: another attnconv process is writing there; wait for it "
+                    "to finish (or stop it) and try again, or choose another directory") from None
+            raise
+        self._fd = fd
+        legacy = self.directory / LOCK_FILE
+        try:
+            if stat.S_ISREG(os.lstat(legacy).st_mode):
+                legacy.unlink()
+        except FileNotFoundError:
+            pass
+        return self
 
     def release(self) -> None:
         if self._fd is not None:
-            self.path.unlink(missing_ok=True)  # while still holding it, so nobody locks a deleted file for good
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

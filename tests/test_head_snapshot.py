@@ -109,7 +109,8 @@ def test_grid_likeness_of_heads_on_the_kernel_grid_is_nine_of_nine_at_distance_z
     (entry,) = grid_likeness(snaps)
     assert entry["epoch"] == 0 and len(entry["layers"]) == 2
     for layer in entry["layers"]:
-        assert layer == {"mean_distance": pytest.approx(0.0, abs=1e-12), "within": 9, "heads": 9}
+        assert (layer["mean_distance"], layer["within"], layer["heads"]) == (pytest.approx(0.0, abs=1e-12), 9, 9)
+        assert layer["attention_distance"] > 0
 
 
 def test_grid_likeness_of_a_converted_3x3_conv_is_nine_of_nine():
@@ -121,7 +122,7 @@ def test_grid_likeness_of_a_converted_3x3_conv_is_nine_of_nine():
 def test_grid_likeness_counts_heads_near_distinct_offsets_only():
     # Two heads on one offset: one-to-one matching sends one of them elsewhere.
     centers = [[0.0, 0.0], [0.1, 0.0], [1.0, 1.0], [2.4, 0.0]]
-    (entry,) = grid_likeness([{"epoch": 3, "step": 30, "layers": [[{"center": c} for c in centers]]}])
+    (entry,) = grid_likeness([{"epoch": 3, "step": 30, "layers": [[{"center": c, "attention_distance": 1.0} for c in centers]]}])
     (layer,) = entry["layers"]
     assert layer["within"] == 2 and layer["heads"] == 4  # (0,0)/(0.1,0), one of them; (1,1); not (2.4,0)
     brute = min(

@@ -75,8 +75,31 @@ def test_a_second_writer_fails_at_once(tmp_path, data_dir, capsys):  # noqa: F81
     with DirectoryLock(out):  # another process writing there (flock conflicts across open files)
         assert main(one_epoch(out, data_dir)) == 2
         assert "another attnconv process is writing there" in capsys.readouterr().err
-        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]
+        assert list(out.iterdir()) == []  # the lock is on the directory: no lock file
     assert not (out / LOCK_FILE).exists()
+
+
+def test_deleting_or_replacing_files_cannot_let_a_second_writer_in(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    with DirectoryLock(out):  # a training run in progress
+        for p in out.iterdir():
+            p.unlink()  # a user deletes everything in the run, the lock file of old versions included
+        (out / LOCK_FILE).write_text("")
+        assert main(one_epoch(out, data_dir, "--resume")) == 2
+        assert "another attnconv process is writing there" in capsys.readouterr().err
+        with pytest.raises(AttnconvError, match="another attnconv process"):
+            DirectoryLock(out).acquire()
+
+
+def test_a_lock_file_that_is_a_dangling_symlink_creates_nothing_outside(tmp_path, data_dir):  # noqa: F811
+    out, outside = tmp_path / "run", tmp_path / "elsewhere" / "victim"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(outside)
+    with DirectoryLock(out):
+        pass
+    assert not outside.exists() and not outside.parent.exists()
+    assert (out / LOCK_FILE).is_symlink()  # a link is never followed, nor removed
 
 
 def test_a_stale_lock_file_from_a_killed_process_does_not_block_resume(tmp_path, data_dir):  # noqa: F811
