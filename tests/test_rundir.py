@@ -58,7 +58,7 @@ def test_existing_run_needs_resume_or_overwrite_and_overwrite_keeps_other_files(
     (out / "notes.txt").write_text("keep me")
     capsys.readouterr()
     assert main(one_epoch(out, data_dir, "--seed", "1")) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds an attnconv run" in capsys.readouterr().err
     assert json.loads((out / "config.json").read_text())["config"]["seed"] == 0
     assert main(one_epoch(out, data_dir, "--seed", "1", "--overwrite")) == 0
     err = capsys.readouterr().err
@@ -241,3 +241,46 @@ def test_lock_is_per_directory_and_released_on_error(tmp_path):
             raise RuntimeError("boom")
     DirectoryLock(a).acquire().release()
     assert os.listdir(a) == []
+
+
+@pytest.mark.parametrize("flags", [
+    ["--batch-size", "70000"], ["--heads", "0"], ["--layers", "0"], ["--hidden", "-4"], ["--downsample", "5"],
+    ["--impl", "bogus"], ["--dropout", "1.5"],
+], ids=lambda f: " ".join(f))
+def test_overwrite_checks_everything_before_it_removes_the_old_run(tmp_path, data_dir, flags, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert main(one_epoch(out, data_dir, "--overwrite", *flags)) == 2
+    err = capsys.readouterr().err
+    assert "replacing" not in err and len(err.strip().splitlines()) == 1, err
+    assert snapshot(out) == before  # the old run is whole
+
+
+def test_overwrite_refuses_a_run_file_that_is_a_folder_and_removes_nothing(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    (out / "state.pt").unlink()
+    (out / "state.pt").mkdir()
+    (out / "state.pt" / "mine.txt").write_text("x")
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert main(one_epoch(out, data_dir, "--overwrite")) == 2
+    assert "state.pt is not a regular file" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == files
+    assert (out / "state.pt" / "mine.txt").read_text() == "x"
+
+
+def test_a_folder_with_someone_elses_config_json_is_not_a_run(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "hf-model"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "hidden_size": 768}))
+    (out / "model.safetensors").write_bytes(b"weights")
+    before = snapshot(out)
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        capsys.readouterr()
+        assert main(one_epoch(out, data_dir, *extra)) == 2
+        err = capsys.readouterr().err
+        assert "is not an attnconv run" in err and "--overwrite" not in err, err
+        assert snapshot(out) == before

@@ -162,6 +162,7 @@ class _Trainer:
     def __init__(self, config, out: Path, resume: bool, overwrite: bool, dataset, progress: bool, log_every: int,
                  d: Dist, lock: DirectoryLock | None):
         self.config, self.out, self.resume, self.overwrite, self.d, self.lock = config, out, resume, overwrite, d, lock
+        self.replaced: list[str] = []  # --overwrite: the old run's files, removed after every check
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
         self.log_every = log_every
@@ -233,23 +234,32 @@ class _Trainer:
             return str(err)
         except OSError as err:
             return f"--out {out}: cannot write there ({describe_os_error(err)}); choose another directory"
-        ours = set(RUN_FILES) | {LOCK_FILE}
+        if not os.access(out, os.W_OK | os.X_OK):
+            return f"--out {out}: not writable; choose another directory"
         names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
-        if not (out / CONFIG_FILE).exists():
+        if not (out / CONFIG_FILE).exists() and not (out / CONFIG_FILE).is_symlink():
             if names:
                 shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
                 return (f"--out {out} is not empty and holds no attnconv run ({shown}); "
                         "choose a new or empty directory")
             return None
+        try:  # only a config.json that attnconv wrote makes the folder a run to resume or replace
+            read_config(out)
+        except AttnconvError as err:
+            return (f"--out {out} is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
+                    f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty directory")
         if self.resume:
             return None
         if not self.overwrite:
-            return (f"--out {out} already holds a run; pass --resume to continue it, --overwrite to replace "
-                    "it, or choose a new --out")
-        replaced = [n for n in names if n in ours]
-        _write_line(f"--overwrite: replacing the run in {out} ({', '.join(replaced)}); other files stay")
+            return (f"--out {out} already holds an attnconv run; pass --resume to continue it, --overwrite to "
+                    "replace it, or choose a new --out")
+        replaced = [n for n in names if n in RUN_FILES]
         for name in replaced:
-            (out / name).unlink()
+            path = out / name
+            if path.is_symlink() or not path.is_file():
+                return (f"--out {out}: {name} is not a regular file (a folder or a link), so it is not a file "
+                        "attnconv wrote; move it away, or choose another --out")
+        self.replaced = replaced  # removed once every check has passed (`run`)
         return None
 
     def _check_data(self) -> None:
@@ -290,7 +300,7 @@ class _Trainer:
     def _check_existing_config(self) -> str | None:
         """Rank 0: on --resume, the saved config must match except for RESUMABLE_CHANGES."""
         path = self.out / CONFIG_FILE
-        if not path.exists():
+        if not path.exists() or self.overwrite:
             return None
         try:
             saved = TrainConfig.from_dict(read_config(self.out)["config"]).to_dict()
@@ -367,6 +377,11 @@ class _Trainer:
     def run(self, announce: str | None = None) -> dict[str, float]:
         p, d = self.progress, self.d
         if d.main:
+            if self.replaced:  # every check has passed: only now does the old run go
+                _write_line(f"--overwrite: replacing the run in {self.out} ({', '.join(self.replaced)}); "
+                            "other files stay")
+                for name in self.replaced:
+                    (self.out / name).unlink()
             self._prepare_files()
             if announce and not p.finished:
                 _write_line(announce)
