@@ -385,7 +385,8 @@ def _bad_input_cases(tmp: Path, data_dir: Path) -> dict[str, tuple[list[str], st
         "batch too large": ([*base, "--batch-size", "1000"], "--batch-size 1000"),
         "model option the model lacks": ([*base, "--width", "8"], "width"),
         "channels that do not fit the data": ([*base, "--in-channels", "3"], "--in-channels 3"),
-        "out holds a run": (swap(str(tmp / "out"), str(existing)), "--resume"),
+        "out holds a config.json attnconv did not write": (swap(str(tmp / "out"), str(existing)),
+                                                            "is not an attnconv run"),
         "missing model": (["train", "--dataset", "cifar10", "--out", str(tmp / "o")], "--model"),
     }
 
