@@ -9,8 +9,10 @@ decoded at the smallest 1/2, 1/4 or 1/8 scale that still covers S (``Image.draft
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,23 @@ def _pil():  # imported on first use: only folder datasets need Pillow
     from PIL import Image, ImageOps
 
     return Image, ImageOps
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Pillow's warnings silenced (DecompressionBombWarning, palette notes): the user sees our one error line or none.
+
+    Filters are process-wide, so a pool of decoding threads is wrapped once, around the pool.
+    """
+    Image, _ = _pil()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        yield
+
+
+def _too_large(path: Path, e: BaseException) -> AttnconvError:
+    return AttnconvError(f"{path}: the image is too large to decode ({e}); shrink it or remove it from the folder")
 
 
 def _fail(path: Path, e: BaseException) -> AttnconvError:
@@ -51,7 +70,7 @@ def probe_grey(path: Path) -> bool:
     """Whether the image is grey (from its header and palette; the pixels are not decoded)."""
     Image, _ = _pil()
     try:
-        with Image.open(path) as img:
+        with quiet(), Image.open(path) as img:
             _check_mode(img, path)
             if img.mode == "P":
                 palette = img.getpalette() or []
@@ -59,7 +78,9 @@ def probe_grey(path: Path) -> bool:
             return img.mode in _GREY_MODES
     except AttnconvError:
         raise
-    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:
+        raise _too_large(path, e) from e
+    except _DECODE_ERRORS as e:
         raise _fail(path, e) from e
 
 
@@ -68,8 +89,7 @@ def decode_image(path: Path, grey: bool, size: int) -> np.ndarray:
     Image, ImageOps = _pil()
     mode = "L" if grey else "RGB"
     try:
-        with Image.open(path) as img, warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # e.g. palette transparency notes: not our concern
+        with quiet(), Image.open(path) as img:
             _check_mode(img, path)
             img.draft(mode, (size, size))  # JPEG: decode at the smallest scale that is still >= size
             img.load()
@@ -89,6 +109,8 @@ def decode_image(path: Path, grey: bool, size: int) -> np.ndarray:
             pixels = np.asarray(img, dtype=np.uint8)  # (S, S) or (S, S, 3)
     except AttnconvError:
         raise
-    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:
+        raise _too_large(path, e) from e
+    except _DECODE_ERRORS as e:
         raise _fail(path, e) from e
     return pixels[None] if grey else pixels.transpose(2, 0, 1)

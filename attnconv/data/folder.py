@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from attnconv.data import decode
-from attnconv.data.folder_cache import build_cache, open_cache, prune
+from attnconv.data.folder_cache import build_cache, open_cache, prune, remove_dead_temporaries
 from attnconv.data.folder_layout import FolderLayout, scan_folder
 from attnconv.data.imageset import ImageSet
 from attnconv.data.info import DatasetInfo
@@ -112,32 +112,39 @@ def _decode_all(layout: FolderLayout, grey: bool, size: int, images: np.ndarray)
     return hist
 
 
+def _build(layout: FolderLayout, size: int, target: Path) -> None:
+    """Decode the folder into the cache ``target``; remove the older caches of the same folder and size."""
+    greys = [decode.probe_grey(layout.root / rel) for rel, _ in layout.files]  # every header, no short cut
+    grey = all(greys)
+    channels = 1 if grey else 3
+    _check_fits(layout, channels, size)
+    log.info("decoding %d images of %s into %s", len(layout.files), layout.root, target)
+
+    def fill(images: np.ndarray) -> dict:
+        hist = _decode_all(layout, grey, size, images)
+        mean, std = _stats(hist, len(layout.train) * size * size)
+        return {
+            "folder": str(layout.root), "image_size": size, "channels": channels, "size": size,
+            "mode": "L" if grey else "RGB", "classes": list(layout.classes), "test_split": layout.test_split,
+            "train_size": len(layout.train), "test_size": len(layout.test), "mean": mean, "std": std,
+        }
+
+    labels = np.array([label for _, label in layout.files], dtype=np.int64)
+    build_cache(target, labels, (channels, size, size), fill)
+    prune(target, lambda index: index.get("folder") == str(layout.root) and index.get("image_size") == size)
+
+
 def _prepare(root: Path, image_size: int) -> tuple[DatasetInfo, np.ndarray, np.ndarray, int]:
     """Scan ``root``, build its cache if needed; (info, images memmap, labels, train size)."""
     size = check_image_size(image_size)
     layout = scan_folder(root)
     target = cache_dir() / "folders" / layout.cache_key(size)
+    remove_dead_temporaries(target.parent)
     cached = open_cache(target)
     if cached is None:
         _check_fits(layout, 1, size)  # fail fast, before opening every file, if even grey cannot fit
-        greys = [decode.probe_grey(layout.root / rel) for rel, _ in layout.files]  # every header, no short cut
-        grey = all(greys)
-        channels = 1 if grey else 3
-        _check_fits(layout, channels, size)
-        log.info("decoding %d images of %s into %s", len(layout.files), root, target)
-
-        def fill(images: np.ndarray) -> dict:
-            hist = _decode_all(layout, grey, size, images)
-            mean, std = _stats(hist, len(layout.train) * size * size)
-            return {
-                "folder": str(layout.root), "image_size": size, "channels": channels, "size": size,
-                "mode": "L" if grey else "RGB", "classes": list(layout.classes), "test_split": layout.test_split,
-                "train_size": len(layout.train), "test_size": len(layout.test), "mean": mean, "std": std,
-            }
-
-        labels = np.array([label for _, label in layout.files], dtype=np.int64)
-        build_cache(target, labels, (channels, size, size), fill)
-        prune(target, lambda index: index.get("folder") == str(layout.root) and index.get("image_size") == size)
+        with decode.quiet():  # once for all the threads: their own catch_warnings race each other
+            _build(layout, size, target)
         cached = open_cache(target)
         if cached is None:
             raise AttnconvError(f"{target}: the cache just written cannot be read back; delete it and try again")

@@ -7,14 +7,21 @@
 
 The directory is built under a temporary name next to it and renamed into place
 (a reader sees all of it or none of it); a cache that does not match its index is
-treated as absent and rebuilt.
+treated as absent and rebuilt. The temporary name carries its writer's PID and host
+(``.<key>.<pid>-<host>.<random>.attnconv-tmp``), so the next load can remove the ones
+a killed writer left (``remove_dead_temporaries``).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +29,16 @@ from pathlib import Path
 import numpy as np
 
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, fsync_dir
+from attnconv.fileio import TMP_SUFFIX, atomic_write, fsync_dir
 
 INDEX, IMAGES, LABELS = "index.json", "images.npy", "labels.npy"
 CACHE_FORMAT = 1
+# A hash of the host name: a PID means nothing on another machine sharing the cache folder.
+_HOST = hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+# Exactly the temporary folders build_cache makes: .<key>.[old.]<pid>-<host>.<mkdtemp's random>.attnconv-tmp
+_TEMPORARY = re.compile(r"\.[0-9a-f]+\.(?:old\.)?([0-9]+)-([0-9a-f]{8})\.[a-z0-9_]+" + re.escape(TMP_SUFFIX))
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NOT_ALLOWED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _fsync(path: Path) -> None:
@@ -34,6 +47,87 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def writer_tag(pid: int) -> str:
+    """``<pid>-<host hash>``: the part of a temporary folder's name that says who is writing it."""
+    return f"{pid}-{_HOST}"
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a process id: leave it alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. EPERM: it exists, as another user
+        return True
+    return True
+
+
+def remove_dead_temporaries(directory: Path) -> None:
+    """Delete the temporary folders in ``directory`` whose writer (on this host) no longer runs, e.g. after ``kill -9``."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match is None or match.group(2) != _HOST or not entry.is_dir(follow_symlinks=False):
+            continue
+        if not _alive(int(match.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _cache_error(directory: Path, e: OSError, nbytes: int) -> AttnconvError:
+    """One line for a failed cache write: a full disk, a folder we may not write, anything else."""
+    if e.errno in _NO_SPACE:
+        return AttnconvError(
+            f"{directory}: no space left for the dataset cache (the decoded images take {_size(nbytes)}); "
+            "free space there, or set XDG_CACHE_HOME to a disk with room"
+        )
+    if e.errno in _NOT_ALLOWED:
+        return AttnconvError(
+            f"{directory}: cannot write the dataset cache ({e.strerror}: {e.filename or directory}); "
+            "make it writable, or set XDG_CACHE_HOME to put the cache elsewhere"
+        )
+    return AttnconvError(
+        f"{directory}: cannot write the dataset cache ({e.strerror or e}); "
+        "free space there, or set XDG_CACHE_HOME to put the cache elsewhere"
+    )
+
+
+def _reserve(fd: int, offset: int, length: int) -> None:
+    """Allocate the file's blocks now, so that a full disk is an OSError here, not a SIGBUS on a mapped write."""
+    if length == 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+        return
+    except AttributeError:  # no posix_fallocate (macOS): write the zeros
+        pass
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):  # the filesystem cannot: write the zeros
+            raise
+    zeros = bytes(min(length, 1 << 20))
+    os.lseek(fd, offset, os.SEEK_SET)
+    while length > 0:
+        length -= os.write(fd, zeros[: min(length, len(zeros))])
+
+
+def _new_images(path: Path, shape: tuple[int, ...]) -> np.memmap:
+    """A new uint8 .npy file of ``shape`` with all its space reserved, mapped for writing."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": shape})
+        f.flush()
+        offset = f.tell()
+        _reserve(f.fileno(), offset, math.prod(shape))
+    return np.memmap(path, dtype=np.uint8, mode="r+", offset=offset, shape=shape)
 
 
 def read_index(directory: Path) -> dict | None:
@@ -78,11 +172,15 @@ def build_cache(
     Everything is written under a temporary directory next to ``target`` and renamed into
     place; on any failure the temporary directory is removed and ``target`` is untouched.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".attnconv-tmp"))
+    shape = (len(labels), *item_shape)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{writer_tag(os.getpid())}.", suffix=TMP_SUFFIX))
+    except OSError as e:
+        raise _cache_error(target.parent, e, math.prod(shape)) from e
     try:
         try:
-            images = np.lib.format.open_memmap(tmp / IMAGES, mode="w+", dtype=np.uint8, shape=(len(labels), *item_shape))
+            images = _new_images(tmp / IMAGES, shape)
             index = fill(images)
             images.flush()
             del images
@@ -90,24 +188,23 @@ def build_cache(
             np.save(tmp / LABELS, labels.astype(np.int64), allow_pickle=False)
             _fsync(tmp / LABELS)
             atomic_write(tmp / INDEX, lambda p: p.write_text(json.dumps({"format": CACHE_FORMAT, **index}, indent=1)))
+            if target.exists():
+                if open_cache(target) is not None:  # another process (a second DDP rank) built it meanwhile
+                    return
+                # an inconsistent cache: a directory cannot be renamed over a non-empty one, move it aside
+                old = Path(tempfile.mkdtemp(
+                    dir=target.parent, prefix=f".{target.name}.old.{writer_tag(os.getpid())}.", suffix=TMP_SUFFIX
+                ))
+                os.replace(target, old / "x")
+                shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if open_cache(target) is None:  # not another process that won the race with the same folder
+                    raise
+            fsync_dir(target.parent)
         except OSError as e:
-            raise AttnconvError(
-                f"cannot write the decoded images to {target.parent} ({e.strerror or e}); free space there, "
-                "or set XDG_CACHE_HOME to a disk with room"
-            ) from e
-        if target.exists():
-            if open_cache(target) is not None:  # another process (a second DDP rank) built it meanwhile
-                return
-            # an inconsistent cache: a directory cannot be renamed over a non-empty one, move it aside
-            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old.", suffix=".attnconv-tmp"))
-            os.replace(target, old / "x")
-            shutil.rmtree(old, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if open_cache(target) is None:  # not another process that won the race with the same folder
-                raise
-        fsync_dir(target.parent)
+            raise _cache_error(target.parent, e, math.prod(shape)) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

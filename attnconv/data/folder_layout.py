@@ -4,15 +4,19 @@
     PATH/test/<class>/...    (or PATH/val/<class>/... when there is no test/)
 
 Classes are the train split's sub-folders, sorted by name (label = index). Hidden
-files and folders (".name") and files with other extensions are skipped. Every
-mistake in the layout is one error naming the folder and the fix.
+files and folders (".name") and files with other extensions are skipped. A class
+folder may be a symlink to a folder outside the dataset, but not into it, not onto
+another class folder, and not a loop (each would count images twice). Every mistake
+in the layout is one error naming the folder and the fix.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +45,31 @@ class FolderLayout:
         return self.train + self.test
 
     def cache_key(self, image_size: int) -> str:
-        """A hash of the folder, the image size, and every image's name, size and modification time."""
-        text = json.dumps([DECODE_VERSION, str(self.root), image_size, self.test_split, self.stamps])
+        """A hash of the folder, the image size, and every image's name, size, modification time and bytes.
+
+        Reads every file (far cheaper than decoding it): an edit that keeps the size and
+        restores the modification time still changes the key.
+        """
+        text = json.dumps([DECODE_VERSION, str(self.root), image_size, self.test_split, self.stamps, self.content_hash()])
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def content_hash(self) -> str:
+        """A hash of every image's bytes, in order."""
+        paths = [self.root / rel for rel, _, _ in self.stamps]
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # hashlib reads without the GIL
+            digests = list(pool.map(_file_hash, paths))
+        return hashlib.blake2b(b"".join(digests), digest_size=16).hexdigest()
+
+
+def _file_hash(path: Path) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError as e:
+        raise AttnconvError(f"{path}: cannot read ({e.strerror}); fix or remove it") from e
+    return h.digest()
 
 
 def _is_image(name: str) -> bool:
@@ -51,8 +77,19 @@ def _is_image(name: str) -> bool:
 
 
 def _class_folders(split: Path) -> list[str]:
-    names = sorted(e.name for e in os.scandir(split) if e.is_dir() and not e.name.startswith("."))
-    stray = sorted(e.name for e in os.scandir(split) if e.is_file() and _is_image(e.name))
+    entries = sorted(os.scandir(split), key=lambda e: e.name)
+    for e in entries:
+        if e.is_symlink() and not e.name.startswith("."):
+            try:
+                os.stat(e.path)
+            except OSError as err:
+                if err.errno == errno.ELOOP:
+                    raise AttnconvError(
+                        f"{split / e.name} is a symlink loop ({err.strerror}); remove the link, "
+                        "or point it to a folder of images"
+                    ) from err
+    names = [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
+    stray = [e.name for e in entries if e.is_file() and _is_image(e.name)]
     if stray:
         raise AttnconvError(
             f"{split / stray[0]} is not in a class folder; move the images of {split} into "
@@ -72,6 +109,34 @@ def _images_in(folder: Path) -> list[Path]:
     return sorted(found)
 
 
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or path.is_relative_to(folder)
+
+
+def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
+    """Refuse class folders that resolve to the dataset, a split, or (into or around) another class folder."""
+    real = {(s, c): Path(os.path.realpath(root / s / c)) for s, names in class_folders.items() for c in names}
+    splits = {s: Path(os.path.realpath(root / s)) for s in class_folders}
+    containers = [(f"the dataset folder {root}", Path(os.path.realpath(root)))]
+    containers += [(f"the {s} folder", path) for s, path in splits.items()]
+    for (split, cls), path in real.items():
+        if path == splits[split] / cls:  # not a symlink itself (a symlinked split or root is fine)
+            continue
+        holds = [f"{name} itself" if path == c else f"which holds {name}" for name, c in containers if _within(c, path)]
+        where = holds[0] if holds else None
+        for (s, c), other in real.items():
+            if where is None and (s, c) != (split, cls) and (_within(path, other) or _within(other, path)):
+                relation = "the same folder as" if path == other else "inside" if _within(path, other) else "which holds"
+                where = f"{relation} the class folder {root / s / c}"
+        if where is None:
+            where = next((f"inside {name}" for name, c in containers if _within(path, c)), None)
+        if where is not None:
+            raise AttnconvError(
+                f"{root / split / cls} resolves to {path}, {where}: its images would be counted twice; "
+                f"remove the link, or point it to a folder outside {root}"
+            )
+
+
 def scan_folder(root: Path) -> FolderLayout:
     """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
     if not root.is_dir():
@@ -81,12 +146,14 @@ def scan_folder(root: Path) -> FolderLayout:
     test_split = next((s for s in TEST_SPLITS if (root / s).is_dir()), None)
     if test_split is None:
         raise AttnconvError(f"{root} has no test/ (or val/) folder to evaluate on; {LAYOUT_HELP}")
-    classes = _class_folders(root / "train")
+    class_folders = {split: _class_folders(root / split) for split in ("train", test_split)}
+    _check_links(root, class_folders)
+    classes = class_folders["train"]
     label = {c: i for i, c in enumerate(classes)}
     splits: dict[str, list[tuple[str, int]]] = {"train": [], test_split: []}
     stamps = []
     for split, items in splits.items():
-        for cls in _class_folders(root / split):
+        for cls in class_folders[split]:
             folder = root / split / cls
             if cls not in label:
                 raise AttnconvError(

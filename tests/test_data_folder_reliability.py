@@ -1,0 +1,247 @@
+"""Folder datasets when things go wrong: a full or read-only cache disk, a killed writer,
+symlinked class folders, huge images, files edited in place."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fixtures_data import halves, isolated_data, write_image_folder  # noqa: F401 (isolated_data: fixture)
+from PIL import Image
+
+from attnconv import data
+from attnconv.data import decode, folder_cache
+from attnconv.errors import AttnconvError
+
+pytestmark = pytest.mark.usefixtures("isolated_data")
+
+
+def name(root: Path) -> str:
+    return f"folder:{root}"
+
+
+def folders() -> Path:
+    return data.cache_dir() / "folders"
+
+
+def caches() -> list[Path]:
+    return sorted(p for p in folders().iterdir() if not p.name.startswith(".")) if folders().is_dir() else []
+
+
+def hidden() -> list[str]:
+    return sorted(p.name for p in folders().glob(".*")) if folders().is_dir() else []
+
+
+def folder_error(root: Path, **kwargs) -> str:
+    with pytest.raises(AttnconvError) as e:
+        data.load_dataset(name(root), **kwargs)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen(["sleep", "0"])
+    child.wait()  # reaped: the pid names no process now
+    return child.pid
+
+
+# --------------------------------------------------------------------------- a full disk, a killed writer
+
+
+def test_full_disk_is_one_error_naming_the_cache_and_leaves_no_temporary(tmp_path, monkeypatch):
+    write_image_folder(tmp_path)
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    msg = folder_error(tmp_path, image_size=16)
+    assert f"{folders()}: no space left for the dataset cache" in msg
+    assert "free space there, or set XDG_CACHE_HOME to a disk with room" in msg
+    assert caches() == [] and hidden() == []
+
+
+def test_a_filesystem_that_cannot_reserve_space_gets_the_zeros_written(tmp_path, monkeypatch):
+    write_image_folder(tmp_path)
+    expected, _ = data.load_dataset(name(tmp_path), image_size=16)
+    for cache in caches():
+        os.rename(cache, tmp_path / "old-cache")
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported, raising=False)
+    train, _ = data.load_dataset(name(tmp_path), image_size=16)
+    assert torch.equal(train.images, expected.images) and hidden() == []
+
+
+def test_the_temporary_folder_names_its_writer(tmp_path):
+    seen = []
+
+    def fill(images):
+        seen.extend(hidden())
+        return {"train_size": 1, "test_size": 1, "channels": 1, "size": 2, "classes": ["a"]}
+
+    folder_cache.build_cache(folders() / ("ab" * 16), np.zeros(2, np.int64), (1, 2, 2), fill)
+    [tmp] = seen
+    assert tmp.startswith(f".{'ab' * 16}.{folder_cache.writer_tag(os.getpid())}.") and tmp.endswith(".attnconv-tmp")
+    assert hidden() == [] and folder_cache.open_cache(folders() / ("ab" * 16)) is not None
+
+
+def test_a_dead_writers_temporary_folder_is_removed_on_the_next_load(tmp_path):
+    write_image_folder(tmp_path / "d")
+    folders().mkdir(parents=True)
+    key = "0123456789abcdef" * 2
+    dead = folders() / f".{key}.{folder_cache.writer_tag(dead_pid())}.k3j_x9z2.attnconv-tmp"
+    dead_old = folders() / f".{key}.old.{folder_cache.writer_tag(dead_pid())}.q1w2e3r4.attnconv-tmp"
+    live = folders() / f".{key}.{folder_cache.writer_tag(os.getpid())}.a1b2c3d4.attnconv-tmp"
+    other_host = folders() / f".{key}.{dead_pid()}-00000000.a1b2c3d4.attnconv-tmp"
+    not_ours = [folders() / f".{key}.a1b2c3d4.attnconv-tmp", folders() / ".notes.attnconv-tmp", folders() / ".keep"]
+    for d in (dead, dead_old, live, other_host, *not_ours):
+        d.mkdir()
+        (d / "images.npy").write_bytes(b"half written")
+    assert folder_cache.writer_tag(os.getpid()) != f"{os.getpid()}-00000000"
+    data.load_dataset(name(tmp_path / "d"), image_size=8)
+    assert not dead.exists() and not dead_old.exists()
+    assert live.is_dir() and other_host.is_dir() and all(d.is_dir() for d in not_ours)
+    data.load_dataset(name(tmp_path / "d"), image_size=8)  # a cached load cleans up too, and keeps the live one
+    assert live.is_dir()
+
+
+# --------------------------------------------------------------------------- a read-only cache
+
+
+@pytest.mark.parametrize("read_only", ["folders", "attnconv"])
+def test_read_only_cache_folder_names_the_cache_and_xdg_cache_home(tmp_path, monkeypatch, read_only):
+    write_image_folder(tmp_path / "d")
+    locked = folders() if read_only == "folders" else data.cache_dir()
+    locked.mkdir(parents=True)
+    if os.geteuid() == 0:  # root writes through chmod: make the calls fail as they would for a user
+        real_mkdtemp, real_mkdir = tempfile.mkdtemp, Path.mkdir
+
+        def mkdtemp(*args, **kwargs):
+            if Path(kwargs.get("dir") or args[2]) == locked:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(locked))
+            return real_mkdtemp(*args, **kwargs)
+
+        def mkdir(self, *args, **kwargs):
+            if self.parent == locked and not self.exists():
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+    locked.chmod(0o555)
+    try:
+        msg = folder_error(tmp_path / "d", image_size=8)
+    finally:
+        locked.chmod(0o755)
+    assert f"{folders()}: cannot write the dataset cache (" in msg
+    assert "make it writable, or set XDG_CACHE_HOME to put the cache elsewhere" in msg
+    assert caches() == [] and hidden() == []
+
+
+# --------------------------------------------------------------------------- symlinked class folders
+
+
+@pytest.mark.parametrize("case, link, target, expected", [
+    ("split", "train/loop", ".", "the train folder itself"),
+    ("root", "train/up", "..", "the dataset folder {root} itself"),
+    ("above-root", "train/all", "../..", "which holds the dataset folder {root}"),
+    ("other-class", "train/kitty", "cat", "the same folder as the class folder {root}/train/cat"),
+    ("other-split", "train/leak", "../test/cat", "the same folder as the class folder {root}/test/cat"),
+    ("test-to-train", "test/cat", "../train/cat", "the same folder as the class folder {root}/train/cat"),
+    ("inside-root", "train/extra", "../notes", "inside the dataset folder {root}"),
+    ("loop", "train/loop", "loop", "is a symlink loop"),
+    ("two-loop", "train/ping", "pong", "is a symlink loop"),
+    ("same-outside", "train/twin", "{outside}", "the same folder as the class folder {root}/train/x-shared"),
+    ("inside-outside", "train/part", "{outside}/sub", "inside the class folder {root}/train/x-shared"),
+    ("split-twins", "test/x-shared", "{outside}", "the same folder as the class folder {root}/test/x-shared"),
+])
+def test_class_folder_symlinked_into_the_dataset_or_onto_another_class_is_refused(tmp_path, case, link, target, expected):
+    root, outside = tmp_path / "d", tmp_path / "outside"
+    write_image_folder(root)
+    (outside / "sub").mkdir(parents=True)
+    halves(8, 8).save(outside / "a.png")
+    halves(8, 8).save(outside / "sub" / "b.png")
+    (root / "notes").mkdir()
+    halves(8, 8).save(root / "notes" / "n.png")
+    (root / "train" / "x-shared").symlink_to(outside)
+    if case == "test-to-train":
+        for f in (root / "test" / "cat").iterdir():
+            f.unlink()
+        (root / "test" / "cat").rmdir()
+    if case == "two-loop":
+        (root / "train" / "pong").symlink_to("ping")
+    (root / link).symlink_to(target.format(outside=outside))
+    msg = folder_error(root, image_size=8)
+    named = "train/x-shared" if case == "split-twins" else link  # the first of the two links, in scan order
+    assert msg.startswith(f"{root / named} ") and expected.format(root=root) in msg
+    assert "remove the link" in msg and caches() == []
+
+
+def test_class_folder_symlinked_to_a_folder_outside_the_dataset_loads(tmp_path):
+    root, outside = tmp_path / "d", tmp_path / "elsewhere" / "fish"
+    write_image_folder(root)
+    outside.mkdir(parents=True)
+    for i in range(3):
+        halves(10, 10, dark=10 * i).save(outside / f"fish{i}.png")
+    (root / "train" / "fish").symlink_to(outside)
+    (root / "test" / "fish").mkdir()
+    halves(10, 10).save(root / "test" / "fish" / "fish9.png")
+    train, test = data.load_dataset(name(root), image_size=8)
+    info = data.dataset_info(name(root), image_size=8)
+    assert info.classes == ("bird", "cat", "dog", "fish")
+    assert train.labels.tolist().count(3) == 3 and len(train) == 15 and len(test) == 5
+
+
+# --------------------------------------------------------------------------- huge images
+
+
+def test_decompression_bomb_warning_never_escapes_and_too_large_is_one_error(tmp_path, monkeypatch, recwarn):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # the folder's images are 1089..1500 pixels: warned about
+    write_image_folder(tmp_path)
+    train, _ = data.load_dataset(name(tmp_path), image_size=8)
+    assert len(train) == 12
+    huge = tmp_path / "train" / "cat" / "huge.png"
+    halves(50, 50).save(huge)  # 2500 pixels, beyond Pillow's hard limit (twice MAX_IMAGE_PIXELS)
+    msg = folder_error(tmp_path, image_size=8)
+    assert msg.startswith(f"{huge}: the image is too large to decode (") and "shrink it or remove it" in msg
+    assert [str(w.message) for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)] == []
+
+
+def test_decoding_threads_leave_the_warning_filters_as_they_were(tmp_path):
+    import warnings
+
+    write_image_folder(tmp_path)
+    before = list(warnings.filters)
+    data.load_dataset(name(tmp_path), image_size=8)
+    assert warnings.filters == before
+    assert decode.decode_image(tmp_path / "train" / "cat" / "cat0.png", False, 8).shape == (3, 8, 8)
+    assert warnings.filters == before
+
+
+# --------------------------------------------------------------------------- edits in place
+
+
+def test_same_size_edit_with_restored_mtime_is_decoded_again(tmp_path):
+    write_image_folder(tmp_path)
+    image = tmp_path / "train" / "cat" / "cat0.png"
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(image, compress_level=0)
+    first, _ = data.load_dataset(name(tmp_path), image_size=16)
+    before = image.stat()
+    Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(image, compress_level=0)
+    os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = image.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    again, _ = data.load_dataset(name(tmp_path), image_size=16)
+    i = 4  # bird0..3, then cat0
+    assert torch.equal(again.images[i], torch.tensor(decode.decode_image(image, False, 16)))
+    assert not torch.equal(again.images[i], first.images[i]) and len(caches()) == 1
