@@ -103,6 +103,65 @@ def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str,
     return path
 
 
+# The files `train` writes into a run directory (`attnconv.runs.RUN_FILES`): no output of another
+# command may replace them.
+RUN_FILE_NAMES = ("config.json", "metrics.csv", "model.safetensors", "state.pt", "heads.jsonl")
+# What attnconv writes into the files it makes, so that it can tell its own files from a user's.
+SIGNATURE = "attnconv"
+
+
+def written_by_attnconv(path: str | os.PathLike) -> bool:
+    """Whether the existing file `path` is one attnconv wrote (a report, figure or benchmark output).
+
+    Reports carry `<meta name="generator" content="attnconv">`, PNG figures a "Software"
+    text chunk, SVG and PDF figures a "Creator" entry, benchmark output the `attnconv bench`
+    command line, other JSON a "generator" key; anything else (a user's notes, a run's
+    weights) is not ours.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 16)))
+            tail = f.read()
+    except OSError:
+        return False
+    suffix = path.suffix.lower()
+    sig = SIGNATURE.encode()
+    if suffix in (".html", ".htm"):
+        return b'<meta name="generator" content="' + sig in head
+    if suffix == ".png":
+        return head.startswith(b"\x89PNG") and b"Software\x00" + sig in head
+    if suffix == ".svg":
+        return b"<svg" in head and b"<dc:creator>" in head and sig in head
+    if suffix == ".pdf":
+        return head.startswith(b"%PDF") and b"/Creator (" + sig in head + tail
+    if suffix in (".json", ".md"):
+        return b"attnconv bench" in head or b'"generator": "' + sig in head
+    return False
+
+
+def check_output_file(path: str | os.PathLike, flag: str, suffixes: tuple[str, ...], *,
+                      overwrite: bool = False) -> Path:
+    """`check_writable_file`, and never clobber what is not ours: checked before any long work.
+
+    A run's own files (`RUN_FILE_NAMES` next to a config.json) are refused always; an existing
+    file that attnconv did not write (`written_by_attnconv`), or that is a link or not a regular
+    file, only with `overwrite` (the command's --overwrite).
+    """
+    path = check_writable_file(path, flag, suffixes)
+    if path.name in RUN_FILE_NAMES and (path.parent / RUN_FILE_NAMES[0]).is_file():
+        raise AttnconvError(f"{flag} {path} is a file of the attnconv run in {path.parent}; write somewhere else")
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        if path.is_symlink() or not path.is_file():
+            raise AttnconvError(f"{flag} {path} exists and is not a regular file; choose another name "
+                                "(or pass --overwrite to replace it)")
+        if not written_by_attnconv(path):
+            raise AttnconvError(f"{flag} {path} exists and attnconv did not write it; choose another name, "
+                                "or pass --overwrite to replace it")
+    return path
+
+
 class DirectoryLock:
     """An advisory lock (`fcntl.flock`) on the directory itself: one writer per directory.
 

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_points, match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, check_writable_file
+from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.limits import check_memory
 
 SOURCES = ("fmnist", "random")
@@ -128,13 +128,15 @@ def learn_conv(
     data_dir: str | os.PathLike | None = None,
     progress: bool = False,
     threads: int | None = 1,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train a quadratic SelfAttention2d to reproduce a fixed random K x K conv (see the module docstring).
 
     source: "fmnist" (real images), "random" (Gaussian), or None: Fashion-MNIST when it can
     be found (`data_dir`, then the usual places; never downloaded), else random.
     record_every: steps between recorded centers (default: about 100 records).
-    out: a folder for learn-conv.json and learn-conv.png (created), or None for no files.
+    out: a folder for learn-conv.json and learn-conv.png (created), or None for no files;
+    existing files there that attnconv did not write are refused unless `overwrite`.
     threads: torch intra-op threads for the run (restored afterwards; None: leave as is).
     The layers are tiny (a step is a few milliseconds), so one thread is the default:
     on this 2-core machine, under load, 2 threads took 0.30 s a step against 0.008 s for one.
@@ -145,13 +147,13 @@ def learn_conv(
         torch.set_num_threads(threads)
     try:
         return _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, lr, record_every, out,
-                           data_dir, progress)
+                           data_dir, progress, overwrite)
     finally:
         torch.set_num_threads(previous)
 
 
 def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, lr, record_every, out, data_dir,
-                progress) -> dict[str, Any]:
+                progress, overwrite) -> dict[str, Any]:
     for name, v, lo in (("kernel", kernel, 1), ("heads", heads, 1), ("steps", steps, 0), ("channels", channels, 1),
                         ("size", size, 1), ("batch-size", batch_size, 1)):
         if not isinstance(v, int) or v < lo:
@@ -187,7 +189,8 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         data = _Images("random", channels, size, gen, data_dir)
     source = data.source
     if out is not None:  # before the training, not after it
-        check_writable_file(Path(out) / "learn-conv.json", "--out")
+        for name in ("learn-conv.json", "learn-conv.png"):
+            check_output_file(Path(out) / name, "--out", (Path(name).suffix,), overwrite=overwrite)
     held_out = data.batch(_EVAL_IMAGES, held_out=True)
     pad = kernel // 2
     opt = torch.optim.Adam(student.parameters(), lr=lr)
@@ -254,9 +257,9 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(result, indent=1) + "\n"
+        text = json.dumps({"generator": SIGNATURE, **result}, indent=1) + "\n"
         atomic_write(out / "learn-conv.json", lambda tmp: tmp.write_text(text))
-        save_figure(learn_conv_figure(result), out / "learn-conv.png")
+        save_figure(learn_conv_figure(result), out / "learn-conv.png", overwrite=True)  # checked before training
     return result
 
 

@@ -33,7 +33,9 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import attnconv
 from attnconv.errors import AttnconvError
+from attnconv.fileio import SIGNATURE
 
 __all__ = ["build_report", "curves_figure", "figure_png", "write_report"]
 
@@ -431,6 +433,7 @@ def build_report(
     ]
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta name="generator" content="{SIGNATURE} {_e(attnconv.__version__)}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         + "\n".join(body)
@@ -445,17 +448,20 @@ def write_report(
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
     device: str = "cpu",
+    overwrite: bool = False,
 ) -> Path:
     """Write the report of `run_dir` to `out` (default RUN_DIR/report.html) atomically; return its path.
 
-    `out` is checked first (not a directory, its folder writable), before the report is built."""
-    from attnconv.fileio import atomic_write, check_writable_file
+    `out` is checked first, before the report is built: an .html name, not a directory, its
+    folder writable, not one of a run's own files, and not an existing file that attnconv did
+    not write (unless `overwrite`)."""
+    from attnconv.fileio import atomic_write, check_output_file
 
     out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
     if out.is_dir():
         raise AttnconvError(f"--out {out} is a directory; give a file name such as {out / REPORT_FILE}")
     if Path(run_dir).is_dir():  # else build_report names the missing run directory
-        out = check_writable_file(out, "--out")
+        out = check_output_file(out, "--out", (".html", ".htm"), overwrite=overwrite)
     text = build_report(run_dir, images=images, data_dir=data_dir, device=device)
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return out

@@ -38,7 +38,7 @@ from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention
 from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, write_bytes
+from attnconv.fileio import RUN_FILE_NAMES, atomic_write, write_bytes
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model, list_models
 
@@ -52,7 +52,7 @@ METRICS_COLUMNS = (
 )
 STATE_FORMAT = 1
 # The files `train` writes into a run directory (only temporaries of these are ever cleaned up).
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE)
+RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE); fileio guards them
 
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:

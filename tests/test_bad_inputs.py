@@ -21,6 +21,7 @@ from fixtures_runs import TINY, train_tiny_runs
 from safetensors.torch import load_file, save_file
 
 from attnconv.cli import main
+from attnconv.errors import AttnconvError
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +289,36 @@ def test_read_only_output_folder_is_refused_before_the_work(tiny, tmp_path, caps
         locked.chmod(0o755)
     err = capsys.readouterr().err
     assert "not writable; choose another location" in err and len(err.strip().splitlines()) == 1
+
+
+def test_no_command_writes_over_a_runs_files_or_a_users_file(tmp_path, capsys):
+    """Every command that writes a file: a run's own files are refused always, a user's file unless --overwrite."""
+    from attnconv.fileio import check_output_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.json", "metrics.csv", "model.safetensors", "state.pt", "heads.jsonl"):
+        (run / name).write_text("x")
+    user = tmp_path / "mine"
+    user.mkdir()
+    for name in ("a.png", "a.svg", "a.pdf", "a.json", "a.md", "a.html", "learn-conv.json"):
+        (user / name).write_text("mine")
+    before = {p: p.read_bytes() for p in [*run.iterdir(), *user.iterdir()]}
+    argv = [
+        ["plot", "distance", str(run), "--out", str(user / "a.png")],
+        ["plot", "centers", str(run), "--out", str(user / "a.svg")],
+        ["plot", "maps", str(run), "--out", str(user / "a.pdf")],
+        ["express", "--plot", str(user / "a.png")],
+        ["bench", "--only", "matmul", "--json", str(user / "a.json")],
+        ["bench", "--only", "matmul", "--markdown", str(user / "a.md")],
+        ["bench", "--only", "matmul", "--json", str(run / "config.json")],
+        ["learn-conv", "--out", str(user), "--steps", "1"],
+    ]
+    for args in argv:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("attnconv did not write it" in err or "a file of the attnconv run" in err
+                                         or "is not a regular file" in err), (args, err)
+    with pytest.raises(AttnconvError, match="a file of the attnconv run"):
+        check_output_file(run / "heads.jsonl", "--out", (), overwrite=True)  # never, even when asked
+    assert {p: p.read_bytes() for p in [*run.iterdir(), *user.iterdir()]} == before

@@ -80,16 +80,22 @@ def test_plot_writes_svg_into_new_folders_atomically(runs, tmp_path, capsys):
     assert sorted(p.name for p in out.parent.iterdir()) == ["centers.svg"]  # no temporary file left
 
 
-def test_save_figure_replaces_an_existing_file(tmp_path):
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_save_figure_replaces_its_own_figures_and_refuses_other_files(tmp_path, suffix):
     from matplotlib.figure import Figure
 
-    path = tmp_path / "f.png"
-    path.write_bytes(b"old")
     fig = Figure()
     fig.subplots().plot([0, 1], [1, 0])
-    save_figure(fig, path)
-    assert path.read_bytes()[:8] == PNG_SIGNATURE
-    assert [p.name for p in tmp_path.iterdir()] == ["f.png"]
+    path = tmp_path / f"f{suffix}"
+    path.write_bytes(b"a user's file")
+    with pytest.raises(AttnconvError, match="exists and attnconv did not write it; .* --overwrite"):
+        save_figure(fig, path)
+    assert path.read_bytes() == b"a user's file"
+    save_figure(fig, path, overwrite=True)  # asked for: replaced
+    first = path.read_bytes()
+    assert first != b"a user's file" and (suffix != ".png" or first[:8] == PNG_SIGNATURE)
+    save_figure(fig, path)  # now it is ours: replaced without being asked
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,7 @@ def test_report_writes_only_the_report(runs, tmp_path):
 
 def test_a_failed_write_leaves_the_old_report_whole(runs, tmp_path, monkeypatch):
     out = tmp_path / "report.html"
-    out.write_text("old report")
+    out.write_text('<!DOCTYPE html><meta name="generator" content="attnconv 0.1.0">old report')  # ours
 
     def half_then_fail(self, text, *args, **kwargs):
         with open(self, "w") as f:
@@ -169,8 +169,24 @@ def test_a_failed_write_leaves_the_old_report_whole(runs, tmp_path, monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         write_report(runs["sa-quadratic"], out)
     monkeypatch.undo()
-    assert out.read_text() == "old report"
+    assert out.read_text().endswith("old report")
     assert os.listdir(tmp_path) == ["report.html"]
+
+
+def test_report_never_replaces_the_runs_files_or_a_users_file(runs, tmp_path, capsys):
+    run = runs["sa-quadratic"]
+    weights = (run / "model.safetensors").read_bytes()
+    notes = tmp_path / "notes.html"
+    notes.write_text("my notes")
+    for out, message in ((run / "model.safetensors", "give a file name ending in .html"),
+                         (tmp_path / "notes.txt", "give a file name ending in .html"),
+                         (notes, "exists and attnconv did not write it")):
+        assert main(["report", str(run), "--out", str(out)]) == 2
+        assert message in capsys.readouterr().err
+    assert (run / "model.safetensors").read_bytes() == weights and notes.read_text() == "my notes"
+    assert main(["report", str(run), "--out", str(notes), "--overwrite", "--images", "2"]) == 0  # asked for
+    assert '<meta name="generator" content="attnconv' in notes.read_text()
+    assert main(["report", str(run), "--out", str(notes), "--images", "2"]) == 0  # ours now: replaced
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ def register(subparsers) -> None:
     _common(c)
     c.add_argument("--out", metavar="FILE",
                    help="output .png, .svg or .pdf (default RUN_DIR/centers.png, or RUN_DIR/centers-layerL.png)")
+    _overwrite(c)
     c.add_argument("--layer", type=int, metavar="L",
                    help="draw layer L (from 1) at several epochs of training, from RUN_DIR/heads.jsonl")
     c.add_argument("--epochs", metavar="E,E,...",
@@ -53,6 +54,7 @@ def register(subparsers) -> None:
     )
     dist.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train`")
     dist.add_argument("--out", metavar="FILE", help="output .png, .svg or .pdf (default RUN_DIR/distance.png)")
+    _overwrite(dist)
     dist.set_defaults(func=run_distance)
 
     m = figures.add_parser(
@@ -67,6 +69,7 @@ def register(subparsers) -> None:
                    help="use test image K alone and draw it beside the maps (default: the mean over --images)")
     m.add_argument("--out", metavar="FILE",
                    help="output .png, .svg or .pdf (default RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png)")
+    _overwrite(m)
     m.set_defaults(func=run_maps)
 
     a = subparsers.add_parser(
@@ -97,8 +100,15 @@ def register(subparsers) -> None:
     lc.add_argument("--out", default="learn-conv", metavar="DIR",
                     help="folder for learn-conv.json and learn-conv.png (default ./learn-conv)")
     lc.add_argument("--json", action="store_true", help="print the result as JSON")
+    lc.add_argument("--overwrite", action="store_true",
+                    help="replace learn-conv.json / learn-conv.png in --out even if attnconv did not write them")
     lc.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     lc.set_defaults(func=run_learn_conv)
+
+
+def _overwrite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that attnconv did not write (by default it is refused)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -164,17 +174,18 @@ def run_centers(args: argparse.Namespace) -> int:
     if args.layer is not None or args.epochs is not None:
         epochs = _epochs(args.epochs)
         layer = 1 if args.layer is None else args.layer
-        print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs))
+        print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs, overwrite=args.overwrite))
         return 0
     _check(args)
-    print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device))
+    print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device,
+                       overwrite=args.overwrite))
     return 0
 
 
 def run_distance(args: argparse.Namespace) -> int:
     from attnconv.plots import plot_distance
 
-    print(plot_distance(args.run_dir, args.out))
+    print(plot_distance(args.run_dir, args.out, overwrite=args.overwrite))
     return 0
 
 
@@ -183,7 +194,7 @@ def run_maps(args: argparse.Namespace) -> int:
 
     _check(args)
     print(plot_maps(args.run_dir, args.out, images=args.images, query=_query(args.query), zoom=args.zoom,
-                    image=args.image, data_dir=args.data_dir, device=args.device))
+                    image=args.image, data_dir=args.data_dir, device=args.device, overwrite=args.overwrite))
     return 0
 
 
@@ -204,7 +215,7 @@ def run_learn_conv(args: argparse.Namespace) -> int:
 
     r = learn_conv(args.kernel, args.heads, args.steps, args.channels, args.size, seed=args.seed,
                    source=args.source, batch_size=args.batch_size, lr=args.lr, out=args.out,
-                   data_dir=args.data_dir, progress=args.progress)
+                   data_dir=args.data_dir, progress=args.progress, overwrite=args.overwrite)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

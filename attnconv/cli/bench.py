@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, check_writable_file, describe_os_error
+from attnconv.fileio import atomic_write, check_output_file, describe_os_error
 
 
 def register(subparsers) -> None:
@@ -60,6 +60,8 @@ def register(subparsers) -> None:
                    help="torch.profiler on each case that misses its target (default: on, off with --quick)")
     p.add_argument("--json", metavar="OUT.json", help="also write every number measured, as JSON")
     p.add_argument("--markdown", metavar="OUT.md", help="also write a section for benchmarks/RESULTS.md")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --json / --markdown file that attnconv did not write")
     p.set_defaults(func=run_bench)
 
 
@@ -170,8 +172,8 @@ def run_bench(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     # Before any benchmark runs: an output that cannot be written fails now, not after the whole run.
-    outputs = {flag: check_writable_file(path, flag) for flag, path in (("--markdown", args.markdown),
-                                                                        ("--json", args.json)) if path}
+    outputs = {flag: check_output_file(path, flag, (), overwrite=args.overwrite)
+               for flag, path in (("--markdown", args.markdown), ("--json", args.json)) if path}
     command = command_line(args)
     print(command, flush=True)
     report = bench.run_benchmarks(cfg, command, on_section=lambda s: print("\n" + bench.format_section(s), flush=True))

@@ -19,8 +19,8 @@ from torch import nn
 from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
 from attnconv.construct.geometry import MAX_DENSE
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, check_writable_file
 from attnconv.limits import check_memory
+from attnconv.plots import check_out, save_figure
 
 _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -102,6 +102,8 @@ def register(subparsers) -> None:
     p.add_argument("--weights", type=Path, default=None, metavar="FILE.safetensors", help="load weight (and bias)")
     p.add_argument("--plot", type=Path, default=None, metavar="heads.png",
                    help="draw each head's attention (2-D) into a .png, .svg or .pdf file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --plot file that attnconv did not write (by default it is refused)")
     p.set_defaults(func=run)
 
 
@@ -219,7 +221,7 @@ def _plot_heads(attn: ConvAttention, size: tuple[int, ...], path: Path) -> None:
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"attention of each head at query {(qi, qj)} (red), alpha={attn.alpha:g}", fontsize=8)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=120))
+    save_figure(fig, path, dpi=120, flag="--plot", overwrite=True)  # checked before the work (run)
 
 
 def _check_memory(args: argparse.Namespace, size: tuple[int, ...]) -> None:
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None and args.dim != 2:
         raise AttnconvError(f"--plot draws 2-D attention maps only; got --dim {args.dim} (drop --plot or use --dim 2)")
     if args.plot is not None:
-        args.plot = check_writable_file(args.plot, "--plot", _PLOT_FORMATS)
+        args.plot = check_out(args.plot, "--plot", overwrite=args.overwrite)
     size = _per_axis("size", args.size, args.dim)
     _check_memory(args, size)
     torch.manual_seed(args.seed)

@@ -25,6 +25,8 @@ def register(subparsers) -> None:
                    help="content models: average the attention over the first N test images (default 100)")
     r.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
     r.add_argument("--device", default="cpu", help="cpu or cuda")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that attnconv did not write (by default it is refused)")
     r.set_defaults(func=run_report)
 
     e = subparsers.add_parser(
@@ -64,7 +66,8 @@ def run_report(args: argparse.Namespace) -> int:
     from attnconv.report import write_report
 
     _check_device(args.device)
-    print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device))
+    print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device,
+                       overwrite=args.overwrite))
     return 0
 
 

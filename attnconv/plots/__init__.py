@@ -38,6 +38,7 @@ figures: load, analyze, draw, save).
 from attnconv.plots.figures import (
     MASSES,
     centers_figure,
+    check_out,
     distance_figure,
     gaussian_ellipse,
     head_colors,
@@ -52,6 +53,7 @@ from attnconv.plots.runs import plot_centers, plot_centers_history, plot_distanc
 __all__ = [
     "MASSES",
     "centers_figure",
+    "check_out",
     "distance_figure",
     "gaussian_ellipse",
     "head_colors",

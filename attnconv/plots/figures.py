@@ -27,25 +27,36 @@ FORMATS = (".png", ".svg", ".pdf")
 # ----------------------------------------------------------------------------------------
 
 
-def check_out(path: str | os.PathLike) -> Path:
-    """The figure's path, checked before any work: a .png/.svg/.pdf name whose folder can be written."""
-    from attnconv.fileio import check_writable_file
+def check_out(path: str | os.PathLike, flag: str = "--out", *, overwrite: bool = False) -> Path:
+    """The figure's path, checked before any work: a .png/.svg/.pdf name whose folder can be written,
+    and not a file attnconv did not write unless `overwrite` (`fileio.check_output_file`)."""
+    from attnconv.fileio import check_output_file
 
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise AttnconvError(f"--out {path}: give a file name ending in {', '.join(FORMATS)}")
+        raise AttnconvError(f"{flag} {path}: give a file name ending in {', '.join(FORMATS)}")
     if path.exists() and path.is_dir():
-        raise AttnconvError(f"--out {path} is a directory; give a file name such as {path / 'figure.png'}")
-    return check_writable_file(path, "--out", FORMATS)
+        raise AttnconvError(f"{flag} {path} is a directory; give a file name such as {path / 'figure.png'}")
+    return check_output_file(path, flag, FORMATS, overwrite=overwrite)
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
-    """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders."""
-    from attnconv.fileio import atomic_write
+def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, flag: str = "--out", overwrite: bool = False
+                ) -> Path:
+    """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders.
 
-    path = check_out(path)
+    The file carries attnconv's name (PNG "Software", SVG/PDF "Creator"), so a later command
+    knows it may replace it (`fileio.written_by_attnconv`).
+    """
+    import matplotlib
+
+    from attnconv.fileio import SIGNATURE, atomic_write
+
+    path = check_out(path, flag, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=dpi, bbox_inches="tight"))
+    fmt = path.suffix[1:].lower()
+    name = f"{SIGNATURE} (matplotlib {matplotlib.__version__})"
+    metadata = {"Software": name} if fmt == "png" else {"Creator": name}
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=metadata))
     return path
 
 

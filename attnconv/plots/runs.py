@@ -47,6 +47,7 @@ def plot_centers(
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
     device: str = "cpu",
+    overwrite: bool = False,
 ) -> Path:
     """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per layer.
 
@@ -66,7 +67,7 @@ def plot_centers(
     )
 
     _check_run_dir(run_dir)  # before the default out inside it is checked (which would create it)
-    out = check_out(Path(run_dir) / "centers.png" if out is None else out)
+    out = check_out(Path(run_dir) / "centers.png" if out is None else out, overwrite=overwrite)
     model, config, layers = _load(run_dir, device)
     if layers:  # converted from a CNN: each layer on its own input grid
         x = run_images(config, images, data_dir=data_dir)[1].to(device) if converted_needs_images(layers) else None
@@ -75,7 +76,8 @@ def plot_centers(
         how = f", mean over {len(x)} test images" if x is not None else ""
         title = (f"{config.model} as attention: head centers per converted layer "
                  f"(kxk convs; shifts on each input grid{how})")
-        return save_figure(centers_figure(geometry, max(max(s) for *_, s in layers), title), out)
+        fig = centers_figure(geometry, max(max(s) for *_, s in layers), title)
+        return save_figure(fig, out, overwrite=True)  # checked above
     size = token_grid(model)
     x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None
     probs = mean_layer_probs(model, x)
@@ -83,7 +85,7 @@ def plot_centers(
     how = f", mean over {len(x)} test images" if x is not None else ""
     title = f"{config.model}: attention centers ({size[0]}x{size[1]} token grid{how})"
     fig = centers_figure(layers, max(size), title)
-    return save_figure(fig, out)
+    return save_figure(fig, out, overwrite=True)  # checked above
 
 
 def _history(run_dir) -> list[dict]:
@@ -107,6 +109,7 @@ def plot_centers_history(
     *,
     layer: int = 1,
     epochs: Sequence[int] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Figure 4 over training: one layer's head centers and 50% / 90% contours at several epochs.
 
@@ -118,7 +121,7 @@ def plot_centers_history(
     from attnconv.runs import build_run_architecture, read_config
 
     _check_run_dir(run_dir)
-    out = check_out(Path(run_dir) / f"centers-layer{layer}.png" if out is None else out)
+    out = check_out(Path(run_dir) / f"centers-layer{layer}.png" if out is None else out, overwrite=overwrite)
     snapshots = _history(run_dir)
     n_layers = len(snapshots[0]["layers"])
     if not isinstance(layer, int) or not 1 <= layer <= n_layers:
@@ -135,10 +138,11 @@ def plot_centers_history(
     grid = build_run_architecture(meta).config.grid  # fresh weights: only the shape is read
     title = f"{meta['config']['model']}: layer {layer} head centers over training ({grid}x{grid} token grid)"
     fig = centers_figure(geometry, grid, title, panel_titles=[f"epoch {e}" for e in epochs])
-    return save_figure(fig, out)
+    return save_figure(fig, out, overwrite=True)  # checked above
 
 
-def plot_distance(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+def plot_distance(run_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False
+                  ) -> Path:
     """Each layer's mean attention distance per head over training, from heads.jsonl.
 
     Writes `out` (default RUN_DIR/distance.png) and returns its path.
@@ -146,11 +150,11 @@ def plot_distance(run_dir: str | os.PathLike, out: str | os.PathLike | None = No
     from attnconv.runs import read_config
 
     _check_run_dir(run_dir)
-    out = check_out(Path(run_dir) / "distance.png" if out is None else out)
+    out = check_out(Path(run_dir) / "distance.png" if out is None else out, overwrite=overwrite)
     snapshots = _history(run_dir)
     model = read_config(run_dir)["config"]["model"]
     fig = distance_figure(snapshots, f"{model}: mean attention distance per head over training")
-    return save_figure(fig, out)
+    return save_figure(fig, out, overwrite=True)  # checked above
 
 
 def _ranges(values: list[int]) -> str:
@@ -187,6 +191,7 @@ def plot_maps(
     image: int | None = None,
     data_dir: str | os.PathLike | None = None,
     device: str = "cpu",
+    overwrite: bool = False,
 ) -> Path:
     """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head.
 
@@ -210,7 +215,7 @@ def plot_maps(
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     _check_run_dir(run_dir)
-    out = check_out(Path(run_dir) / default if out is None else out)
+    out = check_out(Path(run_dir) / default if out is None else out, overwrite=overwrite)
     model, config, layers = _load(run_dir, device)
     if layers:  # converted from a CNN: the query is an image pixel; check it before any work
         from attnconv.runs import run_info
@@ -230,7 +235,8 @@ def plot_maps(
     x = None if x is None else x.to(device)
     if layers:  # converted from a CNN
         zoom = 7 if zoom is None else zoom
-        return save_figure(_converted_maps(config, layers, converted_probs(model, layers, x), query, zoom, how), out)
+        fig = _converted_maps(config, layers, converted_probs(model, layers, x), query, zoom, how)
+        return save_figure(fig, out, overwrite=True)  # checked above
     size = token_grid(model)
     zoom = 2 * (max(size) // 2) + 1 if zoom is None else zoom
     q = _parse_query(query, size)
@@ -242,7 +248,7 @@ def plot_maps(
     title = (f"{config.model}: attention of query {q}, {zoom}x{zoom} window\n"
              f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max")
     fig = maps_figure(probs, size, q, zoom, image=picture, downsample=model.config.downsample, title=title)
-    return save_figure(fig, out)
+    return save_figure(fig, out, overwrite=True)  # checked above
 
 
 def _converted_maps(config, layers, probs: list[Tensor], query: Sequence[int] | None, zoom: int, how: str):
@@ -274,6 +280,7 @@ def plot_figures(
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
     device: str = "cpu",
+    overwrite: bool = False,
 ) -> list[Path]:
     """The paper-style figures of one attention run: PREFIX-centers.png and PREFIX-maps.png.
 
@@ -282,9 +289,10 @@ def plot_figures(
     of the middle query's probabilities for learned and content heads). maps: `plot_maps`
     of the middle query over the whole token grid, layers x heads (Figure 5 for learned
     relative heads; content heads averaged over the first `images` test images, Figure 6).
-    Returns the two paths; a run without attention (a CNN) raises AttnconvError.
+    Returns the two paths; a run without attention (a CNN) raises AttnconvError. overwrite:
+    replace existing files that attnconv did not write (see `fileio.check_output_file`).
     """
     prefix = Path(prefix)
-    common = {"images": images, "data_dir": data_dir, "device": device}
+    common = {"images": images, "data_dir": data_dir, "device": device, "overwrite": overwrite}
     return [plot_centers(run_dir, prefix.with_name(prefix.name + "-centers.png"), **common),
             plot_maps(run_dir, prefix.with_name(prefix.name + "-maps.png"), zoom=None, **common)]

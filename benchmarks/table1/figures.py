@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             if len(rows) < config["epochs"] and (cap is None or step < cap):
                 print(f"note: {run} has finished {len(rows)} of {config['epochs']} epochs; "
                       "drawing its last checkpoint", file=sys.stderr)
-            paths = plot_figures(run, args.out / f"table1-{model}", images=args.images, data_dir=args.data_dir)
+            paths = plot_figures(run, args.out / f"table1-{model}", images=args.images, data_dir=args.data_dir,
+                                 overwrite=True)  # the repository's own figures, drawn again
         except AttnconvError as err:
             print(f"error: {model}: {err}", file=sys.stderr)
             return 2
