@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from attnconv import data as D
 from attnconv.errors import AttnconvError
 from attnconv.models import list_models
+from attnconv.precision import check_device
 
 SCHEDULES = ("warmup-cosine", "multistep", "constant")
+MAX_WORKERS = 256  # torch threads: far more than any CPU here; 5,000 hangs torch, 100,000 crashes it
 OPTIMIZERS = ("sgd", "adamw")
 # Fields that may change when a run is resumed: where and how fast it runs, not what it computes.
 RESUMABLE_CHANGES = frozenset({"device", "workers", "data_dir", "checkpoint_every", "compile", "preset"})
@@ -101,15 +101,10 @@ class TrainConfig:
              "milestones", ",".join(map(str, self.milestones)),
              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
         need(0 < self.gamma <= 1, "gamma", self.gamma, "give a factor in (0, 1]")
-        need(_is_int(self.seed) and self.seed >= 0, "seed", self.seed, "give a whole number >= 0")
-        need(self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:"), "device",
-             self.device, "choose cpu or cuda")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise AttnconvError(
-                f"--device {self.device}: CUDA is not available here (torch {torch.__version__}); use --device cpu"
-            )
-        need(self.workers is None or (_is_int(self.workers) and self.workers >= 1), "workers", self.workers,
-             "give the number of CPU threads, >= 1")
+        need(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "give a whole number from 0 to 2^63 - 1")
+        check_device(self.device)
+        need(self.workers is None or (_is_int(self.workers) and 1 <= self.workers <= MAX_WORKERS), "workers",
+             self.workers, f"give the number of CPU threads, from 1 to {MAX_WORKERS}")
         need(_is_int(self.checkpoint_every) and self.checkpoint_every >= 0, "checkpoint-every",
              self.checkpoint_every, "give a number of steps >= 1, or 0 for epoch ends only")
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():

@@ -8,6 +8,8 @@ Scores and softmax stay float32 under autocast in every attention layer
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from attnconv.errors import AttnconvError
@@ -31,6 +33,21 @@ def check_amp(amp: bool, device: str | torch.device) -> None:
     if amp and not bf16_supported(device):
         raise AttnconvError(f"--amp: {torch.device(device).type} here has no native bfloat16 support "
                             "(bf16 would be emulated, slower than float32); drop --amp")
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """Refuse a device name that is not cpu, cuda or cuda:N, or a CUDA device this machine lacks."""
+    match = re.fullmatch(r"cpu|cuda(?::(\d{1,4}))?", str(device))
+    if match is None:
+        raise AttnconvError(f"{flag} {device!r} is not a device attnconv runs on; choose cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise AttnconvError(f"{flag} {device}: CUDA is not available here (torch {torch.__version__}); "
+                                "use --device cpu")
+        index = int(match.group(1) or 0)
+        if index >= torch.cuda.device_count():
+            raise AttnconvError(f"{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
 
 
 def precision_name(amp: bool) -> str:

@@ -239,6 +239,22 @@ CASES = [
      "unknown model 'sa-nope'", None),
     ("train-unknown-preset", missing, ["train", "--preset", "cifar-nope", "--out", "{tmp}/x"],
      "unknown preset 'cifar-nope'", None),
+    # Flags without bounds crashed, hung or printed tracebacks; every numeric flag now has a range (cli.RANGES).
+    ("train-workers-100000", missing, ["train", "--preset", "fmnist-sa-quadratic", "--workers", "100000",
+                                       "--out", "{tmp}/x"], "--workers 100000 is out of range", "torch.set_num_threads"),
+    ("train-workers-5000", missing, ["train", "--preset", "fmnist-sa-quadratic", "--workers", "5000",
+                                     "--out", "{tmp}/x"], "--workers 5000 is out of range", "torch.set_num_threads"),
+    ("train-seed-2**66", missing, ["train", "--preset", "fmnist-sa-quadratic", "--seed", "99999999999999999999",
+                                   "--out", "{tmp}/x"], "--seed 99999999999999999999 is out of range", None),
+    ("train-milestones-empty", missing, ["train", "--preset", "fmnist-resnet-small", "--milestones", ",",
+                                         "--out", "{tmp}/x"], "expected comma-separated fractions", None),
+    ("eval-device-tpu", a_run, ["eval", "{run}", "--device", "tpu"], "--device 'tpu' is not a device", None),
+    ("report-device-tpu", a_run, ["report", "{run}", "--device", "tpu"], "--device 'tpu' is not a device", None),
+    ("explore-device-tpu", a_run, ["explore", "{run}", "--device", "tpu", "--no-browser"],
+     "--device 'tpu' is not a device", None),
+    ("explore-port-70000", a_run, ["explore", "{run}", "--port", "70000", "--no-browser"],
+     "--port 70000 is out of range", None),
+    ("lr-nan", missing, ["learn-conv", "--lr", "nan", "--out", "{tmp}/lc"], "--lr nan is out of range", None),
 ]
 
 
@@ -322,3 +338,11 @@ def test_no_command_writes_over_a_runs_files_or_a_users_file(tmp_path, capsys):
     with pytest.raises(AttnconvError, match="a file of the attnconv run"):
         check_output_file(run / "heads.jsonl", "--out", (), overwrite=True)  # never, even when asked
     assert {p: p.read_bytes() for p in [*run.iterdir(), *user.iterdir()]} == before
+
+
+def test_every_numeric_flag_of_every_command_has_a_range():
+    from attnconv.cli import RANGES, build_parser, numeric_flags
+
+    missing = sorted({f"{' '.join(cmd)} {a.option_strings[-1]}" for cmd, a in numeric_flags(build_parser())
+                      if a.dest not in RANGES})
+    assert missing == [], f"give these flags a range in attnconv.cli.RANGES: {missing}"

@@ -392,7 +392,7 @@ def test_a_cnn_run_is_refused_with_one_line(runs, capsys):
     err = capsys.readouterr().err
     assert "no attention layers" in err and len(err.strip().splitlines()) == 1
     assert main(["explore", str(runs["sa-quadratic"]), "--images", "0", "--no-browser"]) == 2
-    assert "--images 0 is invalid" in capsys.readouterr().err
+    assert "--images 0 is out of range" in capsys.readouterr().err
 
 
 def test_a_busy_port_is_one_clear_error(runs, servers):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import re
 import sys
 
@@ -32,6 +33,52 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # noqa: D401
         raise AttnconvError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+# The range of every numeric flag of every command (inclusive, by argparse dest), checked in one
+# place (`check_ranges`) before a command does any work; tests/test_bad_inputs.py checks that no
+# int or float flag is missing here. Commands check finer rules (e.g. an odd kernel) themselves.
+# "workers" is config.MAX_WORKERS (torch hangs at 5,000 threads and crashes at 100,000).
+RANGES: dict[str, tuple[float, float]] = {
+    "dim": (1, 3), "seed": (0, 2**63 - 1),  # torch.manual_seed takes seeds below 2^63 (and 2^64)
+    "epochs": (1, 10**6), "max_steps": (1, 10**12), "batch_size": (1, 10**7), "lr": (1e-12, 1e38),
+    "momentum": (0, 1), "weight_decay": (0, 1e6), "attention_lr_scale": (1e-9, 1e9), "warmup": (0, 1),
+    "gamma": (1e-12, 1), "workers": (1, 256), "checkpoint_every": (0, 10**12), "log_every": (1, 10**12),
+    "init_alpha": (1e-9, 1e9), "init_content": (1, 4096), "alpha": (1e-9, 1e9), "locality": (1e-9, 1e9),
+    "in_channels": (1, 4096), "image_size": (1, 8192), "num_classes": (1, 10**6), "hidden": (1, 65536),
+    "heads": (1, 1024), "layers": (1, 1024), "intermediate": (1, 10**6), "downsample": (1, 1024),
+    "dropout": (0, 1), "attn_dropout": (0, 1), "width": (1, 65536), "memory_budget_gb": (1e-6, 1e6),
+    "images": (1, 10**7), "image": (0, 10**9), "layer": (1, 10**4), "zoom": (1, 10**4), "kernel": (1, 99),
+    "steps": (0, 10**9), "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535),
+}
+
+
+def numeric_flags(parser: argparse.ArgumentParser, command: tuple[str, ...] = ()):
+    """(command, action) for every flag of `parser` and its subcommands whose type is int or float."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from numeric_flags(sub, (*command, name))
+        elif action.type in (int, float):
+            yield command, action
+
+
+def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Every numeric flag given is within its RANGES entry; --device names a device that exists here."""
+    for _, action in numeric_flags(parser):
+        value = getattr(args, action.dest, None)
+        # One dest may be a list in another command (express --size 12,12): only numbers are checked.
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or action.dest not in RANGES:
+            continue
+        lo, hi = RANGES[action.dest]
+        if not (math.isfinite(value) and lo <= value <= hi):
+            flag = action.option_strings[-1] if action.option_strings else action.dest
+            kind = "a whole number" if action.type is int else "a number"
+            raise AttnconvError(f"{flag} {value} is out of range: give {kind} from {lo:g} to {hi:g}")
+    if getattr(args, "device", None) is not None:
+        from attnconv.precision import check_device
+
+        check_device(args.device)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     stderr: AttnconvError (a bad input, named with its fix) and, as a last resort, running out of
     memory or an operating-system error on a file, exit 2."""
     try:
-        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+        parser = build_parser()
+        args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+        check_ranges(args, parser)
         return int(args.func(args) or 0)
     except AttnconvError as err:
         print(f"error: {err}", file=sys.stderr)

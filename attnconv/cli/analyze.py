@@ -131,17 +131,6 @@ def _learnconv_doc() -> str:
     return learnconv.__doc__
 
 
-def _check(args: argparse.Namespace) -> None:
-    import torch
-
-    from attnconv.errors import AttnconvError
-
-    if args.images < 1:
-        raise AttnconvError(f"--images {args.images} is invalid: give a number of test images >= 1")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise AttnconvError(f"--device {args.device}: CUDA is not available here; use --device cpu")
-
-
 def _query(text: str | None) -> tuple[int, int] | None:
     from attnconv.errors import AttnconvError
 
@@ -176,7 +165,6 @@ def run_centers(args: argparse.Namespace) -> int:
         layer = 1 if args.layer is None else args.layer
         print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs, overwrite=args.overwrite))
         return 0
-    _check(args)
     print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device,
                        overwrite=args.overwrite))
     return 0
@@ -192,7 +180,6 @@ def run_distance(args: argparse.Namespace) -> int:
 def run_maps(args: argparse.Namespace) -> int:
     from attnconv.plots import plot_maps
 
-    _check(args)
     print(plot_maps(args.run_dir, args.out, images=args.images, query=_query(args.query), zoom=args.zoom,
                     image=args.image, data_dir=args.data_dir, device=args.device, overwrite=args.overwrite))
     return 0
@@ -201,7 +188,6 @@ def run_maps(args: argparse.Namespace) -> int:
 def run_analyze(args: argparse.Namespace) -> int:
     from attnconv.analysis import analyze_run, format_analysis
 
-    _check(args)
     result = analyze_run(args.run_dir, args.images, data_dir=args.data_dir, device=args.device)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -52,15 +52,8 @@ def register(subparsers) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import torch
-
-    from attnconv.errors import AttnconvError
     from attnconv.evaluate import describe_run
 
-    if args.batch_size < 1:
-        raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise AttnconvError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
                      batch_size=args.batch_size)
     if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
@@ -80,15 +73,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_table(args: argparse.Namespace) -> int:
-    import torch
 
-    from attnconv.errors import AttnconvError
     from attnconv.evaluate import describe_run, format_table
 
-    if args.recompute and args.batch_size < 1:
-        raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
-    if args.recompute and args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise AttnconvError(f"--device {args.device}: CUDA is not available here; use --device cpu")
     summaries = [describe_run(d, recompute=args.recompute, device=args.device, data_dir=args.data_dir,
                               batch_size=args.batch_size) for d in args.run_dirs]
     for s in summaries:

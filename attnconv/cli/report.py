@@ -53,19 +53,9 @@ def _doc(which: str) -> str:
     return server.__doc__
 
 
-def _check_device(device: str) -> None:
-    import torch
-
-    from attnconv.errors import AttnconvError
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise AttnconvError(f"--device {device}: CUDA is not available here; use --device cpu")
-
-
 def run_report(args: argparse.Namespace) -> int:
     from attnconv.report import write_report
 
-    _check_device(args.device)
     print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device,
                        overwrite=args.overwrite))
     return 0
@@ -77,7 +67,6 @@ def run_explore(args: argparse.Namespace) -> int:
 
     from attnconv.explorer import Explorer, make_server
 
-    _check_device(args.device)
     explorer = Explorer(args.run_dir, images=args.images, data_dir=args.data_dir, device=args.device)
     server = make_server(explorer, args.port)
     url = f"http://127.0.0.1:{server.server_address[1]}/"

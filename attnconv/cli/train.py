@@ -62,10 +62,13 @@ MODEL_FLAGS = (
 
 def _fractions(text: str) -> tuple[float, ...]:
     try:
-        return tuple(float(v) for v in text.split(",") if v.strip())
+        values = tuple(float(v) for v in text.split(","))
     except ValueError:
+        values = ()
+    if not values:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated fractions like 0.27,0.5,0.83, got {text!r}") from None
+            f"expected comma-separated fractions like 0.27,0.5,0.83, got {text!r}")
+    return values
 
 
 def register(subparsers) -> None:
