@@ -114,6 +114,8 @@ def describe_run(
     from attnconv.config import TrainConfig
     from attnconv.runs import (
         build_run_architecture,
+        data_changes,
+        data_fingerprint,
         load_run,
         nonfinite_tensor,
         parameter_count,
@@ -156,6 +158,11 @@ def describe_run(
             summary["warning"] = (f"{run_dir}: the run's weights hold NaN/inf (parameter {bad}); the run diverged, "
                                   "so its accuracy means nothing: retrain it with a lower --lr")
         test = run_test_set(config, data_dir)
+        changes = data_changes(meta.get("data"), data_fingerprint(info))
+        if changes:
+            note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "
+                    "on the data as it is now")
+            summary["warning"] = f"{summary['warning']}; {note}" if "warning" in summary else note
         summary["test_loss"], summary["test_acc"] = evaluate(model, test, info, batch_size, device)
     return summary
 

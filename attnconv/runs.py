@@ -428,9 +428,49 @@ def run_info(config: TrainConfig) -> D.DatasetInfo:
 
 
 def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None) -> D.ImageSet:
-    """The test split of a run's dataset, found as `run_data_dir` says, at the run's image size."""
-    return D.load_dataset(config.dataset, run_data_dir(config, data_dir), download=True,
-                          image_size=run_image_size(config))[1]
+    """The test split of a run's dataset, found as `run_data_dir` says, at the run's image size.
+
+    A dataset whose classes or channels no longer fit the run's model (a folder that gained a
+    class) is one AttnconvError saying so, not a crash in the model.
+    """
+    found = run_data_dir(config, data_dir)
+    test = D.load_dataset(config.dataset, found, download=True, image_size=run_image_size(config))[1]
+    info = run_info(config)
+    for key, now, what in (("num_classes", info.num_classes, "classes"), ("in_channels", info.channels, "channels")):
+        trained = config.model_overrides.get(key)
+        if trained is not None and trained != now:
+            raise AttnconvError(
+                f"{config.dataset}: the dataset changed since the run was trained: it has {now} {what}, the run's "
+                f"model {trained}; give the data it was trained on (--data-dir), or train a new run on this data")
+    return test
+
+
+def data_fingerprint(info: D.DatasetInfo) -> dict[str, Any]:
+    """What a run records of its dataset (config.json "data"): classes, sizes, shape, normalization."""
+    return {"classes": list(info.classes), "train_size": info.train_size, "test_size": info.test_size,
+            "channels": info.channels, "size": info.size, "mean": list(info.mean), "std": list(info.std)}
+
+
+def data_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
+    """What differs between a run's recorded dataset and `now` (`data_fingerprint`), in words; [] if
+    nothing does, or if the run recorded none (written before runs recorded their data)."""
+    if not isinstance(saved, dict):
+        return []
+    changes = []
+    if saved.get("classes") != now["classes"]:
+        old, new = list(saved.get("classes") or []), now["classes"]
+        gained, lost = [c for c in new if c not in old], [c for c in old if c not in new]
+        detail = "; ".join(part for part in (f"new: {', '.join(gained[:3])}" if gained else "",
+                                             f"gone: {', '.join(lost[:3])}" if lost else "") if part)
+        changes.append(f"classes {len(old)} -> {len(new)}" + (f" ({detail})" if detail else " (renamed or reordered)"))
+    for key, what in (("train_size", "training images"), ("test_size", "test images"), ("channels", "channels"),
+                      ("size", "image size")):
+        if saved.get(key) != now[key]:
+            changes.append(f"{what} {saved.get(key)} -> {now[key]}")
+    if not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for key in ("mean", "std")
+               for a, b in zip(saved.get(key) or [], now[key])):
+        changes.append("normalization (per-channel mean/std of the training images)")
+    return changes
 
 
 def convert_run(

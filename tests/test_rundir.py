@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 
@@ -284,3 +285,86 @@ def test_a_folder_with_someone_elses_config_json_is_not_a_run(tmp_path, data_dir
         err = capsys.readouterr().err
         assert "is not an attnconv run" in err and "--overwrite" not in err, err
         assert snapshot(out) == before
+
+
+# ---------------------------------------------------------------------------------- data that changed under a run
+
+
+def _folder_run(tmp_path, monkeypatch, *extra):
+    from fixtures_data import write_image_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_image_folder(tmp_path / "imgs")
+    out = tmp_path / "run"
+    args = ["train", "--model", "sa-quadratic", "--dataset", f"folder:{tmp_path / 'imgs'}", "--hidden", "8",
+            "--layers", "1", "--heads", "4", "--intermediate", "8", "--batch-size", "4", "--workers", "1",
+            "--no-progress", "--out", str(out), *extra]
+    return out, args
+
+
+def _add_image(folder, name, seed=1):
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / name)
+
+
+def test_a_run_records_its_dataset_and_eval_says_when_a_class_was_added(tmp_path, monkeypatch, capsys):
+    out, args = _folder_run(tmp_path, monkeypatch)
+    assert main([*args, "--epochs", "1"]) == 0
+    data = json.loads((out / "config.json").read_text())["data"]
+    assert data["classes"] == ["bird", "cat", "dog"] and (data["train_size"], data["test_size"]) == (12, 4)
+    _add_image(tmp_path / "imgs" / "train" / "fish", "f0.png")
+    _add_image(tmp_path / "imgs" / "test" / "fish", "f0.png")
+    capsys.readouterr()
+    message = "the dataset changed since the run was trained: it has 4 classes, the run's model 3"
+    for cmd in (["eval", str(out)], ["explore", str(out), "--no-browser", "--port", "0"]):
+        assert main(cmd) == 2, cmd  # eval was an IndexError traceback
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert main(["report", str(out)]) == 0  # a position-only model's report reads no test images
+
+
+def test_eval_on_a_test_set_that_grew_warns_in_one_line(tmp_path, monkeypatch, capsys):
+    out, args = _folder_run(tmp_path, monkeypatch)
+    assert main([*args, "--epochs", "1"]) == 0
+    _add_image(tmp_path / "imgs" / "test" / "cat", "new.png")
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: ") and captured.err.count("\n") == 1
+    assert "the dataset changed since training (test images 4 -> 5)" in captured.err and "test acc" in captured.out
+
+
+@pytest.mark.parametrize("change", ["gained images", "lost images"])
+def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, capsys, change):
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "3", "--checkpoint-every", "5")
+    original = loop._Trainer._checkpoint
+
+    def checkpoint_then_die(self):
+        original(self)
+        if self.progress.step == 5:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(loop._Trainer, "_checkpoint", checkpoint_then_die)
+        assert main(args) == 130  # interrupted after 5 of 9 steps
+    cat = tmp_path / "imgs" / "train" / "cat"
+    if change == "gained images":
+        for i in range(4):
+            _add_image(cat, f"more{i}.png", seed=i)
+        expected = "training images 12 -> 16"
+    else:
+        for p in sorted(cat.glob("*.*"))[:2]:
+            if p.suffix != ".txt":
+                p.unlink()
+        expected = "training images 12 -> 10"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "the dataset changed since this run started" in err and expected in err and "--allow-data-change" in err
+    assert "normalization" in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*args, "--resume", "--allow-data-change"]) == 0  # asked for: continues on the new data

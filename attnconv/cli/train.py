@@ -86,6 +86,9 @@ def register(subparsers) -> None:
                    help="cifar10, fashion-mnist, or folder:PATH (PATH/train/<class>/*.png|jpg..., PATH/test|val/...)")
     p.add_argument("--resume", action="store_true",
                    help="continue from RUN_DIR's last checkpoint (starts fresh if there is none)")
+    p.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: continue although the dataset changed since the run started (refused "
+                        "by default: another class count, image count or normalization)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in RUN_DIR (its config, metrics, weights and state; other files stay)")
     i = p.add_argument_group("starting from a trained CNN")
@@ -170,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
-                log_every=args.log_every, announce=announce)
+                log_every=args.log_every, announce=announce, allow_data_change=args.allow_data_change)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
         print(f"next: attnconv eval {out}  |  attnconv report {out}  |  attnconv explore {out}", file=sys.stderr)

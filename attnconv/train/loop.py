@@ -69,6 +69,8 @@ from attnconv.runs import (
     STATE_FORMAT,
     WEIGHTS_FILE,
     build_run_model,
+    data_changes,
+    data_fingerprint,
     heads_line,
     load_state,
     metrics_text,
@@ -115,6 +117,7 @@ def train(
     progress: bool = True,
     log_every: int = 100,
     announce: str | None = None,
+    allow_data_change: bool = False,
 ) -> dict[str, float]:
     """Train `config` into the run directory `out`; returns the last metrics row.
 
@@ -127,7 +130,9 @@ def train(
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
     (they must have that dataset's shape). progress: print progress (a bar on a terminal,
     a line every `log_every` steps otherwise). announce: a line printed once every check has
-    passed, before the first step (the CLI's recipe line). Launched by torchrun, trains with DDP.
+    passed, before the first step (the CLI's recipe line). allow_data_change: resume even though
+    the dataset differs from the one the run recorded (config.json "data"); otherwise refused.
+    Launched by torchrun, trains with DDP.
     """
     config.validate()
     if resume and overwrite:
@@ -137,7 +142,8 @@ def train(
     d = init_distributed(config)
     lock = DirectoryLock(out, "--out") if d.main else None
     try:
-        return _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock).run(announce)
+        return _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock,
+                        allow_data_change).run(announce)
     except OSError as err:  # disk full or the folder gone while writing: one line, the last checkpoint kept
         raise AttnconvError(f"--out {out}: could not write ({describe_os_error(err)}); {_last_checkpoint(out)}")\
             from None
@@ -160,9 +166,10 @@ def _last_checkpoint(out: Path) -> str:
 
 class _Trainer:
     def __init__(self, config, out: Path, resume: bool, overwrite: bool, dataset, progress: bool, log_every: int,
-                 d: Dist, lock: DirectoryLock | None):
+                 d: Dist, lock: DirectoryLock | None, allow_data_change: bool = False):
         self.config, self.out, self.resume, self.overwrite, self.d, self.lock = config, out, resume, overwrite, d, lock
         self.replaced: list[str] = []  # --overwrite: the old run's files, removed after every check
+        self.allow_data_change = allow_data_change
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
         self.log_every = log_every
@@ -210,6 +217,8 @@ class _Trainer:
         self.progress = _Progress()
         if has_state:
             self._restore(load_state(out / STATE_FILE))
+            if self.progress.batch >= self.steps_per_epoch:  # --allow-data-change: the epochs got shorter
+                self.progress.epoch, self.progress.batch = self.progress.epoch + 1, 0
 
         net: nn.Module = self.model
         if d.active:
@@ -303,9 +312,15 @@ class _Trainer:
         if not path.exists() or self.overwrite:
             return None
         try:
-            saved = TrainConfig.from_dict(read_config(self.out)["config"]).to_dict()
+            meta = read_config(self.out)
+            saved = TrainConfig.from_dict(meta["config"]).to_dict()
         except AttnconvError as err:
             return str(err)
+        changes = data_changes(meta.get("data"), data_fingerprint(self.info))
+        if changes and not self.allow_data_change:
+            return (f"--out {self.out}: the dataset changed since this run started ({'; '.join(changes)}); "
+                    "resuming would continue on other data: restore the data, train into a new --out, or pass "
+                    "--allow-data-change to continue anyway")
         new = self.config.to_dict()
         diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
         if diff:
@@ -406,6 +421,7 @@ class _Trainer:
                 "steps_per_epoch": self.steps_per_epoch,
                 "total_steps": self.total_steps,
                 "world_size": self.d.world_size,
+                "data": data_fingerprint(self.info),
                 "precision": precision_name(cfg.amp),
                 "torch": torch.__version__,
                 "attnconv": attnconv.__version__,
