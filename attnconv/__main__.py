@@ -1,3 +1,11 @@
-from attnconv.cli import main
+"""`python -m attnconv`: the command line; Ctrl-C while the heavy imports load is a quiet exit too."""
+
+import sys
+
+try:
+    from attnconv.cli import main
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted\n")
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

@@ -7,3 +7,7 @@ It subclasses ValueError so library callers can catch it as the usual type.
 
 class AttnconvError(ValueError):
     """A user-facing error: the message names the bad input and how to fix it."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a command, with a message saying what was kept and how to go on (the CLI prints it)."""

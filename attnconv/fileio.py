@@ -47,16 +47,36 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     os.close(fd)
     tmp = Path(name)
     try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            write(tmp)
+            # mkstemp makes the file 0600: give it the mode of the file it replaces, else what the umask allows.
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else 0o666 & ~current_umask())
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as err:
+            if err.filename is None:  # a failed write() names no file: name the one being written
+                raise OSError(err.errno, err.strerror, str(path)) from err
+            raise
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def current_umask() -> int:
+    """The process's umask: from /proc on Linux (no change to process state), else by setting it back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_bytes(data: bytes) -> Callable[[Path], None]:

@@ -38,7 +38,7 @@ from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention
 from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
-from attnconv.fileio import RUN_FILE_NAMES, atomic_write, write_bytes
+from attnconv.fileio import RUN_FILE_NAMES, atomic_write, current_umask, write_bytes
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model, list_models
 
@@ -505,6 +505,7 @@ def convert_run(
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".attnconv-tmp", dir=out.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the run is a folder like any other
     except OSError as err:
         raise AttnconvError(f"--out {out}: cannot write there ({err.strerror or err}); choose another directory") \
             from None

@@ -106,3 +106,20 @@ def test_analyze_plot_and_report_accept_a_converted_run(cnn_run, data_dir, tmp_p
     assert main(["report", str(new), "--out", str(tmp_path / "r.html"), "--data-dir", str(data_dir)]) == 0
     html = (tmp_path / "r.html").read_text()
     assert "converted from the CNN run" in html and "Analysis per layer and head" in html
+
+
+def test_convert_can_skip_or_shorten_the_evaluation_and_makes_an_ordinary_folder(cnn_run, data_dir, tmp_path, capsys):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        assert main(["convert", str(cnn_run), "--out", str(tmp_path / "quick"), "--no-eval"]) == 0
+        assert capsys.readouterr().out.strip().splitlines() == [f"converted {cnn_run} -> {tmp_path / 'quick'}  "
+                                                                "(BatchNorm folded)"]
+        assert stat.S_IMODE((tmp_path / "quick").stat().st_mode) == 0o755  # not mkdtemp's 0700
+        assert main(["convert", str(cnn_run), "--out", str(tmp_path / "some"), "--data-dir", str(data_dir),
+                     "--eval-images", "10"]) == 0
+        assert "predictions that differ: 0 of 10" in capsys.readouterr().out
+    finally:
+        os.umask(old)

@@ -629,3 +629,10 @@ def test_stepping_through_the_recorded_epochs_in_chromium(runs, servers):
         tab10 = ["1f77b4", "ff7f0e", "2ca02c", "d62728", "9467bd", "8c564b", "e377c2", "7f7f7f", "bcbd22", "17becf"]
         assert (r, g, b) == tuple(int(tab10[n][k:k + 2], 16) for k in (0, 2, 4))
         assert errors == []
+
+
+def test_a_leading_double_slash_is_the_same_page_as_documented(servers):
+    """http.server collapses a leading '//' to '/': //api/info is /api/info (docs/failure-model.md says so)."""
+    status, _, body = _request(servers["sa-quadratic"], path="//api/info")
+    assert status == 200 and json.loads(body) == _get(servers["sa-quadratic"] + "/api/info")[1]
+    assert _request(servers["sa-quadratic"], path="//etc/passwd")[0] == 404

@@ -4,6 +4,7 @@ import errno
 import io
 import json
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -368,3 +369,58 @@ def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, cap
     assert "normalization" in err and err.count("\n") == 1
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main([*args, "--resume", "--allow-data-change"]) == 0  # asked for: continues on the new data
+
+
+# ---------------------------------------------------------------------------------- smaller things done right
+
+
+def test_run_files_and_converted_runs_get_the_modes_the_umask_allows(tmp_path, data_dir):  # noqa: F811
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "run"
+        assert main(one_epoch(out, data_dir)) == 0
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+        assert set(modes.values()) == {0o644}, modes  # mkstemp's 0600 no more
+    finally:
+        os.umask(old)
+
+
+def test_a_failed_write_names_the_file_it_was_writing(tmp_path):
+    def full_disk(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")  # write() errors name no file
+
+    with pytest.raises(OSError) as info:
+        atomic_write(tmp_path / "metrics.csv", full_disk)
+    assert info.value.filename == str(tmp_path / "metrics.csv") and info.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_says_the_step_the_checkpoint_and_how_to_resume(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
+    original = loop._Trainer._checkpoint
+
+    def checkpoint_then_ctrl_c(self):
+        original(self)
+        if self.progress.step == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop._Trainer, "_checkpoint", checkpoint_then_ctrl_c)
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir, "--checkpoint-every", "5")) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"interrupted at step 5 of 8; the last good checkpoint (step 5) is intact; "
+                   f"continue with `attnconv train --out {out} --resume`")
+
+
+def test_an_edited_config_json_on_resume_is_blamed_and_the_checkpoint_kept(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir, "--epochs", "2", "--max-steps", "3")) == 0
+    meta = json.loads((out / "config.json").read_text())
+    meta["config"]["model_overrides"]["hidden"] = 24  # edited by hand
+    (out / "config.json").write_text(json.dumps(meta))
+    state = (out / "state.pt").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"does not fit the model that {out / 'config.json'} describes" in err
+    assert "size mismatch for" in err and "restore it (the checkpoint is kept as it is)" in err
+    assert "delete" not in err and (out / "state.pt").read_bytes() == state

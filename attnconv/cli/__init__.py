@@ -48,8 +48,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "in_channels": (1, 4096), "image_size": (1, 8192), "num_classes": (1, 10**6), "hidden": (1, 65536),
     "heads": (1, 1024), "layers": (1, 1024), "intermediate": (1, 10**6), "downsample": (1, 1024),
     "dropout": (0, 1), "attn_dropout": (0, 1), "width": (1, 65536), "memory_budget_gb": (1e-6, 1e6),
-    "images": (1, 10**7), "image": (0, 10**9), "layer": (1, 10**4), "zoom": (1, 10**4), "kernel": (1, 99),
-    "steps": (0, 10**9), "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535),
+    "images": (1, 10**7), "eval_images": (1, 10**9), "image": (0, 10**9), "layer": (1, 10**4),
+    "zoom": (1, 10**4), "kernel": (1, 99), "steps": (0, 10**9), "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535),
 }
 
 
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: out of memory; give smaller sizes (see the command's --help for the options that set them)",
               file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
+        print(str(err) or "interrupted", file=sys.stderr)
         return 130
 
 

@@ -5,7 +5,8 @@
 Every convolution becomes its exact attention equivalent (one head per kernel tap)
 and, by default, each BatchNorm that follows a convolution is folded into it. The new
 run directory works with every other command (eval, table, ...). Both networks are
-evaluated on the test set; their accuracies must be identical.
+evaluated on the test set (or its first --eval-images images; none with --no-eval); their
+accuracies must be identical.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def register(subparsers) -> None:
     p.add_argument("--alpha", type=float, default=None, help="attention width (default: chosen from float32)")
     p.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
     p.add_argument("--batch-size", type=int, default=250)
+    p.add_argument("--eval-images", type=int, metavar="N",
+                   help="compare the two networks on the first N test images only (default: the whole test set)")
+    p.add_argument("--no-eval", dest="evaluate", action="store_false",
+                   help="write the converted run without evaluating either network")
     p.set_defaults(func=run)
 
 
@@ -36,14 +41,15 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.evaluate import count_flops, count_params
     from attnconv.runs import convert_run, load_run, run_info, run_test_set
 
-    if args.batch_size < 1:
-        raise AttnconvError(f"--batch-size {args.batch_size} is invalid: give a whole number >= 1")
-    if args.alpha is not None and not args.alpha > 0:
-        raise AttnconvError(f"--alpha {args.alpha} is invalid: give a positive number")
     cnn, config = load_run(args.run_dir)
     info = run_info(config)
-    test = run_test_set(config, args.data_dir)
+    test = run_test_set(config, args.data_dir) if args.evaluate else None
     out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
+    print(f"converted {args.run_dir} -> {out}  (BatchNorm {'folded' if args.fold_bn else 'kept'})")
+    if test is None:
+        return 0
+    if args.eval_images is not None:
+        test = D.ImageSet(test.images[: args.eval_images], test.labels[: args.eval_images])
     attn, _ = load_run(out)
 
     correct = {"cnn": 0, "attention": 0}
@@ -60,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
             disagree += (a.argmax(1) != b.argmax(1)).sum().item()
     shape = (info.channels, info.size, info.size)
     n = len(test)
-    print(f"converted {args.run_dir} -> {out}  (BatchNorm {'folded' if args.fold_bn else 'kept'})")
     print(f"{'network':<10} {'test acc':>9} {'params':>12} {'FLOPs/image':>15}")
     for name, model in (("cnn", cnn), ("attention", attn)):
         flops = count_flops(model, shape)["total"]

@@ -46,7 +46,7 @@ import attnconv
 from attnconv import data as D
 from attnconv.analysis import SNAPSHOT_IMAGES, head_snapshot
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, Interrupted
 from attnconv.evaluate import evaluate
 from attnconv.fileio import (
     LOCK_FILE,
@@ -141,9 +141,13 @@ def train(
     fresh = not out.exists()
     d = init_distributed(config)
     lock = DirectoryLock(out, "--out") if d.main else None
+    trainer = None
     try:
-        return _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock,
-                        allow_data_change).run(announce)
+        trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change)
+        return trainer.run(announce)
+    except KeyboardInterrupt:  # Ctrl-C: say where the run stands and how to go on
+        where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
+        raise Interrupted(f"interrupted{where}; {_last_checkpoint(out)}") from None
     except OSError as err:  # disk full or the folder gone while writing: one line, the last checkpoint kept
         raise AttnconvError(f"--out {out}: could not write ({describe_os_error(err)}); {_last_checkpoint(out)}")\
             from None
@@ -161,7 +165,7 @@ def _last_checkpoint(out: Path) -> str:
         step = load_state(out / STATE_FILE)["progress"]["step"]
     except AttnconvError:
         return "no checkpoint was written yet"
-    return f"the last good checkpoint (step {step}) is intact; resume it with --resume"
+    return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
 
 
 class _Trainer:
@@ -336,8 +340,12 @@ class _Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.progress = _Progress(**state["progress"])
         except (KeyError, RuntimeError, ValueError, TypeError) as err:
-            raise AttnconvError(f"{self.out / STATE_FILE}: does not fit this run ({str(err).splitlines()[0]}); "
-                                "delete it to restart from scratch") from None
+            # torch's first line is "Error(s) in loading state_dict for X:"; the next says what differs.
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+            raise AttnconvError(
+                f"{self.out / STATE_FILE} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
+                f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
         if not self.d.main:  # rank 0 carries the epoch's sums so far; the others start from 0
             p = self.progress
             p.loss_sum = p.correct = p.seen = 0.0
