@@ -58,7 +58,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
                 os.close(fd)
             os.replace(tmp, path)
         except OSError as err:
-            if err.filename is None:  # a failed write() names no file: name the one being written
+            if err.filename is None and err.errno is not None:  # a failed write() names no file: name ours
                 raise OSError(err.errno, err.strerror, str(path)) from err
             raise
     finally:

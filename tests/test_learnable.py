@@ -442,7 +442,7 @@ def test_attention_lr_scale_is_refused_where_there_is_nothing_to_scale(cnn_run, 
     err = capsys.readouterr().err
     assert "--attention-lr-scale 3.0: model 'resnet18' has no attention centers" in err and not out.exists()
     assert main([*args, "--attention-lr-scale", "0", *_common(data_dir, out)]) == 2
-    assert "--attention-lr-scale 0.0 is invalid" in capsys.readouterr().err and not out.exists()
+    assert "--attention-lr-scale 0.0 is out of range" in capsys.readouterr().err and not out.exists()
 
 
 @pytest.mark.parametrize(

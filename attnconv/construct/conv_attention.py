@@ -274,16 +274,19 @@ class ConvAttention(nn.Module):
         """
         return self.axis_offsets(a), self.alpha
 
-    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None) -> Tensor:
+    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
+                        term: str = "combined") -> Tensor:
         """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
 
         `size` is the input spatial size (or pass an input tensor `x`, or the size as the
-        first argument). The padded grid is folded back onto the input pixels: a zero
+        first argument). `term`: "combined" or "position", the same here (no content term). The padded grid is folded back onto the input pixels: a zero
         padding key drops out, a reflect/replicate/circular padding key adds its probability
         to the input pixel it copies. Hence the layer is exactly
         y[q] = sum_h sum_k P[0, h, q, k] value_maps()[0][h] @ x[k] + bias.
         Memory is heads * T_out * T_in: for analysis; forward never builds it.
         """
+        if term not in ("combined", "position"):
+            raise AttnconvError(f"term {term!r}: a position-only layer has the terms 'combined' and 'position'")
         if size is None:
             if isinstance(x, Tensor):
                 size = x.shape[-self.ndim :]
