@@ -30,6 +30,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.flops import count_flops
+from attnconv.runs import Run
 from attnconv.tables import format_table as _format_rows
 
 __all__ = [
@@ -92,7 +93,7 @@ def count_params(model: nn.Module) -> int:
 
 
 def describe_run(
-    run_dir: str | os.PathLike,
+    run: Run | str | os.PathLike,
     *,
     recompute: bool = False,
     device: str = "cpu",
@@ -111,27 +112,12 @@ def describe_run(
 
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
-    from attnconv.config import TrainConfig
-    from attnconv.runs import (
-        build_run_architecture,
-        data_changes,
-        data_fingerprint,
-        load_run,
-        nonfinite_tensor,
-        parameter_count,
-        read_config,
-        read_metrics,
-        run_info,
-        run_test_set,
-    )
+    from attnconv.runs import data_changes, data_fingerprint, nonfinite_tensor, parameter_count
 
-    meta = read_config(run_dir)
-    if recompute:
-        model, config = load_run(run_dir, device, allow_nonfinite=True)  # measured anyway, with a warning
-    else:
-        model, config = build_run_architecture(meta), TrainConfig.from_dict(meta["config"])
-    info = run_info(config)
-    rows = read_metrics(run_dir)
+    if not isinstance(run, Run):
+        run = Run(run, device, data_dir=data_dir, allow_nonfinite=True)  # NaN weights: measured, with a warning
+    run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics
+    model = run.model if recompute else run.architecture
     flops = count_flops(model, (info.channels, info.size, info.size))
     params = parameter_count(meta)
     summary: dict[str, Any] = {
@@ -157,7 +143,7 @@ def describe_run(
         if bad is not None:  # only present when there is something to say
             summary["warning"] = (f"{run_dir}: the run's weights hold NaN/inf (parameter {bad}); the run diverged, "
                                   "so its accuracy means nothing: retrain it with a lower --lr")
-        test = run_test_set(config, data_dir)
+        test = run.test_set
         changes = data_changes(meta.get("data"), data_fingerprint(info))
         if changes:
             note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "

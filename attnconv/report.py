@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 import os
@@ -36,8 +35,10 @@ from typing import Any
 import attnconv
 from attnconv.errors import AttnconvError
 from attnconv.fileio import SIGNATURE
+from attnconv.plots.figures import curves_figure, figure_png
+from attnconv.runs import Run
 
-__all__ = ["build_report", "curves_figure", "figure_png", "write_report"]
+__all__ = ["build_report", "write_report"]
 
 REPORT_FILE = "report.html"
 _MAPS_ZOOM = 7  # window side of the maps figure, as `attnconv plot maps`
@@ -64,36 +65,6 @@ nav a { margin-right: 1rem; }
 # ----------------------------------------------------------------------------------------
 # Figures
 # ----------------------------------------------------------------------------------------
-
-
-def figure_png(fig, dpi: int = 110) -> bytes:
-    """A matplotlib Figure as PNG bytes (no file is written; no metadata naming a web address)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
-    return buf.getvalue()
-
-
-def curves_figure(rows: list[dict[str, float]], title: str = ""):
-    """Train and test loss (left) and accuracy (right) per epoch, from metrics.csv rows."""
-    from matplotlib.figure import Figure
-
-    if not rows:
-        raise AttnconvError("no epoch finished yet: metrics.csv has no rows to plot")
-    epochs = [r["epoch"] for r in rows]
-    fig = Figure(figsize=(9.5, 3.4))
-    loss_ax, acc_ax = fig.subplots(1, 2)
-    marker = "o" if len(rows) <= 30 else None
-    for ax, key, name in ((loss_ax, "loss", "cross-entropy loss"), (acc_ax, "acc", "accuracy")):
-        ax.plot(epochs, [r[f"train_{key}"] for r in rows], marker=marker, ms=3, label="train")
-        ax.plot(epochs, [r[f"test_{key}"] for r in rows], marker=marker, ms=3, label="test")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(name)
-        ax.grid(color="0.9")
-        ax.legend(fontsize=8, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 # ----------------------------------------------------------------------------------------
@@ -217,7 +188,7 @@ def _analysis_tables(result: dict[str, Any]) -> str:
         like = layer["conv_likeness"]
         out.append(
             f"<h3>Layer {layer['layer']} ("
-            + (f"{_e(layer['path'])}, {layer['size'][0]}x{layer['size'][1]} input; " if "path" in layer else "")
+            + (f"{_e(layer['path'])}, {layer['size'][0]}x{layer['size'][1]} input; " if result["size"] is None else "")
             + f"{_e(layer['encoding'])}; probabilities: {_e(layer['probabilities'])})</h3>"
             f"<p>distance to the nearest 3x3 convolution {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
             f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
@@ -236,128 +207,70 @@ def _analysis_tables(result: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def _converted_section(model, config, meta: dict[str, Any], *, images: int, data_dir) -> str | None:
-    """Centers figure and analysis of a network converted from a CNN; None if it has no such layers."""
-    from attnconv.analysis import (
-        analyze_converted,
-        conv_head_geometry,
-        converted_layers,
-        converted_needs_images,
-        converted_probs,
-        run_images,
-    )
-    from attnconv.plots import centers_figure
-    from attnconv.runs import run_info
-
-    info = run_info(config)
-    layers = converted_layers(model, (info.channels, info.size, info.size))
-    if not layers:
-        return None
-    if config.init_from:
-        content = config.init_from.get("content", 0)
-        origin = (f"trained from the CNN run {config.init_from['run']} (`attnconv train --init-from`, heads started "
-                  f"on the kernel taps with alpha {config.init_from['alpha']:g}; centers and widths learned"
-                  + (f"; content attention with {content} query/key channels per head" if content else "") + ")")
-    else:
-        origin = f"converted from the CNN run {meta.get('converted', {}).get('from')} (`attnconv convert`, exact)"
-    x = run_images(config, images, data_dir=data_dir)[1] if converted_needs_images(layers) else None
-    probs = converted_probs(model, layers, None if x is None else x.to(next(model.parameters()).device))
-    how = f" Probabilities: mean over {len(x)} test images (content attention)." if x is not None else ""
-    geometry = [conv_head_geometry(layer, size, p) for (_, layer, size), p in zip(layers, probs)]
-    centers = figure_png(centers_figure(geometry, max(max(s) for *_, s in layers),
-                                        f"{config.model} as attention: head centers per converted layer"))
-    return (
-        f"<p>This network was {_e(origin)}. Its {len(layers)} multi-head attention layers (one per kxk "
-        "convolution; 1x1 convolutions are single-head and left out) each see their own input grid: "
-        + _e(", ".join(f"{path} {s[0]}x{s[1]}" for path, _, s in layers)) + f".{_e(how)}</p>"
-        + "<h3>Head centers</h3><p>Each head's center relative to the middle query pixel, with the contours "
-          "holding 50% (solid) and 90% (dotted) of its attention mass.</p>"
-        + _img(centers, "attention centers of every head, one panel per converted layer")
-        + '<h3 id="analysis">Analysis per layer and head</h3>'
-        + _analysis_tables(analyze_converted(layers, probs, images=0 if x is None else len(x)))
-    )
-
-
-def _attention_section(model, config, meta: dict[str, Any], *, images: int, data_dir, run_dir) -> str:
-    from attnconv.analysis import (
-        analyze_model,
-        attention_layers,
-        head_geometry,
-        mean_layer_probs,
-        needs_images,
-        run_images,
-        token_grid,
-    )
-    from attnconv.plots import centers_figure, maps_figure
+def _attention_section(run: Run, *, images: int) -> str:
+    """Centers, maps, heads over training and the analysis of every attention layer (classifier or converted CNN)."""
+    from attnconv.analysis import analyze_sites, head_geometry
+    from attnconv.plots import centers_figure, maps_of_run
 
     head = '<section id="attention"><h2>Attention</h2>'
+    config = run.config
     try:
-        layers = attention_layers(model)
-    except AttnconvError as err:  # a CNN, or a CNN converted by `attnconv convert` / trained from one
-        try:
-            converted = _converted_section(model, config, meta, images=images, data_dir=data_dir)
-        except AttnconvError as why:  # e.g. content attention, and no test images to average over
-            return head + _note(f"the attention analysis could not run on this model: {why}") + "</section>"
-        if converted is not None:
-            return head + converted + "</section>"
-        if "converted" not in meta:
+        sites = run.sites
+        probs, n = run.site_probs(images)
+    except AttnconvError as err:  # a CNN; or content attention and no test images to average over
+        if "no attention layers" in str(err) and not run.converted:
             return head + _note(f"{config.model} has no attention layers (a convolutional network): the attention "
                                 "figures and analysis are skipped.") + "</section>"
-        from attnconv.construct import ConvAttention
-
-        convs = [m for m in model.modules() if isinstance(m, ConvAttention)]
-        heads = sorted({m.heads for m in convs})
-        return head + _note(
-            f"This run was converted from a CNN by `attnconv convert` (from {meta['converted'].get('from')}): its "
-            f"{len(convs)} convolutions are ConvAttention layers (Theorem 1: one head per kernel tap; heads per "
-            f"layer: {', '.join(map(str, heads)) or '-'}), whose attention is the convolution's kernel by "
-            f"construction. The analysis refused it ({err}), so the attention figures and tables are skipped; "
-            "attnconv.analysis.analyze_layer measures a single converted layer."
-        ) + "</section>"
-
-    try:
-        size = token_grid(model)
-        x = run_images(config, images, data_dir=data_dir)[1] if needs_images(model) else None
-        probs = mean_layer_probs(model, x)
-        result = analyze_model(model, x, probs=probs)
-    except AttnconvError as err:
         return head + _note(f"the attention analysis could not run on this model: {err}") + "</section>"
-    how = (f"mean over {len(x)} test images (content attention)" if x is not None
-           else "position-only: the same for every input")
-    geometry = [head_geometry(layer, p, size) for layer, p in zip(layers, probs)]
-    centers = figure_png(centers_figure(geometry, max(size), f"{config.model}: attention centers "
-                                                             f"({size[0]}x{size[1]} token grid; {how})"))
-    query = (size[0] // 2, size[1] // 2)
-    maps = figure_png(maps_figure(
-        probs, size, query, _MAPS_ZOOM, downsample=model.config.downsample,
-        title=f"{config.model}: attention of query {query}, {_MAPS_ZOOM}x{_MAPS_ZOOM} window\n"
-              f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max"))
+    how = f"mean over {n} test images (content attention)" if n else "position-only: the same for every input"
+    sizes = sorted({site.size for site in sites})
+    if len(sizes) == 1:
+        grid = f"{sizes[0][0]}x{sizes[0][1]} token grid"
+        intro = (f"{len(sites)} layers x {sites[0].layer.heads} heads on the {grid} (images downsampled "
+                 f"{run.info.size // sizes[0][0]}x{run.info.size // sizes[0][0]}); probabilities: {how}.")
+    else:
+        grid = "each layer on its own input grid"
+        intro = (f"{len(sites)} multi-head attention layers (one per kxk convolution; 1x1 convolutions are "
+                 "single-head and left out), each on its own input grid: "
+                 + ", ".join(f"{site.path} {site.size[0]}x{site.size[1]}" for site in sites)
+                 + f". Probabilities: {how}.")
+    if config.init_from:
+        content = config.init_from.get("content", 0)
+        intro = (f"This network was trained from the CNN run {config.init_from['run']} (`attnconv train "
+                 f"--init-from`, heads started on the kernel taps with alpha {config.init_from['alpha']:g}; centers "
+                 f"and widths learned" + (f"; content attention with {content} query/key channels per head"
+                                          if content else "") + "). " + intro)
+    elif run.converted:
+        intro = (f"This network was converted from the CNN run {run.meta['converted'].get('from')} (`attnconv "
+                 "convert`, exact). " + intro)
+    geometry = [head_geometry(site.layer, site.size, p) for site, p in zip(sites, probs)]
+    centers = figure_png(centers_figure(geometry, max(max(size) for size in sizes),
+                                        f"{config.model}: attention centers ({grid}; {how})"))
+    maps = figure_png(maps_of_run(run, probs, zoom=_MAPS_ZOOM, how=how))
+    history = _history_section(run) if len(sizes) == 1 else ""
     return (
-        head
-        + f"<p>{len(layers)} layers x {layers[0].heads} heads on a {size[0]}x{size[1]} token grid "
-          f"(images downsampled {model.config.downsample}x{model.config.downsample}); probabilities: {_e(how)}.</p>"
+        head + f"<p>{_e(intro)}</p>"
         + "<h3>Head centers (Figures 4, 12, 14)</h3>"
         + "<p>Each head's center relative to the query pixel (black square), with the contours holding 50% "
           "(solid) and 90% (dotted) of its attention mass.</p>"
         + _img(centers, "attention centers of every head, one panel per layer")
         + "<h3>Attention maps (Figures 5, 6)</h3>"
-        + f"<p>Attention probabilities of the middle query {query} (red square), layers x heads.</p>"
+        + "<p>Attention probabilities of the middle query (red square), layers x heads.</p>"
         + _img(maps, "attention maps of the middle query, layers x heads")
-        + _history_section(config.model, max(size), run_dir)
+        + history
         + '<h3 id="analysis">Analysis per layer and head</h3>'
-        + _analysis_tables(result)
+        + _analysis_tables(analyze_sites(sites, probs, images=n))
         + "</section>"
     )
 
 
-def _history_section(model: str, grid: int, run_dir) -> str:
+def _history_section(run: Run) -> str:
     """Figure 4 over training (every layer at a few recorded epochs), attention distance, grid-likeness."""
     from attnconv.analysis import grid_likeness
     from attnconv.plots import centers_figure, distance_figure, snapshot_geometry, spread_epochs
-    from attnconv.runs import read_heads
 
     head = '<h3 id="history">Heads over training</h3>'
-    snapshots = read_heads(run_dir)
+    snapshots, model, grid = run.heads, run.config.model, max(run.sites[0].size)
     if not snapshots:
         return head + _note("This run has no heads.jsonl (it was trained before attention runs recorded their "
                             "heads): train it again to see them over training.")
@@ -401,17 +314,16 @@ def build_report(
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
     from attnconv.evaluate import describe_run
-    from attnconv.runs import load_run, read_config, read_metrics
 
     if not isinstance(images, int) or images < 1:
         raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-    meta = read_config(run_dir)  # a file, or a folder that holds no run: one error naming it
-    rows = read_metrics(run_dir)
-    model, config = load_run(run_dir, device)
-    summary = describe_run(run_dir, device=device)
+    run = Run(run_dir, device, data_dir=data_dir)  # a file, or a folder that holds no run: one error naming it
+    meta, rows = run.meta, run.metrics
+    run.model  # noqa: B018 (missing or corrupt weights: one error now, before any section is built)
+    summary = describe_run(run)
     name = run_dir.resolve().name
     title = f"{name}: {summary['model']} on {summary['dataset']}"
     acc = summary["test_acc"]
@@ -426,7 +338,7 @@ def build_report(
         '<a href="#attention">Attention</a><a href="#config">Configuration</a></nav></header><main>',
         _summary_section(summary),
         _curves_section(rows, summary["model"], meta),
-        _attention_section(model, config, meta, images=images, data_dir=data_dir, run_dir=run_dir),
+        _attention_section(run, images=images),
         _config_section(meta),
         f"</main><footer><p class=\"sub\">attnconv {_e(meta.get('attnconv', ''))}, torch "
         f"{_e(meta.get('torch', ''))}. Report generated by <code>attnconv report</code>.</p></footer>",

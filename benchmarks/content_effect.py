@@ -18,8 +18,9 @@ import argparse
 
 import torch
 
-from attnconv.analysis import converted_inputs, load_attention_run, run_images
 from attnconv.construct import ConvAttention
+from attnconv.models.sites import site_inputs
+from attnconv.runs import Run
 
 
 @torch.no_grad()
@@ -29,8 +30,10 @@ def main() -> None:
     p.add_argument("--images", type=int, default=20)
     p.add_argument("--data-dir")
     args = p.parse_args()
-    model, config, layers = load_attention_run(args.run)
-    _, x = run_images(config, args.images, data_dir=args.data_dir)
+    run = Run(args.run, data_dir=args.data_dir)
+    model, config, sites = run.model, run.config, run.sites
+    layers = [(site.path, site.layer, site.size) for site in sites]
+    _, x = run.test_images(args.images)
     print(f"{args.run}: {config.init_from}; {len(x)} test images")
     print(f"{'layer':28s} {'grid':>6s} {'TV(all, position)':>17s} {'sd content':>10s} {'max moved':>9s} "
           f"{'alpha':>11s}")
@@ -38,7 +41,7 @@ def main() -> None:
     sd = {path: 0.0 for path, _, _ in layers}
     content = any(not layer.position_only for _, layer, _ in layers)
     for batch in x.split(4) if content else ():
-        for (path, layer, _size), inp in zip(layers, converted_inputs(model, layers, batch)):
+        for (path, layer, _size), inp in zip(layers, site_inputs(model, sites, batch)):
             if layer.position_only:
                 continue
             both = layer.attention_probs(inp)

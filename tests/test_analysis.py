@@ -10,17 +10,16 @@ import torch.nn as nn
 
 from attnconv.analysis import (
     analyze_layer,
-    analyze_model,
-    attention_layers,
+    analyze_sites,
     format_analysis,
     json_ready,
-    mean_layer_probs,
 )
 from attnconv.attention import SelfAttention2d
 from attnconv.cli import main
 from attnconv.construct import conv_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model
+from attnconv.models.sites import AttentionLayer, attention_sites, site_probs
 from attnconv.train import load_run
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
@@ -125,8 +124,9 @@ def test_json_ready_turns_non_finite_numbers_into_null():
 def test_content_model_average_is_the_mean_of_single_images(runs):
     model, _ = load_run(runs["sa-learned-content"])
     x = torch.randn(3, 1, 28, 28)
-    both = mean_layer_probs(model, x, batch_size=2)
-    singles = [mean_layer_probs(model, x[i : i + 1]) for i in range(3)]
+    sites = attention_sites(model)
+    both = site_probs(model, sites, x, batch_size=2)  # two batches: the mean must weigh them right
+    singles = [site_probs(model, sites, x[i : i + 1]) for i in range(3)]
     for layer in range(2):
         torch.testing.assert_close(both[layer], sum(s[layer] for s in singles) / 3)
     # layer 0 sees the embedded tokens
@@ -136,12 +136,21 @@ def test_content_model_average_is_the_mean_of_single_images(runs):
 
 def test_a_cnn_has_no_attention_layers_to_analyze():
     with pytest.raises(AttnconvError, match="no attention layers"):
-        attention_layers(build_model("resnet18", width=2))
+        attention_sites(build_model("resnet18", width=2), (1, 28, 28))
 
 
-def test_analyze_model_position_only_needs_no_images(runs):
+def test_every_attention_layer_follows_the_protocol(runs):
+    model, _ = load_run(runs["sa-learned-content"])
+    converted = conv_to_attention(torch.nn.Conv2d(2, 3, 3, padding=1))
+    for layer in [*model.attention_layers, converted]:
+        assert isinstance(layer, AttentionLayer)
+    assert not isinstance(torch.nn.Conv2d(2, 3, 3), AttentionLayer)
+
+
+def test_analyze_sites_position_only_needs_no_images(runs):
     model, _ = load_run(runs["sa-quadratic"])
-    r = analyze_model(model)
+    sites = attention_sites(model)
+    r = analyze_sites(sites, site_probs(model, sites))
     assert r["images"] == 0 and len(r["layers"]) == 2
     assert all(layer["probabilities"] == "exact (position-only)" for layer in r["layers"])
 

@@ -208,7 +208,7 @@ CASES = [
     ("report-out-under-a-file", out_under_a_file, ["report", "{run}", "--out", "{under}/r.html"],
      "file.txt is a file, not a folder; choose another location", "attnconv.report.build_report"),
     ("plot-out-under-a-file", out_under_a_file, ["plot", "centers", "{run}", "--out", "{under}/c.png"],
-     "file.txt is a file, not a folder", "attnconv.analysis.load_attention_run"),
+     "file.txt is a file, not a folder", "attnconv.runs.load_run"),
     ("express-plot-under-a-file", out_under_a_file, ["express", "--plot", "{under}/h.png"],
      "file.txt is a file, not a folder", "attnconv.cli.express.conv_to_attention"),
     ("learn-conv-out-under-a-file", out_under_a_file,

@@ -486,12 +486,12 @@ def test_init_from_needs_a_cnn_run(cnn_run, data_dir, tmp_path, capsys):
 
 
 def test_an_image_pixel_is_placed_on_each_strided_layers_grid():
-    from attnconv.analysis import converted_query
+    from attnconv.models.sites import AttentionSite, query_on_site
 
     layer = conv_to_attention(nn.Conv2d(1, 2, 3, stride=2, padding=1))
-    q, pos = converted_query(layer, (28, 28), (28, 28), 20, 9)  # output grid 14x14
+    q, pos = query_on_site(AttentionSite("c", layer, (28, 28), layer), (28, 28), 20, 9)  # output grid 14x14
     assert q == 10 * 14 + 4 and pos == (20, 8)
-    q, pos = converted_query(layer, (14, 14), (28, 28), 27, 0)  # a later layer: 14x14 -> 7x7
+    q, pos = query_on_site(AttentionSite("c", layer, (14, 14), layer), (28, 28), 27, 0)  # later: 14x14 -> 7x7
     assert q == 6 * 7 + 0 and pos == (12, 0)
 
 
@@ -519,8 +519,9 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     content_run, cnn_run, data_dir, tmp_path, capsys
 ):
     """One run (content attention is the costly part): trained, then read by every command over real inputs."""
-    from attnconv.analysis import converted_inputs, converted_probs, converted_query, load_attention_run, run_images
     from attnconv.explorer.server import Explorer
+    from attnconv.models.sites import query_on_site, site_inputs, site_probs
+    from attnconv.runs import Run
 
     capsys.readouterr()
     meta = json.loads((content_run / "config.json").read_text())
@@ -534,15 +535,16 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     assert main(["eval", str(content_run)]) == 0
     assert "resnet18 (attention + content, from CNN)" in capsys.readouterr().out
 
-    model, config, layers = load_attention_run(content_run)
-    _, x = run_images(config, 3, data_dir=data_dir)
-    probs = converted_probs(model, layers, x, batch_size=2)  # two batches: the mean must weigh them right
-    inputs = converted_inputs(model, layers, x)
-    for (_path, layer, size), p, inp in zip(layers, probs, inputs):
-        assert inp.shape[-2:] == size
-        torch.testing.assert_close(p, layer.attention_probs(inp).mean(0), rtol=1e-5, atol=1e-7)
+    run = Run(content_run, data_dir=data_dir)
+    model, sites = run.model, run.sites
+    _, x = run.test_images(3)
+    probs = site_probs(model, sites, x, batch_size=2)  # two batches: the mean must weigh them right
+    inputs = site_inputs(model, sites, x)
+    for site, p, inp in zip(sites, probs, inputs):
+        assert inp.shape[-2:] == site.size
+        torch.testing.assert_close(p, site.layer.attention_probs(inp).mean(0), rtol=1e-5, atol=1e-7)
     with pytest.raises(AttnconvError, match="give test images"):
-        converted_probs(model, layers)
+        site_probs(model, sites)
 
     capsys.readouterr()
     assert main(["analyze", str(content_run), "--images", "3", "--json"]) == 0
@@ -559,10 +561,11 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
     explorer = Explorer(content_run, images=3)
     assert explorer.info()["encoding"] == "converted convolution + content"
     assert explorer.terms == ("combined", "content", "position")
-    own = converted_inputs(model, layers, explorer.x[2:3])
+    own = site_inputs(model, sites, explorer.x[2:3])
     for mode, term in (("probs", "combined"), ("scores", "content"), ("probs", "position")):
         result = explorer.attention(2, 20, 9, mode=mode, term=term)
-        for n, (_path, layer, size) in enumerate(layers):
+        for n, site in enumerate(sites):
+            layer, size = site.layer, site.size
             q = result["queries"][n]
             oh, ow = layer.output_size(size)
             qi = min(oh - 1, 20 * oh // 28) * ow + min(ow - 1, 9 * ow // 28)
@@ -571,7 +574,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
             else:
                 want = layer.attention_scores(own[n])[term][0, :, qi]
             np.testing.assert_allclose(result["layers"][n], want.detach().numpy(), rtol=1e-5, atol=1e-6)
-            assert tuple(q) == converted_query(layer, size, (28, 28), 20, 9)[1]
+            assert tuple(q) == query_on_site(site, (28, 28), 20, 9)[1]
     # content makes the maps depend on the image
     assert explorer.attention(0, 20, 9)["layers"][0] != explorer.attention(2, 20, 9)["layers"][0]
     explorer.layers[1].position_only = True  # as a position-only layer in a content model: no content term
@@ -601,7 +604,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
             page.wait_for_selector(
                 '#maps[data-status="ready"][data-image="2"][data-mode="scores"][data-term="content"]')
             shown = page.evaluate("window.__lastAttention")
-            layer, (_, first, size) = 0, layers[0]
+            layer, first = 0, sites[0].layer
             want = first.attention_scores(own[0])["content"][0, :, shown["i"] * 28 + shown["j"]].detach()
             np.testing.assert_allclose(np.array(shown["layers"][layer]), want.numpy(), rtol=1e-5, atol=1e-6)
             value, _ = _max_readout(page, layer, 4)

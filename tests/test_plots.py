@@ -10,10 +10,11 @@ import pytest
 import torch
 from fixtures_runs import TINY, train_tiny_runs
 
-from attnconv.analysis import attention_layers, head_geometry, mean_layer_probs, token_grid
+from attnconv.analysis import head_geometry
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model
+from attnconv.models.sites import attention_sites, site_probs
 from attnconv.plots import (
     centers_figure,
     gaussian_ellipse,
@@ -227,9 +228,10 @@ def _tiny_model(name: str, layers: int = 2, heads: int = 4):
 def test_figure_functions_draw_a_panel_per_layer_and_head(model, layers):
     m = _tiny_model(model, layers=layers)
     x = torch.randn(3, 1, 28, 28) if model == "sa-learned-content" else None
-    probs = mean_layer_probs(m, x)
-    size = token_grid(m)
-    geometry = [head_geometry(layer, p, size) for layer, p in zip(attention_layers(m), probs)]
+    sites = attention_sites(m)
+    probs = site_probs(m, sites, x)
+    size = sites[0].size
+    geometry = [head_geometry(site.layer, size, p) for site, p in zip(sites, probs)]
     centers = centers_figure(geometry, max(size), model)
     assert sum(ax.get_visible() for ax in centers.axes) == layers  # one panel per layer, extras hidden
     assert all(len(ax.lines) >= 4 for ax in centers.axes if ax.get_visible())  # a center per head at least

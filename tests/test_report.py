@@ -141,8 +141,9 @@ def test_report_of_a_converted_cnn_analyzes_each_converted_layer(runs, tmp_path,
     assert main(["report", str(runs["converted"]), "--out", str(out)]) == 0
     page = _parse(out.read_text())
     text = " ".join(page.text)
-    assert "converted from the CNN run" in text and "Its 17 multi-head attention layers" in text
-    assert "analysis" in page.ids and "Head centers" in text and len(page.images) == 1  # centers; no curves
+    assert "converted from the CNN run" in text and "17 multi-head attention layers" in text
+    assert "analysis" in page.ids and "Head centers" in text and "Attention maps" in text
+    assert len(page.images) == 2  # centers and maps, as for a classifier; no curves (nothing was trained)
     assert text.count("distance to the nearest 3x3 convolution 0.000") == 17  # each layer is its conv
     assert "has no metrics.csv" in text  # convert trains nothing
 

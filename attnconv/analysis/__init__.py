@@ -5,9 +5,12 @@ layer) and Figures 5 and 6 (attention maps around a query pixel), for any run di
 of an attention classifier, or for a single layer:
 
     from attnconv.analysis import analyze_run, analyze_layer
-    report = analyze_run("runs/sa")                 # dict, JSON-ready
+    report = analyze_run("runs/sa")                 # dict, JSON-ready (or a `attnconv.runs.Run`)
     print(format_analysis(report))
     analyze_layer(layer, (7, 7))                    # one SelfAttention2d or ConvAttention
+
+Which layers a model has and what they see (its attention sites, for classifiers and converted
+CNNs alike) is `attnconv.models.sites`; this package measures them.
 
 Coordinates. Everything lives on the layer's token grid (for the classifiers: the image
 after the d x d downsampling, image_size // d tokens a side). A shift delta = k - q =
@@ -47,29 +50,13 @@ from attnconv.analysis.heads import (
     SNAPSHOT_IMAGES,
     UNIFORM_ALPHA,
     UNIFORM_ENTROPY,
-    analyze_converted,
     analyze_layer,
-    analyze_model,
     analyze_run,
-    conv_head_geometry,
+    analyze_sites,
     format_analysis,
     head_geometry,
     head_snapshot,
     json_ready,
-)
-from attnconv.analysis.layers import (
-    attention_layers,
-    capture_inputs,
-    converted_inputs,
-    converted_layers,
-    converted_needs_images,
-    converted_probs,
-    converted_query,
-    load_attention_run,
-    mean_layer_probs,
-    needs_images,
-    run_images,
-    token_grid,
 )
 
 __all__ = [
@@ -77,29 +64,15 @@ __all__ = [
     "SNAPSHOT_IMAGES",
     "UNIFORM_ALPHA",
     "UNIFORM_ENTROPY",
-    "analyze_converted",
     "analyze_layer",
-    "analyze_model",
     "analyze_run",
+    "analyze_sites",
     "assignment",
-    "attention_layers",
-    "capture_inputs",
-    "conv_head_geometry",
-    "converted_inputs",
-    "converted_layers",
-    "converted_needs_images",
-    "converted_probs",
-    "converted_query",
     "format_analysis",
     "grid_likeness",
     "grid_points",
     "head_geometry",
     "head_snapshot",
     "json_ready",
-    "load_attention_run",
     "match_to_grid",
-    "mean_layer_probs",
-    "needs_images",
-    "run_images",
-    "token_grid",
 ]

@@ -14,19 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.analysis.grid import grid_likeness
-from attnconv.analysis.layers import (
-    attention_layers,
-    converted_needs_images,
-    converted_probs,
-    load_attention_run,
-    mean_layer_probs,
-    needs_images,
-    run_images,
-    token_grid,
-)
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
-from attnconv.runs import read_heads
+from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
+from attnconv.runs import Run, as_run
 
 UNIFORM_ALPHA = 1e-2
 ILL_CONDITIONED = 1e3
@@ -234,16 +225,16 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
     x: normalized images (N, C, H, W), needed only when some layer has content attention.
     Costs a forward of x through the model at most; the model's mode is kept.
     """
-    layers = attention_layers(model)
-    size = token_grid(model)
-    combined = mean_layer_probs(model, x)
-    position = mean_layer_probs(model, x, term="position") if needs_images(model) else combined
+    sites = attention_sites(model)
+    size = sites[0].size
+    combined = site_probs(model, sites, x)
+    position = site_probs(model, sites, x, term="position") if needs_inputs(sites) else combined
     keys = _grid(size).double()  # (T, 2)
     distance = torch.cdist(keys, keys)  # (T, T): ||k - q|| in tokens
     mid = (size[0] // 2) * size[1] + size[1] // 2
     rel_mid = keys - keys[mid]  # (T, 2)
     out = []
-    for layer, p, pp in zip(layers, combined, position):
+    for layer, p, pp in zip((site.layer for site in sites), combined, position):
         p, p_mid = p.double().cpu(), pp[:, mid].double().cpu()  # (heads, T, T), (heads, T)
         heads = p.shape[0]
         mean_distance = (p * distance).sum(-1).mean(-1)  # (heads,)
@@ -263,84 +254,49 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
     return json_ready(out)
 
 
-def analyze_model(model: nn.Module, x: Tensor | None = None, *, probs: list[Tensor] | None = None) -> dict[str, Any]:
-    """`analyze_layer` for every attention layer of an attention classifier.
+def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: int = 0) -> dict[str, Any]:
+    """`analyze_layer` for every attention site of a model (`attnconv.models.sites.attention_sites`).
 
-    x: normalized test images (N, C, H, W), needed (and used) only for content attention.
-    probs: the per-layer probabilities from `mean_layer_probs`, if already computed.
+    probs: each site's probabilities (`site_probs`), averaged over `images` test images where
+    some layer has content attention. The result's "size" is the common grid, or None when the
+    layers see different grids (a converted CNN).
     """
-    layers = attention_layers(model)
-    size = token_grid(model)
-    content = needs_images(model)
-    if probs is None:
-        probs = mean_layer_probs(model, x)
     results = []
-    for i, (layer, p) in enumerate(zip(layers, probs)):
-        r = {"layer": i, **analyze_layer(layer, size, probs=p)}
-        r["probabilities"] = (
-            f"mean over {len(x)} test images (content attention)" if not layer.position_only
-            else "exact (position-only)"
-        )
+    for i, (site, p) in enumerate(zip(sites, probs)):
+        r = {"layer": i, "path": site.path, **analyze_layer(site.layer, site.size, probs=p)}
+        r["probabilities"] = ("exact (position-only)" if site.position_only
+                              else f"mean over {images} test images (content attention)")
         results.append(r)
+    sizes = {site.size for site in sites}
     return {
-        "size": list(size),
+        "size": list(next(iter(sizes))) if len(sizes) == 1 else None,
         "thresholds": {"uniform_alpha": UNIFORM_ALPHA, "ill_conditioned": ILL_CONDITIONED,
                        "uniform_entropy": UNIFORM_ENTROPY},
-        "images": len(x) if content else 0,
+        "images": images if needs_inputs(sites) else 0,
         "layers": results,
     }
 
 
-def analyze_run(
-    run_dir: str | os.PathLike, images: int = 100, *, data_dir: str | os.PathLike | None = None,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """`analyze_model` of a run directory's weights (content models: over the first `images` test images)."""
-    model, config, convs = load_attention_run(run_dir, device)
-    if convs:  # converted from a CNN: each layer on its own input grid
-        x = run_images(config, images, data_dir=data_dir)[1].to(device) if converted_needs_images(convs) else None
-        return {"run": str(run_dir), "model": config.model, "dataset": config.dataset,
-                **analyze_converted(convs, converted_probs(model, convs, x), images=0 if x is None else len(x))}
-    x = None
-    if needs_images(model):
-        _, x = run_images(config, images, data_dir=data_dir)
-        x = x.to(device)
-    result = analyze_model(model, x)
-    history = grid_likeness(read_heads(run_dir))  # [] for runs trained before heads.jsonl
-    return {"run": str(run_dir), "model": config.model, "dataset": config.dataset, **result,
+def analyze_run(run: Run | str | os.PathLike, images: int = 100, *, data_dir: str | os.PathLike | None = None,
+                device: str = "cpu") -> dict[str, Any]:
+    """`analyze_sites` of a run's trained model (content layers over its first `images` test images),
+    plus the grid-likeness over training from heads.jsonl ("history") when the run recorded it."""
+    run = as_run(run, device, data_dir=data_dir)
+    probs, n = run.site_probs(images)
+    result = analyze_sites(run.sites, probs, images=n)
+    history = grid_likeness(run.heads)  # [] for runs trained before heads.jsonl
+    return {"run": str(run.path), "model": run.config.model, "dataset": run.config.dataset, **result,
             **({"history": history} if history else {})}
 
 
-def analyze_converted(layers: list[tuple[str, nn.Module, tuple[int, int]]], probs: list[Tensor] | None = None,
-                      *, images: int = 0) -> dict[str, Any]:
-    """`analyze_layer` for each (path, layer, input size) of `converted_layers`.
+def head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None = None) -> dict[str, Any]:
+    """What the centers figure draws for one attention layer on its input grid `size`.
 
-    probs: `converted_probs` over `images` test images, needed when some layer has
-    content attention.
-    """
-    if probs is None and converted_needs_images(layers):
-        raise AttnconvError("content attention depends on the input: give converted_probs over test images")
-    results = []
-    for i, (path, layer, size) in enumerate(layers):
-        r = {"layer": i, "path": path, **analyze_layer(layer, size, probs=None if probs is None else probs[i])}
-        r["probabilities"] = ("exact (position-only)" if layer.position_only
-                              else f"mean over {images} test images (content attention)")
-        results.append(r)
-    return {
-        "size": None,  # one grid per layer
-        "thresholds": {"uniform_alpha": UNIFORM_ALPHA, "ill_conditioned": ILL_CONDITIONED,
-                       "uniform_entropy": UNIFORM_ENTROPY},
-        "images": images if converted_needs_images(layers) else 0,
-        "layers": results,
-    }
-
-
-def conv_head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None = None) -> dict[str, Any]:
-    """`head_geometry` of a (possibly strided) `ConvAttention` on its input grid `size`.
-
-    The query is the middle output pixel, placed on the input grid; the map is its
-    attention over the input pixels (from `probs` (heads, T_out, T_in) when given: a
-    content layer's mean over images).
+    The query is the middle output pixel, placed on the input grid (strided layers have fewer
+    outputs); the map is its attention over the input pixels (from `probs` (heads, T_out, T_in)
+    when given: a content layer's mean over images). Returns centers (heads, 2) (the parameter,
+    else the mean shift of the map), inverse_covariance (heads, 2, 2) or None, the query
+    (row, col) and its map (heads, H, W).
     """
     ek = effective_kernel(layer, size, probs=probs)
     out_h, out_w = ek.out_size
@@ -358,33 +314,12 @@ def conv_head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | 
     }
 
 
-def head_geometry(layer: nn.Module, probs: Tensor, size: tuple[int, int]) -> dict[str, Any]:
-    """What the centers figure draws for one layer.
-
-    Returns centers (heads, 2) (the parameter, else the middle query's mean shift),
-    inverse_covariance (heads, 2, 2) or None, the middle query `query` (row, col) and its
-    probability map `map` (heads, H, W) over the keys.
-    """
-    H, W = size
-    mid = (H // 2) * W + W // 2
-    p_mid = probs[:, mid].double().cpu()  # (heads, T)
-    rel = (_grid(size) - torch.tensor([H // 2, W // 2])).double()  # (T, 2)
-    mean_shift = (p_mid @ rel) / p_mid.sum(-1, keepdim=True).clamp_min(1e-300)
-    own = _own_centers(layer, probs.shape[0])
-    return {
-        "centers": own if own is not None else mean_shift,
-        "inverse_covariance": _widths(layer, probs.shape[0])["inverse_covariance"],
-        "query": (H // 2, W // 2),
-        "map": p_mid.reshape(-1, H, W),
-    }
-
-
 def _num(v: float | None, fmt: str = ".3g") -> str:
     return "-" if v is None else format(v, fmt)
 
 
 def format_analysis(result: dict[str, Any]) -> str:
-    """A readable table per layer of `analyze_run` / `analyze_model` output."""
+    """A readable table per layer of `analyze_run` / `analyze_sites` output."""
     lines = []
     if "run" in result:
         grid = ("each layer on its own input grid (converted from a CNN)" if result["size"] is None
@@ -396,7 +331,8 @@ def format_analysis(result: dict[str, Any]) -> str:
     for layer in result["layers"]:
         like = layer["conv_likeness"]
         lines.append("")
-        where = f"{layer['path']}, {layer['size'][0]}x{layer['size'][1]} input; " if "path" in layer else ""
+        where = (f"{layer['path']}, {layer['size'][0]}x{layer['size'][1]} input; " if result.get("size", 0) is None
+                 else "")
         lines.append(f"layer {layer['layer']} ({where}{layer['encoding']}; probabilities: {layer['probabilities']})")
         lines.append(f"  distance to the nearest 3x3 conv {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
                      f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "

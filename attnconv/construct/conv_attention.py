@@ -279,7 +279,8 @@ class ConvAttention(nn.Module):
         """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
 
         `size` is the input spatial size (or pass an input tensor `x`, or the size as the
-        first argument). `term`: "combined" or "position", the same here (no content term). The padded grid is folded back onto the input pixels: a zero
+        first argument). `term`: "combined" or "position", the same here (no content term).
+        The padded grid is folded back onto the input pixels: a zero
         padding key drops out, a reflect/replicate/circular padding key adds its probability
         to the input pixel it copies. Hence the layer is exactly
         y[q] = sum_h sum_k P[0, h, q, k] value_maps()[0][h] @ x[k] + bias.

@@ -56,6 +56,9 @@ from urllib.parse import parse_qs
 import torch
 
 from attnconv.errors import AttnconvError
+from attnconv.models.sites import query_on_site, site_inputs
+from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
+from attnconv.runs import Run
 
 __all__ = ["MODES", "TERMS", "BadRequest", "Explorer", "make_server"]
 
@@ -90,32 +93,26 @@ class Explorer:
         data_dir: str | os.PathLike | None = None,
         device: str = "cpu",
     ):
-        from attnconv.analysis import attention_layers, load_attention_run, token_grid
-        from attnconv.data import normalize
-        from attnconv.runs import run_info, run_test_set
-
         if not isinstance(images, int) or images < 1:
             raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-        self.model, self.config, self.converted = load_attention_run(self.run_dir, device)  # refuses CNN runs
-        self.info_ = run_info(self.config)
-        if self.converted:
-            # A network converted from a CNN (convert, train --init-from): every layer has its own
-            # input grid; the query is an image pixel, placed on each layer's output grid.
-            self.layers = [layer for _, layer, _ in self.converted]
-            self.grid = (self.info_.size, self.info_.size)
-            self._probs: dict[int, torch.Tensor] = {}
-        else:
-            self.layers = attention_layers(self.model)
-            self.grid = token_grid(self.model)
+        run = Run(self.run_dir, device, data_dir=data_dir)
+        self.model, self.config, self.info_ = run.model, run.config, run.info
+        self.sites = run.sites  # refuses CNN runs
+        self.layers = [site.layer for site in self.sites]
+        sizes = {site.size for site in self.sites}
+        # A network converted from a CNN (convert, train --init-from): every layer has its own input grid;
+        # the query is an image pixel, placed on each layer's output grid.
+        self.converted = self.sites if len(sizes) > 1 or run.converted or self.config.init_from else []
+        self.grid = (self.info_.size, self.info_.size) if self.converted else next(iter(sizes))
+        self._probs: dict[int, torch.Tensor] = {}
         self.device = device
-        test = run_test_set(self.config, data_dir)
-        self.raw = test.images[:images]  # uint8 (N, C, H_img, W_img)
-        self.x = normalize(self.raw, self.info_)  # float32, as the model was trained
-        self.labels = test.labels[:images].tolist()
-        self.snapshots = _heads_over_training(self.run_dir) if not self.converted else []
+        self.raw, self.x = run.test_images(images)  # uint8 (N, C, H_img, W_img); normalized, as trained
+        self.x = self.x.cpu()
+        self.labels = run.test_set.labels[:images].tolist()
+        self.snapshots = _heads_over_training(run) if not self.converted else []
         self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \
             else TERMS
         self.title = f"{self.run_dir.resolve().name} ({self.config.model} on {self.info_.name})"
@@ -127,8 +124,8 @@ class Explorer:
         heads = self.layers[0].heads
         extra = {}
         if self.converted:  # each layer's name and input grid, for the page's labels and maps
-            extra = {"layer_names": [path for path, _, _ in self.converted],
-                     "layer_grids": [list(size) for _, _, size in self.converted]}
+            extra = {"layer_names": [site.path for site in self.converted],
+                     "layer_grids": [list(site.size) for site in self.converted]}
         return {
             "title": self.title,
             "run": self.run_dir.resolve().name,
@@ -175,15 +172,9 @@ class Explorer:
 
     def layer_inputs(self, k: int) -> list:
         """Every attention layer's input for test image k, (1, C, H, W) each, captured by forward pre-hooks."""
-        from attnconv.analysis import capture_inputs
-
         k = self._image_index(k)
-        blocks = list(self.model.layers)
         with self._lock:
-            # A block's input goes straight into its attention layer (Block.forward), so a pre-hook
-            # on each block sees exactly what attention.forward_tokens gets.
-            seen = capture_inputs(self.model, blocks, self.x[k : k + 1].to(self.device))
-        return [seen[block].permute(0, 3, 1, 2) for block in blocks]  # (1, H, W, C) channels-last -> (1, C, H, W)
+            return site_inputs(self.model, self.sites, self.x[k : k + 1].to(self.device))
 
     def attention(self, image: int, i: int, j: int, mode: str = "probs", term: str = "combined",
                   layer: int | None = None) -> dict[str, Any]:
@@ -218,17 +209,15 @@ class Explorer:
         """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
         have fewer). Position-only layers attend the same way for any image; content layers
         (`train --init-from --init-content`) are run on test image `image`."""
-        from attnconv.analysis import converted_inputs, converted_query
-
         H, W = self.grid
         out, grids, queries = [], [], []
         with self._lock, torch.no_grad():
             inputs = None
             if any(not self.layers[n].position_only for n in wanted):
-                inputs = converted_inputs(self.model, self.converted, self.x[image : image + 1].to(self.device))
+                inputs = site_inputs(self.model, self.sites, self.x[image : image + 1].to(self.device))
             for n in wanted:
-                layer, size = self.layers[n], self.converted[n][2]
-                q, pos = converted_query(layer, size, self.grid, i, j)  # pos: the query on the input grid
+                layer, size = self.layers[n], self.sites[n].size
+                q, pos = query_on_site(self.sites[n], self.grid, i, j)  # pos: the query on the input grid
                 if not layer.position_only:
                     if mode == "probs":
                         values = layer.attention_probs(inputs[n], term=term)[0, :, q]
@@ -255,13 +244,10 @@ class Explorer:
         return k
 
 
-def _heads_over_training(run_dir: Path) -> list[dict[str, Any]]:
+def _heads_over_training(run: Run) -> list[dict[str, Any]]:
     """heads.jsonl with the contours the page draws: per head its center, attention distance and ellipses."""
-    from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
-    from attnconv.runs import read_heads
-
     out = []
-    for snap in read_heads(run_dir):
+    for snap in run.heads:
         layers = []
         for heads in snap["layers"]:
             s = snapshot_geometry(heads)["inverse_covariance"]

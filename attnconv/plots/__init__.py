@@ -48,7 +48,14 @@ from attnconv.plots.figures import (
     snapshot_geometry,
     spread_epochs,
 )
-from attnconv.plots.runs import plot_centers, plot_centers_history, plot_distance, plot_figures, plot_maps
+from attnconv.plots.runs import (
+    maps_of_run,
+    plot_centers,
+    plot_centers_history,
+    plot_distance,
+    plot_figures,
+    plot_maps,
+)
 
 __all__ = [
     "MASSES",
@@ -59,6 +66,7 @@ __all__ = [
     "head_colors",
     "maps_figure",
     "mass_level",
+    "maps_of_run",
     "plot_centers",
     "plot_centers_history",
     "plot_distance",

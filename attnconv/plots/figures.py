@@ -67,6 +67,38 @@ def head_colors(n: int) -> list:
     return [cmap(i % cmap.N) if n <= 20 else cmap(i / n) for i in range(n)]
 
 
+def figure_png(fig, dpi: int = 110) -> bytes:
+    """A matplotlib Figure as PNG bytes (no file is written; no metadata naming a web address)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def curves_figure(rows: list[dict[str, float]], title: str = ""):
+    """Train and test loss (left) and accuracy (right) per epoch, from metrics.csv rows."""
+    from matplotlib.figure import Figure
+
+    if not rows:
+        raise AttnconvError("no epoch finished yet: metrics.csv has no rows to plot")
+    epochs = [r["epoch"] for r in rows]
+    fig = Figure(figsize=(9.5, 3.4))
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    marker = "o" if len(rows) <= 30 else None
+    for ax, key, name in ((loss_ax, "loss", "cross-entropy loss"), (acc_ax, "acc", "accuracy")):
+        ax.plot(epochs, [r[f"train_{key}"] for r in rows], marker=marker, ms=3, label="train")
+        ax.plot(epochs, [r[f"test_{key}"] for r in rows], marker=marker, ms=3, label="test")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(name)
+        ax.grid(color="0.9")
+        ax.legend(fontsize=8, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------------------
 # Centers (Figures 4, 12, 14)
 # ----------------------------------------------------------------------------------------

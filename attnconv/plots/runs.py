@@ -6,9 +6,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from torch import Tensor
-
+from attnconv.analysis import head_geometry
 from attnconv.errors import AttnconvError
+from attnconv.models.sites import query_on_site, site_probs
 from attnconv.plots.figures import (
     centers_figure,
     check_out,
@@ -19,29 +19,41 @@ from attnconv.plots.figures import (
     spread_epochs,
     window_around,
 )
+from attnconv.runs import HEADS_FILE, Run, as_run
 
 # ----------------------------------------------------------------------------------------
 # From a run directory
 # ----------------------------------------------------------------------------------------
 
 
-def _load(run_dir, device: str):
-    """(model, config, converted layers or []) of a run with attention; one clear error otherwise."""
-    from attnconv.analysis import load_attention_run
+def _folder(run: Run | str | os.PathLike) -> Path:
+    """The run's folder, checked before its output path is (a missing folder or a file is one clear error)."""
+    if isinstance(run, Run):
+        return run.path
+    if not Path(run).exists():
+        raise AttnconvError(f"{run}: no such run directory; give the --out of `attnconv train`")
+    if not Path(run).is_dir():
+        raise AttnconvError(f"{run}: not a run directory (it is a file); give the --out of `attnconv train`")
+    return Path(run)
 
-    _check_run_dir(run_dir)
-    return load_attention_run(run_dir, device)
+
+def _run(run: Run | str | os.PathLike, device: str = "cpu", data_dir: str | os.PathLike | None = None) -> Run:
+    _folder(run)
+    return as_run(run, device, data_dir=data_dir)
 
 
-def _check_run_dir(run_dir) -> None:
-    if not Path(run_dir).exists():
-        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-    if not Path(run_dir).is_dir():
-        raise AttnconvError(f"{run_dir}: not a run directory (it is a file); give the --out of `attnconv train`")
+def _grid_words(sites) -> tuple[int, str]:
+    """The largest grid side of the sites, and how a title names their grid(s)."""
+    sizes = {site.size for site in sites}
+    side = max(max(size) for size in sizes)
+    if len(sizes) == 1:
+        (h, w), = sizes
+        return side, f"{h}x{w} token grid"
+    return side, "each layer on its own input grid"
 
 
 def plot_centers(
-    run_dir: str | os.PathLike,
+    run: Run | str | os.PathLike,
     out: str | os.PathLike | None = None,
     *,
     images: int = 100,
@@ -49,62 +61,34 @@ def plot_centers(
     device: str = "cpu",
     overwrite: bool = False,
 ) -> Path:
-    """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per layer.
+    """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per attention layer.
 
-    Content models are averaged over the first `images` test images. Writes `out`
+    Works for attention classifiers and CNNs converted to attention alike (each layer on its
+    own grid). Content models are averaged over the first `images` test images. Writes `out`
     (default RUN_DIR/centers.png) and returns its path.
     """
-    from attnconv.analysis import (
-        attention_layers,
-        conv_head_geometry,
-        converted_needs_images,
-        converted_probs,
-        head_geometry,
-        mean_layer_probs,
-        needs_images,
-        run_images,
-        token_grid,
-    )
-
-    _check_run_dir(run_dir)  # before the default out inside it is checked (which would create it)
-    out = check_out(Path(run_dir) / "centers.png" if out is None else out, overwrite=overwrite)
-    model, config, layers = _load(run_dir, device)
-    if layers:  # converted from a CNN: each layer on its own input grid
-        x = run_images(config, images, data_dir=data_dir)[1].to(device) if converted_needs_images(layers) else None
-        probs = converted_probs(model, layers, x)
-        geometry = [conv_head_geometry(layer, size, p) for (_, layer, size), p in zip(layers, probs)]
-        how = f", mean over {len(x)} test images" if x is not None else ""
-        title = (f"{config.model} as attention: head centers per converted layer "
-                 f"(kxk convs; shifts on each input grid{how})")
-        fig = centers_figure(geometry, max(max(s) for *_, s in layers), title)
-        return save_figure(fig, out, overwrite=True)  # checked above
-    size = token_grid(model)
-    x = run_images(config, images, data_dir=data_dir)[1].to(device) if needs_images(model) else None
-    probs = mean_layer_probs(model, x)
-    layers = [head_geometry(layer, p, size) for layer, p in zip(attention_layers(model), probs)]
-    how = f", mean over {len(x)} test images" if x is not None else ""
-    title = f"{config.model}: attention centers ({size[0]}x{size[1]} token grid{how})"
-    fig = centers_figure(layers, max(size), title)
+    out = check_out(_folder(run) / "centers.png" if out is None else out, overwrite=overwrite)
+    run = _run(run, device, data_dir)
+    probs, n = run.site_probs(images)
+    geometry = [head_geometry(site.layer, site.size, p) for site, p in zip(run.sites, probs)]
+    side, grid = _grid_words(run.sites)
+    how = f", mean over {n} test images" if n else ""
+    fig = centers_figure(geometry, side, f"{run.config.model}: attention centers ({grid}{how})")
     return save_figure(fig, out, overwrite=True)  # checked above
 
 
-def _history(run_dir) -> list[dict]:
+def _history(run: Run) -> list[dict]:
     """The run's heads.jsonl snapshots; one clear error when it has none."""
-    from attnconv.runs import HEADS_FILE, read_config, read_heads
-
-    _check_run_dir(run_dir)
-    config = read_config(run_dir)["config"]
-    snapshots = read_heads(run_dir)
-    if not snapshots:
+    if not run.heads:
         raise AttnconvError(
-            f"{run_dir}: no {HEADS_FILE} (the heads recorded during training); only attention classifiers "
-            f"trained by this version record them ({config['model']} run). Train the run again to record them, "
+            f"{run.path}: no {HEADS_FILE} (the heads recorded during training); only attention classifiers "
+            f"trained by this version record them ({run.config.model} run). Train the run again to record them, "
             "or draw the final heads with `attnconv plot centers RUN`")
-    return snapshots
+    return run.heads
 
 
 def plot_centers_history(
-    run_dir: str | os.PathLike,
+    run: Run | str | os.PathLike,
     out: str | os.PathLike | None = None,
     *,
     layer: int = 1,
@@ -118,11 +102,9 @@ def plot_centers_history(
     heads get their Gaussian's contours; learned and content heads only their centers.
     Writes `out` (default RUN_DIR/centers-layer<L>.png) and returns its path.
     """
-    from attnconv.runs import build_run_architecture, read_config
-
-    _check_run_dir(run_dir)
-    out = check_out(Path(run_dir) / f"centers-layer{layer}.png" if out is None else out, overwrite=overwrite)
-    snapshots = _history(run_dir)
+    out = check_out(_folder(run) / f"centers-layer{layer}.png" if out is None else out, overwrite=overwrite)
+    run = _run(run)
+    snapshots = _history(run)
     n_layers = len(snapshots[0]["layers"])
     if not isinstance(layer, int) or not 1 <= layer <= n_layers:
         raise AttnconvError(f"--layer {layer} is invalid: the run has layers 1..{n_layers}")
@@ -134,26 +116,21 @@ def plot_centers_history(
         raise AttnconvError(f"--epochs {','.join(map(str, missing))}: not recorded; the run's heads.jsonl has epochs "
                             f"{_ranges(sorted(by_epoch))}")
     geometry = [snapshot_geometry(by_epoch[e]["layers"][layer - 1]) for e in epochs]
-    meta = read_config(run_dir)
-    grid = build_run_architecture(meta).config.grid  # fresh weights: only the shape is read
-    title = f"{meta['config']['model']}: layer {layer} head centers over training ({grid}x{grid} token grid)"
+    grid = run.architecture.config.grid  # fresh weights: only the shape is read
+    title = f"{run.config.model}: layer {layer} head centers over training ({grid}x{grid} token grid)"
     fig = centers_figure(geometry, grid, title, panel_titles=[f"epoch {e}" for e in epochs])
     return save_figure(fig, out, overwrite=True)  # checked above
 
 
-def plot_distance(run_dir: str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False
+def plot_distance(run: Run | str | os.PathLike, out: str | os.PathLike | None = None, *, overwrite: bool = False
                   ) -> Path:
     """Each layer's mean attention distance per head over training, from heads.jsonl.
 
     Writes `out` (default RUN_DIR/distance.png) and returns its path.
     """
-    from attnconv.runs import read_config
-
-    _check_run_dir(run_dir)
-    out = check_out(Path(run_dir) / "distance.png" if out is None else out, overwrite=overwrite)
-    snapshots = _history(run_dir)
-    model = read_config(run_dir)["config"]["model"]
-    fig = distance_figure(snapshots, f"{model}: mean attention distance per head over training")
+    out = check_out(_folder(run) / "distance.png" if out is None else out, overwrite=overwrite)
+    run = _run(run)
+    fig = distance_figure(_history(run), f"{run.config.model}: mean attention distance per head over training")
     return save_figure(fig, out, overwrite=True)  # checked above
 
 
@@ -181,8 +158,36 @@ def _parse_query(query: Sequence[int] | None, size: tuple[int, int]) -> tuple[in
     return query
 
 
+def maps_of_run(run: Run, probs: list, *, query: Sequence[int] | None = None, zoom: int | None = 7,
+                how: str = "", image=None):
+    """The maps figure (Figures 5 / 6) of a run from its sites' probabilities (`Run.site_probs`).
+
+    query: (row, col) on the model's grid (default its center): the token grid of an attention
+    classifier, the image of a converted CNN (each layer then shows the nearest of its own
+    output pixels). zoom: window side; None: the whole grid (the smallest odd side >= it).
+    image: a test image (H, W[, 3]) drawn beside the maps. how: what the probabilities average.
+    """
+    sites = run.sites
+    sizes = {site.size for site in sites}
+    base = next(iter(sizes)) if len(sizes) == 1 else (run.info.size, run.info.size)  # the grid queries live on
+    i, j = _parse_query(query, base)
+    zoom = 2 * (max(base) // 2) + 1 if zoom is None else zoom
+    windows, labels = [], []
+    for number, (site, p) in enumerate(zip(sites, probs)):
+        q, pos = query_on_site(site, base, i, j)
+        row = p[:, q].double().cpu().reshape(-1, *site.size).numpy()
+        windows.append(window_around(row, pos, zoom))
+        labels.append(f"layer {number + 1}" + (f"\n{site.size[0]}x{site.size[1]}" if len(sizes) > 1 else ""))
+    where = (f"on the {base[0]}x{base[1]} token grid" if len(sizes) == 1
+             else "the image pixel as the query of each layer, on its own input grid")
+    title = (f"{run.config.model}: attention of query {(i, j)}, {zoom}x{zoom} window\n"
+             f"{where}; {how}; each map scaled to its max")
+    return maps_figure([], base, (i, j), zoom, image=image, downsample=run.info.size // base[0], title=title,
+                       windows=windows, row_labels=labels)
+
+
 def plot_maps(
-    run_dir: str | os.PathLike,
+    run: Run | str | os.PathLike,
     out: str | os.PathLike | None = None,
     *,
     images: int = 100,
@@ -193,88 +198,34 @@ def plot_maps(
     device: str = "cpu",
     overwrite: bool = False,
 ) -> Path:
-    """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head.
+    """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head (`maps_of_run`).
 
-    query: (row, col) on the token grid (default its center). zoom: side of the window;
-    None: the whole token grid around its middle (the smallest odd side >= the grid's; for a
-    network converted from a CNN, 7).
-    Content models: mean over the first `images` test images, or the single test image
-    `image` (drawn beside the grid; for position-only models the maps do not depend on it).
-    Writes `out` (default RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
+    Content models: mean over the first `images` test images, or the single test image `image`
+    (drawn beside the grid; position-only maps do not depend on it). Writes `out` (default
+    RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
     """
-    from attnconv.analysis import (
-        converted_needs_images,
-        converted_probs,
-        mean_layer_probs,
-        needs_images,
-        run_images,
-        token_grid,
-    )
-
     if zoom is not None and (not isinstance(zoom, int) or zoom < 1):
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
-    _check_run_dir(run_dir)
-    out = check_out(Path(run_dir) / default if out is None else out, overwrite=overwrite)
-    model, config, layers = _load(run_dir, device)
-    if layers:  # converted from a CNN: the query is an image pixel; check it before any work
-        from attnconv.runs import run_info
-
-        side = run_info(config).size
-        _parse_query(query, (side, side))
-    content = converted_needs_images(layers) if layers else needs_images(model)
-    raw, x = None, None
-    if image is not None:
-        raw, x = run_images(config, index=image, data_dir=data_dir)
-        how = f"test image {image}"
-    elif content:
-        _, x = run_images(config, images, data_dir=data_dir)
-        how = f"mean over {len(x)} test images"
-    else:
-        how = "position-only: the same for every input"
-    x = None if x is None else x.to(device)
-    if layers:  # converted from a CNN
-        zoom = 7 if zoom is None else zoom
-        fig = _converted_maps(config, layers, converted_probs(model, layers, x), query, zoom, how)
-        return save_figure(fig, out, overwrite=True)  # checked above
-    size = token_grid(model)
-    zoom = 2 * (max(size) // 2) + 1 if zoom is None else zoom
-    q = _parse_query(query, size)
-    probs = mean_layer_probs(model, x)
+    out = check_out(_folder(run) / default if out is None else out, overwrite=overwrite)
+    run = _run(run, device, data_dir)
+    sizes = {site.size for site in run.sites}
+    _parse_query(query, next(iter(sizes)) if len(sizes) == 1 else (run.info.size, run.info.size))  # before the work
     picture = None
-    if raw is not None:
+    if image is not None:
+        raw, x = run.test_images(index=image)
+        probs, how = site_probs(run.model, run.sites, x), f"test image {image}"
         picture = raw[0].permute(1, 2, 0).numpy()
         picture = picture[..., 0] if picture.shape[-1] == 1 else picture
-    title = (f"{config.model}: attention of query {q}, {zoom}x{zoom} window\n"
-             f"on the {size[0]}x{size[1]} token grid; {how}; each map scaled to its max")
-    fig = maps_figure(probs, size, q, zoom, image=picture, downsample=model.config.downsample, title=title)
+    else:
+        probs, n = run.site_probs(images)
+        how = f"mean over {n} test images" if n else "position-only: the same for every input"
+    fig = maps_of_run(run, probs, query=query, zoom=zoom, how=how, image=picture)
     return save_figure(fig, out, overwrite=True)  # checked above
 
 
-def _converted_maps(config, layers, probs: list[Tensor], query: Sequence[int] | None, zoom: int, how: str):
-    """Maps of a network converted from a CNN: image pixel `query` placed on each layer's grid.
-
-    probs: `converted_probs` of the layers, (heads, T_out, T_in) each; `how` says over which inputs.
-    """
-    from attnconv.analysis import converted_query
-    from attnconv.runs import run_info
-
-    info = run_info(config)
-    image_size = (info.size, info.size)
-    i, j = _parse_query(query, image_size)
-    windows, labels = [], []
-    for n, ((_, layer, size), p) in enumerate(zip(layers, probs)):
-        q, pos = converted_query(layer, size, image_size, i, j)
-        row = p[:, q].double().cpu().reshape(-1, *size).numpy()
-        windows.append(window_around(row, pos, zoom))
-        labels.append(f"layer {n + 1}\n{size[0]}x{size[1]}")
-    title = (f"{config.model} as attention: image pixel ({i}, {j}) as the query of each converted layer "
-             f"(on its own input grid), {zoom}x{zoom} window;\n{how}; each map scaled to its max")
-    return maps_figure([], image_size, (i, j), zoom, title=title, windows=windows, row_labels=labels)
-
-
 def plot_figures(
-    run_dir: str | os.PathLike,
+    run: Run | str | os.PathLike,
     prefix: str | os.PathLike,
     *,
     images: int = 100,
@@ -293,6 +244,7 @@ def plot_figures(
     replace existing files that attnconv did not write (see `fileio.check_output_file`).
     """
     prefix = Path(prefix)
-    common = {"images": images, "data_dir": data_dir, "device": device, "overwrite": overwrite}
-    return [plot_centers(run_dir, prefix.with_name(prefix.name + "-centers.png"), **common),
-            plot_maps(run_dir, prefix.with_name(prefix.name + "-maps.png"), zoom=None, **common)]
+    run = _run(run, device, data_dir)  # loaded once for both figures
+    return [plot_centers(run, prefix.with_name(prefix.name + "-centers.png"), images=images, overwrite=overwrite),
+            plot_maps(run, prefix.with_name(prefix.name + "-maps.png"), zoom=None, images=images,
+                      overwrite=overwrite)]

@@ -1,35 +1,13 @@
 """SelfAttention2d: multi-head self-attention over pixels, a drop-in for nn.Conv2d.
 
-Eq. (1)-(3), (7) of the paper, with tokens = pixels (T = H*W):
-
-    SA_h(X)_q = sum_k softmax(A^h_{q,:})_k  X_k W_val^h
-    MHSA(X)   = concat_h SA_h(X) W_out + b_out
+The layer holds the parameters and the argument checks; the computation paths are functions in
+`paths`, and `select.resolve_impl` picks the one a forward runs.
 
 Value modes:
   - "shared" (the paper's models): W_val^h = I, every head averages the whole
     input, and one Linear(heads * C_in -> C_out) mixes the heads.
   - "project": a per-head value projection Linear(C_in -> heads * head_dim), then
     Linear(heads * head_dim -> C_out).
-
-Implementations (`impl`), all computing the same function:
-  - "dense": the plain formulation, softmax over a (T x T) score matrix per head
-    (the baseline every fast path is measured against).
-  - "separable": for encodings whose score is a row term plus a column term, the
-    probabilities factor as P_h = P_h^row (x) P_h^col and are applied as two
-    small matmuls, O(B h H W (H + W) D) instead of O(B h (HW)^2 D); the T x T
-    matrix is never formed.
-  - "stacked" (shared values): the heads' (T x T) probabilities laid out as one
-    (T * heads, T) matrix, rows (query, head), applied by one batched matmul per image.
-    Its output (B, T, heads, C) is already the layout the output projection reads, so
-    neither values nor outputs are copied per head; position-only probabilities are one
-    matrix for the whole batch. It costs the dense FLOPs, O(B h T^2 C), in large matmuls.
-  - "sdpa": torch.nn.functional.scaled_dot_product_attention with the positional
-    term as a float bias (content attention's natural fast path).
-  - "auto": with shared values, stacked for position-only layers on small grids
-    (T <= STACKED_RATIO * (H + W), up to 8x8) or with a non-separable encoding, and for
-    content layers on the CPU; otherwise separable when the encoding allows it, sdpa for
-    content attention, dense otherwise. The crossovers were measured on a CPU
-    (benchmarks/RESULTS.md, "Speed on the CPU").
 
 Position-only probabilities do not depend on the input: they are computed once
 per forward and shared by the whole batch. Scores and softmax are computed in
@@ -46,27 +24,27 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnconv.attention import paths
+from attnconv.attention.autocast import float32_scores
+from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
 from attnconv.positional import ENCODINGS, at_least_float32, build_encoding, check_pos_init
 
-IMPLS = ("auto", "dense", "separable", "stacked", "sdpa")
-# auto: the stacked path up to T = H * W <= STACKED_RATIO * (H + W) tokens (its FLOPs over the
-# separable path's are T / (H + W)); above, the separable path's fewer FLOPs win.
-STACKED_RATIO = 4
 VALUE_MODES = ("shared", "project")
 DROPOUT_MASKS = ("per-sample", "shared")
 
 
 class SelfAttention2d(nn.Module):
-    """Multi-head self-attention on images with relative positional encodings.
+    """Multi-head self-attention on images with relative positional encodings (Eq. 1-3, 7, tokens = pixels).
+
+        SA_h(X)_q = sum_k softmax(A^h_{q,:})_k  X_k W_val^h
+        MHSA(X)   = concat_h SA_h(X) W_out + b_out
 
     Args:
         in_channels: C_in.
@@ -76,7 +54,8 @@ class SelfAttention2d(nn.Module):
             "quadratic-diag" (axis-aligned), "quadratic-aniso" (full 2x2 inverse
             covariance), "learned" (row/column tables, no content), or
             "learned-content" (q.k plus q.r).
-        impl: "auto", "dense", "separable", "stacked" or "sdpa" (see the module docstring).
+        impl: "auto", "dense", "separable", "stacked" or "sdpa" (see `attnconv.attention.paths`;
+            "auto": `attnconv.attention.select.resolve_impl`).
         value: "shared" (W_val = I, the paper's) or "project" (per-head values of size head_dim).
         head_dim: per-head value width for value="project" (default ceil(C_out / heads)).
         key_dim: per-head query/key width for content attention (default C_in, the paper's).
@@ -192,23 +171,15 @@ class SelfAttention2d(nn.Module):
     def resolved_impl(self, size: tuple[int, int] | None = None) -> str:
         """The path `impl='auto'` takes for this layer on an H x W grid (default: max_size x max_size).
 
-        With shared values: stacked where it is the cheaper path (measured on the CPU,
-        benchmarks/RESULTS.md "Speed on the CPU"): position-only layers whose encoding is not
-        separable, or on grids of at most STACKED_RATIO * (H + W) tokens; content layers on the
-        CPU (where SDPA with a positional bias runs its math kernel, which copies the shared
-        values once per head). Otherwise separable, sdpa for content, dense.
+        The rule is `attnconv.attention.select.resolve_impl`.
         """
-        if self._impl != "auto":
-            return self._impl
-        H, W = size if size is not None else (self.max_size, self.max_size)
-        if self.stackable:
-            if self.position_only and (not self.separable or H * W <= STACKED_RATIO * (H + W)):
-                return "stacked"
-            if not self.position_only and self.out.weight.device.type == "cpu":
-                return "stacked"
-        if not self.position_only:
-            return "sdpa"
-        return "separable" if self.separable else "dense"
+        return self._resolve(size if size is not None else (self.max_size, self.max_size))
+
+    def _resolve(self, size: tuple[int, int], shared_dropout: bool = False) -> str:
+        return resolve_impl(
+            self._impl, size, shared_values=self.stackable, position_only=self.position_only,
+            separable=self.separable, on_cpu=self.out.weight.device.type == "cpu", shared_dropout=shared_dropout,
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -237,18 +208,10 @@ class SelfAttention2d(nn.Module):
         forward hooks (FLOP counters) see them.
         """
         B, H, W, _ = x.shape
-        impl = self.resolved_impl((H, W))
-        if impl == "stacked":
-            heads_out = self._stacked(x, H, W).view(B, H, W, self.heads * self.in_channels)  # rows (q, h)
-        else:
-            v = self._values(x)  # (B, H, W, C_in) shared, or (B, H, W, heads, D)
-            if impl == "separable":
-                out = self._separable(v, H, W)
-            elif impl == "dense":
-                out = self._dense(x, v, H, W)
-            else:
-                out = self._sdpa(x, v, H, W)
-            heads_out = out.reshape(B, H, W, self.heads * self.head_dim)
+        shared_dropout = self.training and self.attn_dropout > 0 and self.attn_dropout_mask == "shared"
+        impl = self._resolve((H, W), shared_dropout)
+        run = getattr(self, f"_{impl}")  # the path's adapter below: the layer's tensors into `paths.<impl>`
+        heads_out = run(x, H, W).reshape(B, H, W, self.heads * self.head_dim)
         if then is None:
             return self.out(heads_out)  # (B, H, W, C_out)
         if torch.is_grad_enabled() and B * H * W > self.out.in_features:
@@ -259,131 +222,61 @@ class SelfAttention2d(nn.Module):
             return F.linear(heads_out, weight, bias)
         return then(self.out(heads_out))
 
+    # Path adapters: x (B, H, W, C_in) -> the path's output, (B, T, heads, D) or a layout that
+    # reshapes to (B, H, W, heads * D) without a copy.
+    def _dense(self, x: Tensor, H: int, W: int) -> Tensor:
+        v = self._values(x)
+        return paths.dense(self._probs(x, H, W), v, self._dropout_p(), self._per_sample())
+
+    def _separable(self, x: Tensor, H: int, W: int) -> Tensor:
+        v = self._values(x)
+        row, col = self._factor_probs(H, W)
+        return paths.separable(row, col, v, self._dropout_p(), self._per_sample())
+
+    def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
+        if self.position_only:
+            probs = self._position_probs(H, W)  # (heads, T, T), one matrix for the batch
+        else:
+            probs = self._probs(x, H, W)  # (B, heads, T, T)
+        return paths.stacked(probs, x, self._dropout_p(), self._per_sample())
+
+    def _sdpa(self, x: Tensor, H: int, W: int) -> Tensor:
+        v = paths.heads_first(self._values(x), self.heads)  # before q, k: x's gradient terms sum in a fixed order
+        if self.position_only:
+            return paths.sdpa(v, self._position_logits(H, W)[None], dropout_p=self._dropout_p())
+        q, k = self._queries_keys(x)
+        with float32_scores():
+            bias = self.encoding.position_logits(at_least_float32(q), H, W)
+        return paths.sdpa(v, bias, q, k, dropout_p=self._dropout_p())
+
     def _values(self, x: Tensor) -> Tensor:
+        """(B, H, W, C_in) for shared values, else (B, H, W, heads, D)."""
         if self.value_mode == "shared":
             return x
         B, H, W, _ = x.shape
         return self.value(x).view(B, H, W, self.heads, self.head_dim)
 
-    def _drop(self, p: Tensor, rate: float) -> Tensor:
-        return F.dropout(p, rate, training=True) if self.training and rate > 0 else p
+    def _dropout_p(self) -> float:
+        return self.attn_dropout if self.training else 0.0
 
-    def _separable(self, v: Tensor, H: int, W: int) -> Tensor:
-        """P_h = P_h^row (x) P_h^col applied as two matmuls: (B, H, W, heads, D) out."""
+    def _per_sample(self) -> bool:
+        return self.attn_dropout_mask == "per-sample"
+
+    # ------------------------------------------------------- scores and probabilities
+    def _factor_probs(self, H: int, W: int) -> tuple[Tensor, Tensor]:
+        """A separable encoding's row and column softmaxes (heads, H, H), (heads, W, W), in at least float32."""
         with float32_scores():
-            row, col = self.encoding.factors(H, W)  # (heads, H, H), (heads, W, W)
-            row, col = row.softmax(-1), col.softmax(-1)
-        dtype = _matmul_dtype(v)
-        row, col = row.to(dtype), col.to(dtype)
-        B = v.shape[0]
-        if self.training and self.attn_dropout > 0:
-            # Factorized dropout: each factor drops entries with rate r, 1 - (1 - r)^2 = p, so an
-            # entry of P = P^row (x) P^col survives with probability 1 - p and keeps its expectation
-            # as in the dense path (the masks of one row/column are correlated, unlike dense dropout).
-            r = 1.0 - math.sqrt(1.0 - self.attn_dropout)
-            if self.attn_dropout_mask == "per-sample":
-                row, col = row.expand(B, -1, -1, -1), col.expand(B, -1, -1, -1)  # (B, heads, H, H), (B, heads, W, W)
-            row, col = self._drop(row, r), self._drop(col, r)  # "shared": one mask per factor for the batch
-        if self.value_mode == "shared":
-            return self._apply_factors_shared(row, col, v.to(dtype))
-        if row.ndim == 4:
-            tmp = torch.einsum("bhjl,bilhd->bhijd", col, v)
-            return torch.einsum("bhik,bhkjd->bijhd", row, tmp)
-        tmp = torch.einsum("hjl,bilhd->hbijd", col, v)  # (heads, B, H, W, D): mix columns
-        return torch.einsum("hik,hbkjd->bijhd", row, tmp)  # (B, H, W, heads, D): mix rows
-
-    def _apply_factors_shared(self, row: Tensor, col: Tensor, x: Tensor) -> Tensor:
-        """Shared values: factors row ([B,] heads, H, H), col ([B,] heads, W, W) on x (B, H, W, C) -> (B, H, W, heads, C).
-
-        Rows first with the heads stacked into the matrix, (heads * H, H) @ (H, W * C) per image, which
-        reads x in place and writes (B, heads, H, W, C); then every (image, head, row) is a (W, W) @ (W, C)
-        product. One permute of the result remains (to the output projection's layout), where two
-        einsums need three.
-        """
-        B, H, W, C = x.shape
-        heads = self.heads
-        rows = row.reshape(-1, heads * H, H).expand(B, -1, -1)  # batch-independent: a stride-0 broadcast
-        tmp = torch.bmm(rows, x.reshape(B, H, W * C))  # (B, heads * H, W * C): (b, h, i, l, c)
-        cols = col.reshape(-1, heads, 1, W, W).expand(B, heads, H, W, W).reshape(B * heads * H, W, W)
-        out = torch.bmm(cols, tmp.view(B * heads * H, W, C))  # (b, h, i, j, c)
-        return out.view(B, heads, H, W, C).permute(0, 2, 3, 1, 4)
-
-    def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
-        """Shared values: (B, H, W, C) -> (B, T * heads, C), row q * heads + h = SA_h(X)_q.
-
-        The probabilities are laid out as a (T * heads, T) matrix per image, rows (q, h), so one
-        batched matmul writes every head's output where the output projection reads it: no
-        per-head copies of the values, no permutes of the outputs. Position-only probabilities
-        are batch-independent: one matrix, broadcast over the batch (a stride-0 operand of bmm,
-        not a copy); its backward sums the (T * heads, T) gradients over the batch. Content
-        probabilities (B, heads, T, T) are transposed to (B, T, heads, T) once (T * heads * T
-        numbers per image, against T * heads * C for expanded values).
-        """
-        B, T = x.shape[0], H * W
-        dtype = _matmul_dtype(x)
-        if self.position_only:
-            with float32_scores():
-                probs = self._position_probs(H, W)  # (heads, T, T)
-            # cast before the batch expand: autocast would cast the expanded operand, i.e. copy it per sample
-            stacked = probs.transpose(0, 1).reshape(T * self.heads, T).to(dtype)  # [(q, h), k] = P_h[q, k]
-            if self.training and self.attn_dropout > 0 and self.attn_dropout_mask == "per-sample":
-                stacked = stacked.expand(B, -1, -1)  # a mask per sample: the batch's copies are materialized
-        else:
-            probs = self._probs(x, H, W)  # (B, heads, T, T) float32
-            stacked = probs.to(dtype).transpose(1, 2).reshape(B, T * self.heads, T)
-        if self.training and self.attn_dropout > 0:
-            stacked = self._drop(stacked, self.attn_dropout)
-        if stacked.ndim == 2:
-            stacked = stacked.expand(B, -1, -1)
-        return torch.bmm(stacked, x.reshape(B, T, self.in_channels).to(dtype))
+            row, col = self.encoding.factors(H, W)
+            return row.softmax(-1), col.softmax(-1)
 
     def _position_probs(self, H: int, W: int) -> Tensor:
         """Position-only probabilities (heads, T, T) in at least float32; separable encodings as the
-        outer product of their row and column softmaxes (exact: Kronecker product)."""
+        Kronecker product of their row and column softmaxes (exact)."""
         if not self.separable:
-            return self._position_logits(H, W).softmax(-1)
-        row, col = self.encoding.factors(H, W)
-        row, col = row.softmax(-1), col.softmax(-1)  # (heads, H, H), (heads, W, W)
-        return (row[:, :, None, :, None] * col[:, None, :, None, :]).reshape(self.heads, H * W, H * W)
-
-    def _dense(self, x: Tensor, v: Tensor, H: int, W: int) -> Tensor:
-        """The plain formulation: (heads, T, T) probabilities times the values."""
-        B, T = x.shape[0], H * W
-        probs = self._probs(x, H, W).to(v.dtype)  # (1 or B, heads, T, T)
-        if self.training and self.attn_dropout > 0:
-            if self.attn_dropout_mask == "per-sample":
-                probs = probs.expand(B, -1, -1, -1)
-            probs = self._drop(probs, self.attn_dropout)  # (B, heads, T, T), or (1, ...) for a shared mask
-        if self.value_mode == "shared":
-            v = v.reshape(B, 1, T, self.in_channels)  # every head sees the same values
-        else:
-            v = v.reshape(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
-        out = probs @ v  # (B, heads, T, D)
-        return out.transpose(1, 2)
-
-    def _sdpa(self, x: Tensor, v: Tensor, H: int, W: int) -> Tensor:
-        B, T = x.shape[0], H * W
-        if self.training and self.attn_dropout > 0 and self.attn_dropout_mask == "shared":
-            return self._dense(x, v, H, W)  # SDPA draws a mask per sample; a shared one needs the probabilities
-        if self.value_mode == "shared":
-            v = v.reshape(B, 1, T, self.in_channels).expand(B, self.heads, T, self.in_channels)
-        else:
-            v = v.reshape(B, T, self.heads, self.head_dim).transpose(1, 2)
-        dropout = self.attn_dropout if self.training else 0.0
-        if self.position_only:
-            # No content term: zero-width queries and keys would be rejected, so give SDPA a single
-            # zero channel; q.k = 0 and the positional logits are the whole score.
-            bias = self._position_logits(H, W).to(v.dtype)[None]  # (1, heads, T, T)
-            zeros = v.new_zeros(B, self.heads, T, 1)
-            out = F.scaled_dot_product_attention(zeros, zeros, v, attn_mask=bias, dropout_p=dropout)
-        else:
-            q, k = self._queries_keys(x)
             with float32_scores():
-                bias = self.encoding.position_logits(at_least_float32(q), H, W)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
-        return out.transpose(1, 2)  # (B, T, heads, D)
+                return self._position_logits(H, W).softmax(-1)
+        return paths.kronecker_probs(*self._factor_probs(H, W))
 
-    # --------------------------------------------------------------- analysis
     def _queries_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
         B, H, W, _ = x.shape
         q = self.query(x).view(B, H * W, self.heads, self.key_dim).transpose(1, 2)  # (B, heads, T, D_k)
@@ -409,10 +302,12 @@ class SelfAttention2d(nn.Module):
         return {"content": content, "position": pos, "combined": content + pos}
 
     def _probs(self, x: Tensor, H: int, W: int) -> Tensor:
+        """Softmax of the combined scores, (1 or B, heads, T, T) in at least float32."""
         scores = self._scores(x if not self.position_only else None, H, W)["combined"]
         with float32_scores():
             return scores.softmax(-1)
 
+    # --------------------------------------------------------------- analysis
     def attention_scores(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> dict[str, Tensor]:
         """Pre-softmax score terms (Eq. 6) as (B or 1, heads, T, T) float32 tensors.
 
@@ -422,9 +317,17 @@ class SelfAttention2d(nn.Module):
         x_tokens, H, W = self._analysis_input(x, size)
         return self._scores(x_tokens, H, W)
 
-    def attention_probs(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> Tensor:
-        """Softmax probabilities (B or 1, heads, T, T), T = H*W, rows = queries (row-major pixels)."""
-        return self.attention_scores(x, size)["combined"].softmax(-1)
+    def attention_probs(self, x: Tensor | None = None, size: tuple[int, int] | None = None,
+                        term: str = "combined") -> Tensor:
+        """Softmax probabilities (B or 1, heads, T, T), T = H*W, rows = queries (row-major pixels).
+
+        term: "combined" (the layer's attention), or "position" / "content" (the softmax of that
+        score term alone, Eq. 6; content layers have both).
+        """
+        scores = self.attention_scores(x, size)
+        if term not in scores:
+            raise AttnconvError(f"unknown score term {term!r}; this layer has: {', '.join(scores)}")
+        return scores[term].softmax(-1)
 
     def _analysis_input(self, x: Tensor | None, size) -> tuple[Tensor | None, int, int]:
         if x is not None:
@@ -457,29 +360,6 @@ class SelfAttention2d(nn.Module):
         b_val = self.value.bias.view(self.heads, self.head_dim)
         # attention rows sum to one, so the value bias passes through unchanged
         return maps, bias + torch.einsum("ohd,hd->o", w_out, b_val)
-
-
-@contextmanager
-def float32_scores() -> Iterator[None]:
-    """Disable autocast so scores and softmax stay in float32 (fp16 softmax overflows to NaN).
-
-    Plain nested `with torch.autocast(...)` blocks (no ExitStack), which torch.compile traces
-    without a graph break.
-    """
-    with torch.autocast("cpu", enabled=False):
-        if torch.cuda.is_available():
-            with torch.autocast("cuda", enabled=False):
-                yield
-        else:
-            yield
-
-
-def _matmul_dtype(x: Tensor) -> torch.dtype:
-    """The dtype a matmul on x runs in: autocast's where it is on for x's device, else x's own."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return torch.get_autocast_dtype(device)
-    return x.dtype
 
 
 def _check_positive_int(name: str, v: object) -> None:

@@ -1,0 +1,32 @@
+"""Dtypes of the attention computation under autocast: scores and softmax in float32, matmuls in autocast's dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+
+@contextmanager
+def float32_scores() -> Iterator[None]:
+    """Disable autocast so scores and softmax stay in float32 (fp16 softmax overflows to NaN).
+
+    Plain nested `with torch.autocast(...)` blocks (no ExitStack), which torch.compile traces
+    without a graph break.
+    """
+    with torch.autocast("cpu", enabled=False):
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", enabled=False):
+                yield
+        else:
+            yield
+
+
+def matmul_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a matmul on x runs in: autocast's where it is on for x's device, else x's own."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.get_autocast_dtype(device)
+    return x.dtype

@@ -1,0 +1,142 @@
+"""The computation paths of SelfAttention2d, one function per `impl`, all computing the same function.
+
+Each takes tensors and a few settings, never the layer. Shapes: T = H * W tokens, row-major pixels.
+Values `v` (but sdpa's) are the input itself, x (B, H, W, C), for shared values (W_val^h = I), or
+(B, H, W, heads, D) for per-head values. Probabilities are in at least float32; the paths cast
+them to the dtype the matmul runs in. `dropout_p` (> 0 in training only) drops probabilities
+keeping their expectation; `per_sample` draws a mask per sample, else one mask for the batch
+(position-only probabilities, which have no batch dimension).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnconv.attention.autocast import matmul_dtype
+
+
+def dense(probs: Tensor, v: Tensor, dropout_p: float = 0.0, per_sample: bool = True) -> Tensor:
+    """The plain formulation (Eq. 1-3): probs (1 or B, heads, T, T) times the values -> (B, T, heads, D)."""
+    B, T = v.shape[0], probs.shape[-1]
+    probs = probs.to(v.dtype)
+    if dropout_p > 0:
+        if per_sample:
+            probs = probs.expand(B, -1, -1, -1)
+        probs = F.dropout(probs, dropout_p, training=True)  # (B, heads, T, T), or (1, ...) for a shared mask
+    if v.ndim == 4:
+        v = v.reshape(B, 1, T, v.shape[-1])  # every head sees the same values
+    else:
+        v = v.reshape(B, T, v.shape[-2], v.shape[-1]).transpose(1, 2)  # (B, heads, T, D)
+    out = probs @ v  # (B, heads, T, D)
+    return out.transpose(1, 2)
+
+
+def separable(row: Tensor, col: Tensor, v: Tensor, dropout_p: float = 0.0, per_sample: bool = True) -> Tensor:
+    """P_h = P_h^row (x) P_h^col applied as two small matmuls -> (B, H, W, heads, D).
+
+    row (heads, H, H) and col (heads, W, W) are the factors' probabilities. Costs
+    O(B h H W (H + W) D) instead of O(B h (HW)^2 D); the T x T matrix is never formed.
+    """
+    dtype = matmul_dtype(v)
+    row, col = row.to(dtype), col.to(dtype)
+    B = v.shape[0]
+    if dropout_p > 0:
+        # Factorized dropout: each factor drops entries with rate r, 1 - (1 - r)^2 = p, so an
+        # entry of P = P^row (x) P^col survives with probability 1 - p and keeps its expectation
+        # as in the dense path (the masks of one row/column are correlated, unlike dense dropout).
+        r = 1.0 - math.sqrt(1.0 - dropout_p)
+        if per_sample:
+            row, col = row.expand(B, -1, -1, -1), col.expand(B, -1, -1, -1)  # (B, heads, H, H), (B, heads, W, W)
+        row, col = F.dropout(row, r, training=True), F.dropout(col, r, training=True)  # shared: one mask per factor
+    if v.ndim == 4:
+        return _apply_factors_shared(row, col, v.to(dtype))
+    if row.ndim == 4:
+        tmp = torch.einsum("bhjl,bilhd->bhijd", col, v)
+        return torch.einsum("bhik,bhkjd->bijhd", row, tmp)
+    tmp = torch.einsum("hjl,bilhd->hbijd", col, v)  # (heads, B, H, W, D): mix columns
+    return torch.einsum("hik,hbkjd->bijhd", row, tmp)  # (B, H, W, heads, D): mix rows
+
+
+def _apply_factors_shared(row: Tensor, col: Tensor, x: Tensor) -> Tensor:
+    """Shared values: factors row ([B,] heads, H, H), col ([B,] heads, W, W) on x (B, H, W, C) -> (B, H, W, heads, C).
+
+    Rows first with the heads stacked into the matrix, (heads * H, H) @ (H, W * C) per image, which
+    reads x in place and writes (B, heads, H, W, C); then every (image, head, row) is a (W, W) @ (W, C)
+    product. One permute of the result remains (to the output projection's layout), where two
+    einsums need three.
+    """
+    B, H, W, C = x.shape
+    heads = row.shape[-3]
+    rows = row.reshape(-1, heads * H, H).expand(B, -1, -1)  # batch-independent: a stride-0 broadcast
+    tmp = torch.bmm(rows, x.reshape(B, H, W * C))  # (B, heads * H, W * C): (b, h, i, l, c)
+    cols = col.reshape(-1, heads, 1, W, W).expand(B, heads, H, W, W).reshape(B * heads * H, W, W)
+    out = torch.bmm(cols, tmp.view(B * heads * H, W, C))  # (b, h, i, j, c)
+    return out.view(B, heads, H, W, C).permute(0, 2, 3, 1, 4)
+
+
+def kronecker_probs(row: Tensor, col: Tensor) -> Tensor:
+    """Separable probabilities as one matrix: row (heads, H, H), col (heads, W, W) -> P (heads, T, T).
+
+    Exact: the softmax of a row term plus a column term is the Kronecker product of their softmaxes.
+    """
+    heads, H, W = row.shape[0], row.shape[-1], col.shape[-1]
+    return (row[:, :, None, :, None] * col[:, None, :, None, :]).reshape(heads, H * W, H * W)
+
+
+def stacked(probs: Tensor, x: Tensor, dropout_p: float = 0.0, per_sample: bool = True) -> Tensor:
+    """Shared values: x (B, H, W, C) -> (B, T * heads, C), row q * heads + h = SA_h(X)_q.
+
+    probs: (heads, T, T) position-only (batch-independent) or (B, heads, T, T). They are laid out
+    as a (T * heads, T) matrix per image, rows (q, h), so one batched matmul writes every head's
+    output where the output projection reads it: no per-head copies of the values, no permutes of
+    the outputs. Batch-independent probabilities are one matrix broadcast over the batch (a stride-0
+    operand of bmm, not a copy); its backward sums the gradients over the batch. Per-sample
+    probabilities are transposed to (B, T, heads, T) once (T * heads * T numbers per image, against
+    T * heads * C for expanded values). Costs the dense FLOPs, O(B h T^2 C), in large matmuls.
+    """
+    B, H, W, C = x.shape
+    T, heads = H * W, probs.shape[-3]
+    dtype = matmul_dtype(x)
+    if probs.ndim == 3:
+        # cast before the batch expand: autocast would cast the expanded operand, i.e. copy it per sample
+        p = probs.transpose(0, 1).reshape(T * heads, T).to(dtype)  # [(q, h), k] = P_h[q, k]
+        if dropout_p > 0 and per_sample:
+            p = p.expand(B, -1, -1)  # a mask per sample: the batch's copies are materialized
+    else:
+        p = probs.to(dtype).transpose(1, 2).reshape(B, T * heads, T)
+    if dropout_p > 0:
+        p = F.dropout(p, dropout_p, training=True)
+    if p.ndim == 2:
+        p = p.expand(B, -1, -1)
+    return torch.bmm(p, x.reshape(B, T, C).to(dtype))
+
+
+def heads_first(v: Tensor, heads: int) -> Tensor:
+    """Values (B, H, W, C) shared or (B, H, W, heads, D) -> (B, heads, T, D); shared values are expanded, not copied."""
+    B, H, W = v.shape[:3]
+    T = H * W
+    if v.ndim == 4:
+        return v.reshape(B, 1, T, v.shape[-1]).expand(B, heads, T, v.shape[-1])
+    return v.reshape(B, T, heads, v.shape[-1]).transpose(1, 2)
+
+
+def sdpa(v: Tensor, bias: Tensor, q: Tensor | None = None, k: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """torch's scaled_dot_product_attention with the positional logits as a float bias -> (B, T, heads, D).
+
+    v (B, heads, T, D) (`heads_first`); bias (1 or B, heads, T, T), the positional logits; q, k
+    (B, heads, T, D_k) for content attention, None for position-only attention. Dropout draws a
+    mask per sample.
+    """
+    B, heads, T = v.shape[:3]
+    if q is None:
+        # No content term: zero-width queries and keys would be rejected, so give SDPA a single
+        # zero channel; q.k = 0 and the positional logits are the whole score.
+        zeros = v.new_zeros(B, heads, T, 1)
+        out = F.scaled_dot_product_attention(zeros, zeros, v, attn_mask=bias.to(v.dtype), dropout_p=dropout_p)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+    return out.transpose(1, 2)
