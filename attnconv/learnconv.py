@@ -43,17 +43,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnconv.analysis.grid import grid_points, match_to_grid
+from attnconv.analysis.grid import match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.limits import check_memory
+from attnconv.plots import learn_conv_figure, save_figure
 
 SOURCES = ("fmnist", "random")
 DEFAULTS = dict(kernel=3, heads=9, steps=3000, channels=8, size=12, batch_size=32, lr=0.03, seed=0)
 _EVAL_IMAGES = 256
 
-__all__ = ["DEFAULTS", "SOURCES", "learn_conv", "learn_conv_figure"]
+__all__ = ["DEFAULTS", "SOURCES", "learn_conv"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -253,8 +254,6 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
     if note:
         result["note"] = note
     if out is not None:
-        from attnconv.plots import save_figure
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"generator": SIGNATURE, **result}, indent=1) + "\n"
@@ -303,49 +302,3 @@ def _tap_mixing(student: SelfAttention2d, side: int, kernel: int) -> dict[str, A
         "tap_mixing": window.T.tolist(),
         "tap_mixing_condition": float(sv[0] / sv[-1]) if rank_full and sv[-1] > 0 else None,
     }
-
-
-def learn_conv_figure(result: dict[str, Any]):
-    """Two panels: the centers' trajectories against the K x K grid, and the held-out error."""
-    from matplotlib.figure import Figure
-
-    from attnconv.plots import head_colors
-
-    traj = np.asarray(result["trajectory"])  # (records, heads, 2)
-    kernel = result["config"]["kernel"]
-    heads = traj.shape[1]
-    colors = head_colors(heads)
-    fig = Figure(figsize=(10, 4.6))
-    ax, ax_err = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
-    grid = grid_points(kernel)
-    ax.plot(grid[:, 1], grid[:, 0], "s", ms=11, mfc="none", mec="black", mew=1.2, label=f"{kernel}x{kernel} grid")
-    for h in range(heads):
-        ax.plot(traj[:, h, 1], traj[:, h, 0], "-", color=colors[h], lw=1.2)
-        ax.plot(traj[0, h, 1], traj[0, h, 0], "o", color=colors[h], mfc="none", ms=5)
-        ax.plot(traj[-1, h, 1], traj[-1, h, 0], "o", color=colors[h], ms=6)
-    R = max(kernel // 2 + 1, math.ceil(np.abs(traj).max()))
-    ax.set_xlim(-R - 0.5, R + 0.5)
-    ax.set_ylim(R + 0.5, -R - 0.5)  # rows point down
-    ax.set_aspect("equal")
-    ax.set_xticks(np.arange(-R, R + 1, 1 if R <= 6 else 2))
-    ax.set_yticks(np.arange(-R, R + 1, 1 if R <= 6 else 2))
-    ax.set_xticks(np.arange(-R, R + 2) - 0.5, minor=True)
-    ax.set_yticks(np.arange(-R, R + 2) - 0.5, minor=True)
-    ax.grid(which="minor", color="0.9", lw=0.6)
-    ax.tick_params(which="minor", length=0)
-    ax.set_xlabel("column shift")
-    ax.set_ylabel("row shift (down)")
-    m = result["matching"]
-    ax.set_title(f"head centers: start (open) to end (filled)\n{m['within']}/{heads} heads within "
-                 f"{m['tolerance']} px of a distinct grid point, mean distance {m['mean_distance']:.2f}", fontsize=9)
-    ax_err.semilogy(result["steps_recorded"], result["relative_error_curve"], color="black")
-    ax_err.set_xlabel("step")
-    ax_err.set_ylabel("held-out ||attn(x) - conv(x)|| / ||conv(x)||")
-    ax_err.set_title(f"final relative error {result['relative_error']:.3g}", fontsize=9)
-    ax_err.grid(True, which="both", color="0.9")
-    c = result["config"]
-    fig.suptitle(f"Does self-attention learn a {kernel}x{kernel} convolution? {heads} quadratic heads, "
-                 f"{c['channels']} channels, {c['size']}x{c['size']} {c['source']} inputs, {c['steps']} Adam steps",
-                 fontsize=10)
-    fig.tight_layout()
-    return fig

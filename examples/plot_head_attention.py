@@ -20,7 +20,7 @@ def tiny_run(root: Path) -> Path:
     """Train a 2-layer quadratic attention model for a few steps on random Fashion-MNIST-shaped data."""
     from attnconv import data as D
     from attnconv.config import make_config
-    from attnconv.train import train
+    from attnconv.training import train
 
     g = torch.Generator().manual_seed(0)
     make = lambda n: D.ImageSet(torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=g),  # noqa: E731

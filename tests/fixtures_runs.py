@@ -8,7 +8,8 @@ from typing import Any
 
 from fixtures_data import write_random_fashion
 
-from attnconv.train import make_config, train
+from attnconv.config import make_config
+from attnconv.training import train
 
 # The attention classifiers at a 7x7 token grid, a few hundred parameters a layer.
 TINY = dict(hidden=8, layers=2, heads=4, intermediate=8, downsample=4)

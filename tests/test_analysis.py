@@ -20,7 +20,7 @@ from attnconv.construct import conv_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model
 from attnconv.models.sites import AttentionLayer, attention_sites, site_probs
-from attnconv.train import load_run
+from attnconv.runs import load_run
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 HEAD_KEYS = {"head", "center", "center_source", "mean_shift", "alpha", "inverse_covariance", "eigenvalues",

@@ -6,15 +6,23 @@ import torch
 
 from attnconv import bench
 from attnconv.attention import SelfAttention2d
+from attnconv.bench.cases import set_impl
+from attnconv.bench.config import EPOCH_STEPS, FULLSIZE_UTILIZATION_TARGET, LAYER_ENCODINGS, PRESET_TARGET
+from attnconv.bench.conv import RelativeBiasAttention, swin_heads
+from attnconv.bench.estimates import estimate_layer_bytes, fit_batch
+from attnconv.bench.flex import FlexContentAttention, flex_unavailable
+from attnconv.bench.results import fmt_bytes, fmt_seconds
+from attnconv.bench.timing import Timing, interleaved_order, rel_diff, speedup, target_status, time_variants
 from attnconv.cli import main
 from attnconv.models import build_model
+from attnconv.tables import format_table
 
 # ------------------------------------------------------------------ timing and ratio helpers
 
 
 def test_interleaved_order_alternates_direction():
-    assert bench.interleaved_order(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
-    assert bench.interleaved_order(["a"], 2) == ["a", "a"]
+    assert interleaved_order(["a", "b"], 3) == ["a", "b", "b", "a", "a", "b"]
+    assert interleaved_order(["a"], 2) == ["a", "a"]
 
 
 def test_time_variants_warms_up_then_times_interleaved_runs():
@@ -31,81 +39,81 @@ def test_time_variants_warms_up_then_times_interleaved_runs():
 
         return run
 
-    timings = bench.time_variants({"dense": variant("dense", 3.0), "fast": variant("fast", 1.0)},
+    timings = time_variants({"dense": variant("dense", 3.0), "fast": variant("fast", 1.0)},
                                   warmup=2, repeats=3, clock=clock)
     assert calls == ["dense", "fast"] * 2 + ["dense", "fast", "fast", "dense", "dense", "fast"]
     assert timings["dense"].samples == [3.0, 3.0, 3.0] and timings["fast"].samples == [1.0, 1.0, 1.0]
-    assert bench.speedup(timings["dense"], timings["fast"]) == 3.0
+    assert speedup(timings["dense"], timings["fast"]) == 3.0
 
 
 def test_timing_reports_median_min_max():
-    t = bench.Timing([5.0, 1.0, 2.0, 100.0, 3.0])
+    t = Timing([5.0, 1.0, 2.0, 100.0, 3.0])
     assert (t.median, t.min, t.max) == (3.0, 1.0, 100.0)
-    assert bench.Timing([1.0, 3.0]).median == 2.0
+    assert Timing([1.0, 3.0]).median == 2.0
 
 
 def test_speedup_is_baseline_median_over_variant_median():
-    dense, fast = bench.Timing([4.0, 4.0, 40.0]), bench.Timing([2.0, 1.0, 2.0])
-    assert bench.speedup(dense, fast) == 2.0
-    assert bench.speedup(fast, dense) == 0.5
+    dense, fast = Timing([4.0, 4.0, 40.0]), Timing([2.0, 1.0, 2.0])
+    assert speedup(dense, fast) == 2.0
+    assert speedup(fast, dense) == 0.5
 
 
 def test_rel_diff_is_max_error_over_max_reference():
     ref = torch.tensor([1.0, -4.0, 2.0])
-    assert bench.rel_diff(ref + torch.tensor([0.0, 0.0, 0.4]), ref) == pytest.approx(0.1)
-    assert bench.rel_diff(ref, ref) == 0.0
-    assert bench.rel_diff(torch.tensor([0.5]), torch.zeros(1)) == 0.5
+    assert rel_diff(ref + torch.tensor([0.0, 0.0, 0.4]), ref) == pytest.approx(0.1)
+    assert rel_diff(ref, ref) == 0.0
+    assert rel_diff(torch.tensor([0.5]), torch.zeros(1)) == 0.5
 
 
 def test_target_status_says_met_or_missed():
-    assert bench.target_status(2.6, 2.5) == ">= 2.5x met"
-    assert bench.target_status(1.29, 1.3) == ">= 1.3x missed"
-    assert bench.target_status(3.0, None) == ""
-    assert bench.target_status(None, 1.2) == ""
+    assert target_status(2.6, 2.5) == ">= 2.5x met"
+    assert target_status(1.29, 1.3) == ">= 1.3x missed"
+    assert target_status(3.0, None) == ""
+    assert target_status(None, 1.2) == ""
 
 
 def test_fit_batch_halves_until_the_estimate_fits():
     per_sample = lambda b: 10 * b  # noqa: E731
-    assert bench.fit_batch(per_sample, 32, 1000) == 32
-    assert bench.fit_batch(per_sample, 32, 100) == 8
-    assert bench.fit_batch(lambda b: 10 * b + 1000, 32, 100) == 0
+    assert fit_batch(per_sample, 32, 1000) == 32
+    assert fit_batch(per_sample, 32, 100) == 8
+    assert fit_batch(lambda b: 10 * b + 1000, 32, 100) == 0
 
 
 def test_dense_estimate_grows_with_tokens_squared_and_exceeds_separable():
-    small = bench.estimate_layer_bytes("dense", "quadratic", 32, 32, 400, 9)
-    large = bench.estimate_layer_bytes("dense", "quadratic", 32, 64, 400, 9)
+    small = estimate_layer_bytes("dense", "quadratic", 32, 32, 400, 9)
+    large = estimate_layer_bytes("dense", "quadratic", 32, 64, 400, 9)
     assert large > 8 * small  # 4x the tokens: the (T x T) terms dominate
     for side, factor in ((32, 1), (64, 2.5)):  # measured at 32x32, batch 2: dense 1.4x the separable path
-        assert bench.estimate_layer_bytes("dense", "quadratic", 32, side, 400, 9) > \
-            factor * bench.estimate_layer_bytes("separable", "quadratic", 32, side, 400, 9)
+        assert estimate_layer_bytes("dense", "quadratic", 32, side, 400, 9) > \
+            factor * estimate_layer_bytes("separable", "quadratic", 32, side, 400, 9)
     # the 64x64 layer at batch 32: the dense probabilities alone are 32*9*4096^2 floats (19 GB)
-    assert bench.estimate_layer_bytes("dense", "quadratic", 32, 64, 400, 9) > 2 * 19e9
+    assert estimate_layer_bytes("dense", "quadratic", 32, 64, 400, 9) > 2 * 19e9
 
 
 def test_tables_format_as_text_and_markdown():
     rows = [["quadratic", "1.50x"]]
-    assert bench.format_table(["encoding", "ratio"], rows, markdown=True).splitlines() == [
+    assert format_table(["encoding", "ratio"], rows, markdown=True).splitlines() == [
         "| encoding | ratio |", "|---|---|", "| quadratic | 1.50x |"]
-    text = bench.format_table(["encoding", "ratio"], rows).splitlines()
+    text = format_table(["encoding", "ratio"], rows).splitlines()
     assert text[0].split() == ["encoding", "ratio"] and text[2].split() == ["quadratic", "1.50x"]
-    assert bench.fmt_seconds(0.0123) == "12.3 ms" and bench.fmt_bytes(2.5e9) == "2.50 GB"
+    assert fmt_seconds(0.0123) == "12.3 ms" and fmt_bytes(2.5e9) == "2.50 GB"
 
 
 def test_flex_attention_computes_the_content_layer():
-    if bench.flex_unavailable("cpu", needs_grad=False):
+    if flex_unavailable("cpu", needs_grad=False):
         pytest.skip("FlexAttention not importable")
     layer = SelfAttention2d(8, 8, heads=2, encoding="learned-content", impl="dense", max_size=5).eval()
     x = torch.randn(2, 8, 3, 5)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager FlexAttention warns that it is the reference implementation
-        out = bench.FlexContentAttention(layer)(x)
-    assert bench.rel_diff(out, layer(x).detach()) < 1e-5
+        out = FlexContentAttention(layer)(x)
+    assert rel_diff(out, layer(x).detach()) < 1e-5
 
 
 def test_impl_of_every_layer_is_set_without_changing_parameters():
     model = build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    bench.set_impl(model, "auto")
+    set_impl(model, "auto")
     assert [m.resolved_impl() for m in model.attention_layers] == ["separable", "separable"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -134,7 +142,7 @@ def test_bench_runs_every_benchmark_end_to_end(tmp_path, capsys, keep_threads):
     sections = {s["key"]: s for s in report["sections"]}
     assert list(sections) == ["matmul", "layer", "model", "util", "data", "memory"]
     layers = sections["layer"]["data"]
-    assert {r["encoding"] for r in layers} == set(bench.LAYER_ENCODINGS)
+    assert {r["encoding"] for r in layers} == set(LAYER_ENCODINGS)
     for r in layers + sections["model"]["data"]:
         assert "skipped" not in r, r
         assert min(r["seconds"]) > 0 and r["speedup"] > 0
@@ -170,7 +178,7 @@ def test_cpu_sections_run_end_to_end(tmp_path, capsys, keep_threads):
                                "resnet18 (width 16)") for p in ("fp32", "bf16")}
     for r in presets:
         assert r["images_per_s"] > 0 and r["flops"] > 0 and r["vs_resnet"] > 0
-        assert (r["target"] == bench.PRESET_TARGET) == (r["model"] == "sa-quadratic")
+        assert (r["target"] == PRESET_TARGET) == (r["model"] == "sa-quadratic")
     assert {r["path"] for r in presets if r["model"].startswith("sa-quadratic")} == {"stacked", "separable"}
 
     conv = sections["conv"]["data"]
@@ -179,7 +187,7 @@ def test_cpu_sections_run_end_to_end(tmp_path, capsys, keep_threads):
 
     full = sections["fullsize"]["data"]
     assert [r["precision"] for r in full] == ["fp32", "bf16"]
-    assert all(0 < r["utilization"] and r["target"] == bench.FULLSIZE_UTILIZATION_TARGET for r in full)
+    assert all(0 < r["utilization"] and r["target"] == FULLSIZE_UTILIZATION_TARGET for r in full)
 
     compiled = sections["compile"]["data"]
     assert [(r["model"], r["precision"]) for r in compiled] == [("sa-quadratic", "fp32"), ("sa-quadratic", "bf16")]
@@ -187,11 +195,11 @@ def test_cpu_sections_run_end_to_end(tmp_path, capsys, keep_threads):
         assert "failed" not in r, r
         assert r["first_compiled"] > r["compiled"] > 0 and r["compile_cost"] > 0
         assert r["pays_in_epoch"] == (r["eager"] > r["compiled"]
-                                      and (r["eager"] - r["compiled"]) * bench.EPOCH_STEPS > r["compile_cost"])
+                                      and (r["eager"] - r["compiled"]) * EPOCH_STEPS > r["compile_cost"])
 
 
 def test_swin_style_attention_gathers_a_relative_bias_table():
-    layer = bench.RelativeBiasAttention(8, 2, 3)
+    layer = RelativeBiasAttention(8, 2, 3)
     with torch.no_grad():
         layer.table.copy_(torch.arange(25.0)[:, None].expand(25, 2))
     # entry [q, k] is the table row of k - q: (dr + 2) * 5 + (dc + 2)
@@ -202,8 +210,8 @@ def test_swin_style_attention_gathers_a_relative_bias_table():
     bias = layer.table[layer.index].permute(2, 0, 1)
     probs = (q @ k.transpose(-1, -2) / 2 + bias).softmax(-1)
     expected = layer.proj((probs @ v).transpose(1, 2).reshape(2, 9, 8)).transpose(1, 2).reshape(2, 8, 3, 3)
-    assert bench.rel_diff(layer(x), expected) < 1e-5
-    assert bench.swin_heads(64) == 2 and bench.swin_heads(400) == 10 and bench.swin_heads(8) == 1
+    assert rel_diff(layer(x), expected) < 1e-5
+    assert swin_heads(64) == 2 and swin_heads(400) == 10 and swin_heads(8) == 1
 
 
 def test_precisions_flag_reaches_the_config(capsys):

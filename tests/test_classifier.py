@@ -179,7 +179,9 @@ def test_a_run_written_before_the_new_options_loads(tmp_path):
     from fixtures_data import write_random_fashion
     from safetensors.torch import load_file, save_file
 
-    from attnconv.train import load_run, make_config, train
+    from attnconv.config import make_config
+    from attnconv.runs import load_run
+    from attnconv.training import train
 
     (tmp_path / "data").mkdir()
     write_random_fashion(tmp_path / "data", 16, 4, seed=0)

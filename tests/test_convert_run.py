@@ -9,7 +9,7 @@ from fixtures_data import write_idx
 
 from attnconv.cli import main
 from attnconv.construct import ConvAttention
-from attnconv.train import load_run
+from attnconv.runs import load_run
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_load_run_is_public_and_gives_an_eval_model(tmp_path):
     import attnconv
     from attnconv import data as D
     from attnconv.config import make_config
-    from attnconv.train import train
+    from attnconv.training import train
 
     g = torch.Generator().manual_seed(0)
     sets = [D.ImageSet(torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=g),

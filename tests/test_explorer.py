@@ -25,7 +25,7 @@ from attnconv.cli import main
 from attnconv.data import dataset_info, load_dataset, normalize
 from attnconv.errors import AttnconvError
 from attnconv.explorer import BadRequest, Explorer, make_server
-from attnconv.train import load_run
+from attnconv.runs import load_run
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -28,7 +28,8 @@ from attnconv.construct import (
 from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import no_weight_decay
-from attnconv.train import load_run, make_optimizer
+from attnconv.runs import load_run
+from attnconv.training import make_optimizer
 
 
 def _moved(layer: LearnableConvAttention, seed: int) -> LearnableConvAttention:
@@ -129,7 +130,7 @@ def test_positions_take_no_weight_decay_and_follow_dtype_and_state_dict():
     assert set(attn.state_dict()) >= {"0.out_weight", "0.positions.center", "2.positions.log_alpha"}
     torch.testing.assert_close(attn[0].alphas, torch.full((9,), 1.5))
     assert attn.double()[0].positions.center.dtype == torch.float64
-    from attnconv.train import TrainConfig
+    from attnconv.config import TrainConfig
 
     opt = make_optimizer(attn, TrainConfig(model="resnet18", dataset="fashion-mnist", weight_decay=0.1))
     decay = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
@@ -366,7 +367,7 @@ def test_init_from_trains_the_cnn_further_as_attention(cnn_run, data_dir, tmp_pa
     cnn, _ = load_run(cnn_run)
     start = cnn_to_attention(cnn, alpha=3.0, learnable=True)
     torch.manual_seed(0)
-    from attnconv.train import build_run_model
+    from attnconv.runs import build_run_model
 
     built = build_run_model(config, source_weights=True)
     for name, tensor in start.state_dict().items():
@@ -410,7 +411,7 @@ def test_attention_lr_scale_multiplies_the_first_step_of_positions_and_content_o
     """SGD's first step is lr * grad (momentum starts at the gradient): with --attention-lr-scale 10 the
     centers, widths and content query/key move exactly 10x as far, every other weight the same."""
     from attnconv.models import attention_placement
-    from attnconv.train import build_run_model
+    from attnconv.runs import build_run_model
 
     moved = {}
     for scale in ("1", "10"):
@@ -625,7 +626,7 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
 
 
 def test_an_init_from_config_written_before_content_attention_still_loads():
-    from attnconv.train import TrainConfig
+    from attnconv.config import TrainConfig
 
     old = {"run": "runs/cnn", "alpha": 3.0, "fold_bn": False}  # no "content" key
     TrainConfig(model="resnet18", dataset="fashion-mnist", init_from=old).validate()

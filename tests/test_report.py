@@ -14,8 +14,7 @@ from fixtures_runs import TINY, train_tiny_runs
 from attnconv.analysis import grid_likeness
 from attnconv.cli import main
 from attnconv.report import build_report, write_report
-from attnconv.runs import convert_run, read_heads
-from attnconv.train import read_metrics
+from attnconv.runs import convert_run, read_heads, read_metrics
 
 ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 _VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "area", "base"}

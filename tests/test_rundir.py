@@ -12,12 +12,12 @@ import pytest
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 
 import attnconv.runs as runs
-import attnconv.train.loop as loop
+import attnconv.training.loop as loop
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.fileio import LOCK_FILE, TMP_SUFFIX, DirectoryLock, atomic_write, is_temporary
 from attnconv.runs import convert_run, load_state
-from attnconv.train.progress import ProgressLog, format_duration
+from attnconv.training.progress import ProgressLog, format_duration
 
 RUN_FILES = ["config.json", "heads.jsonl", "metrics.csv", "model.safetensors", "state.pt"]
 

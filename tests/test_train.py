@@ -16,20 +16,12 @@ from fixtures_data import write_idx
 from safetensors.torch import load_file
 
 from attnconv.cli import main
+from attnconv.config import PRESETS, TrainConfig, make_config
 from attnconv.errors import AttnconvError
+from attnconv.fileio import atomic_write
 from attnconv.models import build_model, list_models, no_weight_decay
-from attnconv.runs import read_heads
-from attnconv.train import (
-    PRESETS,
-    TrainConfig,
-    atomic_write,
-    learning_rate,
-    load_run,
-    load_state,
-    make_config,
-    make_optimizer,
-    read_metrics,
-)
+from attnconv.runs import load_run, load_state, read_heads, read_metrics
+from attnconv.training import learning_rate, make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 N_TRAIN, N_TEST = 256, 128
@@ -227,7 +219,7 @@ def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch, preci
     ref = tmp_path / "ref"
     assert main(tiny_args(ref, data_dir, *precision)) == 0
 
-    import attnconv.train.loop as T
+    import attnconv.training.loop as T
 
     original = T._Trainer._checkpoint
 
@@ -259,7 +251,7 @@ def test_heads_logged_after_the_last_checkpoint_are_not_logged_twice(tmp_path, d
     ref = tmp_path / "ref"
     assert main(tiny_args(ref, data_dir)) == 0
 
-    import attnconv.train.loop as T
+    import attnconv.training.loop as T
 
     original = T._Trainer._record_heads
 

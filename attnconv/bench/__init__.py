@@ -45,76 +45,20 @@ requested batch, the comparison is also run at the largest halved batch where it
 fits, and says so. Nothing is reported that was not measured in the run.
 """
 
-from attnconv.bench.cases import auto_path, fast_paths, first_runs, run_case, set_impl, taken_path, train_step, training_step
-from attnconv.bench.compiled import bench_compile
-from attnconv.bench.config import (
-                                  CPU_SECTIONS,
-                                  DATA_TARGET,
-                                  DEFAULT_SECTIONS,
-                                  EPOCH_IMAGES,
-                                  EPOCH_STEPS,
-                                  FULLSIZE_UTILIZATION_TARGET,
-                                  LAYER_ENCODINGS,
-                                  LAYER_TARGETS,
-                                  MODEL_TARGETS,
-                                  PAPER_EPOCHS,
-                                  PRECISIONS,
-                                  PRESET_TARGET,
-                                  SECTIONS,
-                                  UTILIZATION_TARGET,
-                                  BenchConfig,
-                                  quick_config,
-                                  tiny_config,
-)
-from attnconv.bench.conv import RelativeBiasAttention, bench_conv, swin_heads
-from attnconv.bench.estimates import estimate_layer_bytes, estimate_step_bytes, fit_batch
-from attnconv.bench.flex import FlexContentAttention, flex_content_tokens, flex_model, flex_unavailable
-from attnconv.bench.fullsize import bench_fullsize
-from attnconv.bench.layer import bench_layers
-from attnconv.bench.matmul import bench_matmul, matmul_rate
-from attnconv.bench.memory import bench_memory, measure_step_memory, memory_spec
-from attnconv.bench.model import ModelCase, bench_models, model_cases
-from attnconv.bench.peakmem import PeakMemory, default_memory_budget
-from attnconv.bench.pipeline import bench_data
-from attnconv.bench.presets import bench_presets, count_step_flops, preset_model
-from attnconv.bench.profiling import describe_profile, profile_step
-from attnconv.bench.results import (
-                                  Report,
-                                  Section,
-                                  fmt_bytes,
-                                  fmt_seconds,
-                                  fmt_timing,
-                                  format_report,
-                                  format_section,
-                                  machine_info,
-                                  report_json,
-)
+from attnconv.bench.config import CPU_SECTIONS, DEFAULT_SECTIONS, PRECISIONS, SECTIONS, BenchConfig, quick_config, tiny_config
+from attnconv.bench.results import format_report, format_section, report_json
 from attnconv.bench.runner import run_benchmarks
-from attnconv.bench.timing import (
-                                  Timing,
-                                  attempt,
-                                  interleaved_order,
-                                  rel_diff,
-                                  speedup,
-                                  synchronize,
-                                  target_status,
-                                  time_call,
-                                  time_variants,
-)
-from attnconv.bench.utilization import bench_utilization
-from attnconv.tables import format_table
 
 __all__ = [
-    "CPU_SECTIONS", "DEFAULT_SECTIONS", "EPOCH_STEPS", "FULLSIZE_UTILIZATION_TARGET", "PRECISIONS", "PRESET_TARGET",
-    "RelativeBiasAttention", "bench_compile", "bench_conv", "bench_fullsize", "bench_presets", "count_step_flops",
-    "fast_paths", "preset_model", "swin_heads", "taken_path", "training_step",
-    "DATA_TARGET", "EPOCH_IMAGES", "LAYER_ENCODINGS", "LAYER_TARGETS", "MODEL_TARGETS", "PAPER_EPOCHS", "SECTIONS",
-    "UTILIZATION_TARGET", "BenchConfig", "FlexContentAttention", "ModelCase", "PeakMemory", "Report", "Section",
-    "Timing", "attempt", "auto_path", "bench_data", "bench_layers", "bench_matmul", "bench_memory", "bench_models",
-    "bench_utilization", "default_memory_budget", "describe_profile", "estimate_layer_bytes", "estimate_step_bytes",
-    "first_runs", "fit_batch", "flex_content_tokens", "flex_model", "flex_unavailable", "fmt_bytes", "fmt_seconds",
-    "fmt_timing", "format_report", "format_section", "format_table", "interleaved_order", "machine_info",
-    "matmul_rate", "measure_step_memory", "memory_spec", "model_cases", "profile_step", "quick_config", "rel_diff",
-    "report_json", "run_benchmarks", "run_case", "set_impl", "speedup", "synchronize", "target_status", "tiny_config",
-    "time_call", "time_variants", "train_step",
+    "BenchConfig",
+    "CPU_SECTIONS",
+    "DEFAULT_SECTIONS",
+    "PRECISIONS",
+    "SECTIONS",
+    "format_report",
+    "format_section",
+    "quick_config",
+    "report_json",
+    "run_benchmarks",
+    "tiny_config",
 ]

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.attention import SelfAttention2d
@@ -26,6 +25,7 @@ from attnconv.bench.profiling import describe_profile, profile_step
 from attnconv.bench.results import fmt_bytes
 from attnconv.bench.timing import attempt, autocast, rel_diff, speedup, target_status, time_variants
 from attnconv.flops import flop_counter
+from attnconv.training.step import train_step as train_step_of_the_loop
 
 PEAK_NOTE = ("peak mem: during the variant's first run, the peak above the level before it (CPU: resident memory "
              "of this process after returning freed heap pages to the OS; CUDA: torch.cuda.max_memory_allocated)")
@@ -98,18 +98,8 @@ def train_step(model: nn.Module, x: Tensor, y: Tensor, cfg: BenchConfig) -> Call
 
 def training_step(model: nn.Module, x: Tensor, y: Tensor, opt: torch.optim.Optimizer,
                   autocast_context: Callable[[], Any]) -> Callable[[], None]:
-    """One training step as attnconv.train runs it: forward under the autocast context, float32
-    cross-entropy, backward, the optimizer's step."""
-
-    def step() -> None:
-        with autocast_context():
-            logits = model(x)
-        loss = F.cross_entropy(logits.float(), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
+    """The training loop's own step (`attnconv.training.step.train_step`), as a no-argument callable to time."""
+    return lambda: train_step_of_the_loop(model, opt, x, y, autocast_context())
 
 
 def output_errors(variants: dict[str, nn.Module], base: nn.Module, x: Tensor, fits: bool = True

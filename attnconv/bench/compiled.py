@@ -22,7 +22,7 @@ from attnconv.bench.results import Section, fmt_seconds
 from attnconv.bench.timing import attempt, precision_autocast, progress, time_call, time_variants
 from attnconv.config import make_config
 from attnconv.models import list_models
-from attnconv.train.schedule import make_optimizer
+from attnconv.training.schedule import make_optimizer
 
 
 def _preset_for(name: str) -> str:

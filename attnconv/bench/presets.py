@@ -25,7 +25,7 @@ from attnconv.bench.timing import attempt, precision_autocast, progress, target_
 from attnconv.config import make_config
 from attnconv.flops import flop_counter
 from attnconv.models import build_model
-from attnconv.train.schedule import make_optimizer
+from attnconv.training.schedule import make_optimizer
 
 ATTENTION_PRESET, RESNET_PRESET = "fmnist-sa-quadratic", "fmnist-resnet-small"
 # (row name, preset, model (None: the preset's), model overrides on top of the preset's): the baseline last

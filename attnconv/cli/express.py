@@ -20,7 +20,7 @@ from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
 from attnconv.construct.geometry import MAX_DENSE
 from attnconv.errors import AttnconvError
 from attnconv.limits import check_memory
-from attnconv.plots import check_out, save_figure
+from attnconv.plots import check_out, conv_heads_figure, save_figure
 
 _CONVS = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -192,36 +192,7 @@ def _build_conv(args: argparse.Namespace) -> nn.Module:
 
 
 def _plot_heads(attn: ConvAttention, size: tuple[int, ...], path: Path) -> None:
-    """One panel per head (laid out like the kernel): its attention around the middle query."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    out = attn.output_size(size)
-    mid = (out[0] // 2) * out[1] + out[1] // 2  # flat index of the middle output pixel
-    probs = attn.attention_probs(size=size)[0, :, mid].reshape(attn.heads, *size).float().cpu()  # (heads, H, W)
-    qi, qj = attn.query_positions(size)[mid].tolist()
-    reach = int(attn.centers.abs().max()) + 2  # show the window the heads can reach, plus a margin
-    rows = slice(max(qi - reach, 0), min(qi + reach + 1, size[0]))
-    cols = slice(max(qj - reach, 0), min(qj + reach + 1, size[1]))
-    k_rows, k_cols = attn.kernel_size
-    fig = Figure(figsize=(1.6 * k_cols + 0.8, 1.6 * k_rows + 0.6))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(k_rows, k_cols, squeeze=False)
-    centers = attn.centers.tolist()
-    for h, ax in enumerate(axes.flat):
-        ax.imshow(
-            probs[h, rows, cols].numpy(),
-            vmin=0.0,
-            vmax=1.0,
-            cmap="viridis",
-            extent=(cols.start - 0.5, cols.stop - 0.5, rows.stop - 0.5, rows.start - 0.5),
-        )
-        ax.plot([qj], [qi], marker="s", markersize=4, markerfacecolor="none", markeredgecolor="red")
-        ax.set_title(f"head {h}: {tuple(centers[h])}", fontsize=7)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.suptitle(f"attention of each head at query {(qi, qj)} (red), alpha={attn.alpha:g}", fontsize=8)
-    save_figure(fig, path, dpi=120, flag="--plot", overwrite=True)  # checked before the work (run)
+    save_figure(conv_heads_figure(attn, size), path, dpi=120, flag="--plot", overwrite=True)  # checked in run
 
 
 def _check_memory(args: argparse.Namespace, size: tuple[int, ...]) -> None:

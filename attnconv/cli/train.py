@@ -140,7 +140,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnconv.train import CONFIG_FILE, TrainConfig, make_config, read_config, train
+    from attnconv.config import TrainConfig, make_config
+    from attnconv.runs import CONFIG_FILE, read_config
+    from attnconv.training import train
 
     out = Path(args.out)
     base = None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from attnconv.analysis.grid import grid_points
 from attnconv.errors import AttnconvError
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
@@ -339,6 +340,38 @@ def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
     return fig
 
 
+def conv_heads_figure(attn, size: tuple[int, ...]):
+    """A ConvAttention's heads, one panel each laid out like the kernel: its attention around the middle query."""
+    from matplotlib.figure import Figure
+
+    out = attn.output_size(size)
+    mid = (out[0] // 2) * out[1] + out[1] // 2  # flat index of the middle output pixel
+    probs = attn.attention_probs(size=size)[0, :, mid].reshape(attn.heads, *size).float().cpu()  # (heads, H, W)
+    qi, qj = attn.query_positions(size)[mid].tolist()
+    reach = int(attn.centers.abs().max()) + 2  # show the window the heads can reach, plus a margin
+    rows = slice(max(qi - reach, 0), min(qi + reach + 1, size[0]))
+    cols = slice(max(qj - reach, 0), min(qj + reach + 1, size[1]))
+    k_rows, k_cols = attn.kernel_size
+    fig = Figure(figsize=(1.6 * k_cols + 0.8, 1.6 * k_rows + 0.6))
+    axes = fig.subplots(k_rows, k_cols, squeeze=False)
+    centers = attn.centers.tolist()
+    for h, ax in enumerate(axes.flat):
+        ax.imshow(
+            probs[h, rows, cols].numpy(),
+            vmin=0.0,
+            vmax=1.0,
+            cmap="viridis",
+            extent=(cols.start - 0.5, cols.stop - 0.5, rows.stop - 0.5, rows.start - 0.5),
+        )
+        ax.plot([qj], [qi], marker="s", markersize=4, markerfacecolor="none", markeredgecolor="red")
+        ax.set_title(f"head {h}: {tuple(centers[h])}", fontsize=7)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"attention of each head at query {(qi, qj)} (red), alpha={attn.alpha:g}", fontsize=8)
+    return fig
+
+
+
 # ----------------------------------------------------------------------------------------
 # Attention maps (Figures 5, 6)
 # ----------------------------------------------------------------------------------------
@@ -437,3 +470,45 @@ def maps_figure(
     return fig
 
 
+def learn_conv_figure(result: dict[str, Any]):
+    """Two panels: the centers' trajectories against the K x K grid, and the held-out error."""
+    from matplotlib.figure import Figure
+
+    traj = np.asarray(result["trajectory"])  # (records, heads, 2)
+    kernel = result["config"]["kernel"]
+    heads = traj.shape[1]
+    colors = head_colors(heads)
+    fig = Figure(figsize=(10, 4.6))
+    ax, ax_err = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+    grid = grid_points(kernel)
+    ax.plot(grid[:, 1], grid[:, 0], "s", ms=11, mfc="none", mec="black", mew=1.2, label=f"{kernel}x{kernel} grid")
+    for h in range(heads):
+        ax.plot(traj[:, h, 1], traj[:, h, 0], "-", color=colors[h], lw=1.2)
+        ax.plot(traj[0, h, 1], traj[0, h, 0], "o", color=colors[h], mfc="none", ms=5)
+        ax.plot(traj[-1, h, 1], traj[-1, h, 0], "o", color=colors[h], ms=6)
+    R = max(kernel // 2 + 1, math.ceil(np.abs(traj).max()))
+    ax.set_xlim(-R - 0.5, R + 0.5)
+    ax.set_ylim(R + 0.5, -R - 0.5)  # rows point down
+    ax.set_aspect("equal")
+    ax.set_xticks(np.arange(-R, R + 1, 1 if R <= 6 else 2))
+    ax.set_yticks(np.arange(-R, R + 1, 1 if R <= 6 else 2))
+    ax.set_xticks(np.arange(-R, R + 2) - 0.5, minor=True)
+    ax.set_yticks(np.arange(-R, R + 2) - 0.5, minor=True)
+    ax.grid(which="minor", color="0.9", lw=0.6)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel("column shift")
+    ax.set_ylabel("row shift (down)")
+    m = result["matching"]
+    ax.set_title(f"head centers: start (open) to end (filled)\n{m['within']}/{heads} heads within "
+                 f"{m['tolerance']} px of a distinct grid point, mean distance {m['mean_distance']:.2f}", fontsize=9)
+    ax_err.semilogy(result["steps_recorded"], result["relative_error_curve"], color="black")
+    ax_err.set_xlabel("step")
+    ax_err.set_ylabel("held-out ||attn(x) - conv(x)|| / ||conv(x)||")
+    ax_err.set_title(f"final relative error {result['relative_error']:.3g}", fontsize=9)
+    ax_err.grid(True, which="both", color="0.9")
+    c = result["config"]
+    fig.suptitle(f"Does self-attention learn a {kernel}x{kernel} convolution? {heads} quadratic heads, "
+                 f"{c['channels']} channels, {c['size']}x{c['size']} {c['source']} inputs, {c['steps']} Adam steps",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,6 +1,6 @@
 """The training loop: `train(config, out)` writes a run directory (see `attnconv.runs`).
 
-    from attnconv.train import make_config, train
+    from attnconv import make_config, train
     train(make_config(preset="fmnist-sa-quadratic", epochs=2), "runs/sa")
 
 Checkpoints. Each file is written atomically (temporary file in the same
@@ -40,7 +40,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 import attnconv
 from attnconv import data as D
@@ -49,13 +48,9 @@ from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, Interrupted
 from attnconv.evaluate import evaluate
 from attnconv.fileio import (
-    LOCK_FILE,
     DirectoryLock,
-    atomic_write,
     describe_os_error,
-    is_temporary,
     remove_temporaries,
-    write_bytes,
 )
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
@@ -69,23 +64,26 @@ from attnconv.runs import (
     STATE_FORMAT,
     WEIGHTS_FILE,
     build_run_model,
+    claim_run_dir,
     data_changes,
     data_fingerprint,
     heads_line,
     load_state,
     metrics_text,
     read_config,
-    read_heads,
     read_metrics,
+    replace_run_files,
     run_image_size,
     run_info,
     save_state,
     save_weights,
+    trim_logs,
     write_config,
 )
-from attnconv.train.distributed import Dist, init_distributed
-from attnconv.train.progress import ProgressLog
-from attnconv.train.schedule import learning_rate, make_optimizer
+from attnconv.training.distributed import Dist, init_distributed
+from attnconv.training.progress import ProgressLog
+from attnconv.training.schedule import learning_rate, make_optimizer
+from attnconv.training.step import train_step
 
 # Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
 _SYNC_EVERY = 10
@@ -236,43 +234,11 @@ class _Trainer:
     # ---------------------------------------------------------------- setup checks
 
     def _check_out(self) -> str | None:
-        """Rank 0: take the run directory's lock; it is new, empty, or a run to resume or overwrite."""
-        out = self.out
-        if out.exists() and not out.is_dir():
-            return f"--out {out} is a file; give a directory"
+        """Rank 0: take the run directory (`runs.claim_run_dir`); the error, if any, for every rank."""
         try:
-            out.mkdir(parents=True, exist_ok=True)
-            self.lock.acquire()
+            self.replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
         except AttnconvError as err:
             return str(err)
-        except OSError as err:
-            return f"--out {out}: cannot write there ({describe_os_error(err)}); choose another directory"
-        if not os.access(out, os.W_OK | os.X_OK):
-            return f"--out {out}: not writable; choose another directory"
-        names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
-        if not (out / CONFIG_FILE).exists() and not (out / CONFIG_FILE).is_symlink():
-            if names:
-                shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-                return (f"--out {out} is not empty and holds no attnconv run ({shown}); "
-                        "choose a new or empty directory")
-            return None
-        try:  # only a config.json that attnconv wrote makes the folder a run to resume or replace
-            read_config(out)
-        except AttnconvError as err:
-            return (f"--out {out} is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
-                    f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty directory")
-        if self.resume:
-            return None
-        if not self.overwrite:
-            return (f"--out {out} already holds an attnconv run; pass --resume to continue it, --overwrite to "
-                    "replace it, or choose a new --out")
-        replaced = [n for n in names if n in RUN_FILES]
-        for name in replaced:
-            path = out / name
-            if path.is_symlink() or not path.is_file():
-                return (f"--out {out}: {name} is not a regular file (a folder or a link), so it is not a file "
-                        "attnconv wrote; move it away, or choose another --out")
-        self.replaced = replaced  # removed once every check has passed (`run`)
         return None
 
     def _check_data(self) -> None:
@@ -400,11 +366,7 @@ class _Trainer:
     def run(self, announce: str | None = None) -> dict[str, float]:
         p, d = self.progress, self.d
         if d.main:
-            if self.replaced:  # every check has passed: only now does the old run go
-                _write_line(f"--overwrite: replacing the run in {self.out} ({', '.join(self.replaced)}); "
-                            "other files stay")
-                for name in self.replaced:
-                    (self.out / name).unlink()
+            replace_run_files(self.out, self.replaced)  # every check has passed: only now does an old run go
             self._prepare_files()
             if announce and not p.finished:
                 _write_line(announce)
@@ -436,16 +398,9 @@ class _Trainer:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             write_config(out, meta)
-        # Keep exactly the rows the checkpoint knows of: an epoch logged after the last
-        # checkpoint is replayed, and must not be logged twice.
-        rows = read_metrics(out, limit=self.progress.rows)
-        atomic_write(out / METRICS_FILE, write_bytes(metrics_text(rows).encode()))
-        if self.watch_heads:
-            p = self.progress
-            snapshots = read_heads(out, limit=p.snapshots)
-            atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, snapshots)).encode()))
-            if p.step == 0 and p.snapshots == 0:  # the heads at initialization
-                self._record_heads(epoch=0)
+        trim_logs(out, self.progress.rows, self.progress.snapshots if self.watch_heads else None)
+        if self.watch_heads and self.progress.step == 0 and self.progress.snapshots == 0:
+            self._record_heads(epoch=0)  # the heads at initialization
 
     def _record_heads(self, epoch: int) -> None:
         """Append the heads' snapshot after `epoch` epochs (0: at initialization) to heads.jsonl."""
@@ -479,12 +434,7 @@ class _Trainer:
             lr = learning_rate(cfg, p.step, self.total_steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
-            with self.autocast:
-                logits = self.train_net(x)
-            loss = F.cross_entropy(logits.float(), y)  # the shard's mean; DDP averages shards
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            loss, logits = train_step(self.train_net, self.optimizer, x, y, self.autocast)
             p.step += 1
             p.batch += 1
             with torch.no_grad():

@@ -19,7 +19,7 @@ LAYERS = [
     ["attnconv.models", "attnconv.data", "attnconv.convert"],
     ["attnconv.config"],
     ["attnconv.recipes", "attnconv.runs"],
-    ["attnconv.evaluate", "attnconv.train", "attnconv.analysis", "attnconv.bench"],
+    ["attnconv.evaluate", "attnconv.training", "attnconv.analysis", "attnconv.bench"],
     ["attnconv.plots"],
     ["attnconv.report", "attnconv.explorer", "attnconv.learnconv"],
     ["attnconv.cli", "attnconv.__main__"],
@@ -159,6 +159,6 @@ def test_the_checker_finds_cycles_and_private_imports(tmp_path, monkeypatch):
     assert private == ["attnconv.b imports attnconv.sub._hidden"]
 
 
-@pytest.mark.parametrize("module", ["attnconv.train.loop", "attnconv.data.idx", "attnconv.construct.learnable"])
+@pytest.mark.parametrize("module", ["attnconv.training.loop", "attnconv.data.idx", "attnconv.construct.learnable"])
 def test_submodules_take_their_packages_layer(module):
     assert layer_of(module) == layer_of(module.rpartition(".")[0])
