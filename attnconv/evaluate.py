@@ -5,11 +5,11 @@ and convolution, and the paper's Linear-only convention, per image.
 
 Table 1: `describe_run` summarizes one run directory from its config.json and
 metrics.csv alone (no weights needed), `group_runs` puts the runs of one configuration
-(everything but the seed and where the run ran) into one row, and `format_table`
+(everything but the seed and where the run ran) into one row, and `runs_table`
 prints the rows, in the paper's order, as text or Markdown:
 
     summaries = [describe_run(d) for d in glob.glob("benchmarks/table1/*/*")]
-    print(format_table(summaries, markdown=False))
+    print(runs_table(summaries))
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.flops import count_flops
 from attnconv.runs import Run
-from attnconv.tables import format_table as _format_rows
+from attnconv.tables import format_table
 
 __all__ = [
     "PAPER_ORDER",
@@ -40,7 +40,7 @@ __all__ = [
     "count_params",
     "describe_run",
     "evaluate",
-    "format_table",
+    "runs_table",
     "group_runs",
     "run_setup",
     "table_row",
@@ -288,10 +288,10 @@ def table_row(row: dict[str, Any]) -> list[str]:
             _human(row["flops_total"]), _human(row["flops_linear"]), secs]
 
 
-def format_table(runs: Iterable[dict[str, Any]], *, markdown: bool = True) -> str:
+def runs_table(runs: Iterable[dict[str, Any]], *, markdown: bool = False) -> str:
     """Table 1 of the paper from `describe_run` summaries: runs of one setup averaged into one
-    row (`group_runs`), as Markdown (the default) or aligned text; columns after the second
-    right-aligned. Ends with a newline."""
+    row (`group_runs`), as aligned text (the default, like `tables.format_table`) or Markdown;
+    columns after the second right-aligned. Ends with a newline."""
     rows = [table_row(r) for r in group_runs(runs)]
     align = "ll" + "r" * (len(TABLE_HEADERS) - 2)
-    return _format_rows(TABLE_HEADERS, rows, markdown=markdown, align=align) + "\n"
+    return format_table(TABLE_HEADERS, rows, markdown=markdown, align=align) + "\n"

@@ -8,7 +8,7 @@ style sheet is inline, so the file can be mailed, archived or opened offline. Se
 
     config          config.json as a table (training and model options) and in full
     training        train/test loss and accuracy per epoch (metrics.csv)
-    summary         the run's Table-1 row (`evaluate.describe_run` / `format_table`):
+    summary         the run's Table-1 row (`evaluate.describe_run` / `runs_table`):
                     test accuracy, parameters, FLOPs, seconds per epoch
     attention       attention classifiers only: the centers figure (Fig. 4/12/14), the maps
                     figure around the middle query (Fig. 5/6) and the `analyze` numbers per
@@ -98,7 +98,7 @@ def _table(header: list[str], rows: list[list[Any]], *, numeric: Collection[int]
 
 
 def _markdown_table(text: str) -> str:
-    """`format_table` Markdown -> an HTML table with the same cells (the second line is the rule)."""
+    """`runs_table` Markdown -> an HTML table with the same cells (the second line is the rule)."""
     lines = [line.strip().strip("|") for line in text.strip().splitlines()]
     header = [c.strip() for c in lines[0].split("|")]
     rows = [[c.strip() for c in line.split("|")] for line in lines[2:]]
@@ -157,12 +157,12 @@ def _curves_section(rows: list[dict[str, float]], model: str, meta: dict[str, An
 
 
 def _summary_section(summary: dict[str, Any]) -> str:
-    from attnconv.evaluate import format_table
+    from attnconv.evaluate import runs_table
 
     flops = ", ".join(f"{op} {n:,}" for op, n in sorted(summary["flops_by_op"].items(), key=lambda kv: -kv[1]))
     return (
         '<section id="summary"><h2>Summary (Table 1 row)</h2>'
-        f"{_markdown_table(format_table([summary]))}"
+        f"{_markdown_table(runs_table([summary], markdown=True))}"
         f"<p>{summary['params']:,} parameters; {summary['flops_total']:,} FLOPs per image counted by "
         f"torch.utils.flop_counter (matrix products and convolutions, 2 per multiply-add), "
         f"{summary['flops_linear']:,} in Linear layers only (the paper's convention). "

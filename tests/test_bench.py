@@ -179,7 +179,7 @@ def test_cpu_sections_run_end_to_end(tmp_path, capsys, keep_threads):
     for r in presets:
         assert r["images_per_s"] > 0 and r["flops"] > 0 and r["vs_resnet"] > 0
         assert (r["target"] == PRESET_TARGET) == (r["model"] == "sa-quadratic")
-    assert {r["path"] for r in presets if r["model"].startswith("sa-quadratic")} == {"stacked", "separable"}
+    assert {r["impl"] for r in presets if r["model"].startswith("sa-quadratic")} == {"stacked", "separable"}
 
     conv = sections["conv"]["data"]
     assert len(conv) == 3 * 2 and all(r["flops"] > 0 and r["flops_per_s"] > 0 for r in conv)

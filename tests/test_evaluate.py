@@ -12,7 +12,7 @@ from fixtures_data import write_random_fashion
 from attnconv.cli import main
 from attnconv.data import ImageSet, dataset_info
 from attnconv.errors import AttnconvError
-from attnconv.evaluate import count_flops, count_params, describe_run, evaluate, format_table, group_runs, table_row
+from attnconv.evaluate import count_flops, count_params, describe_run, evaluate, group_runs, runs_table, table_row
 from attnconv.models import build_model
 from attnconv.runs import metrics_text, read_metrics
 
@@ -138,11 +138,13 @@ def _summary(model="resnet18", setup=None, **numbers):
     return {**row, **numbers}
 
 
-def test_format_table_rounds_like_the_paper():
+def test_runs_table_rounds_like_the_paper():
     row = _summary()
-    assert format_table([row]).splitlines()[2] == "| resnet18 | cifar10 | 1 | 300 | 0.9380 | 11.2M | 1.11B | 10.2k | 12.3 |"
+    table = runs_table([row], markdown=True)
+    assert table.splitlines()[2] == "| resnet18 | cifar10 | 1 | 300 | 0.9380 | 11.2M | 1.11B | 10.2k | 12.3 |"
     unfinished = {**row, "test_acc": None, "seconds_per_epoch": None, "epochs": 0}
-    assert format_table([unfinished]).splitlines()[2] == "| resnet18 | cifar10 | 1 | 0 | - | 11.2M | 1.11B | 10.2k | - |"
+    table = runs_table([unfinished], markdown=True)
+    assert table.splitlines()[2] == "| resnet18 | cifar10 | 1 | 0 | - | 11.2M | 1.11B | 10.2k | - |"
 
 
 def test_group_runs_averages_the_seeds_of_one_setup():
@@ -211,7 +213,7 @@ def test_table_of_runs_without_weights_groups_seeds(tiny_run, tmp_path, capsys):
             assert s[key] == with_weights[key]
     assert main(["table", *map(str, dirs), "--markdown"]) == 0
     cells = capsys.readouterr().out.splitlines()[2].strip("| ").split(" | ")
-    alone = format_table([with_weights]).splitlines()[2].strip("| ").split(" | ")
+    alone = runs_table([with_weights], markdown=True).splitlines()[2].strip("| ").split(" | ")
     assert cells[:5] == ["sa-quadratic", "fashion-mnist", "3", "2", "0.5000 ± 0.2500"]
     assert cells[5:8] == alone[5:8]  # params, FLOPs (all ops), FLOPs (Linear only)
     assert cells[8] == f"{statistics.fmean(s['seconds_per_epoch'] for s in summaries):.1f}"

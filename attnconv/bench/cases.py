@@ -51,35 +51,43 @@ def _first_layer(module: nn.Module) -> SelfAttention2d:
     return next(m for m in module.modules() if isinstance(m, SelfAttention2d))
 
 
-def auto_path(module: nn.Module) -> str:
-    """The path impl='auto' takes in module's (first) attention layer ("separable", "stacked", "sdpa", "dense"),
-    on the grid of its max_size (the classifiers' token grid)."""
+def _grid(module: nn.Module, layer: SelfAttention2d) -> tuple[int, int]:
+    """The grid the layer runs on: a classifier's token grid, else the layer's max_size."""
+    config = getattr(module, "config", None)
+    side = getattr(config, "grid", None) or layer.max_size
+    return side, side
+
+
+def auto_impl(module: nn.Module) -> str:
+    """The impl that impl='auto' runs in module's (first) attention layer ("separable", "stacked", "sdpa",
+    "dense"), on the grid it runs on."""
     layer = _first_layer(module)
     saved = layer.impl
     layer.impl = "auto"
-    name = layer.resolved_impl()
+    name = layer.resolved_impl(_grid(module, layer))
     layer.impl = saved
     return name
 
 
-def taken_path(module: nn.Module) -> str:
-    """The path module's (first) attention layer takes as its impl is set, on the grid of its max_size."""
-    return _first_layer(module).resolved_impl()
+def taken_impl(module: nn.Module) -> str:
+    """The impl module's (first) attention layer runs as its impl is set, on the grid it runs on."""
+    layer = _first_layer(module)
+    return layer.resolved_impl(_grid(module, layer))
 
 
-def fast_paths(module: nn.Module) -> list[str]:
-    """Every path other than dense that module's attention layers can take: separable (separable encodings),
-    stacked (shared values), sdpa (content attention; for position-only layers it is not a fast path)."""
+def fast_impls(module: nn.Module) -> list[str]:
+    """Every impl other than dense that module's attention layers can run: separable (separable encodings),
+    stacked (shared values), sdpa (content attention; for position-only layers it is not a fast one)."""
     layer = _first_layer(module)
     valid = {"separable": layer.separable, "stacked": layer.stackable, "sdpa": not layer.position_only}
     return [name for name, ok in valid.items() if ok]
 
 
 def variant_modules(base: nn.Module, cfg: BenchConfig, content: bool, flex: Callable[[nn.Module], nn.Module],
-                    every_path: bool = False) -> dict[str, nn.Module]:
-    """Copies of `base` with identical parameters: dense, the fast path (auto's; with `every_path`, every fast
+                    every_impl: bool = False) -> dict[str, nn.Module]:
+    """Copies of `base` with identical parameters: dense, the fast path (auto's; with `every_impl`, every fast
     path), [flex], [compiled]."""
-    names = fast_paths(base) if every_path else [auto_path(base)]
+    names = fast_impls(base) if every_impl else [auto_impl(base)]
     variants = {"dense": set_impl(copy.deepcopy(base), "dense")}
     variants.update({name: set_impl(copy.deepcopy(base), name) for name in names if name != "dense"})
     if content and flex_unavailable(cfg.device) is None:

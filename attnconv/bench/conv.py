@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.attention import SelfAttention2d
-from attnconv.bench.cases import taken_path
+from attnconv.bench.cases import taken_impl
 from attnconv.bench.config import BenchConfig
 from attnconv.bench.presets import count_step_flops
 from attnconv.bench.results import Section, fmt_timing
@@ -85,7 +85,7 @@ def bench_conv(cfg: BenchConfig) -> Section:
                 "quadratic": SelfAttention2d(C, C, heads=9, encoding="quadratic", max_size=side),
                 "swin-style": RelativeBiasAttention(C, swin_heads(C), side),
             }
-            names = {"conv 3x3": "conv 3x3", "quadratic": f"quadratic ({taken_path(modules['quadratic'])})",
+            names = {"conv 3x3": "conv 3x3", "quadratic": f"quadratic ({taken_impl(modules['quadratic'])})",
                      "swin-style": f"swin-style ({swin_heads(C)} heads, sdpa)"}
             gen = torch.Generator().manual_seed(1)
             x = torch.randn(cfg.conv_batch, C, side, side, generator=gen).to(cfg.device).requires_grad_()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from attnconv.bench.cases import taken_path, training_step
+from attnconv.bench.cases import taken_impl, training_step
 from attnconv.bench.config import FULLSIZE_UTILIZATION_TARGET, BenchConfig
 from attnconv.bench.presets import count_step_flops
 from attnconv.bench.profiling import describe_profile, profile_step
@@ -36,11 +36,11 @@ def bench_fullsize(cfg: BenchConfig) -> Section:
     """Utilization of the paper's full-size sa-quadratic training step, fp32 and bf16."""
     sec = Section("fullsize", f"The paper's sa-quadratic training step (batch {cfg.fullsize_batch}) against the "
                               "matmul rate of the same precision",
-                  ["precision", "path", "layers", "batch", "step median", "images/s", "FLOPs/step", "GFLOP/s",
+                  ["precision", "impl", "layers", "batch", "step median", "images/s", "FLOPs/step", "GFLOP/s",
                    "matmul GFLOP/s", "utilization", "target"])
     torch.manual_seed(0)
     model = build_model("sa-quadratic", **cfg.fullsize_overrides).to(cfg.device).train()
-    layers, path = model.config.layers, taken_path(model)
+    layers, impl = model.config.layers, taken_impl(model)
     gen = torch.Generator().manual_seed(1)
     c, s = model.config.in_channels, model.config.image_size
     x = torch.randn(cfg.fullsize_batch, c, s, s, generator=gen).to(cfg.device)
@@ -58,19 +58,19 @@ def bench_fullsize(cfg: BenchConfig) -> Section:
         achieved = flops / t.median if flops else None
         util = achieved / rate if achieved else None
         target = FULLSIZE_UTILIZATION_TARGET
-        row = {"precision": precision, "path": path, "layers": layers, "batch": cfg.fullsize_batch,
+        row = {"precision": precision, "impl": impl, "layers": layers, "batch": cfg.fullsize_batch,
                "seconds": t.samples, "median": t.median, "images_per_s": cfg.fullsize_batch / t.median,
                "flops": flops, "flops_per_s": achieved, "matmul_flops_per_s": rate,
                "matmul_seconds": before.samples + after.samples, "utilization": util, "target": target}
         sec.data.append(row)
         status = "" if util is None else f">= {target:.0%} {'met' if util >= target else 'missed'}"
-        sec.rows.append([precision, path, str(layers), str(cfg.fullsize_batch), fmt_seconds(t.median),
+        sec.rows.append([precision, impl, str(layers), str(cfg.fullsize_batch), fmt_seconds(t.median),
                          f"{row['images_per_s']:.1f}", "-" if flops is None else f"{flops:.3g}",
                          "-" if achieved is None else f"{achieved / 1e9:.1f}", f"{rate / 1e9:.1f}",
                          "-" if util is None else f"{util:.0%}", status])
         if cfg.profile and util is not None and util < target:
             sec.notes.append(f"{precision}: {util:.0%} misses {target:.0%}; torch.profiler, one step: "
-                             + describe_profile(path, profile_step(step, cfg.device, top=8)))
+                             + describe_profile(impl, profile_step(step, cfg.device, top=8)))
     if cfg.fullsize_overrides:
         sec.notes.append(f"model overrides in this mode: {cfg.fullsize_overrides} (the paper: 6 layers, hidden 400)")
     sec.notes.append(f"matmul: {n}x{n} @ {n}x{n} in the precision's dtype, {cfg.repeats} runs before and after the "

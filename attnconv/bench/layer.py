@@ -11,9 +11,9 @@ from torch import Tensor
 
 from attnconv.attention import SelfAttention2d
 from attnconv.bench.cases import (
-    auto_path,
+    auto_impl,
     comparison_notes,
-    fast_paths,
+    fast_impls,
     output_errors,
     plan_batch,
     ratio_cells,
@@ -45,13 +45,13 @@ def _layer_case(cfg: BenchConfig, encoding: str, side: int, budget: int, target:
     label = f"{encoding} {side}x{side}"
     torch.manual_seed(0)
     base = SelfAttention2d(C, C, heads=heads, encoding=encoding, impl="dense", max_size=side).to(cfg.device)
-    fast = auto_path(base)
+    fast = auto_impl(base)
     est = {impl: (lambda b, impl=impl: estimate_layer_bytes(impl, encoding, b, side, C, heads))
-           for impl in ("dense", *fast_paths(base))}
+           for impl in ("dense", *fast_impls(base))}
     batch, rows, notes = plan_batch(label, cfg.layer_batch, est, fast, budget)
     if batch == 0:
         return rows, notes
-    variants = variant_modules(base, cfg, encoding == "learned-content", FlexContentAttention, every_path=True)
+    variants = variant_modules(base, cfg, encoding == "learned-content", FlexContentAttention, every_impl=True)
     for name in [n for n in variants if n in est and est[n](batch) > budget]:
         variants.pop(name)
         if name != "dense":

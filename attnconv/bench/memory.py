@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnconv.bench.cases import auto_path, set_impl, train_step
+from attnconv.bench.cases import auto_impl, set_impl, train_step
 from attnconv.bench.config import BenchConfig
 from attnconv.bench.estimates import estimate_step_bytes
 from attnconv.bench.peakmem import PeakMemory, rss_bytes
@@ -103,7 +103,7 @@ def bench_memory(cfg: BenchConfig, budget: int) -> Section:
         for impl in ("dense", "auto"):
             spec = memory_spec(cfg, side, impl)
             model = build_model(spec["model"], **spec["overrides"])
-            name = "dense" if impl == "dense" else auto_path(model)
+            name = "dense" if impl == "dense" else auto_impl(model)
             estimate = estimate_step_bytes(name, model, cfg.memory_batch)
             if estimate > budget:
                 r = {"skipped": f"needs ~{fmt_bytes(estimate)} (estimate) > budget {fmt_bytes(budget)}"}

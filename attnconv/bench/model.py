@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from attnconv.bench.cases import (
-    auto_path,
+    auto_impl,
     best_speedup,
     comparison_notes,
     output_errors,
@@ -54,7 +54,7 @@ def _model_case(cfg: BenchConfig, case: ModelCase, budget: int) -> tuple[list[di
     """One model comparison: results per variant (raw), notes, and the token grid side."""
     torch.manual_seed(0)
     base = build_model(case.name, impl="dense", **case.overrides).to(cfg.device)
-    fast = auto_path(base)
+    fast = auto_impl(base)
     grid = base.config.grid
     label = f"{case.name} {grid}x{grid}"
     progress(f"model {label} tokens")

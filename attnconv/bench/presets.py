@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnconv.bench.cases import taken_path, training_step
+from attnconv.bench.cases import taken_impl, training_step
 from attnconv.bench.config import PRESET_TARGET, BenchConfig
 from attnconv.bench.profiling import describe_profile, profile_step
 from attnconv.bench.results import Section, fmt_timing
@@ -74,7 +74,7 @@ def bench_presets(cfg: BenchConfig) -> Section:
     """The attention preset's training images/s against the ResNet preset's, per precision."""
     sec = Section("presets", f"Fashion-MNIST CPU presets: training step at batch {cfg.preset_batch}, "
                              f"{ATTENTION_PRESET} vs {RESNET_PRESET}",
-                  ["model", "precision", "path", "median", "min - max", "images/s", "vs ResNet", "target",
+                  ["model", "precision", "impl", "median", "min - max", "images/s", "vs ResNet", "target",
                    "FLOPs/step", "GFLOP/s"])
     baseline = PRESET_ROWS[-1][0]
     for precision in cfg.precisions:
@@ -84,20 +84,20 @@ def bench_presets(cfg: BenchConfig) -> Section:
         timings = time_variants(steps, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device)
         for name, t in timings.items():
             model = models[name]
-            path = taken_path(model) if hasattr(model, "attention_layers") else "-"
+            impl = taken_impl(model) if hasattr(model, "attention_layers") else "-"
             ratio = timings[baseline].median / t.median
             target = PRESET_TARGET if name == PRESET_ROWS[0][0] else None
-            row = {"model": name, "precision": precision, "path": path, "batch": cfg.preset_batch,
+            row = {"model": name, "precision": precision, "impl": impl, "batch": cfg.preset_batch,
                    "seconds": t.samples, "median": t.median, "images_per_s": cfg.preset_batch / t.median,
                    "vs_resnet": ratio, "target": target, "flops": flops[name]}
             sec.data.append(row)
             rate = "-" if flops[name] is None else f"{flops[name] / t.median / 1e9:.1f}"
-            sec.rows.append([name, precision, path, *fmt_timing(t), f"{row['images_per_s']:.0f}", f"{ratio:.2f}x",
+            sec.rows.append([name, precision, impl, *fmt_timing(t), f"{row['images_per_s']:.0f}", f"{ratio:.2f}x",
                              target_status(ratio, target), "-" if flops[name] is None else f"{flops[name]:.3g}",
                              rate])
             if target is not None and ratio < target and cfg.profile:
                 sec.notes.append(f"{name} {precision}: {ratio:.2f}x misses {target:g}x; torch.profiler, one step: "
-                                 + describe_profile(path, profile_step(steps[name], cfg.device, top=8)))
+                                 + describe_profile(impl, profile_step(steps[name], cfg.device, top=8)))
     sec.notes.append(f"each precision: the four steps timed interleaved in one process after {cfg.warmup} warm-up "
                      f"run(s), median of {cfg.repeats}; the preset's optimizer (AdamW for attention, SGD for ResNet); "
                      "bf16 = torch.autocast(bfloat16) around the forward, loss in float32")

@@ -74,12 +74,12 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def run_table(args: argparse.Namespace) -> int:
 
-    from attnconv.evaluate import describe_run, format_table
+    from attnconv.evaluate import describe_run, runs_table
 
     summaries = [describe_run(d, recompute=args.recompute, device=args.device, data_dir=args.data_dir,
                               batch_size=args.batch_size) for d in args.run_dirs]
     for s in summaries:
         if "warning" in s:
             print(f"warning: {s['warning']}", file=sys.stderr)
-    print(format_table(summaries, markdown=args.markdown), end="")
+    print(runs_table(summaries, markdown=args.markdown), end="")
     return 0
