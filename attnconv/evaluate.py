@@ -30,7 +30,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.flops import count_flops
-from attnconv.runs import Run
+from attnconv.runs import Run, data_changes, data_fingerprint, nonfinite_tensor, parameter_count
 from attnconv.tables import format_table
 
 __all__ = [
@@ -112,8 +112,6 @@ def describe_run(
 
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
-    from attnconv.runs import data_changes, data_fingerprint, nonfinite_tensor, parameter_count
-
     if not isinstance(run, Run):
         run = Run(run, device, data_dir=data_dir, allow_nonfinite=True)  # NaN weights: measured, with a warning
     run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics

@@ -42,7 +42,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
+from attnconv import data as D
 from attnconv.analysis.grid import match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError
@@ -68,8 +70,6 @@ class _Images:
     def __init__(self, source: str, channels: int, size: int, generator: torch.Generator, data_dir=None):
         self.source, self.channels, self.size, self.gen = source, channels, size, generator
         if source == "fmnist":
-            from attnconv import data as D
-
             info = D.dataset_info("fashion-mnist")
             if size > info.size:
                 raise AttnconvError(f"--size {size} is larger than the {info.size}x{info.size} Fashion-MNIST images")
@@ -85,8 +85,6 @@ class _Images:
         r = torch.randint(lim, (n,), generator=self.gen)
         c = torch.randint(lim, (n,), generator=self.gen)
         crops = torch.stack([images[i, :, a : a + self.size, b : b + self.size] for i, a, b in zip(idx, r, c)])
-        from attnconv import data as D
-
         crops = D.normalize(crops, self.info)  # (n, 1, S, S)
         return crops * self.weight[:, 0].view(1, -1, 1, 1) + self.bias  # (n, C, S, S)
 
@@ -210,8 +208,6 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
     record(0)
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=steps, desc="learn-conv", unit="step", leave=False)
     for step in range(1, steps + 1):
         # Cosine decay to 0: the centers settle instead of jittering at Adam's step size.

@@ -33,8 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import attnconv
+from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError
-from attnconv.fileio import SIGNATURE
+from attnconv.evaluate import describe_run, runs_table
+from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
+from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import curves_figure, figure_png
 from attnconv.runs import Run
 
@@ -157,8 +160,6 @@ def _curves_section(rows: list[dict[str, float]], model: str, meta: dict[str, An
 
 
 def _summary_section(summary: dict[str, Any]) -> str:
-    from attnconv.evaluate import runs_table
-
     flops = ", ".join(f"{op} {n:,}" for op, n in sorted(summary["flops_by_op"].items(), key=lambda kv: -kv[1]))
     return (
         '<section id="summary"><h2>Summary (Table 1 row)</h2>'
@@ -209,9 +210,6 @@ def _analysis_tables(result: dict[str, Any]) -> str:
 
 def _attention_section(run: Run, *, images: int) -> str:
     """Centers, maps, heads over training and the analysis of every attention layer (classifier or converted CNN)."""
-    from attnconv.analysis import analyze_sites, head_geometry
-    from attnconv.plots import centers_figure, maps_of_run
-
     head = '<section id="attention"><h2>Attention</h2>'
     config = run.config
     try:
@@ -266,9 +264,6 @@ def _attention_section(run: Run, *, images: int) -> str:
 
 def _history_section(run: Run) -> str:
     """Figure 4 over training (every layer at a few recorded epochs), attention distance, grid-likeness."""
-    from attnconv.analysis import grid_likeness
-    from attnconv.plots import centers_figure, distance_figure, snapshot_geometry, spread_epochs
-
     head = '<h3 id="history">Heads over training</h3>'
     snapshots, model, grid = run.heads, run.config.model, max(run.sites[0].size)
     if not snapshots:
@@ -313,8 +308,6 @@ def build_report(
     device: str = "cpu",
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
-    from attnconv.evaluate import describe_run
-
     if not isinstance(images, int) or images < 1:
         raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
     run_dir = Path(run_dir)
@@ -367,8 +360,6 @@ def write_report(
     `out` is checked first, before the report is built: an .html name, not a directory, its
     folder writable, not one of a run's own files, and not an existing file that attnconv did
     not write (unless `overwrite`)."""
-    from attnconv.fileio import atomic_write, check_output_file
-
     out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
     if out.is_dir():
         raise AttnconvError(f"--out {out} is a directory; give a file name such as {out / REPORT_FILE}")

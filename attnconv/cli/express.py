@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
@@ -119,8 +120,6 @@ def _load_weights(
     path: Path, weight_shape: tuple[int, ...], bias_flag: bool | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Read `weight` (and optional `bias`) from a safetensors file, checked against the flags."""
-    from safetensors.torch import load_file
-
     if not path.exists():
         raise AttnconvError(f"weights file {path} does not exist")
     if not path.is_file():

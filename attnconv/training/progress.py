@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from tqdm import tqdm
+
 
 def format_duration(seconds: float) -> str:
     """3725 -> '1h02m', 192 -> '3m12s', 9.4 -> '9s'."""
@@ -39,8 +41,6 @@ class ProgressLog:
         self._last_logged = None
         self._bar = None
         if mode == "bar":
-            from tqdm import tqdm
-
             self._bar = tqdm(total=epoch_steps, initial=initial, desc=desc, leave=False, unit="step",
                              dynamic_ncols=True, mininterval=0.5, file=self.stream)
 
@@ -70,8 +70,6 @@ class ProgressLog:
     def write(self, line: str) -> None:
         """A line that survives the bar (the epoch summaries)."""
         if self._bar is not None:
-            from tqdm import tqdm
-
             tqdm.write(line, file=self.stream)
         else:
             self.stream.write(line + "\n")

@@ -1,0 +1,81 @@
+"""Run directories: what `attnconv train` writes, and everything that reads it back.
+
+A run directory holds:
+
+    config.json        the resolved TrainConfig ("config"), the parameter count ("parameters"),
+                       steps, versions, date, the dataset it saw ("data"); a converted run adds
+                       a "converted" block
+    metrics.csv        one row per epoch (train/test loss and accuracy, time, lr)
+    heads.jsonl        attention models: every head at initialization and after each epoch
+    model.safetensors  the weights (state_dict), metadata: model, step, epoch
+    state.pt           everything resume needs: step, epoch, batch, optimizer, RNG states,
+                       and a copy of the weights (read with torch.load(weights_only=True) only)
+
+`Run(path)` reads one lazily (run.py). The modules: files.py (names, reading and writing
+each file), data.py (the run's dataset), build.py (its network: `load_run`, `convert_run`),
+directory.py (the run directory contract of `attnconv train`: what it may write and replace).
+Every file is written atomically through `attnconv.fileio.atomic_write`.
+"""
+
+from attnconv.runs.build import build_run_architecture, build_run_model, convert_run, load_run, load_weights, nonfinite_tensor
+from attnconv.runs.data import data_changes, data_fingerprint, run_data_dir, run_image_size, run_info, run_test_set
+from attnconv.runs.directory import claim_run_dir, replace_run_files, trim_logs
+from attnconv.runs.files import (
+    CONFIG_FILE,
+    HEADS_FILE,
+    METRICS_COLUMNS,
+    METRICS_FILE,
+    RUN_FILES,
+    STATE_FILE,
+    STATE_FORMAT,
+    WEIGHTS_FILE,
+    heads_line,
+    load_state,
+    metrics_text,
+    parameter_count,
+    read_config,
+    read_heads,
+    read_metrics,
+    save_state,
+    save_weights,
+    write_config,
+)
+from attnconv.runs.run import Run, as_run
+
+__all__ = [
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "WEIGHTS_FILE",
+    "STATE_FILE",
+    "HEADS_FILE",
+    "METRICS_COLUMNS",
+    "STATE_FORMAT",
+    "RUN_FILES",
+    "save_weights",
+    "save_state",
+    "load_state",
+    "read_config",
+    "read_metrics",
+    "read_heads",
+    "heads_line",
+    "metrics_text",
+    "write_config",
+    "parameter_count",
+    "run_data_dir",
+    "run_image_size",
+    "run_info",
+    "run_test_set",
+    "data_fingerprint",
+    "data_changes",
+    "load_run",
+    "build_run_architecture",
+    "load_weights",
+    "nonfinite_tensor",
+    "build_run_model",
+    "convert_run",
+    "claim_run_dir",
+    "replace_run_files",
+    "trim_logs",
+    "Run",
+    "as_run",
+]

@@ -1,0 +1,166 @@
+"""A run's network: built from config.json, its weights loaded (`load_run`), or converted (`convert_run`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from attnconv.config import TrainConfig
+from attnconv.construct import ConvAttention, LearnableConvAttention
+from attnconv.convert import cnn_to_attention
+from attnconv.errors import AttnconvError
+from attnconv.fileio import (
+    current_umask,
+)
+from attnconv.limits import AllocationLimit, parameter_limit
+from attnconv.models import build_model
+from attnconv.runs.files import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    read_config,
+    save_weights,
+    write_config,
+)
+
+
+def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
+             allow_nonfinite: bool = False) -> tuple[nn.Module, TrainConfig]:
+    """Rebuild a run's model from config.json and load model.safetensors into it (eval mode).
+
+    Returns (model, config). Missing or corrupt files raise AttnconvError, and so do weights
+    holding NaN or inf (a diverged run) unless `allow_nonfinite` (then `nonfinite_tensor`
+    of the model's state_dict names the first such tensor).
+    """
+    run_dir = Path(run_dir)
+    meta = read_config(run_dir)
+    config = TrainConfig.from_dict(meta["config"])
+    try:
+        model = build_run_architecture(meta)
+    except AttnconvError as err:  # e.g. model_overrides too large to build: name the file that asks for it
+        raise AttnconvError(f"{run_dir / CONFIG_FILE}: {err}") from None
+    load_weights(model, run_dir / WEIGHTS_FILE, config.model, allow_nonfinite=allow_nonfinite)
+    return model.to(device).eval(), config
+
+def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
+    """The network a run's config.json (`read_config`) describes, with fresh weights, in eval mode.
+
+    `build_run_model`, then, for a run written by `attnconv convert`, the same conversion.
+    What needs no weights (parameter and FLOP counts) is read off it; `load_run` loads them into it.
+    """
+    model = build_run_model(TrainConfig.from_dict(meta["config"]))
+    if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
+        conv = meta["converted"]
+        model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
+    return model.eval()
+
+def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False) -> None:
+    """Load a safetensors file into `model`; one AttnconvError naming the file if that fails,
+    or if a floating-point tensor holds NaN or inf (unless `allow_nonfinite`)."""
+    if not path.exists():
+        raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise AttnconvError(f"{path}: corrupt weights file ({err})") from None
+    bad = None if allow_nonfinite else nonfinite_tensor(tensors)
+    if bad is not None:
+        raise AttnconvError(f"{path}: the run's weights hold NaN/inf (parameter {bad}); the run diverged: "
+                            "retrain it with a lower --lr")
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise AttnconvError(f"{path}: weights do not fit model {what!r} ({first})") from None
+
+def nonfinite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or inf, or None."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.Module:
+    """The network a training config describes, in training mode.
+
+    `build_model(config.model, **config.model_overrides)`, or, with `config.init_from`,
+    that CNN turned into attention by `cnn_to_attention(..., learnable=True)` with the
+    heads' initial alpha, BatchNorm folding and content attention (`key_dim`) of `init_from`. `source_weights=True`
+    first loads the source CNN run's trained weights (a fresh `--init-from` run);
+    otherwise the architecture is built with fresh weights (to load a checkpoint into).
+    A network whose tensors would pass `attnconv.limits.parameter_limit` (2e9 float32
+    parameters, or the machine's memory) is refused before that tensor is allocated.
+    """
+    what = f"model {config.model!r} with model_overrides {json.dumps(config.model_overrides)}"
+    with AllocationLimit(parameter_limit(), what, "fix the model_overrides"):
+        model = build_model(config.model, **config.model_overrides)
+    src = config.init_from
+    if src is None:
+        return model
+    if source_weights:
+        run = Path(src["run"])
+        meta = read_config(run)
+        if "converted" in meta or meta["config"].get("init_from"):
+            raise AttnconvError(f"--init-from {run}: is already an attention network; give the run of a CNN")
+        load_weights(model, run / WEIGHTS_FILE, config.model)
+    model = cnn_to_attention(model.eval(), fold_bn=src["fold_bn"], alpha=float(src["alpha"]), learnable=True,
+                             key_dim=int(src.get("content", 0)))
+    if not any(isinstance(m, LearnableConvAttention) for m in model.modules()):
+        raise AttnconvError(f"--init-from {src['run']}: model {config.model!r} has no convolution to start from")
+    return model.train()
+
+def convert_run(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    fold_bn: bool = True,
+    alpha: float | None = None,
+) -> Path:
+    """Write a run directory holding the all-attention equivalent of a trained CNN run.
+
+    `out` gets the source's config.json plus a "converted" block (source, fold_bn,
+    alpha) and the converted network's parameter count, and model.safetensors with its
+    weights, so that `load_run` (and every command built on it) rebuilds the CNN, converts
+    it the same way and loads these weights. Nothing is written if the source cannot
+    be loaded or converted; `out` must not exist yet. The directory is assembled in a
+    uniquely named temporary folder next to `out` and renamed into place whole.
+    """
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists():
+        raise AttnconvError(f"--out {out} already exists; choose a new directory for the converted run")
+    meta = read_config(run_dir)
+    if "converted" in meta:
+        raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")
+    model, _ = load_run(run_dir)
+    converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha)
+    if not any(isinstance(m, ConvAttention) for m in converted.modules()):
+        raise AttnconvError(f"{run_dir}: model {meta['config']['model']!r} has no convolution to convert")
+    meta = {k: v for k, v in meta.items() if k != "params"}
+    meta.update(converted={"from": str(run_dir), "fold_bn": fold_bn, "alpha": alpha},
+                parameters=sum(p.numel() for p in converted.parameters()))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".attnconv-tmp", dir=out.parent))
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the run is a folder like any other
+    except OSError as err:
+        raise AttnconvError(f"--out {out}: cannot write there ({err.strerror or err}); choose another directory") \
+            from None
+    try:
+        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir)})
+        write_config(tmp, meta)
+        os.replace(tmp, out)  # the run directory appears whole or not at all
+    except OSError as err:
+        raise AttnconvError(f"--out {out}: could not write the converted run ({err.strerror or err}); "
+                            "nothing was written") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

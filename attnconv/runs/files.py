@@ -1,0 +1,283 @@
+"""The files of a run directory: names, and reading and writing config.json, metrics.csv, heads.jsonl,
+model.safetensors and state.pt (one clear AttnconvError naming a missing or corrupt file)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from safetensors.torch import save
+
+from attnconv.config import TrainConfig
+from attnconv.errors import AttnconvError
+from attnconv.fileio import (
+    RUN_FILE_NAMES,
+    atomic_write,
+    write_bytes,
+)
+from attnconv.limits import format_bytes
+from attnconv.models import list_models
+
+CONFIG_FILE = "config.json"
+
+METRICS_FILE = "metrics.csv"
+
+WEIGHTS_FILE = "model.safetensors"
+
+STATE_FILE = "state.pt"
+
+HEADS_FILE = "heads.jsonl"
+
+METRICS_COLUMNS = (
+    "epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "seconds", "images_per_s", "lr",
+)
+
+STATE_FORMAT = 1
+
+# The files `train` writes into a run directory (only temporaries of these are ever cleaned up).
+RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE); fileio guards them
+
+def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:
+    # A copy of each tensor: safetensors refuses tensors that share storage, and a state_dict may hold views.
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    atomic_write(path, write_bytes(save(tensors, metadata=metadata)))
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    atomic_write(path, write_bytes(buf.getvalue()))
+
+def load_state(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a training-state file and check its structure; one AttnconvError if it is not sound.
+
+    Only tensors and plain containers are unpickled (weights_only=True: a pickle that asks
+    for anything else is refused without running it). The structure is checked here, so
+    that resuming never meets a bad one: "progress" holds whole-number counters (step,
+    epoch, batch, rows), a bool "finished" and real-number sums; "model" maps names to
+    tensors; "optimizer" is a state_dict; "rng" holds CPU generator states (ByteTensors
+    of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
+    """
+    path = Path(path)
+    fix = "delete it to restart the run from scratch, or resume from another copy of the run"
+    try:
+        with warnings.catch_warnings():  # e.g. torch's note on the pickle protocol of a foreign file
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise AttnconvError(f"{path}: no training state here (the run has not checkpointed yet)") from None
+    except IsADirectoryError:
+        raise AttnconvError(f"{path} is a directory, not a training state; {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the training state ({err.strerror or err}); {fix}") from None
+    except Exception as err:  # corrupt or foreign file: unpickling errors of many kinds
+        # torch's own message suggests weights_only=False, which would run whatever the file asks: never.
+        asked = re.search(r"GLOBAL ([\w.]+)", str(err))
+        why = (f"it asks for {asked.group(1)}, which a training state never holds; refused, nothing ran" if asked
+               else "truncated, damaged, or not written by torch.save")
+        raise AttnconvError(f"{path}: cannot read the training state: the file is corrupt ({why}); {fix}") from None
+    problem = _state_problem(state)
+    if problem is not None:
+        raise AttnconvError(f"{path}: cannot read the training state: the file is corrupt ({problem}); {fix}")
+    return state
+
+_STATE_COUNTERS = ("step", "epoch", "batch", "rows")
+
+_STATE_SUMS = ("loss_sum", "correct", "seen", "seconds")
+
+def _state_problem(state: Any) -> str | None:
+    """What is wrong with a training state's structure (`load_state`), or None."""
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        return f"not an attnconv training state of format {STATE_FORMAT}"
+    progress = state.get("progress")
+    if not isinstance(progress, dict):
+        return "no progress counters"
+    for key in _STATE_COUNTERS:
+        v = progress.get(key)
+        if not _whole(v) or v < 0:
+            return f"progress {key} is {v!r}, not a whole number >= 0"
+    if not isinstance(progress.get("finished", False), bool):
+        return f"progress finished is {progress['finished']!r}, not true or false"
+    for key in _STATE_SUMS:
+        v = progress.get(key, 0.0)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            return f"progress {key} is {v!r}, not a finite number"
+    model = state.get("model")
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                              for k, t in model.items()):
+        return "the weights are not a mapping of names to tensors"
+    opt = state.get("optimizer")
+    if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) \
+            or not isinstance(opt.get("param_groups"), list) or not all(isinstance(g, dict) for g in opt["param_groups"]):
+        return "the optimizer state is not an optimizer's state_dict"
+    rng = state.get("rng")
+    if not isinstance(rng, dict):
+        return "no random number generator states"
+    cpu, cuda = rng.get("torch"), rng.get("cuda")
+    size = torch.get_rng_state().numel()
+    if not isinstance(cpu, list) or not cpu or not all(_byte_vector(t, size) for t in cpu):
+        return f"the CPU random number generator states are not ByteTensors of {size} bytes, one per process"
+    if cuda is not None and (not isinstance(cuda, list) or len(cuda) != len(cpu)
+                             or not all(_byte_vector(t) for t in cuda)):
+        return "the CUDA random number generator states are not ByteTensors, one per process"
+    return None
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+def _byte_vector(t: Any, size: int | None = None) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+            and (size is None or t.numel() == size))
+
+def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The parsed config.json of a run directory (with the TrainConfig under "config").
+
+    Checked before anything is built from it: the directory and the file exist, the file
+    is UTF-8 JSON holding a "config" object that `TrainConfig.from_dict` accepts (field
+    types included), with a known model. One AttnconvError otherwise. (The dataset is
+    checked where it is used, the size of the network as `build_run_model` builds it.)
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_FILE
+    hint = "give the folder that `attnconv train --out` wrote"
+    if not run_dir.is_dir():
+        why = "it is a file" if run_dir.exists() else "no such directory"
+        raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
+    if not path.exists():
+        raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
+    fix = "restore it from a copy, or train the run again"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt run config (not a regular file); {fix}")
+    if path.stat().st_size > _MAX_CONFIG_BYTES:
+        raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
+                            f"few KiB); {fix}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
+    except json.JSONDecodeError as err:
+        raise AttnconvError(f"{path}: corrupt run config (not JSON: {err}); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the run config ({err.strerror or err}); {fix}") from None
+    try:
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            raise AttnconvError('no "config" object')
+        config = TrainConfig.from_dict(meta["config"])
+        if config.model not in list_models():
+            raise AttnconvError(f"unknown model {config.model!r}")
+    except AttnconvError as err:
+        raise AttnconvError(f"{path}: corrupt run config ({err}); {fix}") from None
+    return meta
+
+_MAX_CONFIG_BYTES = 2**24  # 16 MiB
+
+_MAX_METRICS_BYTES = 2**26  # 64 MiB: about a million epochs
+
+def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
+    """Rows of metrics.csv as dicts of numbers ([] if no epoch finished yet), at most `limit`.
+
+    A last line without its newline is a row cut short by a crash and is skipped. The
+    header must name every column of METRICS_COLUMNS; a file that is not UTF-8 text, not
+    CSV, or holds a value that is not a number is one AttnconvError naming the file.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    fix = "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt metrics file (not a regular file); {fix}")
+    if path.stat().st_size > _MAX_METRICS_BYTES:
+        raise AttnconvError(f"{path}: corrupt metrics file (over {_MAX_METRICS_BYTES >> 20} MiB); {fix}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt metrics file (binary data, not CSV text); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the metrics file ({err.strerror or err}); {fix}") from None
+    lines = text.split("\n")[:-1]  # the piece after the last newline is empty or cut short
+    if not lines:
+        return []
+    if limit is not None:
+        lines = lines[: limit + 1]
+    try:
+        reader = csv.DictReader(lines)
+        missing = [c for c in METRICS_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
+        return [{k: float(v) for k, v in row.items()} for row in reader]
+    except (ValueError, TypeError, csv.Error, AttnconvError) as err:
+        raise AttnconvError(f"{path}: corrupt metrics file ({err}); {fix}") from None
+
+_MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
+
+def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+    """The snapshots of heads.jsonl, oldest first ([] for a run without one), at most `limit`.
+
+    Each is {"epoch", "step", "layers": [[{"center", "attention_distance", "alpha" or
+    "inverse_covariance"}, ...per head], ...per layer]} (`attnconv.analysis.head_snapshot`),
+    written by `train` at initialization (epoch 0, step 0) and after every epoch. A last line
+    without its newline was cut short by a crash and is skipped; anything else that is not
+    such a record is one AttnconvError naming the file.
+    """
+    path = Path(run_dir) / HEADS_FILE
+    if not path.exists():
+        return []
+    fix = "restore it from a copy, or delete it (the heads' history is then unknown)"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt heads file (not a regular file); {fix}")
+    if path.stat().st_size > _MAX_HEADS_BYTES:
+        raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the heads file ({err.strerror or err}); {fix}") from None
+    records = []
+    for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
+        try:
+            record = json.loads(line)
+            ok = (isinstance(record, dict) and isinstance(record.get("epoch"), (int, float))
+                  and isinstance(record.get("step"), int) and isinstance(record.get("layers"), list)
+                  and all(isinstance(layer, list) and all(isinstance(h, dict) and "center" in h for h in layer)
+                          for layer in record["layers"]))
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            raise AttnconvError(f"{path}: corrupt heads file (line {number} is not a snapshot of the heads); {fix}")
+        records.append(record)
+    return records
+
+def heads_line(record: dict[str, Any]) -> str:
+    """One snapshot as the line of heads.jsonl that `read_heads` reads back."""
+    return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+
+def metrics_text(rows: list[dict[str, float]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, METRICS_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _fmt(row[k]) for k in METRICS_COLUMNS})
+    return out.getvalue()
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))
+
+def write_config(run_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
+    """Write config.json (atomically): `meta` with the TrainConfig dict under "config"."""
+    atomic_write(Path(run_dir) / CONFIG_FILE, write_bytes((json.dumps(meta, indent=2) + "\n").encode()))
+
+def parameter_count(meta: dict[str, Any]) -> int | None:
+    """The parameter count config.json records ("parameters"; converted runs written before
+    it was the one key said "params", and that count, the converted network's, is the right one)."""
+    value = meta.get("params", meta.get("parameters")) if "converted" in meta else meta.get("parameters")
+    return int(value) if isinstance(value, (int, float)) else None

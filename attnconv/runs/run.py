@@ -1,0 +1,112 @@
+"""`Run`: a run directory read once and lazily."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from attnconv import data as D
+from attnconv.config import TrainConfig
+from attnconv.errors import AttnconvError
+from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
+from attnconv.runs.build import build_run_architecture, load_run
+from attnconv.runs.data import run_info, run_test_set
+from attnconv.runs.files import (
+    read_config,
+    read_heads,
+    read_metrics,
+)
+
+
+class Run:
+    """A run directory, read once: its config, metrics, heads, weights, dataset and attention sites.
+
+        run = Run("runs/sa")
+        run.config.model, run.metrics[-1]["test_acc"], run.heads      # files, read on first use
+        run.model                                                    # weights loaded, eval mode
+        raw, x = run.test_images(100)                                # uint8 and normalized
+        run.sites                                                    # attention_sites of the model
+
+    Everything is loaded lazily and kept; a missing or corrupt file is one AttnconvError naming
+    it (raised when the part that needs it is first used). Commands take a Run (or a path,
+    turned into one) instead of re-reading the files.
+    """
+
+    def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
+                 data_dir: str | os.PathLike | None = None, allow_nonfinite: bool = False):
+        self.path = Path(path)
+        self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
+        self.config = TrainConfig.from_dict(self.meta["config"])
+        self.device = device
+        self.data_dir = data_dir
+        self.allow_nonfinite = allow_nonfinite
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}: {self.config.model} on {self.config.dataset})"
+
+    @property
+    def converted(self) -> bool:
+        """Written by `attnconv convert`: a CNN's convolutions as attention layers."""
+        return "converted" in self.meta
+
+    @functools.cached_property
+    def metrics(self) -> list[dict[str, float]]:
+        return read_metrics(self.path)
+
+    @functools.cached_property
+    def heads(self) -> list[dict[str, Any]]:
+        """heads.jsonl's snapshots ([] for CNNs and runs trained before heads were recorded)."""
+        return read_heads(self.path)
+
+    @functools.cached_property
+    def info(self) -> D.DatasetInfo:
+        return run_info(self.config)
+
+    @functools.cached_property
+    def architecture(self) -> nn.Module:
+        """The network config.json describes, with fresh weights (parameter and FLOP counts need no more)."""
+        return build_run_architecture(self.meta)
+
+    @functools.cached_property
+    def model(self) -> nn.Module:
+        """The trained network: weights loaded, on `device`, eval mode."""
+        return load_run(self.path, self.device, allow_nonfinite=self.allow_nonfinite)[0]
+
+    @functools.cached_property
+    def test_set(self) -> D.ImageSet:
+        return run_test_set(self.config, self.data_dir)
+
+    def test_images(self, count: int | None = None, *, index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Test images: (raw uint8 (N, C, H, W), normalized float32 on `device`), the first `count`
+        (all if fewer) or the single image `index`."""
+        test = self.test_set
+        if count is not None and count < 1:
+            raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
+        if index is not None:
+            if not 0 <= index < len(test):
+                raise AttnconvError(f"--image {index} is out of range: the {self.config.dataset} test set has "
+                                    f"{len(test)} images (0..{len(test) - 1})")
+            raw = test.images[index : index + 1]
+        else:
+            raw = test.images[: count if count is not None else len(test)]
+        return raw, D.normalize(raw, self.info).to(self.device)
+
+    @functools.cached_property
+    def sites(self) -> list[AttentionSite]:
+        """`attention_sites` of the trained model (AttnconvError for a CNN)."""
+        return attention_sites(self.model, (self.info.channels, self.info.size, self.info.size))
+
+    def site_probs(self, images: int = 100, *, term: str = "combined") -> tuple[list[torch.Tensor], int]:
+        """Each site's probabilities (`site_probs`) and how many test images they average (0: exact)."""
+        x = self.test_images(images)[1] if needs_inputs(self.sites) else None
+        return site_probs(self.model, self.sites, x, term=term), 0 if x is None else len(x)
+
+def as_run(run: Run | str | os.PathLike, device: str | torch.device = "cpu", *,
+           data_dir: str | os.PathLike | None = None) -> Run:
+    """`run` itself, or the Run of a run directory (a command given a path)."""
+    return run if isinstance(run, Run) else Run(run, device, data_dir=data_dir)
