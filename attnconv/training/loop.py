@@ -44,7 +44,7 @@ import torch.nn as nn
 import attnconv
 from attnconv import data as D
 from attnconv.analysis import SNAPSHOT_IMAGES, head_snapshot
-from attnconv.config import RESUMABLE_CHANGES, TrainConfig
+from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError, Interrupted
 from attnconv.evaluate import evaluate
 from attnconv.fileio import (
@@ -52,8 +52,6 @@ from attnconv.fileio import (
     describe_os_error,
     remove_temporaries,
 )
-from attnconv.limits import AllocationLimit, parameter_limit
-from attnconv.models import build_model
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
@@ -65,12 +63,10 @@ from attnconv.runs import (
     WEIGHTS_FILE,
     build_run_model,
     claim_run_dir,
-    data_changes,
     data_fingerprint,
     heads_line,
     load_state,
     metrics_text,
-    read_config,
     read_metrics,
     replace_run_files,
     run_image_size,
@@ -80,6 +76,7 @@ from attnconv.runs import (
     trim_logs,
     write_config,
 )
+from attnconv.training.checks import check_data, check_resumable, existing_run, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.progress import ProgressLog
 from attnconv.training.schedule import learning_rate, make_optimizer
@@ -124,7 +121,7 @@ def train(
     matches out/config.json except for `RESUMABLE_CHANGES`) and `overwrite` replaces (its
     run files only, named on stderr). A folder holding anything else is refused; files the
     run did not write are never modified or deleted. One process at a time writes a run
-    directory (an advisory lock on out/.attnconv.lock; a killed process holds none).
+    directory (an advisory lock on the directory itself; a killed process holds none).
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
     (they must have that dataset's shape). progress: print progress (a bar on a terminal,
     a line every `log_every` steps otherwise). announce: a line printed once every check has
@@ -189,13 +186,19 @@ class _Trainer:
         try:
             self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
                 config.dataset, config.data_dir, download=True, image_size=run_image_size(config))
-            self._check_data()
+            check_data(self.info, self.train_set, self.test_set, config.batch_size, d.world_size)
         except AttnconvError as err:
             d.agree(str(err))  # every rank fails the same way here; agree keeps them in step anyway
         d.agree(None)
         if self.device.type == "cuda":  # the uint8 sets live on the GPU: batches never cross PCIe
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
-        self.config = config = self._resolve_overrides(config)
+        error = None
+        try:  # bad overrides fail here, before any file is written; too large ones before allocating
+            config = resolve_overrides(config, self.info)
+        except AttnconvError as err:
+            error = str(err)
+        d.agree(error)
+        self.config = config
         d.agree(self._check_existing_config() if d.main else None)
 
         self.steps_per_epoch = len(self.train_set) // config.batch_size
@@ -241,61 +244,14 @@ class _Trainer:
             return str(err)
         return None
 
-    def _check_data(self) -> None:
-        info, bs, w = self.info, self.config.batch_size, self.d.world_size
-        for name, s in (("train", self.train_set), ("test", self.test_set)):
-            if not isinstance(s, D.ImageSet):
-                raise AttnconvError(f"{name} set must be an attnconv.data.ImageSet, got {type(s).__name__}")
-            if tuple(s.images.shape[1:]) != (info.channels, info.size, info.size):
-                raise AttnconvError(f"{name} images are {tuple(s.images.shape[1:])}, {info.name} is "
-                                    f"({info.channels}, {info.size}, {info.size})")
-            if len(s) == 0:
-                raise AttnconvError(f"the {info.name} {name} set is empty; check --data-dir")
-            if s.labels.min() < 0 or s.labels.max() >= info.num_classes:
-                raise AttnconvError(f"{name} labels must be in 0..{info.num_classes - 1}")
-        if bs > len(self.train_set):
-            raise AttnconvError(f"--batch-size {bs} is larger than the training set ({len(self.train_set)} images)")
-        if bs % w:
-            raise AttnconvError(f"--batch-size {bs} (global) is not divisible by the {w} processes")
-
-    def _resolve_overrides(self, config: TrainConfig) -> TrainConfig:
-        """Fill in the overrides that the data decides; a conflicting explicit value is an error."""
-        info = self.info
-        derived = {"in_channels": info.channels, "image_size": info.size, "num_classes": info.num_classes}
-        overrides = dict(config.model_overrides)
-        for key, value in derived.items():
-            if overrides.get(key, value) != value:
-                flag = "--" + key.replace("_", "-")
-                self.d.agree(f"{flag} {overrides[key]} does not match {info.name} ({key} = {value}); drop {flag}")
-            overrides[key] = value
-        config = dataclasses.replace(config, model_overrides=overrides)
-        try:  # bad overrides fail here, before any file is written; too large ones before allocating
-            with AllocationLimit(parameter_limit(), f"model {config.model!r} with {overrides}", "lower the sizes"):
-                build_model(config.model, **overrides)
-        except AttnconvError as err:
-            self.d.agree(str(err))
-        return config
-
     def _check_existing_config(self) -> str | None:
-        """Rank 0: on --resume, the saved config must match except for RESUMABLE_CHANGES."""
-        path = self.out / CONFIG_FILE
-        if not path.exists() or self.overwrite:
+        """Rank 0: on --resume, the saved run must be this config on this data (`checks.check_resumable`)."""
+        if self.overwrite or not existing_run(self.out):
             return None
         try:
-            meta = read_config(self.out)
-            saved = TrainConfig.from_dict(meta["config"]).to_dict()
+            check_resumable(self.out, self.config, self.info, allow_data_change=self.allow_data_change)
         except AttnconvError as err:
             return str(err)
-        changes = data_changes(meta.get("data"), data_fingerprint(self.info))
-        if changes and not self.allow_data_change:
-            return (f"--out {self.out}: the dataset changed since this run started ({'; '.join(changes)}); "
-                    "resuming would continue on other data: restore the data, train into a new --out, or pass "
-                    "--allow-data-change to continue anyway")
-        new = self.config.to_dict()
-        diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
-        if diff:
-            return (f"--out {self.out} holds a run with a different config ({'; '.join(diff)}); "
-                    "resume with the same settings, or choose a new --out")
         return None
 
     # ---------------------------------------------------------------- checkpoints

@@ -1,0 +1,71 @@
+"""What `train` checks before it writes anything: the data, the model the config asks for, a resumed run's config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from attnconv import data as D
+from attnconv.config import RESUMABLE_CHANGES, TrainConfig
+from attnconv.errors import AttnconvError
+from attnconv.limits import AllocationLimit, parameter_limit
+from attnconv.models import build_model
+from attnconv.runs import CONFIG_FILE, data_changes, data_fingerprint, read_config
+
+
+def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int) -> None:
+    """The (train, test) sets have the dataset's shape and labels, and the batch fits them."""
+    for name, s in (("train", train_set), ("test", test_set)):
+        if not isinstance(s, D.ImageSet):
+            raise AttnconvError(f"{name} set must be an attnconv.data.ImageSet, got {type(s).__name__}")
+        if tuple(s.images.shape[1:]) != (info.channels, info.size, info.size):
+            raise AttnconvError(f"{name} images are {tuple(s.images.shape[1:])}, {info.name} is "
+                                f"({info.channels}, {info.size}, {info.size})")
+        if len(s) == 0:
+            raise AttnconvError(f"the {info.name} {name} set is empty; check --data-dir")
+        if s.labels.min() < 0 or s.labels.max() >= info.num_classes:
+            raise AttnconvError(f"{name} labels must be in 0..{info.num_classes - 1}")
+    if batch_size > len(train_set):
+        raise AttnconvError(f"--batch-size {batch_size} is larger than the training set ({len(train_set)} images)")
+    if batch_size % world_size:
+        raise AttnconvError(f"--batch-size {batch_size} (global) is not divisible by the {world_size} processes")
+
+
+def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
+    """The config with the overrides the data decides (channels, image size, classes) filled in.
+
+    A conflicting explicit value is an error, and so is a model that cannot be built from the
+    overrides, or one too large for the machine (refused before allocating: `AllocationLimit`).
+    """
+    derived = {"in_channels": info.channels, "image_size": info.size, "num_classes": info.num_classes}
+    overrides = dict(config.model_overrides)
+    for key, value in derived.items():
+        if overrides.get(key, value) != value:
+            flag = "--" + key.replace("_", "-")
+            raise AttnconvError(f"{flag} {overrides[key]} does not match {info.name} ({key} = {value}); drop {flag}")
+        overrides[key] = value
+    config = dataclasses.replace(config, model_overrides=overrides)
+    with AllocationLimit(parameter_limit(), f"model {config.model!r} with {overrides}", "lower the sizes"):
+        build_model(config.model, **overrides)
+    return config
+
+
+def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, *, allow_data_change: bool) -> None:
+    """A run in `out` that --resume continues: its saved config matches `config` except for
+    `RESUMABLE_CHANGES`, and its recorded dataset matches `info` (unless `allow_data_change`)."""
+    meta = read_config(out)
+    saved = TrainConfig.from_dict(meta["config"]).to_dict()
+    changes = data_changes(meta.get("data"), data_fingerprint(info))
+    if changes and not allow_data_change:
+        raise AttnconvError(f"--out {out}: the dataset changed since this run started ({'; '.join(changes)}); "
+                            "resuming would continue on other data: restore the data, train into a new --out, or "
+                            "pass --allow-data-change to continue anyway")
+    new = config.to_dict()
+    diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
+    if diff:
+        raise AttnconvError(f"--out {out} holds a run with a different config ({'; '.join(diff)}); "
+                            "resume with the same settings, or choose a new --out")
+
+
+def existing_run(out: Path) -> bool:
+    return (out / CONFIG_FILE).exists()
