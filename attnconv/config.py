@@ -210,15 +210,12 @@ PRESETS: dict[str, TrainConfig] = {
     "paper-cifar10-sa-quadratic-aniso": _paper("sa-quadratic-aniso", "warmup-cosine"),
     "paper-cifar10-sa-learned": _paper("sa-learned", "warmup-cosine"),
     "paper-cifar10-sa-learned-content": _paper("sa-learned-content", "warmup-cosine"),
-    # Fashion-MNIST recipes sized for a 2-core CPU (see benchmarks/RESULTS.md for what they
-    # reach and in how long). The attention model keeps the paper's block (9 heads, shared
-    # values, post-LN) but downsamples 4x4 (28x28x1 -> 7x7x16 tokens) and is narrower: with
-    # 2x2 downsampling (14x14 tokens) an epoch costs about 4x more on the CPU. AdamW
-    # is used for this short budget, and no crop/flip augmentation (in a 1-epoch pilot
-    # without crops the model reached 81.5% test accuracy, with crops 71.5%; whether crops
-    # pay off over longer runs was not measured), and no dropout: with dropout 0.1 an
-    # 8-epoch run underfit (train 90.7%, test 89.5%). The CNN baseline is ResNet-18 at a
-    # quarter width, of similar cost per image.
+    # Fashion-MNIST presets sized for a 2-core CPU. The attention model keeps the paper's block
+    # (9 heads, shared values, post-LN) but downsamples 4x4 (28x28x1 -> 7x7x16 tokens) and is
+    # narrower, since 14x14 tokens cost several times more per epoch; AdamW for the short
+    # budget; no crop/flip and no dropout, both of which hurt at this length. The CNN baseline
+    # is ResNet-18 at a quarter width, of similar cost per image. What they reach, and the
+    # pilots behind these choices: benchmarks/RESULTS.md.
     "fmnist-sa-quadratic": TrainConfig(
         model="sa-quadratic", dataset="fashion-mnist",
         model_overrides={"hidden": 96, "layers": 4, "heads": 9, "intermediate": 192, "downsample": 4,
