@@ -287,13 +287,7 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", pan
         Line2D([], [], color="0.3", ls=":", label="90% of mass"),
         Line2D([], [], color="black", marker="s", ls="", label="query pixel"),
     ]
-    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
-    fig.supxlabel("column shift (tokens)", fontsize=8)
-    fig.supylabel("row shift (tokens, down)", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
-    return fig
+    return _finish(fig, handles, "column shift (tokens)", "row shift (tokens, down)", title)
 
 
 def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
@@ -331,9 +325,14 @@ def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
         ax.set_visible(False)
     handles = [Line2D([], [], color=colors[h], label=f"head {h + 1}") for h in range(heads)]
     handles.append(Line2D([], [], color="black", lw=2, label="layer mean"))
+    return _finish(fig, handles, "epoch", "mean attention distance (tokens)", title)
+
+
+def _finish(fig, handles: list, xlabel: str, ylabel: str, title: str):
+    """A panel figure's legend on the right, its shared axis labels and title, laid out."""
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
-    fig.supxlabel("epoch", fontsize=8)
-    fig.supylabel("mean attention distance (tokens)", fontsize=8)
+    fig.supxlabel(xlabel, fontsize=8)
+    fig.supylabel(ylabel, fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
