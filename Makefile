@@ -28,7 +28,7 @@ data:
 	  || echo "note: could not install dataset-fashion-mnist; attnconv will look elsewhere or download"
 
 # The main job: Theorem 1 on a random conv, then a few minutes of training the
-# quadratic attention model on the real Fashion-MNIST (one epoch of the CPU recipe),
+# quadratic attention model on the real Fashion-MNIST (one epoch of the CPU preset),
 # its evaluation, and its HTML report.
 demo: $(STAMP) data
 	$(PY) -m attnconv express --dim 2 --kernel 3 --in-channels 8 --out-channels 16 --dtype float64 --plot runs/demo/express-heads.png

@@ -18,7 +18,7 @@ LAYERS = [
     ["attnconv.construct"],
     ["attnconv.models", "attnconv.data", "attnconv.convert"],
     ["attnconv.config"],
-    ["attnconv.recipes", "attnconv.runs"],
+    ["attnconv.dataset_presets", "attnconv.runs"],
     ["attnconv.evaluate", "attnconv.training", "attnconv.analysis", "attnconv.bench"],
     ["attnconv.plots"],
     ["attnconv.report", "attnconv.explorer", "attnconv.learnconv"],

@@ -347,7 +347,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, dat
     out = tmp_path / "run"
     # lr 1e30: step 1 (finite loss) gives weights ~1e30, whose forward overflows at step 2.
     code = main(tiny_args(out, data_dir, "--lr", "1e30", "--schedule", "constant", "--checkpoint-every", "1"))
-    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if not line.startswith("recipe: "))
+    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if not line.startswith("preset: "))
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("error: loss became non-finite")
     assert "at step 2" in err and "last good checkpoint (step 1)" in err and "--lr" in err

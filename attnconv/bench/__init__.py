@@ -36,7 +36,7 @@ Sections run only when named (`--only presets,conv,fullsize,compile`), fp32 and 
 
 The harness: config.py (BenchConfig, sizes, targets), timing.py (interleaved repeats,
 medians, ratios), cases.py (one dense-vs-fast comparison), peakmem.py (/proc peak
-memory), estimates.py, profiling.py, results.py (Section, Report, their text), runner.py.
+memory), estimates.py, profiling.py, results.py (Section, Report, their text), suite.py.
 
 Cases that would not fit in memory are not run: their memory is estimated first
 (`estimate_layer_bytes`, `estimate_step_bytes`) and compared with a budget; they
@@ -47,7 +47,7 @@ fits, and says so. Nothing is reported that was not measured in the run.
 
 from attnconv.bench.config import CPU_SECTIONS, DEFAULT_SECTIONS, PRECISIONS, SECTIONS, BenchConfig, quick_config, tiny_config
 from attnconv.bench.results import format_report, format_section, report_json
-from attnconv.bench.runner import run_benchmarks
+from attnconv.bench.suite import run_benchmarks
 
 __all__ = [
     "BenchConfig",

@@ -1,4 +1,4 @@
-"""The presets section: the Fashion-MNIST CPU recipes' training steps, attention against ResNet, same precision.
+"""The presets section: the Fashion-MNIST CPU presets' training steps, attention against ResNet, same precision.
 
 `fmnist-sa-quadratic` (the paper's block at hidden 96, 4 layers, 9 heads, 7x7 tokens) and
 `fmnist-resnet-small` (ResNet-18 at width 16), each with its preset's optimizer (AdamW,

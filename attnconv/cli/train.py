@@ -9,14 +9,14 @@
                                                      # ... plus content attention (8 channels per head)
     torchrun --nproc-per-node 2 -m attnconv train --preset ... --out runs/ddp
 
-Without --preset, the recipe registered for the dataset is the base (Fashion-MNIST: the
-CPU recipes; CIFAR-10: the paper's; folder:PATH: AdamW scaled to the image size and count;
-see attnconv.recipes) and the line `recipe: ...` says what it set. Explicit flags override
-the preset or recipe; model flags (--hidden, --layers, ...) override the model's defaults.
+Without --preset, the preset registered for the dataset is the base (Fashion-MNIST: the
+CPU presets; CIFAR-10: the paper's; folder:PATH: AdamW scaled to the image size and count;
+see attnconv.dataset_presets) and the line `preset: ...` says what it set. Explicit flags override
+the preset or preset; model flags (--hidden, --layers, ...) override the model's defaults.
 With --resume, a run directory's saved config is the base, and
 only --device, --workers, --data-dir, --checkpoint-every and --compile may change.
-With --init-from, the architecture, dataset and recipe are the CNN run's (optimization
-flags override the recipe): every convolution becomes a multi-head attention layer
+With --init-from, the architecture, dataset and preset are the CNN run's (optimization
+flags override the preset): every convolution becomes a multi-head attention layer
 whose heads start on the kernel taps with --init-alpha and have learnable centers and
 widths (attnconv.cnn_to_attention(..., learnable=True)); --init-content DIM adds content
 attention (DIM query/key channels per head, starting at zero) to every layer of a kxk
@@ -80,7 +80,7 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory (config, metrics, checkpoints)")
-    p.add_argument("--preset", metavar="NAME", help=f"named recipe: {', '.join(PRESETS)}")
+    p.add_argument("--preset", metavar="NAME", help=f"named preset: {', '.join(PRESETS)}")
     p.add_argument("--model", metavar="NAME", help=f"model: {', '.join(list_models())}")
     p.add_argument("--dataset", metavar="NAME",
                    help="cifar10, fashion-mnist, or folder:PATH (PATH/train/<class>/*.png|jpg..., PATH/test|val/...)")
@@ -163,15 +163,15 @@ def run(args: argparse.Namespace) -> int:
         base, changes = _init_from(args, base, overrides, changes)
     elif args.init_alpha is not None or args.fold_bn is not None or args.init_content is not None:
         raise AttnconvError("--init-alpha, --fold-bn and --init-content go with --init-from CNN_RUN")
-    recipe = None
+    preset = None
     if args.preset is None and base is None and args.model is not None and args.dataset is not None:
-        from attnconv.recipes import dataset_recipe, describe
+        from attnconv.dataset_presets import dataset_preset, describe
 
-        recipe, base = dataset_recipe(args.model, args.dataset, image_size=args.image_size)
+        preset, base = dataset_preset(args.model, args.dataset, image_size=args.image_size)
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
     config.validate()  # a bad flag is one error line, before anything else is printed
-    announce = None if recipe is None else \
-        f"recipe: {recipe}, with your flags on top: {describe(config)} (--preset NAME for another)"
+    announce = None if preset is None else \
+        f"preset: {preset}, with your flags on top: {describe(config)} (--preset NAME for another)"
     if args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
@@ -186,7 +186,7 @@ DEFAULT_INIT_ALPHA = 3.0
 
 
 def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
-    """--init-from: the CNN run's config is the base (architecture, data, recipe), plus init_from."""
+    """--init-from: the CNN run's config is the base (architecture, data, preset), plus init_from."""
     import dataclasses
 
     from attnconv.config import TrainConfig
@@ -203,6 +203,6 @@ def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
             "alpha": DEFAULT_INIT_ALPHA if args.init_alpha is None else args.init_alpha,
             "fold_bn": bool(args.fold_bn),
             "content": 0 if args.init_content is None else args.init_content}
-    if base is None:  # a fresh run: the CNN's recipe
+    if base is None:  # a fresh run: the CNN's preset
         base = dataclasses.replace(TrainConfig.from_dict(source["config"]), preset=None, init_from=init)
     return base, {**changes, "init_from": init}

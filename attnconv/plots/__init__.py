@@ -52,7 +52,7 @@ from attnconv.plots.figures import (
     snapshot_geometry,
     spread_epochs,
 )
-from attnconv.plots.runs import (
+from attnconv.plots.run_figures import (
     maps_of_run,
     plot_centers,
     plot_centers_history,

@@ -125,7 +125,7 @@ def train(
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
     (they must have that dataset's shape). progress: print progress (a bar on a terminal,
     a line every `log_every` steps otherwise). announce: a line printed once every check has
-    passed, before the first step (the CLI's recipe line). allow_data_change: resume even though
+    passed, before the first step (the CLI's preset line). allow_data_change: resume even though
     the dataset differs from the one the run recorded (config.json "data"); otherwise refused.
     Launched by torchrun, trains with DDP.
     """
