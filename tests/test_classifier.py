@@ -162,22 +162,9 @@ def test_new_options_keep_parameter_names_and_shapes(name):
     assert {f"layers.{i}.attention_out.{p}" for i in range(2) for p in ("weight", "bias")} <= set(ref)
 
 
-@pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned-content"])
-def test_checkpoints_with_the_old_attention_dense_names_still_load(name):
-    small = dict(hidden=16, heads=4, layers=2, intermediate=24, image_size=12, in_channels=1)
-    model = build_model(name, **small).eval()
-    old = {k.replace(".attention_out.", ".attention_dense."): v.clone() for k, v in model.state_dict().items()}
-    assert sum(".attention_dense." in k for k in old) == 4
-    fresh = build_model(name, **small).eval()
-    fresh.load_state_dict(old)  # strict: every old key lands on a parameter
-    x = torch.randn(2, 1, 12, 12)
-    assert torch.equal(fresh(x), model(x))
-    assert set(old) == {k.replace(".attention_out.", ".attention_dense.") for k in fresh.state_dict()}
-
-
 def test_a_run_written_before_the_new_options_loads(tmp_path):
     from fixtures_data import write_random_fashion
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     from attnconv.config import make_config
     from attnconv.runs import load_run
@@ -189,15 +176,13 @@ def test_a_run_written_before_the_new_options_loads(tmp_path):
     cfg = make_config(model="sa-learned", dataset="fashion-mnist", batch_size=16, workers=1, epochs=1, max_steps=1,
                       data_dir=str(tmp_path / "data"), model_overrides=overrides)
     train(cfg, tmp_path / "run", progress=False)
-    # config.json and model.safetensors as a run written before pos_init, attn_dropout_mask and the rename
+    # config.json as a run written before pos_init and attn_dropout_mask
     path = tmp_path / "run" / "config.json"
     meta = json.loads(path.read_text())
     for key in ("pos_init", "attn_dropout_mask"):
         meta["config"]["model_overrides"].pop(key, None)
     path.write_text(json.dumps(meta))
     weights = load_file(str(tmp_path / "run" / "model.safetensors"))
-    save_file({k.replace(".attention_out.", ".attention_dense."): v for k, v in weights.items()},
-              str(tmp_path / "run" / "model.safetensors"))
     model, _ = load_run(tmp_path / "run")
     for k, v in model.state_dict().items():
         assert torch.equal(v, weights[k]), k

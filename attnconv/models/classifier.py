@@ -100,11 +100,7 @@ class ClassifierConfig:
 
 
 class Block(nn.Module):
-    """One post-LN encoder layer: attention sublayer, then MLP sublayer (channels-last).
-
-    `attention_out` was named `attention_dense` before (a clash with impl="dense"); state
-    dicts with the old names still load.
-    """
+    """One post-LN encoder layer: attention sublayer, then MLP sublayer (channels-last)."""
 
     def __init__(self, cfg: ClassifierConfig):
         super().__init__()
@@ -127,21 +123,10 @@ class Block(nn.Module):
         self.output = nn.Linear(cfg.intermediate, cfg.hidden)
         self.output_norm = nn.LayerNorm(cfg.hidden, eps=LAYER_NORM_EPS)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.register_load_state_dict_pre_hook(_rename_old_keys)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, hidden)
         x = self.attention_norm(x + self.dropout(self.attention.forward_tokens(x, then=self.attention_out)))
         return self.output_norm(x + self.dropout(self.output(nn.functional.gelu(self.intermediate(x)))))
-
-
-_RENAMED = {"attention_dense.": "attention_out."}  # old parameter-name prefix in a Block -> new
-
-
-def _rename_old_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
-    """Load-state-dict pre-hook: a checkpoint written before a rename loads under the new names."""
-    for old, new in _RENAMED.items():
-        for key in [k for k in state_dict if k.startswith(prefix + old)]:
-            state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
 
 
 class AttentionClassifier(nn.Module):
