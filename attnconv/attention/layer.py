@@ -68,6 +68,9 @@ class SelfAttention2d(nn.Module):
             keys N(0, 0.02^2), uniform heads at init; learned encodings only).
         attn_dropout_mask: "per-sample" (a dropout mask per sample) or "shared" (one mask for
             the batch, the paper's code's convention; position-only encodings only).
+        stride: keep every stride-th query in each direction, starting at 0, as a strided conv
+            with padding k // 2 does (output ceil(H / stride) x ceil(W / stride)); the attention
+            itself is computed over every query, then subsampled.
 
     Shapes: forward (B, C_in, H, W) -> (B, C_out, H, W); `forward_tokens` does the
     same on channels-last (B, H, W, C_in) -> (B, H, W, C_out) without transposes.
@@ -89,11 +92,13 @@ class SelfAttention2d(nn.Module):
         bias: bool = True,
         pos_init: str = "authors",
         attn_dropout_mask: str = "per-sample",
+        stride: int = 1,
     ):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
         optional = {"head_dim": head_dim, "key_dim": key_dim, "pos_dim": pos_dim}  # None: the default below
         sizes = {"in_channels": in_channels, "out_channels": out_channels, "heads": heads, "max_size": max_size,
+                 "stride": stride,
                  **{name: v for name, v in optional.items() if v is not None}}
         for name, v in sizes.items():
             _check_positive_int(name, v)
@@ -116,6 +121,7 @@ class SelfAttention2d(nn.Module):
         self.in_channels, self.out_channels, self.heads, self.max_size = in_channels, out_channels, heads, max_size
         self.encoding_name, self.value_mode, self.attn_dropout = encoding, value, float(attn_dropout)
         self.attn_dropout_mask = attn_dropout_mask
+        self.stride = stride
         self.key_dim = in_channels if key_dim is None else key_dim
         pos_dim = in_channels if pos_dim is None else pos_dim
         self.encoding = build_encoding(
@@ -186,6 +192,7 @@ class SelfAttention2d(nn.Module):
             f"{self.in_channels}, {self.out_channels}, heads={self.heads}, encoding={self.encoding_name!r}, "
             f"value={self.value_mode!r}, impl={self._impl!r}, attn_dropout={self.attn_dropout}"
             + (f", attn_dropout_mask={self.attn_dropout_mask!r}" if self.attn_dropout_mask != "per-sample" else "")
+            + (f", stride={self.stride}" if self.stride != 1 else "")
         )
 
     # ---------------------------------------------------------------- forward
@@ -195,7 +202,19 @@ class SelfAttention2d(nn.Module):
                 f"SelfAttention2d expects input (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
         y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
+        if self.stride != 1:
+            y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
         return y.permute(0, 3, 1, 2)
+
+    def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The output's (H, W) for an input of (H, W): ceil(side / stride)."""
+        return tuple(-(-int(n) // self.stride) for n in size)
+
+    def query_positions(self, size: tuple[int, int]) -> Tensor:
+        """(T_out, 2) int64: the input-grid position of each output pixel's query, row-major."""
+        rows = torch.arange(0, size[0], self.stride)
+        cols = torch.arange(0, size[1], self.stride)
+        return torch.cartesian_prod(rows, cols)
 
     def forward_tokens(self, x: Tensor, then: nn.Linear | None = None) -> Tensor:
         """Channels-last forward: (B, H, W, C_in) -> (B, H, W, C_out), or then(...) of it.
@@ -309,13 +328,18 @@ class SelfAttention2d(nn.Module):
 
     # --------------------------------------------------------------- analysis
     def attention_scores(self, x: Tensor | None = None, size: tuple[int, int] | None = None) -> dict[str, Tensor]:
-        """Pre-softmax score terms (Eq. 6) as (B or 1, heads, T, T) float32 tensors.
+        """Pre-softmax score terms (Eq. 6) as (B or 1, heads, T_out, T) float32 tensors (T_out = T unless strided).
 
         Keys: "combined" always; "position" always; "content" for content layers.
         x is (B, C_in, H, W); position-only layers accept `size=(H, W)` instead.
         """
         x_tokens, H, W = self._analysis_input(x, size)
-        return self._scores(x_tokens, H, W)
+        scores = self._scores(x_tokens, H, W)
+        if self.stride != 1:  # the strided queries' rows only: (B or 1, heads, T_out, T)
+            rows = self.query_positions((H, W))
+            keep = rows[:, 0] * W + rows[:, 1]
+            scores = {k: v[:, :, keep] for k, v in scores.items()}
+        return scores
 
     def attention_probs(self, x: Tensor | None = None, size: tuple[int, int] | None = None,
                         term: str = "combined") -> Tensor:

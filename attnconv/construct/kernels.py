@@ -33,7 +33,7 @@ def _as_size(size: Sequence[Any]) -> tuple[int, ...]:
     return size
 
 
-@dataclass
+@dataclass(repr=False)
 class EffectiveKernel:
     """A position-only attention layer as a linear map, kept factored.
 
@@ -52,6 +52,11 @@ class EffectiveKernel:
     query_pos: Tensor  # (T_out, ndim) int64: input-frame position each output pixel attends from
     centers: Tensor | None = None  # (heads, ndim): the layer's own head centers (layer.centers or
     # layer.encoding.centers), when it has them
+
+    def __repr__(self) -> str:
+        heads, c_out, c_in = self.maps.shape
+        return (f"EffectiveKernel(heads={heads}, C_out={c_out}, C_in={c_in}, in_size={tuple(self.in_size)}, "
+                f"out_size={tuple(self.out_size)})")
 
     def _query(self, query: int | Sequence[int]) -> int:
         if isinstance(query, int):
@@ -139,7 +144,7 @@ def effective_kernel(layer: nn.Module, *size: int | Sequence[int], probs: Tensor
     )
 
 
-@dataclass
+@dataclass(repr=False)
 class ConvLikeness:
     """How convolutional a position-only attention layer is (see `conv_likeness`)."""
 
@@ -153,6 +158,11 @@ class ConvLikeness:
     @property
     def mean_window_mass(self) -> float:
         return float(self.window_mass.mean())
+
+    def __repr__(self) -> str:
+        k = "x".join([str(self.kernel_size)] * len(self.size))
+        return (f"ConvLikeness(distance to the nearest {k} conv {self.distance:.3g}, mean window mass "
+                f"{self.mean_window_mass:.3g}, heads={self.window_mass.numel()}, size={tuple(self.size)})")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the kernel itself is left out: it can be large)."""

@@ -5,15 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import Dataset
 
 from attnconv.errors import AttnconvError
 
 
-@dataclass
-class ImageSet:
-    """A labelled image set held in memory (or memory-mapped).
+@dataclass(repr=False)
+class ImageSet(Dataset):
+    """A labelled image set held in memory (or memory-mapped); a `torch.utils.data.Dataset`.
 
-    images: uint8 (N, C, H, W); labels: int64 (N,).
+    images: uint8 (N, C, H, W); labels: int64 (N,). `set[i]` is (image uint8 (C, H, W), label
+    int), raw pixels: normalize them as the dataset's info says (`attnconv.data.normalize`).
     """
 
     images: torch.Tensor
@@ -31,6 +33,12 @@ class ImageSet:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images[i], int(self.labels[i])
+
+    def __repr__(self) -> str:
+        return f"ImageSet({len(self)} images of {tuple(self.images.shape[1:])}, uint8)"
 
     def to(self, device: torch.device | str) -> ImageSet:
         """Copy to ``device`` (e.g. the whole uint8 set on the GPU once, then batches never cross PCIe)."""
