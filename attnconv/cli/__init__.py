@@ -25,6 +25,7 @@ _COMMANDS = [
     "attnconv.cli.bench",
     "attnconv.cli.analyze",
     "attnconv.cli.report",
+    "attnconv.cli.predict",
 ]
 
 
@@ -49,7 +50,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "heads": (1, 1024), "layers": (1, 1024), "intermediate": (1, 10**6), "downsample": (1, 1024),
     "dropout": (0, 1), "attn_dropout": (0, 1), "width": (1, 65536), "memory_budget_gb": (1e-6, 1e6),
     "images": (1, 10**7), "eval_images": (1, 10**9), "image": (0, 10**9), "layer": (1, 10**4),
-    "zoom": (1, 10**4), "kernel": (1, 99), "steps": (0, 10**9), "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535),
+    "zoom": (1, 10**4), "kernel": (1, 99), "steps": (0, 10**9), "top": (1, 10**6),
+    "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535),
 }
 
 

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from attnconv import data as D
 from attnconv.config import TrainConfig
+from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
-from attnconv.runs.data import run_info, run_test_set
+from attnconv.runs.data import data_fingerprint, run_info, run_test_set
 from attnconv.runs.files import (
     read_config,
     read_heads,
@@ -105,6 +108,38 @@ class Run:
         """Each site's probabilities (`site_probs`) and how many test images they average (0: exact)."""
         x = self.test_images(images)[1] if needs_inputs(self.sites) else None
         return site_probs(self.model, self.sites, x, term=term), 0 if x is None else len(x)
+
+    def transform(self, images: Sequence[str | os.PathLike] | torch.Tensor) -> torch.Tensor:
+        """Image files (decoded as the run's data was: resized and center-cropped to its size, RGB or
+        grey as its channels) or uint8 images (N, C, H, W) -> the normalized batch the model takes.
+
+        Uses what the run recorded of its dataset (config.json "data": size, channels, mean, std),
+        so no training data is needed; runs that recorded nothing use their dataset's description.
+        """
+        data = self.meta.get("data") or data_fingerprint(self.info)
+        size, channels = int(data["size"]), int(data["channels"])
+        if isinstance(images, torch.Tensor):
+            raw = images
+        else:
+            if not images:
+                raise AttnconvError("give at least one image file")
+            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size) for p in images]))
+        if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
+            raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
+                                f"{raw.dtype} {tuple(raw.shape)}")
+        mean = torch.tensor(data["mean"], dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(data["std"], dtype=torch.float32).view(1, -1, 1, 1)
+        return ((raw.float() / 255.0 - mean) / std).to(self.device)
+
+    @torch.no_grad()
+    def predict(self, images: Sequence[str | os.PathLike] | torch.Tensor, top: int = 1) -> list[list[tuple[str, float]]]:
+        """The `top` most probable classes of each image, as (class name, probability), best first."""
+        data = self.meta.get("data") or data_fingerprint(self.info)
+        classes = list(data["classes"])
+        probs = self.model(self.transform(images)).float().softmax(-1).cpu()
+        best = probs.topk(min(top, probs.shape[1]), dim=1)
+        return [[(classes[int(i)], float(v)) for v, i in zip(vals, idx)] for vals, idx in zip(best.values, best.indices)]
+
 
 def as_run(run: Run | str | os.PathLike, device: str | torch.device = "cpu", *,
            data_dir: str | os.PathLike | None = None) -> Run:

@@ -1,0 +1,65 @@
+"""`attnconv predict`: classify image files with a trained run, without its training data.
+
+    attnconv predict runs/sa shirt.png boot.jpg         class and probability per image
+    attnconv predict runs/sa photos/ --top 3 --json     every image in a folder, the 3 best classes
+
+Each image is decoded as the run's data was (resized and center-cropped to its image size,
+RGB or grey as its channels) and normalized with the mean and std the run recorded
+(config.json "data"), so a run directory is all it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("predict", help="classify image files with a trained run", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train` or `convert`")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files, or folders of them (not recursive)")
+    p.add_argument("--top", type=int, default=1, metavar="K", help="the K most probable classes (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.set_defaults(func=run)
+
+
+def image_files(args: list[str]) -> list[Path]:
+    """The files named, and the image files of the folders named, sorted; one clear error for a missing path."""
+    from attnconv.data.decode import IMAGE_EXTENSIONS
+    from attnconv.errors import AttnconvError
+
+    files: list[Path] = []
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
+                           and not p.name.startswith("."))
+            if not found:
+                raise AttnconvError(f"{path}: no image files in it ({', '.join(IMAGE_EXTENSIONS)})")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise AttnconvError(f"{path}: no such file or folder")
+    return files
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnconv.runs import Run
+
+    files = image_files(args.images)
+    run = Run(args.run_dir, args.device)
+    results = []
+    for start in range(0, len(files), 64):  # a batch at a time: a folder of thousands fits in memory
+        chunk = files[start : start + 64]
+        for path, best in zip(chunk, run.predict(chunk, top=args.top)):
+            results.append({"image": str(path), "top": [{"class": c, "probability": p} for c, p in best]})
+    if args.json:
+        print(json.dumps({"run": str(run.path), "predictions": results}, indent=1))
+        return 0
+    for r in results:
+        print(f"{r['image']}: " + ", ".join(f"{t['class']} {t['probability']:.3g}" for t in r["top"]))
+    return 0
