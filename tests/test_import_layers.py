@@ -19,7 +19,7 @@ LAYERS = [
     ["attnconv.models", "attnconv.data", "attnconv.convert"],
     ["attnconv.config"],
     ["attnconv.dataset_presets", "attnconv.runs"],
-    ["attnconv.evaluate", "attnconv.training", "attnconv.analysis", "attnconv.bench"],
+    ["attnconv.evaluate", "attnconv.training", "attnconv.analysis", "attnconv.bench", "attnconv.export"],
     ["attnconv.plots"],
     ["attnconv.report", "attnconv.explorer", "attnconv.learnconv"],
     ["attnconv.cli", "attnconv.__main__"],

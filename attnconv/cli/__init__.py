@@ -26,6 +26,7 @@ _COMMANDS = [
     "attnconv.cli.analyze",
     "attnconv.cli.report",
     "attnconv.cli.predict",
+    "attnconv.cli.export",
 ]
 
 
