@@ -3,6 +3,10 @@
 FLOPs come from `attnconv.flops.count_flops` (re-exported here): every matrix product
 and convolution, and the paper's Linear-only convention, per image.
 
+Per class: `predict_all` gives every test image's predicted class (one forward pass, which
+also yields the loss and accuracy), `confusion_matrix` counts (true, predicted) pairs and
+`per_class_accuracy` reads each class's accuracy off its row.
+
 Table 1: `describe_run` summarizes one run directory from its config.json and
 metrics.csv alone (no weights needed), `group_runs` puts the runs of one configuration
 (everything but the seed and where the run ran) into one row, and `runs_table`
@@ -36,12 +40,15 @@ from attnconv.tables import format_table
 __all__ = [
     "PAPER_ORDER",
     "TABLE_HEADERS",
+    "confusion_matrix",
     "count_flops",
     "count_params",
     "describe_run",
     "evaluate",
     "runs_table",
     "group_runs",
+    "per_class_accuracy",
+    "predict_all",
     "run_setup",
     "table_row",
 ]
@@ -74,9 +81,7 @@ def evaluate(
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss_sum, correct
     try:
         if len(part):
-            for x, y in D.iterate_batches(part, info, batch_size, seed=0, epoch=0, train=False, augment=False,
-                                          drop_last=False, device=device):
-                logits = model(x).float()
+            for logits, y in _logits(model, part, info, batch_size, device):
                 sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
                 sums[1] += (logits.argmax(1) == y).sum().double()
     finally:
@@ -85,6 +90,71 @@ def evaluate(
         dist.all_reduce(sums)
     loss_sum, correct = sums.tolist()
     return loss_sum / n, correct / n
+
+
+def _logits(model: nn.Module, imageset: D.ImageSet, info: D.DatasetInfo, batch_size: int,
+            device: str | torch.device) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """(float32 logits, labels) per batch of `imageset` in order, unaugmented: the one loop behind
+    `evaluate` and `predict_all`, so both see the same numbers."""
+    for x, y in D.iterate_batches(imageset, info, batch_size, seed=0, epoch=0, train=False, augment=False,
+                                  drop_last=False, device=device):
+        yield model(x).float(), y
+
+
+@torch.no_grad()
+def predict_all(
+    model: nn.Module,
+    imageset: D.ImageSet,
+    info: D.DatasetInfo,
+    batch_size: int = 500,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """Every image's prediction, in `imageset` order, from one forward pass over the set.
+
+    Returns "predictions" (N,) int64 and "probabilities" (N,) float32 (the softmax
+    probability of the predicted class), on the CPU, and "loss" and "accuracy" summed
+    exactly as `evaluate` sums them, so a caller that needs both gets them from this one
+    pass. The model's train/eval mode is restored afterwards.
+    """
+    if len(imageset) == 0:
+        raise AttnconvError("cannot evaluate on an empty image set")
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    predictions, probabilities = [], []
+    try:
+        for logits, y in _logits(model, imageset, info, batch_size, device):
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+            p, k = logits.softmax(1).max(1)
+            predictions.append(k.cpu())
+            probabilities.append(p.cpu())
+    finally:
+        model.train(was_training)
+    predictions = torch.cat(predictions).to(torch.int64)
+    correct = int((predictions == imageset.labels.cpu().to(torch.int64)).sum())
+    return {"predictions": predictions, "probabilities": torch.cat(probabilities),
+            "loss": float(loss_sum) / len(imageset), "accuracy": correct / len(imageset)}
+
+
+def confusion_matrix(labels: torch.Tensor | Iterable[int], predictions: torch.Tensor | Iterable[int],
+                     num_classes: int) -> torch.Tensor:
+    """(C, C) int64 counts: row = true class, column = predicted class (row sums: images per class)."""
+    labels = torch.as_tensor(labels, dtype=torch.int64).cpu().reshape(-1)
+    predictions = torch.as_tensor(predictions, dtype=torch.int64).cpu().reshape(-1)
+    if labels.shape != predictions.shape:
+        raise AttnconvError(f"{len(labels)} labels for {len(predictions)} predictions")
+    for name, t in (("label", labels), ("prediction", predictions)):
+        if len(t) and (int(t.min()) < 0 or int(t.max()) >= num_classes):
+            raise AttnconvError(f"a {name} is outside 0..{num_classes - 1}")
+    flat = torch.bincount(labels * num_classes + predictions, minlength=num_classes * num_classes)
+    return flat.reshape(num_classes, num_classes)
+
+
+def per_class_accuracy(confusion: torch.Tensor | Iterable[Iterable[int]]) -> list[float | None]:
+    """Each class's accuracy from a `confusion_matrix`: diagonal over row sum; None for a class with no images."""
+    confusion = torch.as_tensor(confusion, dtype=torch.int64)
+    totals, right = confusion.sum(1).tolist(), confusion.diagonal().tolist()
+    return [r / t if t else None for r, t in zip(right, totals)]
 
 
 def count_params(model: nn.Module) -> int:
@@ -108,7 +178,10 @@ def describe_run(
     on the network the config describes, built with fresh weights (FLOPs do not depend
     on them). With `recompute` the weights are loaded (model.safetensors) and the
     accuracy is measured anew on the test set (the data is looked up in `data_dir`, else
-    in the run's own data_dir, else where `load_dataset` searches).
+    in the run's own data_dir, else where `load_dataset` searches), in one pass that also
+    gives the per-class results: "classes" (names, in label order), "per_class" (class name ->
+    accuracy, None for a class with no test images) and "confusion" (`confusion_matrix` as
+    lists: rows true, columns predicted).
 
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
@@ -147,7 +220,12 @@ def describe_run(
             note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "
                     "on the data as it is now")
             summary["warning"] = f"{summary['warning']}; {note}" if "warning" in summary else note
-        summary["test_loss"], summary["test_acc"] = evaluate(model, test, info, batch_size, device)
+        result = predict_all(model, test, info, batch_size, device)
+        summary["test_loss"], summary["test_acc"] = result["loss"], result["accuracy"]
+        confusion = confusion_matrix(test.labels, result["predictions"], info.num_classes)
+        summary["classes"] = list(info.classes)
+        summary["per_class"] = dict(zip(info.classes, per_class_accuracy(confusion)))
+        summary["confusion"] = confusion.tolist()
     return summary
 
 

@@ -10,6 +10,10 @@ style sheet is inline, so the file can be mailed, archived or opened offline. Se
     training        train/test loss and accuracy per epoch (metrics.csv)
     summary         the run's Table-1 row (`evaluate.describe_run` / `runs_table`):
                     test accuracy, parameters, FLOPs, seconds per epoch
+    test            the test set measured anew with the weights (`evaluate.predict_all`, one
+                    pass): accuracy per class, the confusion matrix figure, and the first
+                    16 misclassified test images; a run whose data cannot be found gets a
+                    note here instead
     attention       attention classifiers only: the centers figure (Fig. 4/12/14), the maps
                     figure around the middle query (Fig. 5/6) and the `analyze` numbers per
                     layer and head. CNN runs say they have no attention and skip it; runs
@@ -32,18 +36,21 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import attnconv
 from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError
-from attnconv.evaluate import describe_run, runs_table
+from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
-from attnconv.plots.figures import curves_figure, figure_png
+from attnconv.plots.figures import confusion_figure, curves_figure, figure_png, misclassified_figure
 from attnconv.runs import Run
 
 __all__ = ["build_report", "write_report"]
 
 REPORT_FILE = "report.html"
+_MISCLASSIFIED = 16  # test images in the misclassified grid: the first ones, in test-set order
 _MAPS_ZOOM = 7  # window side of the maps figure, as `attnconv plot maps`
 
 _CSS = """
@@ -169,6 +176,43 @@ def _summary_section(summary: dict[str, Any]) -> str:
         f"{summary['flops_linear']:,} in Linear layers only (the paper's convention). "
         f"By op: {_e(flops) or '-'}. Accuracy from the last metrics.csv row.</p></section>"
     )
+
+
+def _test_section(run: Run) -> str:
+    """Per-class accuracy, the confusion matrix and the first misclassified images, from one pass over the test set."""
+    head = '<section id="test"><h2>Test set</h2>'
+    try:
+        test = run.test_set
+        result = predict_all(run.model, test, run.info, device=run.device)
+    except AttnconvError as err:  # the data is gone, or changed shape since training
+        return head + _note(f"the test set could not be read, so there are no per-class results: {err}") + "</section>"
+    classes = list(run.info.classes)
+    labels, predicted = test.labels.cpu(), result["predictions"]
+    confusion = confusion_matrix(labels, predicted, len(classes))
+    rows = [[name, "-" if acc is None else f"{acc:#.3g}", f"{int(row.sum()):,}", f"{int(row.sum() - row[i]):,}"]
+            for i, (name, acc, row) in enumerate(zip(classes, per_class_accuracy(confusion), confusion))]
+    table = _table(["class", "accuracy", "images", "misclassified"], rows, numeric={1, 2, 3})
+    model = run.config.model
+    matrix = figure_png(confusion_figure(confusion.numpy(), classes,
+                                         f"{model}: confusion matrix ({len(test)} test images)"))
+    wrong = torch.nonzero(predicted != labels).flatten()
+    intro = (f"<p>Measured anew with the run's weights on the {len(test):,} test images: accuracy "
+             f"{result['accuracy']:.4f} (loss {result['loss']:.4f}); {len(wrong):,} misclassified.</p>")
+    out = [head, intro, "<h3>Accuracy per class</h3>", table,
+           "<h3>Confusion matrix</h3><p>Rows: the true class; columns: the predicted class. Each cell holds its "
+           "count, coloured by its share of the row (the true class's images).</p>",
+           _img(matrix, "confusion matrix: true class by predicted class, with counts")]
+    if len(wrong):
+        pick = wrong[:_MISCLASSIFIED]
+        grid = figure_png(misclassified_figure(test.images[pick].cpu().numpy(), labels[pick].tolist(),
+                                               predicted[pick].tolist(), classes, result["probabilities"][pick].tolist()))
+        out += [f"<h3>Misclassified images</h3><p>The first {len(pick)} of {len(wrong):,} in test-set order, each "
+                "captioned true class → predicted class (the probability the model gave its prediction).</p>",
+                _img(grid, "misclassified test images with their true and predicted classes")]
+    else:
+        out.append(_note("Every test image is classified correctly: there are no misclassified images to show."))
+    out.append("</section>")
+    return "".join(out)
 
 
 def _analysis_tables(result: dict[str, Any]) -> str:
@@ -328,9 +372,10 @@ def build_report(
     body = [
         f"<header><h1>{_e(title)}</h1><p class=\"sub\">{_e(sub)}</p>",
         '<nav aria-label="sections"><a href="#summary">Summary</a><a href="#training">Training curves</a>'
-        '<a href="#attention">Attention</a><a href="#config">Configuration</a></nav></header><main>',
+        '<a href="#test">Test set</a><a href="#attention">Attention</a><a href="#config">Configuration</a></nav></header><main>',
         _summary_section(summary),
         _curves_section(rows, summary["model"], meta),
+        _test_section(run),
         _attention_section(run, images=images),
         _config_section(meta),
         f"</main><footer><p class=\"sub\">attnconv {_e(meta.get('attnconv', ''))}, torch "

@@ -12,9 +12,20 @@ from fixtures_data import write_random_fashion
 from attnconv.cli import main
 from attnconv.data import ImageSet, dataset_info
 from attnconv.errors import AttnconvError
-from attnconv.evaluate import count_flops, count_params, describe_run, evaluate, group_runs, runs_table, table_row
+from attnconv.evaluate import (
+    confusion_matrix,
+    count_flops,
+    count_params,
+    describe_run,
+    evaluate,
+    group_runs,
+    per_class_accuracy,
+    predict_all,
+    runs_table,
+    table_row,
+)
 from attnconv.models import build_model
-from attnconv.runs import metrics_text, read_metrics
+from attnconv.runs import Run, metrics_text, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +121,82 @@ def test_eval_command_reports_accuracy_params_and_flops(tiny_run, capsys):
     assert main(["eval", str(tiny_run)]) == 0
     text = capsys.readouterr().out
     assert "test acc" in text and "Linear layers only" in text and f"{result['params']:,}" in text
+
+
+def test_confusion_matrix_rows_are_true_classes_columns_predictions():
+    labels = [0, 0, 1, 2, 2, 2]
+    predicted = [0, 1, 1, 2, 0, 2]  # class 3 has no images
+    confusion = confusion_matrix(torch.tensor(labels), torch.tensor(predicted), 4)
+    assert confusion.dtype == torch.int64
+    assert confusion.tolist() == [[1, 1, 0, 0],  # two 0s: one right, one taken for a 1
+                                  [0, 1, 0, 0],
+                                  [1, 0, 2, 0],  # a 2 taken for a 0 (row 2, column 0; not row 0, column 2)
+                                  [0, 0, 0, 0]]
+    assert per_class_accuracy(confusion) == [0.5, 1.0, pytest.approx(2 / 3), None]
+    assert per_class_accuracy(confusion.tolist())[:2] == [0.5, 1.0]  # lists (a --json summary) too
+    with pytest.raises(AttnconvError, match="outside 0..3"):
+        confusion_matrix([0, 4], [0, 0], 4)
+
+
+def test_predict_all_agrees_with_evaluate_and_restores_training_mode():
+    info = dataset_info("fashion-mnist")
+    torch.manual_seed(0)
+    test = ImageSet(torch.randint(0, 256, (11, 1, 28, 28), dtype=torch.uint8), torch.arange(11) % 10)
+    model = build_model("resnet18", in_channels=1, width=2).train()
+    result = predict_all(model, test, info, batch_size=4)
+    assert model.training
+    loss, acc = evaluate(model, test, info, batch_size=4)
+    assert (result["loss"], result["accuracy"]) == (loss, acc)
+    x = ((test.images.float() / 255 - info.mean[0]) / info.std[0])
+    probs = model.eval()(x).softmax(1)
+    assert torch.equal(result["predictions"], probs.argmax(1))
+    assert torch.allclose(result["probabilities"], probs.max(1).values, atol=1e-6)
+
+
+def _direct_confusion(run_dir):
+    """The confusion matrix counted by hand from the model's own predictions on the run's test set."""
+    run = Run(run_dir)
+    _, x = run.test_images()
+    with torch.no_grad():
+        predicted = run.model(x).argmax(1).tolist()
+    labels = run.test_set.labels.tolist()
+    n = run.info.num_classes
+    counts = [[0] * n for _ in range(n)]
+    for t, p in zip(labels, predicted):
+        counts[t][p] += 1
+    return list(run.info.classes), counts
+
+
+def test_eval_reports_each_class_and_the_confusion_matrix_of_the_models_predictions(tiny_run, capsys):
+    classes, counts = _direct_confusion(tiny_run)
+    assert main(["eval", str(tiny_run), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["classes"] == classes and result["confusion"] == counts
+    assert result["test_acc"] == sum(counts[i][i] for i in range(10)) / 48
+    for name, row, i in zip(classes, counts, range(10)):
+        assert result["per_class"][name] == (row[i] / sum(row) if sum(row) else None)
+
+    assert main(["eval", str(tiny_run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("per class")
+    for name, row, i in zip(classes, counts, range(10)):
+        acc = f"{row[i] / sum(row):#.3g}" if sum(row) else "-"
+        assert lines[start + 3 + i].split() == [*name.split(), acc, str(sum(row))]
+    matrix = lines.index("confusion matrix (rows: true class, columns: predicted)")
+    assert lines[matrix + 1].split()[3:] == ["T-shi", "Trous", "Pullo", "Dress", "Coat", "Sanda", "Shirt", "Sneak",
+                                             "Bag", "Ankle"]
+    for name, row, line in zip(classes, counts, lines[matrix + 3 : matrix + 13]):
+        assert line.split() == [*name.split(), *map(str, row)]
+
+
+def test_eval_measures_the_test_set_once(tiny_run):
+    run = Run(tiny_run)
+    seen = []
+    run.model.register_forward_hook(lambda module, args, out: seen.append(len(args[0])))
+    summary = describe_run(run, recompute=True, batch_size=20)
+    # count_flops's one image, then one pass over the 48 test images for accuracy, loss and the matrix
+    assert seen == [1, 20, 20, 8]
+    assert sum(map(sum, summary["confusion"])) == 48
 
 
 HEADER = "| model | dataset | seeds | epochs | test acc | params | FLOPs (all ops) | FLOPs (Linear only) | s/epoch |"

@@ -9,12 +9,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
+from fixtures_data import isolated_data  # noqa: F401 (fixture)
 from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.analysis import grid_likeness
 from attnconv.cli import main
 from attnconv.report import build_report, write_report
-from attnconv.runs import convert_run, read_heads, read_metrics
+from attnconv.runs import Run, convert_run, read_heads, read_metrics
 
 ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 _VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "area", "base"}
@@ -100,7 +102,7 @@ def test_report_of_an_attention_run_has_every_section_and_embedded_figures(runs,
     else:
         assert "position-only" in text
     # heads over training: Figure 4 at the recorded epochs, attention distance, and grid-likeness per epoch
-    assert "history" in page.ids and len(page.images) == 5
+    assert "history" in page.ids and len(page.images) == 7  # with the test set's confusion matrix and errors
     assert "Recorded at initialization (epoch 0) and after each epoch (4 snapshots)" in text
     assert "Epochs 0, 1, 2, 3, one row per layer" in text
     likeness = {row["epoch"]: row["layers"] for row in grid_likeness(read_heads(run))}
@@ -132,7 +134,8 @@ def test_report_of_a_cnn_says_it_has_no_attention_and_skips_those_sections(runs)
     text = " ".join(page.text)
     assert "resnet18 has no attention layers" in text
     assert "analysis" not in page.ids and "Head centers" not in text
-    assert len(page.images) == 1  # the training curves only
+    assert len(page.images) == 3  # the training curves, the confusion matrix, the misclassified images
+    assert "test" in page.ids
 
 
 def test_report_of_a_converted_cnn_analyzes_each_converted_layer(runs, tmp_path, capsys):
@@ -142,9 +145,85 @@ def test_report_of_a_converted_cnn_analyzes_each_converted_layer(runs, tmp_path,
     text = " ".join(page.text)
     assert "converted from the CNN run" in text and "17 multi-head attention layers" in text
     assert "analysis" in page.ids and "Head centers" in text and "Attention maps" in text
-    assert len(page.images) == 2  # centers and maps, as for a classifier; no curves (nothing was trained)
+    # confusion matrix, misclassified images, centers and maps, as for a classifier; no curves (nothing was trained)
+    assert len(page.images) == 4 and "test" in page.ids
     assert text.count("distance to the nearest 3x3 convolution 0.000") == 17  # each layer is its conv
     assert "has no metrics.csv" in text  # convert trains nothing
+
+
+def _cells(text: str) -> list[list[str]]:
+    """The rows of every HTML table in `text`, as cell texts."""
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.rows[-1].append(self.cell)
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    parser = Cells()
+    parser.feed(text)
+    return parser.rows
+
+
+def _section(text: str, name: str) -> str:
+    start = text.index(f'<section id="{name}">')
+    return text[start : text.index("</section>", start)]
+
+
+def test_report_test_set_section_shows_each_class_the_matrix_and_the_errors(runs):
+    run = runs["sa-quadratic"]
+    text = build_report(run, images=2)
+    page = _parse(text)
+    # between the training curves and the attention, and linked from the nav
+    assert text.index('id="training"') < text.index('id="test"') < text.index('id="attention"')
+    assert 'href="#test"' in text and "test" in page.ids
+    # per class: each class's accuracy and image count, from the model's own predictions
+    r = Run(run)
+    _, x = r.test_images()
+    with torch.no_grad():
+        predicted = r.model(x).argmax(1)
+    labels = r.test_set.labels
+    section = _section(text, "test")
+    rows = _cells(section)
+    assert rows[0] == ["class", "accuracy", "images", "misclassified"]
+    for name, row, k in zip(r.info.classes, rows[1:11], range(10)):
+        mine = predicted[labels == k]
+        acc = f"{float((mine == k).float().mean()):#.3g}" if len(mine) else "-"
+        assert row == [name, acc, str(len(mine)), str(int((mine != k).sum()))]
+    # the confusion matrix and the misclassified images: two more PNGs, in this section
+    images = _parse(section + "</section>").images
+    assert len(images) == 2 and all(_png(src).startswith(b"\x89PNG") for src in images)
+    wrong = int((predicted != labels).sum())
+    assert f"The first {min(wrong, 16)} of {wrong} in test-set order" in " ".join(page.text)
+
+
+def test_report_of_a_run_whose_data_is_gone_says_so_in_the_test_set_section(runs, tmp_path, isolated_data):  # noqa: F811
+    data, run = tmp_path / "data", tmp_path / "run"
+    shutil.copytree(runs["data"], data)
+    shutil.copytree(runs["sa-quadratic"], run)
+    meta = json.loads((run / "config.json").read_text())
+    meta["config"]["data_dir"] = str(data)
+    (run / "config.json").write_text(json.dumps(meta))
+    assert "Accuracy per class" in build_report(run, images=2)  # with its data
+    shutil.rmtree(data)
+    text = build_report(run, images=2)
+    page = _parse(text)
+    section = " ".join(_parse(_section(text, "test") + "</section>").text)
+    assert "the test set could not be read" in section and "Accuracy per class" not in section
+    assert "analysis" in page.ids and len(page.images) == 5  # every other section as before
 
 
 def test_report_writes_only_the_report(runs, tmp_path):

@@ -1,8 +1,13 @@
 """`attnconv eval` and `attnconv table`: accuracy, parameters and FLOPs of trained runs.
 
-    attnconv eval runs/sa [--json]
+    attnconv eval runs/sa [--json]                    accuracy, per class, confusion matrix
     attnconv table benchmarks/table1/*/*              Table 1, seeds averaged, as text
     attnconv table runs/resnet runs/sa --markdown > table.md
+
+`eval` loads the weights and measures the test set in one pass: the accuracy and loss, then
+each class's accuracy and image count, and the confusion matrix (rows: true class, columns:
+predicted; column names abbreviated). --json holds the same as "classes", "per_class"
+(class name -> accuracy, null for a class with no test images) and "confusion".
 
 `table` puts the runs of one configuration (everything but the seed and where the run
 ran: device, workers, data_dir, checkpoint_every, compile, preset) in one row: test
@@ -69,7 +74,51 @@ def run_eval(args: argparse.Namespace) -> int:
     print(f"             {s['flops_linear']:,} (Linear layers only, the paper's convention)")
     top = sorted(s["flops_by_op"].items(), key=lambda kv: -kv[1])
     print("by op        " + ", ".join(f"{op} {v:,}" for op, v in top))
+    print()
+    print(per_class_text(s["classes"], s["confusion"]))
+    print()
+    print(confusion_text(s["classes"], s["confusion"]))
     return 0
+
+
+def _accuracy(value: float | None) -> str:
+    return "-" if value is None else f"{value:#.3g}"
+
+
+def per_class_text(classes: list[str], confusion: list[list[int]]) -> str:
+    """One line per class: its name, its test accuracy (3 significant digits; "-" without images), its image count."""
+    from attnconv.evaluate import per_class_accuracy
+    from attnconv.tables import format_table
+
+    rows = [[name, _accuracy(acc), f"{sum(row):,}"]
+            for name, acc, row in zip(classes, per_class_accuracy(confusion), confusion)]
+    return "per class\n" + format_table(["class", "accuracy", "images"], rows, align="lrr")
+
+
+MAX_MATRIX_CLASSES = 30  # wider than a terminal beyond this: --json has the matrix
+
+
+def abbreviations(names: list[str], width: int = 5) -> list[str]:
+    """Names cut to `width` characters, longer where two would read alike; numbered if still equal."""
+    names = [str(n) for n in names]
+    longest = max((len(n) for n in names), default=0)
+    for w in range(width, max(width, longest) + 1):
+        short = [n[:w] for n in names]
+        if len(set(short)) == len(short):
+            return short
+    return [f"{i}:{n[:width]}" for i, n in enumerate(names)]
+
+
+def confusion_text(classes: list[str], confusion: list[list[int]]) -> str:
+    """The confusion matrix as a table: a row per true class, a column per predicted class (names abbreviated)."""
+    from attnconv.tables import format_table
+
+    if len(classes) > MAX_MATRIX_CLASSES:
+        return f"confusion matrix: {len(classes)} classes, too wide to print (see --json)"
+    rows = [[name, *(str(n) for n in row)] for name, row in zip(classes, confusion)]
+    header = ["true \\ predicted", *abbreviations(classes)]
+    return ("confusion matrix (rows: true class, columns: predicted)\n"
+            + format_table(header, rows, align="l" + "r" * len(classes)))
 
 
 def run_table(args: argparse.Namespace) -> int:

@@ -511,3 +511,84 @@ def learn_conv_figure(result: dict[str, Any]):
                  fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------
+# Test set: confusion matrix, misclassified images
+# ----------------------------------------------------------------------------------------
+
+
+def confusion_figure(confusion: Sequence[Sequence[int]] | np.ndarray, classes: Sequence[str], title: str = ""):
+    """A confusion matrix drawn with its class names: rows the true class, columns the predicted one.
+
+    Each cell holds its count (up to 30 classes; beyond, the cells are too small to read) and is
+    coloured by its row-normalised rate, the share of that class's images predicted as the column,
+    so a small class's errors show as clearly as a large one's. A class with no images is a white row.
+    """
+    from matplotlib.figure import Figure
+
+    counts = np.asarray(confusion, dtype=np.int64)
+    n = len(classes)
+    if counts.shape != (n, n):
+        raise AttnconvError(f"a confusion matrix of {n} classes must be {n}x{n}, got shape {counts.shape}")
+    totals = counts.sum(1, keepdims=True)
+    rates = np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+    side = min(max(3.0, 0.55 * n + 2.0), 16.0)
+    fig = Figure(figsize=(side + 1.0, side))
+    ax = fig.subplots()
+    im = ax.imshow(rates, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+    if n <= 30:
+        size = 8 if n <= 12 else 6 if n <= 20 else 5
+        for i in range(n):
+            for j in range(n):
+                ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=size,
+                        color="white" if rates[i, j] > 0.6 else "black")
+    labels = [str(c) for c in classes]
+    ticks = np.arange(n)
+    label_size = 8 if n <= 12 else 6 if n <= 30 else 4
+    ax.set_xticks(ticks, labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=label_size)
+    ax.set_yticks(ticks, labels, fontsize=label_size)
+    ax.set_xlabel("predicted class", fontsize=9)
+    ax.set_ylabel("true class", fontsize=9)
+    cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    cbar.set_label("share of the true class's images", fontsize=8)
+    cbar.ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def misclassified_figure(images, true: Sequence[int], predicted: Sequence[int], classes: Sequence[str],
+                         probabilities: Sequence[float], title: str = "", limit: int = 16):
+    """A grid of up to `limit` images (uint8 (N, C, H, W), the first N drawn), each captioned
+    "true → predicted (p)", p the probability the model gave its (wrong) prediction."""
+    from matplotlib.figure import Figure
+
+    images = np.asarray(images)
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise AttnconvError(f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}")
+    n = min(len(images), limit)
+    if n == 0:
+        raise AttnconvError("no images to draw")
+    ncols = min(n, 4)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(2.3 * ncols, 2.4 * nrows + (0.4 if title else 0.0)))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if k >= n:
+            ax.set_visible(False)
+            continue
+        image = images[k].transpose(1, 2, 0)
+        if image.shape[2] == 1:
+            ax.imshow(image[:, :, 0], cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+        else:
+            ax.imshow(image, interpolation="nearest")
+        ax.set_title(f"{classes[int(true[k])]} → {classes[int(predicted[k])]} ({float(probabilities[k]):.3g})",
+                     fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
