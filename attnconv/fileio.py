@@ -125,7 +125,7 @@ def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str,
 
 # The files `train` writes into a run directory (`attnconv.runs.RUN_FILES`): no output of another
 # command may replace them.
-RUN_FILE_NAMES = ("config.json", "metrics.csv", "model.safetensors", "state.pt", "heads.jsonl")
+RUN_FILE_NAMES = ("config.json", "metrics.csv", "model.safetensors", "state.pt", "heads.jsonl", "steps.csv")
 # What attnconv writes into the files it makes, so that it can tell its own files from a user's.
 SIGNATURE = "attnconv"
 

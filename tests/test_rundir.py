@@ -19,7 +19,7 @@ from attnconv.fileio import LOCK_FILE, TMP_SUFFIX, DirectoryLock, atomic_write, 
 from attnconv.runs import convert_run, load_state
 from attnconv.training.progress import ProgressLog, format_duration
 
-RUN_FILES = ["config.json", "heads.jsonl", "metrics.csv", "model.safetensors", "state.pt"]
+RUN_FILES = ["config.json", "heads.jsonl", "metrics.csv", "model.safetensors", "state.pt", "steps.csv"]
 
 
 def one_epoch(out, data_dir, *extra):  # noqa: F811

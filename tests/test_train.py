@@ -172,7 +172,7 @@ def test_train_writes_a_complete_run_directory(tmp_path, data_dir):
     out = tmp_path / "run"
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "heads.jsonl", "metrics.csv", "model.safetensors",
-                                                     "state.pt"]
+                                                     "state.pt", "steps.csv"]
     meta = json.loads((out / "config.json").read_text())
     assert meta["config"]["model"] == "sa-quadratic" and meta["config"]["model_overrides"]["in_channels"] == 1
     assert meta["steps_per_epoch"] == N_TRAIN // 32 and meta["total_steps"] == 2 * (N_TRAIN // 32)

@@ -90,7 +90,8 @@ def register(subparsers) -> None:
                    help="with --resume: continue although the dataset changed since the run started (refused "
                         "by default: another class count, image count or normalization)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in RUN_DIR (its config, metrics, weights and state; other files stay)")
+                   help="replace the run in RUN_DIR (its config, logs, weights, state and tensorboard/ folder; "
+                        "other files stay)")
     i = p.add_argument_group("starting from a trained CNN")
     i.add_argument("--init-from", metavar="CNN_RUN", help="a trained CNN run: train it further as attention")
     i.add_argument("--init-alpha", type=float, default=None,
@@ -129,8 +130,12 @@ def register(subparsers) -> None:
                    help="also checkpoint every STEPS steps (default: at epoch ends only)")
     r.add_argument("--no-progress", action="store_true", help="no progress output (epoch summaries only)")
     r.add_argument("--log-every", type=int, default=100, metavar="STEPS",
-                   help="when stderr is not a terminal (nohup, CI): a progress line every STEPS steps "
-                        "(default 100; on a terminal a progress bar is shown instead)")
+                   help="a row of RUN_DIR/steps.csv every STEPS steps (default 100), and, when stderr is not a "
+                        "terminal (nohup, CI), a progress line (on a terminal a progress bar is shown instead)")
+    r.add_argument("--tensorboard", action="store_true",
+                   help="also write TensorBoard event files into RUN_DIR/tensorboard/ (train loss, accuracy and "
+                        "LR every --log-every steps, test loss and accuracy every epoch; needs `pip install "
+                        "tensorboard`)")
     m = p.add_argument_group("model overrides")
     for flag, kind, text in MODEL_FLAGS:
         m.add_argument(f"--{flag}", type=kind, help=text)
@@ -143,7 +148,10 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.config import TrainConfig, make_config
     from attnconv.runs import CONFIG_FILE, read_config
     from attnconv.training import train
+    from attnconv.training.loop import summary_writer_class
 
+    if args.tensorboard:
+        summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)
     base = None
     if args.resume and args.preset is None and args.model is None and (out / CONFIG_FILE).exists():
@@ -175,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
     if args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
-                log_every=args.log_every, announce=announce, allow_data_change=args.allow_data_change)
+                log_every=args.log_every, announce=announce, allow_data_change=args.allow_data_change,
+                tensorboard=args.tensorboard)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
         print(f"next: attnconv eval {out}  |  attnconv report {out}  |  attnconv explore {out}", file=sys.stderr)

@@ -7,6 +7,8 @@ A run directory holds:
                        a "converted" block
     metrics.csv        one row per epoch (train/test loss and accuracy, time, lr)
     heads.jsonl        attention models: every head at initialization and after each epoch
+    steps.csv          a row every --log-every steps (loss, accuracy, lr, images/s, time)
+    tensorboard/       with --tensorboard: event files of the same curves
     model.safetensors  the weights (state_dict), metadata: model, step, epoch
     state.pt           everything resume needs: step, epoch, batch, optimizer, RNG states,
                        and a copy of the weights (read with torch.load(weights_only=True) only)
@@ -28,7 +30,11 @@ from attnconv.runs.files import (
     RUN_FILES,
     STATE_FILE,
     STATE_FORMAT,
+    STEPS_COLUMNS,
+    STEPS_FILE,
+    TENSORBOARD_DIR,
     WEIGHTS_FILE,
+    append_rows,
     heads_line,
     load_state,
     metrics_text,
@@ -36,8 +42,10 @@ from attnconv.runs.files import (
     read_config,
     read_heads,
     read_metrics,
+    read_steps,
     save_state,
     save_weights,
+    trim_steps,
     write_config,
 )
 from attnconv.runs.run import Run, as_run
@@ -51,12 +59,18 @@ __all__ = [
     "METRICS_COLUMNS",
     "STATE_FORMAT",
     "RUN_FILES",
+    "STEPS_FILE",
+    "STEPS_COLUMNS",
+    "TENSORBOARD_DIR",
     "save_weights",
     "save_state",
     "load_state",
     "read_config",
     "read_metrics",
     "read_heads",
+    "read_steps",
+    "append_rows",
+    "trim_steps",
     "heads_line",
     "metrics_text",
     "write_config",

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 

@@ -4,6 +4,7 @@ and the logs a resumed run keeps (docs/failure-model.md)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,11 +22,13 @@ from attnconv.runs.files import (
     HEADS_FILE,
     METRICS_FILE,
     RUN_FILES,
+    TENSORBOARD_DIR,
     heads_line,
     metrics_text,
     read_config,
     read_heads,
     read_metrics,
+    trim_steps,
 )
 
 
@@ -34,7 +37,7 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
 
     `out` is created if missing and locked (`lock`, one writer); it must then be empty, or hold
     an attnconv run (a config.json that `read_config` accepts) that `resume` continues or
-    `overwrite` replaces. Returns the run's files that `overwrite` will replace; nothing is
+    `overwrite` replaces. Returns the run's files (and its tensorboard/ folder) that `overwrite` will replace; nothing is
     removed here (`replace_run_files` does, once every other check has passed). A folder holding
     anything else, or a run without `resume` / `overwrite`, is one AttnconvError, and is left as it was.
     """
@@ -72,6 +75,12 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
         if path.is_symlink() or not path.is_file():
             raise AttnconvError(f"--out {out}: {name} is not a regular file (a folder or a link), so it is not a file "
                                 "attnconv wrote; move it away, or choose another --out")
+    board = out / TENSORBOARD_DIR
+    if board.is_symlink() or board.exists():
+        if board.is_symlink() or not board.is_dir():
+            raise AttnconvError(f"--out {out}: {TENSORBOARD_DIR} is not a folder (a file or a link), so it is not the "
+                                "one `train --tensorboard` wrote; move it away, or choose another --out")
+        replaced.append(TENSORBOARD_DIR)
     return replaced
 
 def replace_run_files(out: Path, names: list[str]) -> None:
@@ -81,13 +90,17 @@ def replace_run_files(out: Path, names: list[str]) -> None:
     sys.stderr.write(f"--overwrite: replacing the run in {out} ({', '.join(names)}); other files stay\n")
     sys.stderr.flush()
     for name in names:
-        (out / name).unlink()
+        if name == TENSORBOARD_DIR:  # the run's own folder of event files (`claim_run_dir` checked it is one)
+            shutil.rmtree(out / name)
+        else:
+            (out / name).unlink()
 
-def trim_logs(out: Path, rows: int, snapshots: int | None) -> None:
-    """Keep exactly the metrics rows (and heads.jsonl lines, unless `snapshots` is None) a checkpoint
-    knows of: an epoch logged after the last checkpoint is replayed, and must not be logged twice."""
+def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0) -> None:
+    """Keep exactly the metrics rows, steps.csv rows (and heads.jsonl lines, unless `snapshots` is None)
+    a checkpoint knows of: what was logged after the last checkpoint is replayed, and must not be logged twice."""
     kept = read_metrics(out, limit=rows)
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(kept).encode()))
+    trim_steps(out, step_rows)
     if snapshots is not None:
         lines = read_heads(out, limit=snapshots)
         atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, lines)).encode()))

@@ -1,5 +1,5 @@
-"""The files of a run directory: names, and reading and writing config.json, metrics.csv, heads.jsonl,
-model.safetensors and state.pt (one clear AttnconvError naming a missing or corrupt file)."""
+"""The files of a run directory: names, and reading and writing config.json, metrics.csv, steps.csv,
+heads.jsonl, model.safetensors and state.pt (one clear AttnconvError naming a missing or corrupt file)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
 from safetensors.torch import save
 
 from attnconv.config import TrainConfig
@@ -38,14 +37,25 @@ STATE_FILE = "state.pt"
 
 HEADS_FILE = "heads.jsonl"
 
+STEPS_FILE = "steps.csv"
+
+# `train --tensorboard`: the run's own folder of TensorBoard event files (not in RUN_FILES: a folder, which
+# --overwrite replaces whole and no other command writes).
+TENSORBOARD_DIR = "tensorboard"
+
 METRICS_COLUMNS = (
     "epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "seconds", "images_per_s", "lr",
 )
 
+# steps.csv: a row every --log-every steps; loss and accuracy are means over the steps since the previous
+# row, images_per_s over that stretch too, seconds the run's training time so far.
+STEPS_COLUMNS = ("step", "epoch", "loss", "accuracy", "lr", "images_per_s", "seconds")
+
 STATE_FORMAT = 1
 
 # The files `train` writes into a run directory (only temporaries of these are ever cleaned up).
-RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE); fileio guards them
+RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE, STEPS_FILE); fileio
+# guards them
 
 def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:
     # A copy of each tensor: safetensors refuses tensors that share storage, and a state_dict may hold views.
@@ -63,7 +73,7 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     Only tensors and plain containers are unpickled (weights_only=True: a pickle that asks
     for anything else is refused without running it). The structure is checked here, so
     that resuming never meets a bad one: "progress" holds whole-number counters (step,
-    epoch, batch, rows), a bool "finished" and real-number sums; "model" maps names to
+    epoch, batch, rows; snapshots and step_rows where present), a bool "finished" and real-number sums; "model" maps names to
     tensors; "optimizer" is a state_dict; "rng" holds CPU generator states (ByteTensors
     of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
     """
@@ -92,7 +102,11 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
 
 _STATE_COUNTERS = ("step", "epoch", "batch", "rows")
 
-_STATE_SUMS = ("loss_sum", "correct", "seen", "seconds")
+# Counters that states written before they existed lack (they then start at 0).
+_STATE_NEWER_COUNTERS = ("snapshots", "step_rows")
+
+_STATE_SUMS = ("loss_sum", "correct", "seen", "seconds", "run_seconds", "row_loss", "row_correct", "row_seen",
+               "row_seconds")
 
 def _state_problem(state: Any) -> str | None:
     """What is wrong with a training state's structure (`load_state`), or None."""
@@ -103,6 +117,10 @@ def _state_problem(state: Any) -> str | None:
         return "no progress counters"
     for key in _STATE_COUNTERS:
         v = progress.get(key)
+        if not _whole(v) or v < 0:
+            return f"progress {key} is {v!r}, not a whole number >= 0"
+    for key in _STATE_NEWER_COUNTERS:
+        v = progress.get(key, 0)
         if not _whole(v) or v < 0:
             return f"progress {key} is {v!r}, not a whole number >= 0"
     if not isinstance(progress.get("finished", False), bool):
@@ -189,20 +207,32 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
     header must name every column of METRICS_COLUMNS; a file that is not UTF-8 text, not
     CSV, or holds a value that is not a number is one AttnconvError naming the file.
     """
-    path = Path(run_dir) / METRICS_FILE
+    return _read_csv(Path(run_dir) / METRICS_FILE, METRICS_COLUMNS, "metrics file", limit, _MAX_METRICS_BYTES,
+                     "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)")
+
+def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
+    """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most
+    `limit`; [] for a run without one. Read and checked as `read_metrics` reads metrics.csv."""
+    return _read_csv(Path(run_dir) / STEPS_FILE, STEPS_COLUMNS, "steps log", limit, _MAX_STEPS_BYTES,
+                     "restore it from a copy, or delete it (the run's per-step curves are then unknown)")
+
+_MAX_STEPS_BYTES = 2**28  # 256 MiB: millions of rows (--log-every 1 on a long run)
+
+def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None, max_bytes: int,
+              fix: str) -> list[dict[str, float]]:
+    """The rows of a run's CSV log (`read_metrics`, `read_steps`); one AttnconvError naming `path` if it is unsound."""
     if not path.exists():
         return []
-    fix = "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)"
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt metrics file (not a regular file); {fix}")
-    if path.stat().st_size > _MAX_METRICS_BYTES:
-        raise AttnconvError(f"{path}: corrupt metrics file (over {_MAX_METRICS_BYTES >> 20} MiB); {fix}")
+        raise AttnconvError(f"{path}: corrupt {what} (not a regular file); {fix}")
+    if path.stat().st_size > max_bytes:
+        raise AttnconvError(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB); {fix}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise AttnconvError(f"{path}: corrupt metrics file (binary data, not CSV text); {fix}") from None
+        raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
     except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the metrics file ({err.strerror or err}); {fix}") from None
+        raise AttnconvError(f"{path}: cannot read the {what} ({err.strerror or err}); {fix}") from None
     lines = text.split("\n")[:-1]  # the piece after the last newline is empty or cut short
     if not lines:
         return []
@@ -210,12 +240,12 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
         lines = lines[: limit + 1]
     try:
         reader = csv.DictReader(lines)
-        missing = [c for c in METRICS_COLUMNS if c not in (reader.fieldnames or ())]
+        missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
         return [{k: float(v) for k, v in row.items()} for row in reader]
     except (ValueError, TypeError, csv.Error, AttnconvError) as err:
-        raise AttnconvError(f"{path}: corrupt metrics file ({err}); {fix}") from None
+        raise AttnconvError(f"{path}: corrupt {what} ({err}); {fix}") from None
 
 _MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
 
@@ -261,13 +291,28 @@ def heads_line(record: dict[str, Any]) -> str:
     """One snapshot as the line of heads.jsonl that `read_heads` reads back."""
     return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
 
-def metrics_text(rows: list[dict[str, float]]) -> str:
+def metrics_text(rows: list[dict[str, float]], columns: tuple[str, ...] = METRICS_COLUMNS) -> str:
+    """metrics.csv (or, with `columns=STEPS_COLUMNS`, steps.csv) holding `rows`, header first."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, METRICS_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(out, columns, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _fmt(row[k]) for k in METRICS_COLUMNS})
+        writer.writerow({k: _fmt(row[k]) for k in columns})
     return out.getvalue()
+
+def append_rows(path: Path, rows: list[dict[str, float]], columns: tuple[str, ...]) -> None:
+    """Append `rows` to a run's CSV log (metrics.csv, steps.csv), fsync'd: a crash loses at most a
+    line cut short, which the readers skip."""
+    with open(path, "a", newline="") as f:
+        f.write(metrics_text(rows, columns).split("\n", 1)[1])
+        f.flush()
+        os.fsync(f.fileno())
+
+def trim_steps(run_dir: str | os.PathLike, rows: int) -> None:
+    """Keep the first `rows` rows of steps.csv (those the last checkpoint knows of; header only for
+    0): rows logged after the checkpoint are logged again by the resumed run, and must not be twice."""
+    path = Path(run_dir) / STEPS_FILE
+    atomic_write(path, write_bytes(metrics_text(read_steps(run_dir, limit=rows), STEPS_COLUMNS).encode()))
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))

@@ -24,12 +24,19 @@ Several processes. Under `torchrun`, every rank takes a contiguous shard of each
 gradients, which equals the 1-process gradient of the global batch mean. Only rank
 0 prints, logs and writes checkpoints. BatchNorm statistics are per shard (as in
 any DDP run without SyncBatchNorm).
+
+Logs. metrics.csv gets a row per epoch, steps.csv a row every `log_every` steps (the
+loss and accuracy since the previous row, over all ranks), heads.jsonl a snapshot per
+epoch; each is an fsync'd append, and on resume each is cut back to what the checkpoint
+knows of, so a resumed run ends with the same logs as an uninterrupted one (timings
+aside). With `tensorboard=True` the same scalars also go to RUN_DIR/tensorboard/.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import sys
 import time
@@ -56,17 +63,21 @@ from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
     HEADS_FILE,
+    METRICS_COLUMNS,
     METRICS_FILE,
     RUN_FILES,
     STATE_FILE,
     STATE_FORMAT,
+    STEPS_COLUMNS,
+    STEPS_FILE,
+    TENSORBOARD_DIR,
     WEIGHTS_FILE,
+    append_rows,
     build_run_model,
     claim_run_dir,
     data_fingerprint,
     heads_line,
     load_state,
-    metrics_text,
     read_metrics,
     replace_run_files,
     run_image_size,
@@ -78,7 +89,7 @@ from attnconv.runs import (
 )
 from attnconv.training.checks import check_data, check_resumable, existing_run, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
-from attnconv.training.progress import ProgressLog
+from attnconv.training.progress import ProgressLog, eta
 from attnconv.training.schedule import learning_rate, make_optimizer
 from attnconv.training.step import train_step
 
@@ -95,11 +106,17 @@ class _Progress:
     batch: int = 0  # batches of `epoch` done
     rows: int = 0  # rows in metrics.csv
     snapshots: int = 0  # lines in heads.jsonl
+    step_rows: int = 0  # rows in steps.csv
     finished: bool = False
     loss_sum: float = 0.0  # this epoch's training loss, summed over samples
     correct: float = 0.0
     seen: float = 0.0
     seconds: float = 0.0  # training time of this epoch so far (no eval, no checkpoint writes)
+    run_seconds: float = 0.0  # training time of the finished epochs
+    row_loss: float = 0.0  # the same sums since the last steps.csv row (they may span an epoch's end)
+    row_correct: float = 0.0
+    row_seen: float = 0.0
+    row_seconds: float = 0.0
 
 
 def train(
@@ -113,6 +130,7 @@ def train(
     log_every: int = 100,
     announce: str | None = None,
     allow_data_change: bool = False,
+    tensorboard: bool = False,
 ) -> dict[str, float]:
     """Train `config` into the run directory `out`; returns the last metrics row.
 
@@ -124,12 +142,15 @@ def train(
     directory (an advisory lock on the directory itself; a killed process holds none).
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
     (they must have that dataset's shape). progress: print progress (a bar on a terminal,
-    a line every `log_every` steps otherwise). announce: a line printed once every check has
-    passed, before the first step (the CLI's preset line). allow_data_change: resume even though
-    the dataset differs from the one the run recorded (config.json "data"); otherwise refused.
+    a line every `log_every` steps otherwise; steps.csv gets a row every `log_every` steps either
+    way). announce: a line printed once every check has passed, before the first step (the CLI's
+    preset line). allow_data_change: resume even though the dataset differs from the one the run
+    recorded (config.json "data"); otherwise refused. tensorboard: also write TensorBoard event
+    files into out/tensorboard/ (needs the `tensorboard` package; checked first).
     Launched by torchrun, trains with DDP.
     """
     config.validate()
+    writer_class = summary_writer_class() if tensorboard else None
     if resume and overwrite:
         raise AttnconvError("--resume and --overwrite contradict each other: give one")
     out = Path(out)
@@ -139,7 +160,7 @@ def train(
     trainer = None
     try:
         trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change)
-        return trainer.run(announce)
+        return trainer.run(announce, writer_class)
     except KeyboardInterrupt:  # Ctrl-C: say where the run stands and how to go on
         where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
         raise Interrupted(f"interrupted{where}; {_last_checkpoint(out)}") from None
@@ -153,6 +174,16 @@ def train(
                 out.rmdir()  # a run that failed before writing anything leaves no directory behind
         if d.active and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def summary_writer_class():
+    """torch's TensorBoard SummaryWriter, or one AttnconvError if the `tensorboard` package is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise AttnconvError("--tensorboard: the tensorboard package is not installed; pip install tensorboard, "
+                            "or drop --tensorboard") from None
+    return SummaryWriter
 
 
 def _last_checkpoint(out: Path) -> str:
@@ -172,6 +203,7 @@ class _Trainer:
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
         self.log_every = log_every
+        self.board = None  # the SummaryWriter of --tensorboard (rank 0), while `run` runs
         if config.workers is not None:
             torch.set_num_threads(config.workers)
         if config.device.startswith("cuda"):
@@ -205,6 +237,7 @@ class _Trainer:
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
             self.total_steps = min(self.total_steps, config.max_steps)
+        self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)  # the epochs that will run (--max-steps)
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every resume
         has_state = resume and (out / STATE_FILE).exists()
@@ -268,9 +301,9 @@ class _Trainer:
             raise AttnconvError(
                 f"{self.out / STATE_FILE} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
                 f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
-        if not self.d.main:  # rank 0 carries the epoch's sums so far; the others start from 0
+        if not self.d.main:  # rank 0 carries the sums so far; the others start from 0
             p = self.progress
-            p.loss_sum = p.correct = p.seen = 0.0
+            p.loss_sum = p.correct = p.seen = p.row_loss = p.row_correct = p.row_seen = 0.0
         rng = state["rng"]
         if len(rng["torch"]) == self.d.world_size:
             torch.set_rng_state(rng["torch"][self.d.rank])
@@ -282,7 +315,8 @@ class _Trainer:
     def _checkpoint(self) -> None:
         """Write model.safetensors, then state.pt (collective: gathers every rank's RNG state)."""
         p = dataclasses.replace(self.progress)
-        p.loss_sum, p.correct, p.seen = self.d.sum([p.loss_sum, p.correct, p.seen], self.device)
+        p.loss_sum, p.correct, p.seen, p.row_loss, p.row_correct, p.row_seen = self.d.sum(
+            [p.loss_sum, p.correct, p.seen, p.row_loss, p.row_correct, p.row_seen], self.device)
         rng_torch = [torch.get_rng_state()]
         rng_cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None
         if self.d.active:
@@ -319,7 +353,8 @@ class _Trainer:
 
     # ---------------------------------------------------------------- loop
 
-    def run(self, announce: str | None = None) -> dict[str, float]:
+    def run(self, announce: str | None = None, writer_class=None) -> dict[str, float]:
+        """Train to the end; `writer_class`: the SummaryWriter of --tensorboard, or None."""
         p, d = self.progress, self.d
         if d.main:
             replace_run_files(self.out, self.replaced)  # every check has passed: only now does an old run go
@@ -333,8 +368,16 @@ class _Trainer:
         if self.d.main and p.step:
             print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
         row: dict[str, float] = {}
-        while not p.finished:
-            row = self._epoch()
+        if writer_class is not None and d.main:
+            # Events after the checkpoint's step are dropped by TensorBoard's readers: the resumed run logs them anew.
+            self.board = writer_class(str(self.out / TENSORBOARD_DIR), purge_step=p.step + 1 if p.step else None)
+        try:
+            while not p.finished:
+                row = self._epoch()
+        finally:
+            if self.board is not None:
+                self.board.close()
+                self.board = None
         return row
 
     def _prepare_files(self) -> None:
@@ -354,7 +397,8 @@ class _Trainer:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             write_config(out, meta)
-        trim_logs(out, self.progress.rows, self.progress.snapshots if self.watch_heads else None)
+        trim_logs(out, self.progress.rows, self.progress.snapshots if self.watch_heads else None,
+                  self.progress.step_rows)
         if self.watch_heads and self.progress.step == 0 and self.progress.snapshots == 0:
             self._record_heads(epoch=0)  # the heads at initialization
 
@@ -377,8 +421,9 @@ class _Trainer:
             augment=cfg.augment, rank=d.rank, world_size=d.world_size, drop_last=True, start_batch=p.batch,
             device=self.device,
         )
-        bar = ProgressLog(self.progress_mode, total_steps=self.total_steps, epoch_steps=self.steps_per_epoch,
-                          initial=p.batch, desc=f"epoch {p.epoch + 1}/{cfg.epochs}", log_every=self.log_every)
+        epoch_steps = max(p.batch, min(self.steps_per_epoch, self.total_steps - p.epoch * self.steps_per_epoch))
+        bar = ProgressLog(self.progress_mode, total_steps=self.total_steps, epoch_steps=epoch_steps,
+                          initial=p.batch, desc=f"epoch {p.epoch + 1}/{self.epochs}", log_every=self.log_every)
         self._synced = p.step
         self.train_net.train()
         # Device-side accumulators: no host sync per step (a sync per step stalls a GPU).
@@ -401,10 +446,11 @@ class _Trainer:
             epoch_done = p.batch == self.steps_per_epoch
             run_done = p.step >= self.total_steps
             ckpt = cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0
-            log_due = self.progress_mode == "lines" and p.step % self.log_every == 0
+            log_due = p.step % self.log_every == 0  # a steps.csv row (and a progress line)
             if epoch_done or run_done or ckpt or log_due or p.step % _SYNC_EVERY == 0:
                 now = time.perf_counter()
                 p.seconds += now - tick
+                p.row_seconds += now - tick
                 self._sync(sums, first_bad, bar, lr)
                 if epoch_done or run_done:
                     break
@@ -423,21 +469,24 @@ class _Trainer:
         }
         if self.d.main:
             bar.write(
-                f"epoch {p.epoch + 1}/{cfg.epochs}  step {p.step}  train loss {row['train_loss']:.4f} "
+                f"epoch {p.epoch + 1}/{self.epochs}  step {p.step}  train loss {row['train_loss']:.4f} "
                 f"acc {row['train_acc']:.4f}  test loss {test_loss:.4f} acc {test_acc:.4f}  "
-                f"{p.seconds:.1f} s  {row['images_per_s']:.0f} img/s"
+                f"{p.seconds:.1f} s  {row['images_per_s']:.0f} img/s  "
+                f"ETA {eta(self.total_steps, p.step, self._seconds_per_step())}"
             )
         p.finished = p.step >= self.total_steps
         if p.batch == self.steps_per_epoch:
             p.epoch, p.batch = p.epoch + 1, 0
         p.rows += 1
         if d.main:
-            with open(self.out / METRICS_FILE, "a", newline="") as f:
-                f.write(metrics_text([row]).split("\n", 1)[1])
-                f.flush()
-                os.fsync(f.fileno())
+            append_rows(self.out / METRICS_FILE, [row], METRICS_COLUMNS)
+            if self.board is not None:
+                self.board.add_scalar("test/loss", test_loss, p.step)
+                self.board.add_scalar("test/accuracy", test_acc, p.step)
+                self.board.flush()
         if self.watch_heads:
             self._record_heads(epoch=row["epoch"])
+        p.run_seconds += p.seconds
         p.loss_sum = p.correct = p.seen = p.seconds = 0.0
         self._checkpoint()
         return row
@@ -458,10 +507,41 @@ class _Trainer:
         p.correct += correct
         p.seen += seen
         steps, self._synced = p.step - self._synced, p.step
+        p.row_loss += loss_sum
+        p.row_correct += correct
+        p.row_seen += seen
         if p.seen:
             rate = p.seen * self.d.world_size / p.seconds if p.seconds > 0 else 0.0
             bar.update(p.step, steps, loss=p.loss_sum / p.seen, acc=p.correct / p.seen, rate=rate, lr=lr,
-                       seconds_per_step=p.seconds / max(1, p.batch))
+                       seconds_per_step=self._seconds_per_step())
+        if p.step % self.log_every == 0:
+            self._log_steps(lr)
+
+    def _log_steps(self, lr: float) -> None:
+        """Append a steps.csv row (and TensorBoard's train scalars): the means since the previous row.
+
+        Called at a sync point, so it costs no extra host sync; under DDP the sums are added over
+        the ranks (a collective: every rank calls it at the same steps)."""
+        p = self.progress
+        loss, correct, seen = self.d.sum([p.row_loss, p.row_correct, p.row_seen], self.device)
+        if not seen:  # no step since the last row (never at a log step; a guard for the division)
+            return
+        p.step_rows += 1
+        if self.d.main:
+            row = {"step": p.step, "epoch": p.epoch + 1, "loss": loss / seen, "accuracy": correct / seen, "lr": lr,
+                   "images_per_s": seen / p.row_seconds if p.row_seconds > 0 else 0.0,
+                   "seconds": p.run_seconds + p.seconds}
+            append_rows(self.out / STEPS_FILE, [row], STEPS_COLUMNS)
+            if self.board is not None:
+                self.board.add_scalar("train/loss", row["loss"], p.step)
+                self.board.add_scalar("train/accuracy", row["accuracy"], p.step)
+                self.board.add_scalar("lr", lr, p.step)
+        p.row_loss = p.row_correct = p.row_seen = p.row_seconds = 0.0
+
+    def _seconds_per_step(self) -> float:
+        """The run's measured training seconds per step so far (for the ETA)."""
+        p = self.progress
+        return (p.run_seconds + p.seconds) / max(1, p.step)
 
     def _evaluate(self) -> tuple[float, float]:
         with self.autocast:

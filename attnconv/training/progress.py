@@ -6,7 +6,9 @@ printed every `log_every` steps, each flushed:
 
     step 200/1404  epoch 1/3  loss 0.5123  acc 0.8123  412 img/s  lr 1.90e-03  ETA 3m12s
 
-Epoch summaries are printed in both cases (`ProgressLog.write`).
+Epoch summaries are printed in both cases (`ProgressLog.write`). The ETA is the time left for the
+whole run (`eta`), and the counts are those that will run: with --max-steps, its steps and the
+epochs they reach.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ import sys
 from typing import TextIO
 
 from tqdm import tqdm
+
+
+def eta(total_steps: int, step: int, seconds_per_step: float) -> str:
+    """The time left for the run's remaining steps at the measured pace, as `format_duration` writes it."""
+    return format_duration(max(0, total_steps - step) * seconds_per_step)
 
 
 def format_duration(seconds: float) -> str:
@@ -31,7 +38,8 @@ class ProgressLog:
     """One epoch's progress: `update(step, ...)` at the loop's sync points, `close()` at the end.
 
     `mode`: "bar" (tqdm), "lines" (a line every `log_every` steps) or "off". `auto_mode`
-    picks "bar" on a terminal and "lines" otherwise.
+    picks "bar" on a terminal and "lines" otherwise. `total_steps`: the steps the run will take;
+    `epoch_steps`: those this epoch will take (fewer in the last epoch of a --max-steps run).
     """
 
     def __init__(self, mode: str, *, total_steps: int, epoch_steps: int, initial: int, desc: str,
@@ -56,15 +64,15 @@ class ProgressLog:
         """`step`: optimizer steps done in the run; `steps`: steps since the last update."""
         if self._bar is not None:
             self._bar.update(steps)
-            self._bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.4f}", img_s=f"{rate:.0f}", refresh=False)
+            self._bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.4f}", img_s=f"{rate:.0f}",
+                                  ETA=eta(self.total_steps, step, seconds_per_step), refresh=False)
             return
         if self.mode != "lines" or self.log_every <= 0:
             return
         if step // self.log_every == (step - steps) // self.log_every:
             return  # no multiple of log_every was passed since the last update
-        eta = format_duration((self.total_steps - step) * seconds_per_step)
         self.stream.write(f"step {step}/{self.total_steps}  {self.desc}  loss {loss:.4f}  acc {acc:.4f}  "
-                          f"{rate:.0f} img/s  lr {lr:.2e}  ETA {eta}\n")
+                          f"{rate:.0f} img/s  lr {lr:.2e}  ETA {eta(self.total_steps, step, seconds_per_step)}\n")
         self.stream.flush()
 
     def write(self, line: str) -> None:
