@@ -204,3 +204,17 @@ def test_analyze_bad_input_is_one_line(runs, tmp_path, capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_users_own_model_with_selfattention2d_layers_has_sites():
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 4, stride=4), torch.nn.ReLU(),
+        SelfAttention2d(8, 8, heads=4, encoding="learned-content", max_size=7),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 3),
+    ).eval()
+    (site,) = attention_sites(model, (1, 28, 28))
+    assert (site.path, site.size, site.layer) == ("2", (7, 7), model[2])
+    x = torch.randn(3, 1, 28, 28)
+    (p,) = site_probs(model, [site], x)
+    direct = model[2].attention_probs(model[1](model[0](x))).mean(0)
+    torch.testing.assert_close(p, direct)

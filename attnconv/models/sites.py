@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError
 
@@ -81,11 +82,13 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
         grid = model.config.grid
         return [AttentionSite(f"layers.{i}.attention", layer, (grid, grid), block, channels_last=True)
                 for i, (layer, block) in enumerate(zip(layers, model.layers))]
+    # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), and the
+    # SelfAttention2d layers of any other model (called as modules, so pre-hooks see their inputs).
     found = {m: name for name, m in model.named_modules()
-             if isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1}  # 1x1 convs: one head, nothing to see
+             if (isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1) or isinstance(m, SelfAttention2d)}
     if found:
         if input_shape is None:
-            raise AttnconvError("a network converted from a CNN needs its input shape (C, H, W) to find its grids")
+            raise AttnconvError("this network's attention layers need its input shape (C, H, W) to find their grids")
         device = next(model.parameters()).device
         seen = capture_inputs(model, list(found), torch.zeros(1, *input_shape, device=device))
         return [AttentionSite(found[m], m, (int(x.shape[-2]), int(x.shape[-1])), m) for m, x in seen.items()]
