@@ -13,8 +13,8 @@ POSITION_ONLY = ["quadratic", "quadratic-diag", "quadratic-aniso", "learned"]
 
 
 def _impls(layer):
-    return [i for i in ("dense", "separable", "stacked", "sdpa")
-            if (i != "separable" or layer.separable) and (i != "stacked" or layer.stackable)]
+    return [i for i in ("dense", "separable", "stacked", "fused", "sdpa")
+            if (i not in ("separable", "fused") or layer.separable) and (i not in ("stacked", "fused") or layer.stackable)]
 
 
 def _randomize(layer, scale=1.0):
@@ -180,7 +180,7 @@ def test_attention_scores_split_content_and_position_terms():
         layer.attention_probs(size=(5, 4))
 
 
-@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "sdpa"])
+@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "fused", "sdpa"])
 def test_position_probabilities_are_computed_once_per_forward(impl, monkeypatch):
     layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl=impl)
     calls = []
@@ -199,7 +199,7 @@ def test_eval_dropout_is_identity_and_train_dropout_is_unbiased():
     assert torch.equal(ref, layer(x))
     layer.train()
     with torch.no_grad():
-        for impl in ("separable", "dense", "stacked"):
+        for impl in ("separable", "dense", "stacked", "fused"):
             layer.impl = impl
             samples = _independent_forwards(layer, x, 3000)
             assert not torch.allclose(samples[0], samples[1])
@@ -237,13 +237,13 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_auto_picks_the_cheap_valid_path():
-    # shared values: stacked on small grids, separable on large ones (the default grid is max_size=32)
-    assert SelfAttention2d(4, encoding="quadratic").resolved_impl() == "separable"
-    assert SelfAttention2d(4, encoding="learned").resolved_impl() == "separable"
+    # shared values: stacked on small grids, fused on large ones (the default grid is max_size=32)
+    assert SelfAttention2d(4, encoding="quadratic").resolved_impl() == "fused"
+    assert SelfAttention2d(4, encoding="learned").resolved_impl() == "fused"
     for encoding in ("quadratic", "quadratic-diag", "learned"):
         layer = SelfAttention2d(4, encoding=encoding, max_size=16)
         assert layer.resolved_impl((7, 7)) == layer.resolved_impl((8, 8)) == "stacked", encoding
-        assert layer.resolved_impl((9, 9)) == layer.resolved_impl((16, 16)) == "separable", encoding
+        assert layer.resolved_impl((9, 9)) == layer.resolved_impl((16, 16)) == "fused", encoding
         assert layer.resolved_impl((1, 30)) == "stacked"  # 30 tokens <= 4 * 31
     assert SelfAttention2d(4, encoding="quadratic-aniso").resolved_impl() == "stacked"  # dense FLOPs either way
     assert SelfAttention2d(4, encoding="learned-content").resolved_impl() == "stacked"  # on the CPU
@@ -255,15 +255,39 @@ def test_auto_picks_the_cheap_valid_path():
         SelfAttention2d(4, value="project", impl="stacked")
 
 
-def test_forward_picks_the_path_for_the_grid_it_gets(monkeypatch):
-    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", max_size=16)
+def _record_paths(layer, monkeypatch):
     ran = []
-    for name in ("_stacked", "_separable"):
+    for name in ("_stacked", "_separable", "_fused", "_dense"):
         original = getattr(layer, name)
         monkeypatch.setattr(layer, name, lambda *a, name=name, original=original: ran.append(name) or original(*a))
+    return ran
+
+
+def test_forward_picks_the_path_for_the_grid_it_gets(monkeypatch):
+    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", max_size=16)
+    ran = _record_paths(layer, monkeypatch)
     layer(torch.randn(2, 4, 8, 8))
     layer(torch.randn(2, 4, 16, 16))
-    assert ran == ["_stacked", "_separable"]
+    assert ran == ["_stacked", "_fused"]
+
+
+def test_fused_path_falls_back_where_it_cannot_run(monkeypatch):
+    # per-sample dropout masks (the fused factors are batch-wide) and hooks on the output projection
+    # (FLOP counters must see it run as a module) take the separable path; a shared mask stays fused
+    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl="fused", attn_dropout=0.2)
+    ran = _record_paths(layer, monkeypatch)
+    x = torch.randn(2, 4, 5, 5)
+    layer.train()(x)
+    layer.attn_dropout_mask = "shared"
+    layer(x)
+    layer.eval()(x)
+    handle = layer.out.register_forward_hook(lambda *a: None)
+    layer(x)
+    handle.remove()
+    assert ran == ["_separable", "_fused", "_fused", "_separable"]
+    for kwargs in ({"encoding": "quadratic-aniso"}, {"encoding": "learned-content"}, {"value": "project"}):
+        with pytest.raises(AttnconvError, match="impl='fused' needs a separable encoding"):
+            SelfAttention2d(4, impl="fused", **kwargs)
 
 
 def test_separable_path_never_forms_the_token_by_token_matrix(monkeypatch):
@@ -314,7 +338,7 @@ def test_half_and_bfloat16_layers_match_their_float32_copy(encoding, dtype):
         assert _rel(scores, ref_scores) < 4 * torch.finfo(dtype).eps, impl
 
 
-@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "sdpa"])
+@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "fused", "sdpa"])
 def test_shared_dropout_mask_is_one_mask_for_the_batch(impl):
     torch.manual_seed(4)
     x = torch.randn(1, 3, 4, 5).expand(6, -1, -1, -1)  # six copies of one image
@@ -326,7 +350,7 @@ def test_shared_dropout_mask_is_one_mask_for_the_batch(impl):
         assert copies_agree == same, (impl, mask)
 
 
-@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "sdpa"])
+@pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "fused", "sdpa"])
 @pytest.mark.parametrize("mask", ["shared", "per-sample"])
 def test_attention_dropout_keeps_the_expectation_with_either_mask(impl, mask):
     torch.manual_seed(5)
@@ -406,7 +430,7 @@ def test_pos_init_changes_values_not_names(encoding):
 # ------------------------------------------------------------------ a following Linear folded into the output projection
 
 
-@pytest.mark.parametrize("impl", ["separable", "stacked", "dense"])
+@pytest.mark.parametrize("impl", ["separable", "stacked", "fused", "dense"])
 @pytest.mark.parametrize("bias,then_bias", [(True, True), (False, True), (True, False), (False, False)])
 def test_a_following_linear_is_folded_with_the_same_function_and_gradients(impl, bias, then_bias):
     torch.manual_seed(6)

@@ -259,3 +259,34 @@ def test_model_size_flags_reach_the_config():
     assert cfg.model_overrides == {"layers": 2} and cfg.repeats == 3
     quick = config_from_args(build_parser().parse_args(["bench", "--quick", "--model-layers", "3"]))
     assert quick.model_overrides["layers"] == 3 and quick.model_batch == 8
+
+
+def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, keep_threads):
+    """The grid section at toy batch: per grid the attention preset on auto's path (and separable where auto
+    is fused), ResNet on the same input, the layer alone; ratios against the 7x7 rows of the same run."""
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "--tiny", "--threads", "1", "--only", "grid", "--grids", "7,14", "--precisions", "fp32",
+                 "--json", str(out_json)]) == 0
+    assert "--only grid --grids 7,14" in capsys.readouterr().out.splitlines()[0]
+    rows = json.loads(out_json.read_text())["sections"][0]["data"]
+    assert [(r["kind"], r["grid"], r["name"], r["impl"]) for r in rows] == [
+        ("model", 7, "sa-quadratic", "stacked"), ("model", 7, "resnet18 (width 16)", "-"),
+        ("layer", 7, "SelfAttention2d", "stacked"),
+        ("model", 14, "sa-quadratic", "fused"), ("model", 14, "sa-quadratic", "separable"),
+        ("model", 14, "resnet18 (width 16)", "-"),
+        ("layer", 14, "SelfAttention2d", "fused"), ("layer", 14, "SelfAttention2d", "separable")]
+    for r in rows:
+        assert r["images_per_s"] > 0 and r["flops"] > 0 and r["gflops_per_s"] > 0
+        if r["name"] != "resnet18 (width 16)":
+            base = next(b for b in rows if b["kind"] == r["kind"] and b["grid"] == 7)
+            assert r["vs_7x7"] == pytest.approx(r["images_per_s"] / base["images_per_s"])
+    fused, separable = rows[3], rows[4]
+    assert fused["flops"] == separable["flops"]  # the same products, ordered differently
+    assert fused["target"] == 0.25 and fused["target_value"] == fused["vs_7x7"] and "target" not in separable
+    assert rows[1]["flops"] > 0 and rows[3]["vs_resnet"] == pytest.approx(
+        rows[3]["images_per_s"] / rows[5]["images_per_s"])
+
+
+def test_grids_flag_names_the_grids_it_knows(capsys):
+    assert main(["bench", "--tiny", "--only", "grid", "--grids", "7,15"]) != 0
+    assert "--grids: choose from 7,14,16,32" in capsys.readouterr().err

@@ -54,7 +54,7 @@ class SelfAttention2d(nn.Module):
             "quadratic-diag" (axis-aligned), "quadratic-aniso" (full 2x2 inverse
             covariance), "learned" (row/column tables, no content), or
             "learned-content" (q.k plus q.r).
-        impl: "auto", "dense", "separable", "stacked" or "sdpa" (see `attnconv.attention.paths`;
+        impl: "auto", "dense", "separable", "stacked", "fused" or "sdpa" (see `attnconv.attention.paths`;
             "auto": `attnconv.attention.select.resolve_impl`).
         value: "shared" (W_val = I, the paper's) or "project" (per-head values of size head_dim).
         head_dim: per-head value width for value="project" (default ceil(C_out / heads)).
@@ -167,6 +167,12 @@ class SelfAttention2d(nn.Module):
                 "impl='stacked' needs value='shared' (per-head values would have to be copied per head); "
                 "use impl='dense'"
             )
+        if impl == "fused" and not (self.separable and self.stackable):
+            raise AttnconvError(
+                f"impl='fused' needs a separable encoding (quadratic, quadratic-diag, learned) and value='shared'; "
+                f"this layer has encoding={self.encoding_name!r}, value={self.value_mode!r}: use impl='separable' "
+                f"or 'dense'"
+            )
         self._impl = impl
 
     @property
@@ -181,10 +187,11 @@ class SelfAttention2d(nn.Module):
         """
         return self._resolve(size if size is not None else (self.max_size, self.max_size))
 
-    def _resolve(self, size: tuple[int, int], shared_dropout: bool = False) -> str:
+    def _resolve(self, size: tuple[int, int], shared_dropout: bool = False, per_sample_dropout: bool = False) -> str:
         return resolve_impl(
             self._impl, size, shared_values=self.stackable, position_only=self.position_only,
             separable=self.separable, on_cpu=self.out.weight.device.type == "cpu", shared_dropout=shared_dropout,
+            per_sample_dropout=per_sample_dropout,
         )
 
     def extra_repr(self) -> str:
@@ -227,19 +234,32 @@ class SelfAttention2d(nn.Module):
         forward hooks (FLOP counters) see them.
         """
         B, H, W, _ = x.shape
-        shared_dropout = self.training and self.attn_dropout > 0 and self.attn_dropout_mask == "shared"
-        impl = self._resolve((H, W), shared_dropout)
+        dropout = self.training and self.attn_dropout > 0
+        impl = self._resolve((H, W), dropout and self.attn_dropout_mask == "shared", dropout and self._per_sample())
+        fold = then is not None and torch.is_grad_enabled() and B * H * W > self.out.in_features
+        if impl == "fused" and _observed(self.out) and not fold:
+            impl = "separable"  # hooks on `out` (FLOP counters) see it run as a module
+        if impl == "fused":
+            weight, bias = self._projection(then if fold else None)
+            y = self._fused(x, H, W, weight, bias)
+            return y if then is None or fold else then(y)
         run = getattr(self, f"_{impl}")  # the path's adapter below: the layer's tensors into `paths.<impl>`
         heads_out = run(x, H, W).reshape(B, H, W, self.heads * self.head_dim)
         if then is None:
             return self.out(heads_out)  # (B, H, W, C_out)
-        if torch.is_grad_enabled() and B * H * W > self.out.in_features:
-            weight = then.weight @ self.out.weight  # (C_then, heads * D)
-            bias = None if self.out.bias is None else then.weight @ self.out.bias
-            if then.bias is not None:
-                bias = then.bias if bias is None else bias + then.bias
-            return F.linear(heads_out, weight, bias)
+        if fold:
+            return F.linear(heads_out, *self._projection(then))
         return then(self.out(heads_out))
+
+    def _projection(self, then: nn.Linear | None) -> tuple[Tensor, Tensor | None]:
+        """The output projection's (weight, bias), with `then` folded in when given."""
+        if then is None:
+            return self.out.weight, self.out.bias
+        weight = then.weight @ self.out.weight  # (C_then, heads * D)
+        bias = None if self.out.bias is None else then.weight @ self.out.bias
+        if then.bias is not None:
+            bias = then.bias if bias is None else bias + then.bias
+        return weight, bias
 
     # Path adapters: x (B, H, W, C_in) -> the path's output, (B, T, heads, D) or a layout that
     # reshapes to (B, H, W, heads * D) without a copy.
@@ -251,6 +271,10 @@ class SelfAttention2d(nn.Module):
         v = self._values(x)
         row, col = self._factor_probs(H, W)
         return paths.separable(row, col, v, self._dropout_p(), self._per_sample())
+
+    def _fused(self, x: Tensor, H: int, W: int, weight: Tensor, bias: Tensor | None) -> Tensor:
+        row, col = self._factor_probs(H, W)
+        return paths.fused(row, col, x, weight, bias, self._dropout_p())
 
     def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
         if self.position_only:
@@ -384,6 +408,12 @@ class SelfAttention2d(nn.Module):
         b_val = self.value.bias.view(self.heads, self.head_dim)
         # attention rows sum to one, so the value bias passes through unchanged
         return maps, bias + torch.einsum("ohd,hd->o", w_out, b_val)
+
+
+def _observed(module: nn.Module) -> bool:
+    """Whether forward hooks watch `module` (its own or global ones): then it must run as a module."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or nn.modules.module._global_forward_hooks
+                or nn.modules.module._global_forward_pre_hooks)
 
 
 def _check_positive_int(name: str, v: object) -> None:

@@ -59,8 +59,8 @@ def _grid(module: nn.Module, layer: SelfAttention2d) -> tuple[int, int]:
 
 
 def auto_impl(module: nn.Module) -> str:
-    """The impl that impl='auto' runs in module's (first) attention layer ("separable", "stacked", "sdpa",
-    "dense"), on the grid it runs on."""
+    """The impl that impl='auto' runs in module's (first) attention layer ("separable", "stacked", "fused",
+    "sdpa", "dense"), on the grid it runs on."""
     layer = _first_layer(module)
     saved = layer.impl
     layer.impl = "auto"
@@ -77,9 +77,11 @@ def taken_impl(module: nn.Module) -> str:
 
 def fast_impls(module: nn.Module) -> list[str]:
     """Every impl other than dense that module's attention layers can run: separable (separable encodings),
-    stacked (shared values), sdpa (content attention; for position-only layers it is not a fast one)."""
+    stacked (shared values), fused (both), sdpa (content attention; for position-only layers it is not a
+    fast one)."""
     layer = _first_layer(module)
-    valid = {"separable": layer.separable, "stacked": layer.stackable, "sdpa": not layer.position_only}
+    valid = {"separable": layer.separable, "stacked": layer.stackable, "fused": layer.separable and layer.stackable,
+             "sdpa": not layer.position_only}
     return [name for name, ok in valid.items() if ok]
 
 

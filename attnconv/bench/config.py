@@ -9,13 +9,14 @@ import torch
 
 from attnconv.errors import AttnconvError
 
-# What --only selects; "util" follows matmul + model. The CPU sections (presets, compile, conv, fullsize)
-# run only when asked for: `attnconv bench --only presets,compile,conv,fullsize --threads 1`.
+# What --only selects; "util" follows matmul + model. The CPU sections (presets, grid, compile, conv,
+# fullsize) run only when asked for: `attnconv bench --only presets,grid,compile,conv,fullsize --threads 1`.
 DEFAULT_SECTIONS = ("matmul", "layer", "model", "data", "memory")
-CPU_SECTIONS = ("presets", "compile", "conv", "fullsize")
+CPU_SECTIONS = ("presets", "grid", "compile", "conv", "fullsize")
 SECTIONS = DEFAULT_SECTIONS + CPU_SECTIONS
 LAYER_ENCODINGS = ("quadratic", "learned", "learned-content")
 PRECISIONS = ("fp32", "bf16")  # bf16: torch.autocast(dtype=torch.bfloat16) around the forward
+GRID_SIDES = (7, 14, 16, 32)  # the grid section's token grids (inputs and factors: attnconv.bench.grid.GRIDS)
 
 # Targets from the issue (2-core CPU): dense / fast time ratio, utilization, data / model speed.
 LAYER_TARGETS = {"quadratic": {16: 1.3, 32: 2.5, 64: 6.0}}
@@ -64,7 +65,8 @@ class BenchConfig:
     profile: bool = True  # torch.profiler on the cases that miss a target (one extra run each)
     # CPU sections: presets, compile (Fashion-MNIST sizes), conv (layer vs Conv2d vs Swin-style), fullsize
     precisions: tuple[str, ...] = PRECISIONS
-    preset_batch: int = 128
+    preset_batch: int = 128  # also the grid section's
+    grids: tuple[int, ...] = (7, 14, 16, 32)  # grid section: tokens a side (attnconv.bench.grid.GRIDS)
     compile_models: tuple[str, ...] | None = None  # None: every named model
     compile_overrides: dict[str, Any] = field(default_factory=dict)  # on the attention models' preset sizes
     conv_channels: tuple[int, ...] = (64, 400)
@@ -87,6 +89,10 @@ class BenchConfig:
                 raise AttnconvError(f"bench option {name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 1:
             raise AttnconvError(f"bench option warmup must be >= 1, got {self.warmup}")
+        bad_grids = [g for g in self.grids if g not in GRID_SIDES]
+        if bad_grids or not self.grids:
+            raise AttnconvError(f"--grids: choose from {','.join(map(str, GRID_SIDES))}, "
+                                f"got {','.join(map(str, bad_grids)) or 'none'}")
         if not self.sides or min(self.sides) < 1:
             raise AttnconvError(f"--sides must be positive integers, got {self.sides}")
         if self.threads is not None and self.threads < 1:
@@ -102,7 +108,7 @@ def quick_config(**changes: Any) -> BenchConfig:
     cfg = BenchConfig(
         mode="quick", repeats=3, sides=(8, 16, 32), layer_batch=2, model_batch=8, full_res_batch=2,
         model_overrides={"layers": 1}, matmul_size=2048, data_images=1000, memory_sides=(32,), memory_batch=2,
-        profile=False, preset_batch=32, conv_sides=(16,), conv_batch=2, fullsize_batch=8,
+        profile=False, preset_batch=32, grids=(7, 14, 16), conv_sides=(16,), conv_batch=2, fullsize_batch=8,
         fullsize_overrides={"layers": 1},
     )
     return replace(cfg, **changes)
@@ -114,7 +120,7 @@ def tiny_config(**changes: Any) -> BenchConfig:
         mode="tiny", repeats=2, sides=(4, 8), layer_batch=2, channels=16, heads=4, model_batch=4, full_res_batch=2,
         model_overrides={"layers": 1, "hidden": 16, "heads": 4, "intermediate": 32}, matmul_size=128,
         data_images=200, data_batch=50, memory_sides=(12,), memory_batch=2, profile=False,
-        preset_batch=4, compile_models=("sa-quadratic",), conv_channels=(8,), conv_sides=(4,), conv_batch=2,
+        preset_batch=4, grids=(7, 14), compile_models=("sa-quadratic",), conv_channels=(8,), conv_sides=(4,), conv_batch=2,
         compile_overrides={"layers": 1, "hidden": 16, "heads": 4, "intermediate": 32},
         fullsize_batch=2, fullsize_overrides={"layers": 1, "hidden": 16, "heads": 4, "intermediate": 32},
     )

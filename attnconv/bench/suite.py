@@ -13,6 +13,7 @@ from attnconv.bench.compiled import bench_compile
 from attnconv.bench.config import BenchConfig
 from attnconv.bench.conv import bench_conv
 from attnconv.bench.fullsize import bench_fullsize
+from attnconv.bench.grid import bench_grid
 from attnconv.bench.layer import bench_layers
 from attnconv.bench.matmul import bench_matmul
 from attnconv.bench.memory import bench_memory
@@ -42,6 +43,7 @@ def run_benchmarks(cfg: BenchConfig, command: str = "attnconv bench",
         "data": lambda: bench_data(report, cfg),
         "memory": lambda: bench_memory(cfg, budget),
         "presets": lambda: bench_presets(cfg),
+        "grid": lambda: bench_grid(cfg),
         "conv": lambda: bench_conv(cfg),
         "fullsize": lambda: bench_fullsize(cfg),
         "compile": lambda: bench_compile(cfg),

@@ -5,12 +5,14 @@
     attnconv bench --only layer --sides 16,32 --repeats 7
     attnconv bench --device cuda --amp --compile   # GPU: bf16 autocast, compiled variants, FlexAttention
     attnconv bench --only presets,conv,fullsize,compile --threads 1   # the CPU sections, fp32 and bf16
+    attnconv bench --only grid --precisions fp32                      # 7x7 to 32x32 tokens
 
 Each comparison runs in one process on the same inputs, after warm-up, with the
 variants' repeats interleaved; it prints the medians, dense/variant ratios next to
 their targets, the output error against a float64 reference, and peak memory.
 Benchmarks: matmul, layer, model (with utilization: model FLOP/s / matmul FLOP/s), data, memory;
-on request (--only): presets (the Fashion-MNIST attention and ResNet presets), conv (the
+on request (--only): presets (the Fashion-MNIST attention and ResNet presets), grid (the
+attention preset's step at 7x7, 14x14, 16x16 and 32x32 tokens against 7x7 and ResNet), conv (the
 quadratic layer vs Conv2d vs Swin-style attention), fullsize (the paper's step against the
 matmul rate, fp32 and bf16), compile (torch.compile's cost and gain per named model).
 """
@@ -39,13 +41,15 @@ def register(subparsers) -> None:
     p.add_argument("--only", type=_names, metavar="LIST",
                    help="comma-separated subset of: matmul,layer,model,data,memory (default: these five; "
                         "utilization is reported when matmul and model both run) and the CPU sections "
-                        "presets,conv,fullsize,compile")
+                        "presets,grid,conv,fullsize,compile")
     p.add_argument("--precisions", type=_precisions, metavar="LIST",
                    help="precisions of the CPU sections: fp32,bf16 (default both; bf16 = bf16 autocast)")
     p.add_argument("--fullsize-batch", type=_positive, metavar="N",
                    help="batch of the fullsize section's step (default 100, the paper's)")
     p.add_argument("--repeats", type=_positive, metavar="N", help="timed runs per variant (default 5, --quick 3)")
     p.add_argument("--sides", type=_sides, metavar="LIST", help="layer image sides (default 8,16,32,64; --quick 8,16,32)")
+    p.add_argument("--grids", type=_sides, metavar="LIST",
+                   help="token grids of the grid section, tokens a side, from 7,14,16,32 (default all; --quick 7,14,16)")
     p.add_argument("--channels", type=_positive, metavar="N",
                    help="channels of the layer benchmark's layers (default 400, the paper's hidden size)")
     p.add_argument("--model-batch", type=_positive, metavar="N",
@@ -122,6 +126,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--only", ",".join(args.only)]
     if args.sides:
         parts += ["--sides", ",".join(map(str, args.sides))]
+    if args.grids:
+        parts += ["--grids", ",".join(map(str, args.grids))]
     if args.precisions:
         parts += ["--precisions", ",".join(args.precisions)]
     for flag in ("repeats", "channels", "model_batch", "model_layers", "fullsize_batch", "threads", "memory_budget_gb",
@@ -148,6 +154,8 @@ def config_from_args(args: argparse.Namespace):
         changes["profile"] = args.profile
     if args.sides:
         changes["sides"] = args.sides
+    if args.grids:
+        changes["grids"] = args.grids
     if args.precisions:
         changes["precisions"] = args.precisions
     if args.fullsize_batch:
