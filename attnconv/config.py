@@ -57,6 +57,10 @@ class TrainConfig:
     milestones: tuple[float, ...] = PAPER_MILESTONES
     gamma: float = 0.1
     augment: bool = True
+    # with augment: random crops padded by `crop_pad` pixels a side, and horizontal flips when `flip`
+    # (the paper's CIFAR-10 recipe: 4 and on; folders: a pad scaled to the image, no flip).
+    crop_pad: int = 4
+    flip: bool = True
     seed: int = 0
     device: str = "cpu"
     amp: bool = False
@@ -101,6 +105,9 @@ class TrainConfig:
              "milestones", ",".join(map(str, self.milestones)),
              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
         need(0 < self.gamma <= 1, "gamma", self.gamma, "give a factor in (0, 1]")
+        need(_is_int(self.crop_pad) and 0 <= self.crop_pad <= 1024, "crop-pad", self.crop_pad,
+             "give the crop's padding in pixels, from 0 (no crop) to 1024")
+        need(isinstance(self.flip, bool), "flip", self.flip, "give true or false")
         need(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "give a whole number from 0 to 2^63 - 1")
         check_device(self.device)
         need(self.workers is None or (_is_int(self.workers) and 1 <= self.workers <= MAX_WORKERS), "workers",

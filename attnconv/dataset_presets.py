@@ -7,9 +7,16 @@
   size for every attention model; `fmnist-resnet-small` for ResNet-18).
 - CIFAR-10: the paper's preset for the model (`paper-cifar10-<model>`).
 - A folder of images (`folder:PATH`): AdamW with a warm-up and cosine decay, the attention
-  models at the Fashion-MNIST CPU size with a space-to-depth factor that keeps at most
-  16x16 tokens, random crops and flips, and a number of epochs that gives about 3,000
-  steps (between 5 and 100 epochs), at a batch no larger than a quarter of the training set.
+  models at the Fashion-MNIST CPU size, sized to the data and the device:
+    - the token grid: a space-to-depth factor that keeps at most 8x8 tokens on the CPU (the
+      Fashion-MNIST preset's 7x7; 16x16, the paper's grid, costs about 8x per image there:
+      benchmarks/RESULTS.md, "Speed at the paper's token grid") and 16x16 on a GPU;
+    - augmentation that keeps the label: random crops padded by 1/8 of the image side (4 pixels
+      at 32, the CIFAR-10 recipe's), no flips (a mirrored digit or letter is another class, or
+      none; `--flip` turns them on for photos);
+    - the length: about FOLDER_IMAGES images seen (between 10 and 100 epochs), so 1,500 small
+      images train for 35 epochs, a few minutes on a 2-core CPU, and 50,000 for 10;
+    - a batch no larger than a quarter of the training set.
 """
 
 from __future__ import annotations
@@ -20,35 +27,38 @@ import math
 from attnconv import data as D
 from attnconv.config import PRESETS, TrainConfig
 
-# Steps a folder preset aims for, and its bounds on epochs.
-FOLDER_STEPS = 3000
-FOLDER_EPOCHS = (5, 100)
-MAX_TOKENS_SIDE = 16
+# Images a folder preset's run sees in all (epochs = this / training images, within FOLDER_EPOCHS),
+# and the largest token grid side per device.
+FOLDER_IMAGES = 50_000
+FOLDER_EPOCHS = (10, 100)
+MAX_TOKENS_SIDE = {"cpu": 8, "cuda": 16}
 
 
-def _space_to_depth(image_size: int) -> int:
-    """The smallest space-to-depth factor dividing the image with at most MAX_TOKENS_SIDE tokens a side."""
+def _space_to_depth(image_size: int, max_side: int) -> int:
+    """The smallest space-to-depth factor dividing the image with at most max_side tokens a side."""
     for d in (1, 2, 4, 8, 16, 32):
-        if image_size % d == 0 and image_size // d <= MAX_TOKENS_SIDE:
+        if image_size % d == 0 and image_size // d <= max_side:
             return d
     return next(d for d in (32, 16, 8, 4, 2, 1) if image_size % d == 0)
 
 
-def folder_preset(model: str, info: D.DatasetInfo) -> TrainConfig:
-    """The preset for a folder dataset, scaled to its image size and image count."""
+def folder_preset(model: str, info: D.DatasetInfo, device: str = "cpu") -> TrainConfig:
+    """The preset for a folder dataset, scaled to its image size and count and to the device."""
     batch = max(1, min(128, info.train_size // 4))
-    steps_per_epoch = max(1, info.train_size // batch)
-    epochs = min(max(math.ceil(FOLDER_STEPS / steps_per_epoch), FOLDER_EPOCHS[0]), FOLDER_EPOCHS[1])
+    epochs = min(max(math.ceil(FOLDER_IMAGES / max(1, info.train_size)), FOLDER_EPOCHS[0]), FOLDER_EPOCHS[1])
+    max_side = MAX_TOKENS_SIDE["cuda" if str(device).startswith("cuda") else "cpu"]
     overrides: dict = {"width": 16} if model == "resnet18" else {
-        **PRESETS["fmnist-sa-quadratic"].model_overrides, "downsample": _space_to_depth(info.size)}
+        **PRESETS["fmnist-sa-quadratic"].model_overrides, "downsample": _space_to_depth(info.size, max_side)}
     return TrainConfig(
         model=model, dataset=info.name, model_overrides=overrides, epochs=epochs, batch_size=batch,
         optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="warmup-cosine", warmup=0.05, augment=True,
+        crop_pad=max(1, info.size // 8), flip=False,
     )
 
 
-def dataset_preset(model: str, dataset: str, *, image_size: int | None = None) -> tuple[str, TrainConfig]:
-    """(a short name of the preset, the base config) for `model` on `dataset`."""
+def dataset_preset(model: str, dataset: str, *, image_size: int | None = None, device: str = "cpu"
+                   ) -> tuple[str, TrainConfig]:
+    """(a short name of the preset, the base config) for `model` on `dataset` (folders: on `device`)."""
     name = D.canonical_name(dataset)
     if name == "fashion-mnist":
         preset = "fmnist-resnet-small" if model == "resnet18" else "fmnist-sa-quadratic"
@@ -61,7 +71,7 @@ def dataset_preset(model: str, dataset: str, *, image_size: int | None = None) -
             PRESETS["paper-cifar10-sa-quadratic"], model=model)
     info = D.dataset_info(name, image_size=image_size)
     return (f"the folder preset ({info.train_size} training images of {info.size}x{info.size})",
-            folder_preset(model, info))
+            folder_preset(model, info, device))
 
 
 def describe(config: TrainConfig) -> str:
@@ -69,4 +79,11 @@ def describe(config: TrainConfig) -> str:
     opt = f"{config.optimizer} lr {config.lr:g} wd {config.weight_decay:g}"
     model = " ".join(f"{k}={v}" for k, v in sorted(config.model_overrides.items()))
     return (f"{opt}, {config.schedule}, {config.epochs} epochs, batch {config.batch_size}, "
-            f"{'crop+flip' if config.augment else 'no augmentation'}" + (f"; model {model}" if model else ""))
+            f"{_augmentation(config)}" + (f"; model {model}" if model else ""))
+
+
+def _augmentation(config: TrainConfig) -> str:
+    if not config.augment or (config.crop_pad == 0 and not config.flip):
+        return "no augmentation"
+    parts = ([f"crop (pad {config.crop_pad})"] if config.crop_pad else []) + (["flip"] if config.flip else [])
+    return " + ".join(parts)

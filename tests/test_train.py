@@ -209,6 +209,22 @@ def test_max_steps_stops_mid_epoch_and_logs_the_partial_epoch(tmp_path, data_dir
     assert load_state(out / "state.pt")["progress"]["finished"]
 
 
+def test_crop_pad_and_flip_reach_the_batches(tmp_path, data_dir):
+    """--crop-pad 0 --no-flip under --augment trains exactly as --no-augment; a crop or a flip alone does not."""
+    runs = {}
+    for name, flags in {"none": ["--no-augment"], "zero": ["--augment", "--crop-pad", "0", "--no-flip"],
+                        "crop": ["--augment", "--crop-pad", "2", "--no-flip"],
+                        "flip": ["--augment", "--crop-pad", "0", "--flip"]}.items():
+        assert main(tiny_args(tmp_path / name, data_dir, "--max-steps", "2", *flags)) == 0
+        runs[name] = weights(tmp_path / name)
+        config = json.loads((tmp_path / name / "config.json").read_text())["config"]
+        assert (config["crop_pad"], config["flip"]) == {"none": (4, True), "zero": (0, False), "crop": (2, False),
+                                                        "flip": (0, True)}[name]
+    assert_bit_identical(runs["none"], runs["zero"])
+    for name in ("crop", "flip"):
+        assert any(not torch.equal(runs[name][k], runs["none"][k]) for k in runs["none"]), name
+
+
 @pytest.mark.parametrize("precision", [(), ("--amp",)], ids=["float32", "bf16"])
 def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch, precision):
     """An interruption right after the mid-epoch checkpoint at step 10 (epoch 2, batch 2 of 8); in bf16 too."""

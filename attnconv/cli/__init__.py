@@ -52,7 +52,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "dropout": (0, 1), "attn_dropout": (0, 1), "width": (1, 65536), "memory_budget_gb": (1e-6, 1e6),
     "images": (1, 10**7), "eval_images": (1, 10**9), "image": (0, 10**9), "layer": (1, 10**4),
     "zoom": (1, 10**4), "kernel": (1, 99), "steps": (0, 10**9), "top": (1, 10**6),
-    "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535),
+    "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535), "crop_pad": (0, 1024),
 }
 
 

@@ -118,7 +118,13 @@ def register(subparsers) -> None:
     g.add_argument("--milestones", type=_fractions, help="multistep: fractions of all steps, e.g. 0.27,0.5,0.83")
     g.add_argument("--gamma", type=float, help="multistep: LR factor at each milestone")
     g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crop (pad 4) and horizontal flip")
+                   help="random crops (and horizontal flips, see --flip)")
+    g.add_argument("--crop-pad", type=int, metavar="PIXELS",
+                   help="with --augment: pad each side by PIXELS and crop back at random (default: the preset's; "
+                        "4 for CIFAR-10, about 1/8 of the image for folders; 0: no crop)")
+    g.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --augment: random horizontal flips (default: the preset's; on for CIFAR-10, off for "
+                        "folders, where a flip can change the label: digits, text)")
     g.add_argument("--seed", type=int)
     r = p.add_argument_group("execution")
     r.add_argument("--device", help="cpu or cuda")
@@ -157,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume and args.preset is None and args.model is None and (out / CONFIG_FILE).exists():
         base = TrainConfig.from_dict(read_config(out)["config"])
     fields = ("model", "dataset", "epochs", "max_steps", "batch_size", "optimizer", "lr", "momentum",
-              "weight_decay", "schedule", "warmup", "milestones", "gamma", "augment", "seed", "device", "amp",
+              "weight_decay", "schedule", "warmup", "milestones", "gamma", "augment", "crop_pad", "flip", "seed", "device", "amp",
               "compile", "workers", "data_dir", "checkpoint_every", "attention_lr_scale")
     overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
     overrides["checkpoint"] = args.checkpoint
@@ -175,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     if args.preset is None and base is None and args.model is not None and args.dataset is not None:
         from attnconv.dataset_presets import dataset_preset, describe
 
-        preset, base = dataset_preset(args.model, args.dataset, image_size=args.image_size)
+        preset, base = dataset_preset(args.model, args.dataset, image_size=args.image_size, device=args.device or "cpu")
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
     config.validate()  # a bad flag is one error line, before anything else is printed
     announce = None if preset is None else \

@@ -419,7 +419,7 @@ class _Trainer:
         batches = D.iterate_batches(
             self.train_set, self.info, cfg.batch_size, seed=cfg.seed, epoch=p.epoch, train=True,
             augment=cfg.augment, rank=d.rank, world_size=d.world_size, drop_last=True, start_batch=p.batch,
-            device=self.device,
+            device=self.device, pad=cfg.crop_pad, flip=cfg.flip,
         )
         epoch_steps = max(p.batch, min(self.steps_per_epoch, self.total_steps - p.epoch * self.steps_per_epoch))
         bar = ProgressLog(self.progress_mode, total_steps=self.total_steps, epoch_steps=epoch_steps,
