@@ -15,6 +15,7 @@ EPOCHS=${EPOCHS:-12}
 RUNS=${RUNS:-runs/table1}
 DEST=${DEST:-benchmarks/table1}
 JOBS=${JOBS:-2}
+EXTRA=${EXTRA:-}  # more train flags for every run (benchmarks/grid14/run_all.sh: --downsample 2)
 mkdir -p "$RUNS"
 
 job() {  # job MODEL SEED
@@ -27,8 +28,9 @@ job() {  # job MODEL SEED
   if [ "$model" = resnet18 ]; then preset=fmnist-resnet-small; else preset=fmnist-sa-quadratic; fi
   mkdir -p "$(dirname "$out")"
   echo "$(date -u +%H:%M:%S) start $out"
+  # shellcheck disable=SC2086  # EXTRA is a list of flags
   $PY -m attnconv train --preset $preset --model "$model" --epochs "$EPOCHS" --seed "$seed" --workers 1 \
-      --checkpoint-every 100 --no-progress --out "$out" --resume > "$out.log" 2>&1 \
+      --checkpoint-every 100 --no-progress --out "$out" --resume $EXTRA > "$out.log" 2>&1 \
     || { echo "$(date -u +%H:%M:%S) FAILED $out (see $out.log)"; return 0; }
   mkdir -p "$dest"
   cp "$out/config.json" "$out/metrics.csv" "$dest/"
@@ -36,12 +38,13 @@ job() {  # job MODEL SEED
   echo "$(date -u +%H:%M:%S) done $out: $(tail -1 "$out/metrics.csv")"
 }
 export -f job
-export PY EPOCHS RUNS DEST
+export PY EPOCHS RUNS DEST EXTRA
 
 # One seed of every row first (the cheap ones early), then the further seeds; content is the costliest.
-printf '%s\n' \
+# RUN_LIST ("model seed" per line) replaces the list.
+RUN_LIST=${RUN_LIST:-$(printf '%s\n' \
   "sa-quadratic 0" "resnet18 0" "sa-learned 0" "sa-quadratic-aniso 0" "sa-quadratic 1" "resnet18 1" \
   "sa-learned-content 0" "sa-quadratic 2" "resnet18 2" "sa-learned 1" "sa-quadratic-aniso 1" \
-  "sa-learned-content 1" \
-  | xargs -P "$JOBS" -I{} bash -c 'job {}'
+  "sa-learned-content 1")}
+printf '%s\n' "$RUN_LIST" | xargs -P "$JOBS" -I{} bash -c 'job {}'
 echo "$(date -u +%H:%M:%S) all done"
