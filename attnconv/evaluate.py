@@ -168,6 +168,7 @@ def describe_run(
     recompute: bool = False,
     device: str = "cpu",
     data_dir: str | None = None,
+    dataset: str | None = None,
     batch_size: int = 500,
 ) -> dict[str, Any]:
     """Summary of a run directory: model, dataset, accuracy, parameters, FLOPs, time.
@@ -183,10 +184,16 @@ def describe_run(
     accuracy, None for a class with no test images) and "confusion" (`confusion_matrix` as
     lists: rows true, columns predicted).
 
+    `dataset` (with `recompute`): measure on that dataset's test split instead, one with the
+    run's classes (`--dataset folder:PATH`, `runs.data.other_test_set`); the summary then says
+    so in "test_dataset" and "test_images". A run whose data is gone is one AttnconvError
+    naming the stored path and the flag that points at the data.
+
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
     if not isinstance(run, Run):
-        run = Run(run, device, data_dir=data_dir, allow_nonfinite=True)  # NaN weights: measured, with a warning
+        run = Run(run, device, data_dir=data_dir, dataset=dataset,
+                  allow_nonfinite=True)  # NaN weights: measured, with a warning
     run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics
     model = run.model if recompute else run.architecture
     flops = count_flops(model, (info.channels, info.size, info.size))
@@ -215,7 +222,10 @@ def describe_run(
             summary["warning"] = (f"{run_dir}: the run's weights hold NaN/inf (parameter {bad}); the run diverged, "
                                   "so its accuracy means nothing: retrain it with a lower --lr")
         test = run.test_set
-        changes = data_changes(meta.get("data"), data_fingerprint(info))
+        changes = [] if run.dataset is not None else data_changes(meta.get("data"), data_fingerprint(info))
+        if run.dataset is not None:
+            summary["test_dataset"] = D.canonical_name(run.dataset)
+        summary["test_images"] = len(test)
         if changes:
             note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "
                     "on the data as it is now")

@@ -11,18 +11,26 @@ style sheet is inline, so the file can be mailed, archived or opened offline. Se
     summary         the run's Table-1 row (`evaluate.describe_run` / `runs_table`):
                     test accuracy, parameters, FLOPs, seconds per epoch
     test            the test set measured anew with the weights (`evaluate.predict_all`, one
-                    pass): accuracy per class, the confusion matrix figure, and the first
-                    16 misclassified test images; a run whose data cannot be found gets a
-                    note here instead
+                    pass): accuracy per class, the confusion matrix figure, and 16
+                    misclassified test images sampled across their true classes; a run
+                    whose data cannot be found gets a note here instead (saying where the
+                    data was and how to point at it)
     attention       attention classifiers only: the centers figure (Fig. 4/12/14), the maps
                     figure around the middle query (Fig. 5/6) and the `analyze` numbers per
                     layer and head. CNN runs say they have no attention and skip it; runs
                     written by `attnconv convert` (ConvAttention layers inside a CNN) get a
                     note saying why the analysis does not apply.
 
-Content-attention models are averaged over the first `images` test images, as in
-`attnconv plot` and `attnconv analyze`. The figures are rendered to bytes in memory;
-the only file written is the report itself, atomically (temporary file, then rename).
+Content-attention models are averaged over `images` test images sampled across the
+classes (`Run.test_images`, a fixed seed), as in `attnconv plot` and `attnconv analyze`.
+The figures are rendered to bytes in memory; the only file written is the report itself,
+atomically (temporary file, then rename).
+
+As users read it: layers and heads are numbered from 1 (figures, tables, headings), numbers
+have 3 significant digits (`tables.significant`; the Table-1 row keeps the paper's format),
+attention maps with nothing to show are grey and captioned so (`plots.flat_map_label`), and
+the page fits the window without scrolling sideways from 800 pixels wide up (long tables
+wrap their cells; tested in Chromium).
 """
 
 from __future__ import annotations
@@ -30,7 +38,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 import os
 from collections.abc import Collection
 from pathlib import Path
@@ -45,12 +52,13 @@ from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import confusion_figure, curves_figure, figure_png, misclassified_figure
-from attnconv.runs import Run
+from attnconv.runs import Run, sample_across_classes
+from attnconv.tables import significant
 
 __all__ = ["build_report", "write_report"]
 
 REPORT_FILE = "report.html"
-_MISCLASSIFIED = 16  # test images in the misclassified grid: the first ones, in test-set order
+_MISCLASSIFIED = 16  # test images in the misclassified grid, sampled across their true classes
 _MAPS_ZOOM = 7  # window side of the maps figure, as `attnconv plot maps`
 
 _CSS = """
@@ -60,15 +68,21 @@ h1 { font-size: 1.6rem; margin-bottom: .2rem; }
 h2 { font-size: 1.25rem; border-bottom: 1px solid #d5dbe1; padding-bottom: .2rem; margin-top: 2rem; }
 h3 { font-size: 1.05rem; margin-bottom: .3rem; }
 .sub { color: #5a6570; margin-top: 0; }
-table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
-th, td { border: 1px solid #d5dbe1; padding: .2rem .55rem; text-align: left; vertical-align: top; }
-th { background: #f1f4f7; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; max-width: 100%; }
+th, td { border: 1px solid #d5dbe1; padding: .2rem .45rem; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }
+.columns { display: flex; gap: 0 2rem; flex-wrap: wrap; }
+.columns > div { min-width: 0; max-width: 100%; }
+details, section, header, main { max-width: 100%; min-width: 0; }
+th { background: #f1f4f7; overflow-wrap: normal; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; overflow-wrap: normal; }
 tr.degenerate td { background: #fdf0ed; }
-pre { background: #f6f8fa; padding: .7rem; overflow-x: auto; font-size: .82rem; }
+pre { background: #f6f8fa; padding: .7rem; font-size: .82rem; white-space: pre-wrap; overflow-wrap: anywhere; }
 img { max-width: 100%; height: auto; display: block; margin: .5rem 0; }
 .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: .5rem .8rem; }
-nav a { margin-right: 1rem; }
+nav a { margin-right: 1rem; display: inline-block; }
+@media (max-width: 900px) { body { padding: 1rem .75rem; } table { font-size: .8rem; }
+                            th, td { padding: .15rem .3rem; } }
 """
 
 
@@ -136,7 +150,7 @@ def _config_section(meta: dict[str, Any]) -> str:
     full = json.dumps(meta, indent=2)
     return (
         '<section id="config"><h2>Configuration</h2>'
-        f'<div style="display:flex;gap:2rem;flex-wrap:wrap"><div>{training}</div><div>{model}{run}</div></div>'
+        f'<div class="columns"><div>{training}</div><div>{model}{run}</div></div>'
         f"<details><summary>config.json</summary><pre>{_e(full)}</pre></details></section>"
     )
 
@@ -154,14 +168,15 @@ def _curves_section(rows: list[dict[str, float]], model: str, meta: dict[str, An
         last = rows[-1]
         out.append(_table(
             ["epoch", "step", "train loss", "train acc", "test loss", "test acc", "seconds", "images/s", "lr"],
-            [[int(r["epoch"]), int(r["step"]), f"{r['train_loss']:.4f}", f"{r['train_acc']:.4f}",
-              f"{r['test_loss']:.4f}", f"{r['test_acc']:.4f}", f"{r['seconds']:.1f}", f"{r['images_per_s']:.0f}",
-              f"{r['lr']:.3g}"] for r in (rows if len(rows) <= 12 else rows[:3] + rows[-8:])],
+            [[int(r["epoch"]), int(r["step"]), *(significant(r[k]) for k in ("train_loss", "train_acc", "test_loss",
+                                                                              "test_acc", "seconds", "images_per_s",
+                                                                              "lr"))]
+             for r in (rows if len(rows) <= 12 else rows[:3] + rows[-8:])],
             numeric=set(range(9)),
         ))
         if len(rows) > 12:
             out.append(f"<p>(first 3 and last 8 of {len(rows)} epochs; last test accuracy "
-                       f"{last['test_acc']:.4f})</p>")
+                       f"{significant(last['test_acc'])})</p>")
     out.append("</section>")
     return "".join(out)
 
@@ -179,7 +194,8 @@ def _summary_section(summary: dict[str, Any]) -> str:
 
 
 def _test_section(run: Run) -> str:
-    """Per-class accuracy, the confusion matrix and the first misclassified images, from one pass over the test set."""
+    """Per-class accuracy, the confusion matrix and misclassified images (sampled across their true classes),
+    from one pass over the test set."""
     head = '<section id="test"><h2>Test set</h2>'
     try:
         test = run.test_set
@@ -189,25 +205,28 @@ def _test_section(run: Run) -> str:
     classes = list(run.info.classes)
     labels, predicted = test.labels.cpu(), result["predictions"]
     confusion = confusion_matrix(labels, predicted, len(classes))
-    rows = [[name, "-" if acc is None else f"{acc:#.3g}", f"{int(row.sum()):,}", f"{int(row.sum() - row[i]):,}"]
+    rows = [[name, significant(acc), f"{int(row.sum()):,}", f"{int(row.sum() - row[i]):,}"]
             for i, (name, acc, row) in enumerate(zip(classes, per_class_accuracy(confusion), confusion))]
     table = _table(["class", "accuracy", "images", "misclassified"], rows, numeric={1, 2, 3})
     model = run.config.model
     matrix = figure_png(confusion_figure(confusion.numpy(), classes,
                                          f"{model}: confusion matrix ({len(test)} test images)"))
     wrong = torch.nonzero(predicted != labels).flatten()
-    intro = (f"<p>Measured anew with the run's weights on the {len(test):,} test images: accuracy "
-             f"{result['accuracy']:.4f} (loss {result['loss']:.4f}); {len(wrong):,} misclassified.</p>")
+    source = "" if run.dataset is None else f" of {_e(run.dataset)} (given with --dataset; the run's classes)"
+    intro = (f"<p>Measured anew with the run's weights on the {len(test):,} test images{source}: accuracy "
+             f"{significant(result['accuracy'])} (loss {significant(result['loss'])}); {len(wrong):,} "
+             "misclassified.</p>")
     out = [head, intro, "<h3>Accuracy per class</h3>", table,
            "<h3>Confusion matrix</h3><p>Rows: the true class; columns: the predicted class. Each cell holds its "
            "count, coloured by its share of the row (the true class's images).</p>",
            _img(matrix, "confusion matrix: true class by predicted class, with counts")]
     if len(wrong):
-        pick = wrong[:_MISCLASSIFIED]
+        pick = wrong[sample_across_classes(labels[wrong], _MISCLASSIFIED)]
         grid = figure_png(misclassified_figure(test.images[pick].cpu().numpy(), labels[pick].tolist(),
                                                predicted[pick].tolist(), classes, result["probabilities"][pick].tolist()))
-        out += [f"<h3>Misclassified images</h3><p>The first {len(pick)} of {len(wrong):,} in test-set order, each "
-                "captioned true class → predicted class (the probability the model gave its prediction).</p>",
+        out += [f"<h3>Misclassified images</h3><p>{len(pick)} of {len(wrong):,}, sampled across their true classes "
+                "(a fixed seed), each captioned true class → predicted class (the probability the model gave its "
+                "prediction, 3 significant digits).</p>",
                 _img(grid, "misclassified test images with their true and predicted classes")]
     else:
         out.append(_note("Every test image is classified correctly: there are no misclassified images to show."))
@@ -217,8 +236,8 @@ def _test_section(run: Run) -> str:
 
 def _analysis_tables(result: dict[str, Any]) -> str:
     t = result["thresholds"]
-    out = ["<p>Layers and heads are numbered from 0 here (as in <code>attnconv analyze</code>), from 1 in the "
-           "figures. Shifts are (row, column) on "
+    out = ["<p>Layers and heads are numbered from 1, as in the figures and <code>attnconv analyze</code>. "
+           "Shifts are (row, column) on "
            + ("each layer's input grid" if result["size"] is None
               else f"the {result['size'][0]}x{result['size'][1]} token grid")
            + ", rows down. "
@@ -226,25 +245,23 @@ def _analysis_tables(result: dict[str, Any]) -> str:
            f"covariance &gt; {t['ill_conditioned']:g}, or its middle query's entropy &gt; "
            f"{t['uniform_entropy']:g} of uniform.</p>"]
 
-    def num(v: float | None, fmt: str = ".3g") -> str:
-        return "-" if v is None else format(v, fmt)
-
     for layer in result["layers"]:
         like = layer["conv_likeness"]
         out.append(
             f"<h3>Layer {layer['layer']} ("
             + (f"{_e(layer['path'])}, {layer['size'][0]}x{layer['size'][1]} input; " if result["size"] is None else "")
             + f"{_e(layer['encoding'])}; probabilities: {_e(layer['probabilities'])})</h3>"
-            f"<p>distance to the nearest 3x3 convolution {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
-            f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
+            f"<p>distance to the nearest 3x3 convolution {significant(like['distance'])} (5x5: "
+            f"{significant(like['distance_5x5'])}); mean window mass 3x3 {significant(layer['mean_mass_3x3'])}, "
+            f"5x5 {significant(layer['mean_mass_5x5'])}; "
             f"degenerate heads {len(layer['degenerate_heads'])}/{len(layer['heads'])}</p>"
         )
         rows, classes = [], []
         for h in layer["heads"]:
-            eig = "-" if h["eigenvalues"] is None else f"{h['eigenvalues'][0]:.3g}, {h['eigenvalues'][1]:.3g}"
-            rows.append([h["head"], f"({h['center'][0]:+.2f}, {h['center'][1]:+.2f})", h["center_source"],
-                         num(h["alpha"]), eig, num(h["condition"]), f"{h['avg_distance']:.2f}",
-                         f"{h['mass_3x3']:.3f}", f"{h['mass_5x5']:.3f}", f"{h['entropy']:.3f}",
+            eig = "-" if h["eigenvalues"] is None else ", ".join(significant(v) for v in h["eigenvalues"])
+            rows.append([h["head"], f"({significant(h['center'][0])}, {significant(h['center'][1])})",
+                         h["center_source"], significant(h["alpha"]), eig, significant(h["condition"]),
+                         *(significant(h[k]) for k in ("avg_distance", "mass_3x3", "mass_5x5", "entropy")),
                          "DEGENERATE: " + "; ".join(h["reasons"]) if h["degenerate"] else ""])
             classes.append("degenerate" if h["degenerate"] else "")
         out.append(_table(["head", "center", "center from", "alpha", "eig(S^-1)", "cond", "avg dist", "mass 3x3",
@@ -321,8 +338,9 @@ def _history_section(run: Run) -> str:
     centers = figure_png(centers_figure(panels, grid, f"{model}: head centers over training (rows: layers)",
                                         panel_titles=titles, ncols=len(epochs)))
     distance = figure_png(distance_figure(snapshots, f"{model}: mean attention distance per head"))
-    rows = [[snap["epoch"], *(f"{x['within']}/{x['heads']}, {x['mean_distance']:.2f}; {x['attention_distance']:.2f}"
-                              for x in snap["layers"])] for snap in grid_likeness(snapshots)]
+    rows = [[snap["epoch"], *(f"{x['within']}/{x['heads']}, {significant(x['mean_distance'])}; "
+                              f"{significant(x['attention_distance'])}" for x in snap["layers"])]
+            for snap in grid_likeness(snapshots)]
     table = _table(["epoch", *(f"layer {i + 1}" for i in range(n_layers))], rows, numeric=(0,))
     return (
         head
@@ -349,6 +367,7 @@ def build_report(
     *,
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
+    dataset: str | None = None,
     device: str = "cpu",
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
@@ -357,7 +376,8 @@ def build_report(
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-    run = Run(run_dir, device, data_dir=data_dir)  # a file, or a folder that holds no run: one error naming it
+    # a file, or a folder that holds no run: one error naming it
+    run = Run(run_dir, device, data_dir=data_dir, dataset=dataset)
     meta, rows = run.meta, run.metrics
     run.model  # noqa: B018 (missing or corrupt weights: one error now, before any section is built)
     summary = describe_run(run)
@@ -367,7 +387,7 @@ def build_report(
     trained = (f"{summary['epochs']} epoch{'s' if summary['epochs'] != 1 else ''}, {summary['step']} steps"
                if rows else "no epoch recorded")
     sub = (f"{trained}; test accuracy "
-           f"{'-' if acc is None or math.isnan(acc) else f'{acc:.4f}'}; {summary['params']:,} parameters; "
+           f"{significant(acc)}; {summary['params']:,} parameters; "
            f"run directory {run_dir.resolve()}; created {meta.get('created', '-')}")
     body = [
         f"<header><h1>{_e(title)}</h1><p class=\"sub\">{_e(sub)}</p>",
@@ -397,6 +417,7 @@ def write_report(
     *,
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
+    dataset: str | None = None,
     device: str = "cpu",
     overwrite: bool = False,
 ) -> Path:
@@ -410,6 +431,6 @@ def write_report(
         raise AttnconvError(f"--out {out} is a directory; give a file name such as {out / REPORT_FILE}")
     if Path(run_dir).is_dir():  # else build_report names the missing run directory
         out = check_output_file(out, "--out", (".html", ".htm"), overwrite=overwrite)
-    text = build_report(run_dir, images=images, data_dir=data_dir, device=device)
+    text = build_report(run_dir, images=images, data_dir=data_dir, dataset=dataset, device=device)
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return out

@@ -11,13 +11,40 @@
     | resnet18 | 0.938 |
 
 Cells are strings, written as given (the caller rounds its numbers). No trailing newline.
+`significant(x)` is how numbers read by people are rounded (report, explorer captions):
+three significant digits, "0.903", "12.3", "1230", "1.23e-5".
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 _RULES = {"l": "---", "r": "---:"}
+
+
+def significant(value: float | int | None, digits: int = 3) -> str:
+    """`value` rounded to `digits` significant digits, as people read it: "0.903", "0.100", "12.3",
+    "1230" (no exponent from 1e-4 up to a million), "1.23e-5" and "1.23e+6" beyond; "0" for zero,
+    "-" for None or NaN, "inf" / "-inf". The explorer's page formats its numbers the same way
+    (its `fmt`, JavaScript's toExponential / toFixed).
+    """
+    if value is None:
+        return "-"
+    value = float(value)
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    exponent = math.floor(math.log10(abs(float(f"{value:.{digits - 1}e}"))))  # after rounding: 999.7 -> 3
+    if exponent < -4 or exponent >= 6:
+        mantissa, power = f"{value:.{digits - 1}e}".split("e")
+        return f"{mantissa}e{power[0]}{int(power[1:])}"  # 1.23e-5, as JavaScript writes it
+    if exponent >= digits - 1:
+        return f"{round(value, digits - 1 - exponent):.0f}"
+    return f"{value:.{digits - 1 - exponent}f}"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool = False,

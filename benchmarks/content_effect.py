@@ -19,6 +19,7 @@ import argparse
 import torch
 
 from attnconv.construct import ConvAttention
+from attnconv.data import normalize
 from attnconv.models.sites import site_inputs
 from attnconv.runs import Run
 
@@ -33,7 +34,7 @@ def main() -> None:
     run = Run(args.run, data_dir=args.data_dir)
     model, config, sites = run.model, run.config, run.sites
     layers = [(site.path, site.layer, site.size) for site in sites]
-    _, x = run.test_images(args.images)
+    x = normalize(run.test_set.images[: args.images], run.info)  # the first N, as RESULTS.md measured them
     print(f"{args.run}: {config.init_from}; {len(x)} test images")
     print(f"{'layer':28s} {'grid':>6s} {'TV(all, position)':>17s} {'sd content':>10s} {'max moved':>9s} "
           f"{'alpha':>11s}")

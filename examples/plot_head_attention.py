@@ -1,6 +1,8 @@
 """Load a trained run from Python and plot where one head of one layer attends.
 
-    python examples/plot_head_attention.py RUN_DIR [--layer 0] [--head 0] [--out head.png]
+    python examples/plot_head_attention.py RUN_DIR [--layer 1] [--head 1] [--out head.png]
+
+Layers and heads are numbered from 1, as in the paper and in attnconv's figures.
 
 RUN_DIR is any attention run written by `attnconv train` (for example
 `attnconv train --preset fmnist-sa-quadratic --epochs 1 --out runs/sa`). Without RUN_DIR
@@ -34,18 +36,22 @@ def tiny_run(root: Path) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", nargs="?")
-    p.add_argument("--layer", type=int, default=0)
-    p.add_argument("--head", type=int, default=0)
+    p.add_argument("--layer", type=int, default=1, help="layer number, from 1")
+    p.add_argument("--head", type=int, default=1, help="head number, from 1")
     p.add_argument("--out", default="head.png")
     args = p.parse_args()
+    if args.layer < 1 or args.head < 1:
+        p.error("--layer and --head count from 1 (the first layer is --layer 1)")
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run_dir or tiny_run(Path(tmp))
         model, config = load_run(run_dir)  # eval mode, weights from model.safetensors
         layers = [m for m in model.modules() if isinstance(m, SelfAttention2d)]
-        layer = layers[args.layer]
+        if args.layer > len(layers) or args.head > layers[0].heads:
+            p.error(f"the run has layers 1..{len(layers)} and heads 1..{layers[0].heads}")
+        layer = layers[args.layer - 1]
         side = config.model_overrides["image_size"] // config.model_overrides.get("downsample", 2)
-        probs = layer.attention_probs(size=(side, side))[0, args.head]  # (T, T), rows = queries
+        probs = layer.attention_probs(size=(side, side))[0, args.head - 1]  # (T, T), rows = queries
         query = (side // 2) * side + side // 2  # the middle pixel
         grid = probs[query].reshape(side, side).detach()
 

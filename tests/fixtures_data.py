@@ -278,3 +278,19 @@ def write_image_folder(root: Path, grey: bool = False, test_split: str = "test",
     (root / "train" / "cat" / "notes.txt").write_text("not an image")  # skipped
     (root / "train" / ".DS_Store").write_bytes(b"\0")  # skipped
     return layout
+
+
+def write_class_folder(root: Path, classes: tuple[str, ...] = ("ant", "bee", "cow"), train: int = 3, test: int = 4,
+                       size: int = 12, seed: int = 0) -> Path:
+    """An ImageFolder dataset of random RGB PNGs (size x size), `train` and `test` per class. Like any image
+    folder, its test images are listed class by class: the first `test` are all of the first class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, per_class in (("train", train), ("test", test)):
+        for cls in classes:
+            folder = root / split / cls
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root

@@ -32,3 +32,20 @@ def train_tiny_runs(root: Path, specs: Iterable[tuple[str, dict[str, Any]]], *, 
         train(cfg, root / model, progress=False)
         out[model] = root / model
     return out
+
+
+def train_folder_runs(root: Path, specs: Iterable[tuple[str, dict[str, Any]]], *, image_size: int = 8,
+                      **config: Any) -> dict[str, Path]:
+    """`fixtures_data.write_class_folder` under root/imgs (3 classes, 3 + 4 images each) and 2-step runs of each
+    (model, overrides) on it at `image_size` into root/model. At size 8 a CIFAR ResNet-18's last stages see
+    2x2 and 1x1 grids. Returns {"data": the folder, model: its run directory, ...}."""
+    from fixtures_data import write_class_folder
+
+    data = write_class_folder(root / "imgs")
+    out = {"data": data}
+    for model, overrides in specs:
+        cfg = make_config(model=model, dataset=f"folder:{data}", batch_size=4, workers=1, epochs=1, max_steps=2,
+                          augment=False, model_overrides={"image_size": image_size, **overrides}, **config)
+        train(cfg, root / model, progress=False)
+        out[model] = root / model
+    return out

@@ -59,7 +59,7 @@ def test_uniform_heads_are_degenerate_and_far_from_a_3x3_conv():
     with torch.no_grad():
         layer.encoding.widths.fill_(1e-3)  # alpha = a^2 / 2 = 5e-7: every key gets the same score
     r = analyze_layer(layer, (8, 8))
-    assert r["degenerate_heads"] == [0, 1, 2, 3]
+    assert r["degenerate_heads"] == [1, 2, 3, 4]  # heads numbered from 1, as in the paper and the figures
     for h in r["heads"]:
         assert any(reason.startswith("alpha <") for reason in h["reasons"])
         assert h["entropy"] > 0.999
@@ -89,7 +89,7 @@ def test_ill_conditioned_covariance_is_flagged():
     r = analyze_layer(layer, 7)
     assert r["heads"][0]["condition"] == pytest.approx(1.0)
     assert r["heads"][1]["condition"] == pytest.approx(1e4, rel=1e-3)
-    assert r["degenerate_heads"] == [1]
+    assert r["degenerate_heads"] == [2]  # the second head, numbered from 1
     assert any("condition" in reason for reason in r["heads"][1]["reasons"])
 
 
@@ -162,7 +162,9 @@ def test_analyze_json_has_the_documented_keys(runs, model, capsys):
     assert r["model"] == model and r["size"] == [7, 7]
     assert r["images"] == (5 if model == "sa-learned-content" else 0)
     assert len(r["layers"]) == 2
+    assert [layer["layer"] for layer in r["layers"]] == [1, 2]  # numbered from 1, as in the figures and the paper
     for layer in r["layers"]:
+        assert [h["head"] for h in layer["heads"]] == [1, 2, 3, 4]
         assert LAYER_KEYS <= set(layer)
         assert {"distance", "distance_5x5", "window_mass", "centers"} <= set(layer["conv_likeness"])
         assert 0 <= layer["conv_likeness"]["distance"] <= 1 + 1e-9
@@ -177,7 +179,8 @@ def test_analyze_json_has_the_documented_keys(runs, model, capsys):
 def test_analyze_text_is_a_table_per_layer(runs, capsys):
     assert main(["analyze", str(runs["sa-quadratic-aniso"])]) == 0
     text = capsys.readouterr().out
-    assert "layer 0 (quadratic-aniso" in text and "layer 1 (quadratic-aniso" in text
+    assert "layer 1 (quadratic-aniso" in text and "layer 2 (quadratic-aniso" in text
+    assert "layer 0 " not in text
     assert "distance to the nearest 3x3 conv" in text
     assert len(text.splitlines()) >= 2 * (4 + 3)
 

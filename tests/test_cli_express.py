@@ -37,7 +37,7 @@ def test_express_2d_reports_a_tiny_error_and_the_centers(capsys):
     out = capsys.readouterr().out
     assert _relative_error(out) < 1e-12
     assert "9 heads" in out and "alpha = 40.9" in out and "bound" in out
-    assert "   0  (-1, -1)" in out and "   8  (1, 1)" in out
+    assert "   1  (-1, -1)" in out and "   9  (1, 1)" in out  # heads numbered from 1
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,8 @@ def test_analyze_plot_and_report_accept_a_converted_run(cnn_run, data_dir, tmp_p
         # each layer is its conv exactly: heads on the taps, all mass in the 3x3 window, distance 0
         assert sorted(tuple(h["center"]) for h in layer["heads"]) == [(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)]
         assert layer["conv_likeness"]["distance"] < 1e-5 and layer["mean_mass_3x3"] > 0.999
-    assert "each layer on its own input grid" in text and f"layer 0 ({result['layers'][0]['path']}, 28x28 input" in text
+    assert "each layer on its own input grid" in text and f"layer 1 ({result['layers'][0]['path']}, 28x28 input" in text
+    assert [layer["layer"] for layer in result["layers"]] == list(range(1, 18))  # numbered from 1
 
     assert main(["plot", "centers", str(new), "--out", str(tmp_path / "c.png")]) == 0
     assert (tmp_path / "c.png").stat().st_size > 1000

@@ -26,6 +26,7 @@ from attnconv.evaluate import (
 )
 from attnconv.models import build_model
 from attnconv.runs import Run, metrics_text, read_metrics
+from attnconv.tables import significant
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +181,7 @@ def test_eval_reports_each_class_and_the_confusion_matrix_of_the_models_predicti
     lines = capsys.readouterr().out.splitlines()
     start = lines.index("per class")
     for name, row, i in zip(classes, counts, range(10)):
-        acc = f"{row[i] / sum(row):#.3g}" if sum(row) else "-"
+        acc = significant(row[i] / sum(row)) if sum(row) else "-"
         assert lines[start + 3 + i].split() == [*name.split(), acc, str(sum(row))]
     matrix = lines.index("confusion matrix (rows: true class, columns: predicted)")
     assert lines[matrix + 1].split()[3:] == ["T-shi", "Trous", "Pullo", "Dress", "Coat", "Sanda", "Shirt", "Sneak",

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
+from fixtures_browser import WIDTHS, chromium_page, overlapping_boxes, playwright, sideways_overflow
 from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.cli import main
@@ -27,9 +27,7 @@ from attnconv.errors import AttnconvError
 from attnconv.explorer import BadRequest, Explorer, make_server
 from attnconv.runs import load_run
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+_chromium_page, _playwright = chromium_page, playwright  # the names tests/test_learnable.py imports
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +120,9 @@ def test_info_describes_the_model_and_its_terms(servers):
 def test_image_endpoint_returns_the_test_images_pixels(runs, servers):
     status, img = _get(servers["sa-quadratic"] + "/api/image/7")
     assert status == 200
-    raw = load_dataset("fashion-mnist", runs["data"])[1].images[7]  # (1, 28, 28)
+    test = load_dataset("fashion-mnist", runs["data"])[1]
+    raw = test.images[img["test_index"]]  # (1, 28, 28)
+    assert img["label"] == int(test.labels[img["test_index"]])
     assert (img["height"], img["width"], img["channels"]) == (28, 28, 1)
     assert img["pixels"] == raw.reshape(-1).tolist()
     assert img["label_name"] == dataset_info("fashion-mnist").classes[img["label"]]
@@ -131,20 +131,20 @@ def test_image_endpoint_returns_the_test_images_pixels(runs, servers):
 @pytest.mark.parametrize("model", ["sa-learned-content", "sa-quadratic"])
 def test_attention_matches_the_layers_own_scores_and_probabilities(runs, servers, model):
     image, i, j = 4, 2, 5
-    terms, _ = _reference(runs[model], image)
+    terms, _ = _reference(runs[model], _test_index(servers[model], image))
     q = i * 7 + j
     names = ["combined", "content", "position"] if model == "sa-learned-content" else ["combined", "position"]
     for term in names:
         for mode in ("probs", "scores"):
             status, r = _get(f"{servers[model]}/api/attention?image={image}&i={i}&j={j}&mode={mode}&term={term}")
-            assert status == 200 and r["layer_indices"] == [0, 1] and r["grid"] == [7, 7]
+            assert status == 200 and r["layer_numbers"] == [1, 2] and r["grid"] == [7, 7]
             for layer, t in enumerate(terms):
                 ref = t[term][0, :, q]  # (heads, 49) over keys
                 ref = ref.softmax(-1) if mode == "probs" else ref
                 np.testing.assert_allclose(np.array(r["layers"][layer]), ref.numpy(), rtol=0, atol=1e-6)
-    # one layer alone; the combined probabilities are the layer's attention_probs
-    status, r = _get(f"{servers[model]}/api/attention?image={image}&i={i}&j={j}&layer=1")
-    assert status == 200 and r["layer_indices"] == [1] and len(r["layers"]) == 1
+    # one layer alone, numbered from 1 as on the page; the combined probabilities are the layer's attention_probs
+    status, r = _get(f"{servers[model]}/api/attention?image={image}&i={i}&j={j}&layer=2")
+    assert status == 200 and r["layer_numbers"] == [2] and len(r["layers"]) == 1
     np.testing.assert_allclose(np.array(r["layers"][0]), terms[1]["probs"][0, :, q].numpy(), rtol=0, atol=1e-6)
 
 
@@ -170,7 +170,8 @@ def test_attention_depends_on_the_image_for_content_models_only(servers):
         ("/api/attention?image=0&i=1&j=1&mode=logits", "unknown mode 'logits'"),
         ("/api/attention?image=0&i=1&j=1&term=values", "unknown term 'values'"),
         ("/api/attention?image=0&i=1&j=1&term=content", "position-only"),
-        ("/api/attention?image=0&i=1&j=1&layer=2", "layer 2 does not exist"),
+        ("/api/attention?image=0&i=1&j=1&layer=3", "layer 3 does not exist; the model has layers 1..2"),
+        ("/api/attention?image=0&i=1&j=1&layer=0", "layer 0 does not exist; the model has layers 1..2"),
         ("/api/attention?image=0&i=1&j=1&layer=x", "layer='x' is not an integer"),
         ("/api/attention?image=0&i=1&j=1&head=0", "unknown parameter(s) head"),
         ("/api/attention?image=0&image=1&i=1&j=1", "given 2 times"),
@@ -440,41 +441,27 @@ def test_cli_prints_the_url_and_exits_0_on_ctrl_c(runs):
 # ------------------------------------------------------------------------------ in a browser
 
 
-def _playwright():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (.ci/run does)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright package is missing: pip install -e '.[test]'")
-    return sync_playwright
-
-
-@contextlib.contextmanager
-def _chromium_page(url: str):
-    """A headless Chromium page opened at `url`, and the list its page and console errors go to."""
-    sync_playwright = _playwright()
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1300, "height": 900},
-        )
-        try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.goto(url)
-            yield page, errors
-        finally:
-            browser.close()
+def _significant_digits(number: str) -> int:
+    """How many significant digits a number as written has ("0.0123" -> 3, "1.20e-5" -> 3, "1230" -> 3)."""
+    mantissa = number.lstrip("-").split("e")[0]
+    digits = mantissa.replace(".", "").lstrip("0")
+    return len(digits.rstrip("0")) if "." not in mantissa else len(digits)
 
 
 def _max_readout(page, layer: int, head: int) -> tuple[float, tuple[int, int]]:
+    """The map's maximum (exact, from data-max) and where it is, checked against its caption: "max V at (r, c)",
+    V with 3 significant digits."""
     text = page.text_content(f"#map-{layer}-{head} figcaption")
-    m = re.fullmatch(r"max (-?[\d.]+) at \((\d+), (\d+)\)", text.strip())
+    m = re.fullmatch(r"max (-?[\d.]+(?:e[+-]\d+)?) at \((\d+), (\d+)\)", text.strip())
     assert m, text
-    return float(m.group(1)), (int(m.group(2)), int(m.group(3)))
+    exact = float(page.get_attribute(f"#map-{layer}-{head}", "data-max"))
+    assert _significant_digits(m.group(1)) <= 3 and float(m.group(1)) == pytest.approx(exact, rel=5e-3, abs=1e-12)
+    return exact, (int(m.group(2)), int(m.group(3)))
+
+
+def _test_index(base: str, k: int) -> int:
+    """The place in the test set of the explorer's offered image k."""
+    return _get(f"{base}/api/image/{k}")[1]["test_index"]
 
 
 def test_clicking_a_pixel_in_chromium_shows_the_layers_own_attention(runs, servers):
@@ -490,7 +477,7 @@ def test_clicking_a_pixel_in_chromium_shows_the_layers_own_attention(runs, serve
         shown = page.evaluate("window.__lastAttention")
         assert (shown["image"], shown["i"], shown["j"], shown["mode"]) == (image, i, j, "probs")
 
-        terms, _ = _reference(runs["sa-learned-content"], image)
+        terms, _ = _reference(runs["sa-learned-content"], _test_index(servers["sa-learned-content"], image))
         q = i * 7 + j
         for layer, t in enumerate(terms):
             probs = t["probs"][0, :, q]  # (heads, 49): the layer's attention_probs
@@ -538,7 +525,7 @@ def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
         assert result["grids"][n] == list(size)
         # the middle head (tap (1, 1)) attends to the query's own input pixel
         assert divmod(int(expected[4].argmax()), size[1]) == tuple(result["queries"][n])
-    scores = explorer.attention(1, 20, 9, mode="scores", layer=0)["layers"][0]
+    scores = explorer.attention(1, 20, 9, mode="scores", layer=1)["layers"][0]  # layer 1: the first
     assert np.argmax(scores[4]) == 20 * 28 + 9
     with pytest.raises(BadRequest, match="outside the 28x28"):
         explorer.attention(0, 28, 0)
@@ -560,7 +547,8 @@ def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
                 value, (r, c) = _max_readout(page, layer, 4)
                 k = int(np.argmax(result["layers"][layer][4]))
                 assert (r, c) == divmod(k, w) and abs(value - result["layers"][layer][4][k]) <= 1e-6
-            assert f"layer 0 ({info['layer_names'][0]})" in page.text_content("#maps")
+            assert f"layer 1 {info['layer_names'][0]}" in page.text_content("#maps")  # numbered from 1
+            assert "layer 0" not in page.text_content("#maps")
             assert not errors, errors
     finally:
         server.shutdown()
@@ -636,3 +624,120 @@ def test_a_leading_double_slash_is_the_same_page_as_documented(servers):
     status, _, body = _request(servers["sa-quadratic"], path="//api/info")
     assert status == 200 and json.loads(body) == _get(servers["sa-quadratic"] + "/api/info")[1]
     assert _request(servers["sa-quadratic"], path="//etc/passwd")[0] == 404
+
+
+# ------------------------------------------------------------------------------ an image folder: sampling, layout
+
+
+@pytest.fixture(scope="module")
+def folder_runs(tmp_path_factory):
+    """2-step runs on an image folder listed class by class (3 classes, 4 test images each) at 8x8: an attention
+    model, and a ResNet converted to attention, whose last stages see 2x2 and 1x1 grids."""
+    from fixtures_runs import train_folder_runs
+
+    from attnconv.runs import convert_run
+
+    root = tmp_path_factory.mktemp("explorer-folder")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    runs = train_folder_runs(root, [("sa-quadratic", dict(TINY, downsample=2)), ("resnet18", dict(width=2))])
+    runs["converted"] = convert_run(runs["resnet18"], root / "converted")
+    yield runs
+    mp.undo()
+
+
+@contextlib.contextmanager
+def _served(explorer: Explorer):
+    server = make_server(explorer, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_offered_images_are_sampled_across_the_classes(folder_runs):
+    """An image folder lists its test images class by class: the first three would all be "ant"."""
+    test = load_dataset(f"folder:{folder_runs['data']}", image_size=8)[1]
+    assert test.labels[:4].tolist() == [0, 0, 0, 0]
+    explorer = Explorer(folder_runs["sa-quadratic"], images=3)
+    assert sorted(explorer.labels) == [0, 1, 2]  # one of each class
+    six = Explorer(folder_runs["sa-quadratic"], images=6)
+    assert sorted(six.labels) == [0, 0, 1, 1, 2, 2] and six.indices[:3] == explorer.indices  # the same, fixed seed
+    for k in range(6):
+        img = six.image(k)
+        assert img["test_index"] == six.indices[k] and img["label"] == int(test.labels[six.indices[k]])
+        assert img["pixels"] == test.images[six.indices[k]].permute(1, 2, 0).reshape(-1).tolist()
+
+
+def _pixel(page, selector: str, x: float, y: float) -> tuple[int, int, int]:
+    """The colour of a canvas at (x, y), in the canvas's own pixels."""
+    return tuple(page.evaluate("""([sel, x, y]) => {
+        const c = document.querySelector(sel);
+        return [...c.getContext('2d').getImageData(Math.floor(x), Math.floor(y), 1, 1).data].slice(0, 3); }""",
+                               [selector, x, y]))
+
+
+def test_maps_with_nothing_to_show_are_grey_and_say_so_in_chromium(folder_runs):
+    """A converted ResNet's 1x1 grid: the off-centre heads' taps fall on the padding (no attention on the grid),
+    the centre head has the one key; neither is drawn in the colour map's extremes."""
+    explorer = Explorer(folder_runs["converted"], images=2)
+    info = explorer.info()
+    last = len(info["layer_grids"]) - 1
+    assert info["layer_grids"][last] == [1, 1] and [2, 2] in info["layer_grids"]
+    playwright()
+    with _served(explorer) as base, chromium_page(base + "/") as (page, errors):
+        page.wait_for_selector('#maps[data-status="ready"]')
+        caption = page.text_content(f"#map-{last}-0 figcaption")
+        assert caption in ("no attention: all zero", "no attention: all < 1e-6"), caption
+        assert page.get_attribute(f"#map-{last}-0", "data-flat") == caption
+        assert page.text_content(f"#map-{last}-4 figcaption") == "one key: 1.00"
+        side = page.evaluate(f"document.querySelector('#map-{last}-0 canvas').width")
+        for head in (0, 4):  # inside the query's outline, which covers the one pixel
+            assert _pixel(page, f"#map-{last}-{head} canvas", side / 2, side / 2) == (166, 166, 166)  # neutral
+        assert page.text_content("#map-0-4 figcaption").startswith("max 1.00 at ")  # a map with something to show
+        assert page.get_attribute("#map-0-4", "data-flat") == ""
+        assert _pixel(page, "#map-0-4 canvas", 1, 1) != (166, 166, 166)
+        assert "nothing to show" in page.text_content("#legend")
+        assert not errors, errors
+
+
+@pytest.mark.parametrize("which", ["sa-learned-content", "converted"])
+def test_the_page_fits_the_window_at_1400_and_800_pixels_in_chromium(runs, servers, folder_runs, which):
+    """No sideways scrolling, captions apart, layers and heads numbered from 1, numbers with 3 significant digits."""
+    playwright()
+    with contextlib.ExitStack() as stack:
+        if which == "converted":
+            base = stack.enter_context(_served(Explorer(folder_runs["converted"], images=3)))
+        else:
+            base = servers[which]
+        page, errors = stack.enter_context(chromium_page(base + "/", width=WIDTHS[0]))
+        page.wait_for_selector('#maps[data-status="ready"]')
+        page.wait_for_selector('#centers[data-status="ready"], #centers[data-status="empty"]', state="attached")
+        info = page.evaluate("state.info")
+        assert [page.text_content(f"#maps .col-label >> nth={h}") for h in range(info["heads"])] == \
+            [f"head {h + 1}" for h in range(info["heads"])]
+        rows = [page.text_content(f"#maps .row-label >> nth={n}") for n in range(info["layers"])]
+        assert [r.split()[:2] for r in rows] == [["layer", str(n + 1)] for n in range(info["layers"])]
+        for width in WIDTHS:
+            overflow, wide = sideways_overflow(page, width)
+            assert overflow <= 0 and wide == [], (width, overflow, wide)
+            # every caption, map and label in a box of its own
+            assert overlapping_boxes(page, "#maps figcaption, #maps canvas, #maps .row-label, #maps .col-label") == []
+        for n in range(info["layers"]):
+            for h in range(info["heads"]):
+                text = page.text_content(f"#map-{n}-{h} figcaption")
+                for number in re.findall(r"-?\d+\.\d+(?:e[+-]\d+)?", text):
+                    assert _significant_digits(number) == 3, text
+        assert not errors, errors
+
+
+def test_the_pages_numbers_have_3_significant_digits_as_the_report(servers):
+    from attnconv.tables import significant
+
+    values = [0.903312, 0.1, 12.345, 1234.5, 0.99951, 1.234e-5, -0.0312, 0.0, 2.5e7, 1.0, 0.000123456]
+    with chromium_page(servers["sa-quadratic"] + "/") as (page, errors):
+        page.wait_for_selector('#maps[data-status="ready"]')
+        assert page.evaluate("(values) => values.map(fmt)", values) == [significant(v) for v in values]
+        assert not errors, errors

@@ -300,3 +300,86 @@ def test_table1_figures_script_draws_every_trained_attention_row(runs, tmp_path,
     for name in expected:
         assert_png(out / name)
     assert script.main(["--root", str(root), "--out", str(out), "--seed", "1"]) == 1  # nothing trained
+
+
+# ------------------------------------------------------------------------------ maps with nothing to show
+
+
+def test_flat_maps_are_named_and_maps_with_something_are_not():
+    from attnconv.plots import flat_map_label
+
+    assert flat_map_label(np.zeros((2, 2))) == "no attention: all zero"
+    assert flat_map_label(np.array([[9e-10, 0.0], [0.0, np.nan]])) == "no attention: all < 1e-6"  # leakage only
+    assert flat_map_label(np.full((2, 2), 0.25)) == "uniform: 0.250 each"
+    assert flat_map_label(np.array([[1.0]])) == "one key: 1.00"
+    assert flat_map_label(np.full(4, -3.5), kind="score") == "constant: -3.50"
+    assert flat_map_label(np.zeros(4), kind="score") == "constant: 0"
+    assert flat_map_label(np.array([np.nan, np.nan])) == "no values"
+    for something in ([0.5, 0.5, 0.0], [1e-3, 0.0], [0.2, 0.3]):
+        assert flat_map_label(np.array(something)) is None
+    assert flat_map_label(np.array([-1.0, -2.0]), kind="score") is None
+
+
+@pytest.fixture(scope="module")
+def folder_converted(tmp_path_factory):
+    """A CIFAR ResNet-18 trained 2 steps on an 8x8 image folder and converted: its last stages see 2x2 and 1x1 grids."""
+    from fixtures_runs import train_folder_runs
+
+    from attnconv.runs import convert_run
+
+    root = tmp_path_factory.mktemp("plots-folder")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
+    runs = train_folder_runs(root, [("resnet18", dict(width=2))])
+    yield convert_run(runs["resnet18"], root / "converted")
+    mp.undo()
+
+
+def _overlaps(fig) -> list[tuple[str, str]]:
+    """Pairs of the figure's visible, non-empty texts whose boxes overlap (drawn at the figure's dpi)."""
+    fig.canvas.draw()  # lay the texts out where the saved file has them
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(lambda a: hasattr(a, "get_text") and hasattr(a, "get_window_extent"))
+             if t.get_visible() and t.get_text().strip()]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    out = [(a, b) for n, (a, ra) in enumerate(boxes) for b, rb in boxes[n + 1:] if ra.overlaps(rb)]
+    # and no map's caption runs into another map
+    for ax in fig.axes:
+        label = ax.xaxis.label
+        if label.get_text():
+            box = label.get_window_extent(renderer)
+            out += [(label.get_text(), "a map") for other in fig.axes
+                    if other is not ax and box.overlaps(other.get_window_extent(renderer))]
+    return out
+
+
+def test_maps_of_a_converted_cnn_draw_its_empty_1x1_and_2x2_maps_grey_and_say_so(folder_converted):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from attnconv.plots import NEUTRAL, maps_of_run
+    from attnconv.runs import Run
+
+    run = Run(folder_converted)
+    sizes = [site.size for site in run.sites]
+    assert sizes[-1] == (1, 1) and (2, 2) in sizes
+    probs, _ = run.site_probs()
+    fig = maps_of_run(run, probs, zoom=7, how="position-only")
+    FigureCanvasAgg(fig)
+    axes = [ax for ax in fig.axes if ax.get_xlabel()]
+    assert len(axes) == len(sizes) * 9
+    captions = [ax.get_xlabel() for ax in axes]
+    last = captions[-9:]  # the 1x1 grid: the centre head's one key, the others' taps on the padding
+    assert last[4] == "one key:\n1.00" and all(c.startswith("no attention:\n") for c in last[:4] + last[5:])
+    assert all(c.startswith("max ") for c in captions[:9])  # the first layer has something everywhere
+    for c in captions:
+        if c.startswith("max "):
+            number = c.split()[1]
+            assert len(number.replace(".", "").lstrip("0")) == 3, c  # 3 significant digits
+    # drawn in one neutral grey: the image of a flat map holds that colour where the grid is
+    from matplotlib.colors import to_rgba
+
+    flat = axes[-9].get_images()[0]
+    rgba = flat.to_rgba(flat.get_array())
+    centre = rgba[3, 3]  # the 7x7 window's middle: the one pixel of the grid
+    assert tuple(np.round(centre, 3)) == tuple(np.round(to_rgba(NEUTRAL), 3))
+    assert _overlaps(fig) == []  # no caption, title or label runs into another

@@ -3,6 +3,7 @@
 import base64
 import json
 import os
+import re
 import shutil
 from html import unescape
 from html.parser import HTMLParser
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures_browser import WIDTHS, chromium_page, sideways_overflow
 from fixtures_data import isolated_data  # noqa: F401 (fixture)
 from fixtures_runs import TINY, train_tiny_runs
 
@@ -17,6 +19,7 @@ from attnconv.analysis import grid_likeness
 from attnconv.cli import main
 from attnconv.report import build_report, write_report
 from attnconv.runs import Run, convert_run, read_heads, read_metrics
+from attnconv.tables import significant
 
 ENCODINGS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 _VOID = {"meta", "img", "br", "hr", "link", "input", "source", "wbr", "col", "area", "base"}
@@ -95,7 +98,8 @@ def test_report_of_an_attention_run_has_every_section_and_embedded_figures(runs,
     acc = read_metrics(run)[-1]["test_acc"]
     assert f"{acc:.4f}" in text and "FLOPs (all ops)" in text and "s/epoch" in text
     # the analysis: a row per head in each of the 2 layers
-    assert text.count("Layer 0 (") == 1 and text.count("Layer 1 (") == 1
+    assert text.count("Layer 1 (") == 1 and text.count("Layer 2 (") == 1  # numbered from 1, as in the figures
+    assert "Layer 0 (" not in text
     assert "distance to the nearest 3x3 convolution" in text
     if model == "sa-learned-content":
         assert "mean over 4 test images" in text
@@ -108,7 +112,8 @@ def test_report_of_an_attention_run_has_every_section_and_embedded_figures(runs,
     likeness = {row["epoch"]: row["layers"] for row in grid_likeness(read_heads(run))}
     assert [x["within"] <= 4 for x in likeness[3]] == [True, True]
     first = likeness[3][0]
-    assert f"{first['within']}/4, {first['mean_distance']:.2f}; {first['attention_distance']:.2f}" in text
+    assert f"{first['within']}/4, {significant(first['mean_distance'])}; " \
+           f"{significant(first['attention_distance'])}" in text
 
 
 def test_report_of_a_run_without_heads_jsonl_says_so(runs, tmp_path):
@@ -147,7 +152,8 @@ def test_report_of_a_converted_cnn_analyzes_each_converted_layer(runs, tmp_path,
     assert "analysis" in page.ids and "Head centers" in text and "Attention maps" in text
     # confusion matrix, misclassified images, centers and maps, as for a classifier; no curves (nothing was trained)
     assert len(page.images) == 4 and "test" in page.ids
-    assert text.count("distance to the nearest 3x3 convolution 0.000") == 17  # each layer is its conv
+    distances = re.findall(r"distance to the nearest 3x3 convolution (\S+) ", text)
+    assert len(distances) == 17 and all(float(d) < 1e-6 for d in distances)  # each layer is its conv
     assert "has no metrics.csv" in text  # convert trains nothing
 
 
@@ -201,13 +207,13 @@ def test_report_test_set_section_shows_each_class_the_matrix_and_the_errors(runs
     assert rows[0] == ["class", "accuracy", "images", "misclassified"]
     for name, row, k in zip(r.info.classes, rows[1:11], range(10)):
         mine = predicted[labels == k]
-        acc = f"{float((mine == k).float().mean()):#.3g}" if len(mine) else "-"
+        acc = significant(float((mine == k).float().mean())) if len(mine) else "-"
         assert row == [name, acc, str(len(mine)), str(int((mine != k).sum()))]
     # the confusion matrix and the misclassified images: two more PNGs, in this section
     images = _parse(section + "</section>").images
     assert len(images) == 2 and all(_png(src).startswith(b"\x89PNG") for src in images)
     wrong = int((predicted != labels).sum())
-    assert f"The first {min(wrong, 16)} of {wrong} in test-set order" in " ".join(page.text)
+    assert f"{min(wrong, 16)} of {wrong}, sampled across their true classes" in " ".join(page.text)
 
 
 def test_report_of_a_run_whose_data_is_gone_says_so_in_the_test_set_section(runs, tmp_path, isolated_data):  # noqa: F811
@@ -223,6 +229,8 @@ def test_report_of_a_run_whose_data_is_gone_says_so_in_the_test_set_section(runs
     page = _parse(text)
     section = " ".join(_parse(_section(text, "test") + "</section>").text)
     assert "the test set could not be read" in section and "Accuracy per class" not in section
+    # where the data was, and how to point at it
+    assert f"the run's data folder {data} no longer exists" in section and "--data-dir" in section
     assert "analysis" in page.ids and len(page.images) == 5  # every other section as before
 
 
@@ -281,3 +289,37 @@ def test_report_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, argv, messa
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _significant_digits(number: str) -> int:
+    mantissa = number.lstrip("-+").split("e")[0]
+    digits = mantissa.replace(".", "").lstrip("0")
+    return len(digits) if "." in mantissa else len(digits.rstrip("0"))
+
+
+def test_report_numbers_have_3_significant_digits_and_layers_count_from_1(runs):
+    text = build_report(runs["sa-quadratic-aniso"], images=2)
+    for name in ("training", "test", "attention"):
+        section = _section(text, name)
+        for row in _cells(section):
+            for cell in row:
+                for number in re.findall(r"[-+]?\d+\.\d+(?:e[+-]\d+)?", cell):
+                    assert _significant_digits(number) == 3, (name, cell)
+        prose = re.sub(r"<table>.*?</table>", "", section, flags=re.S)
+        for number in re.findall(r"(?<![\w.])[-+]?\d+\.\d{4,}", prose):  # no long decimals in the prose either
+            raise AssertionError((name, number))
+    analysis = _section(text, "attention")
+    assert "Layer 1 (" in analysis and "Layer 2 (" in analysis and "Layer 0" not in analysis
+    heads = [row[0] for row in _cells(analysis) if row and row[0].isdigit() and len(row) == 11]
+    assert heads == ["1", "2", "3", "4"] * 2  # each layer's table, heads numbered from 1
+
+
+@pytest.mark.parametrize("which", ["sa-learned-content", "sa-quadratic-aniso", "converted"])
+def test_report_fits_the_window_at_1400_and_800_pixels_in_chromium(runs, tmp_path, which):
+    out = write_report(runs[which], tmp_path / "report.html", images=2)
+    with chromium_page(out.resolve().as_uri(), width=WIDTHS[0]) as (page, errors):
+        page.wait_for_selector("#config", state="attached")
+        for width in WIDTHS:
+            overflow, wide = sideways_overflow(page, width)
+            assert overflow <= 0 and wide == [], (width, overflow, wide)
+        assert not errors, errors

@@ -1,6 +1,6 @@
 import pytest
 
-from attnconv.tables import format_table
+from attnconv.tables import format_table, significant
 
 
 def test_text_table_pads_columns_to_the_widest_cell():
@@ -24,3 +24,12 @@ def test_a_row_of_the_wrong_width_or_a_bad_alignment_is_refused():
         format_table(["a", "b", "c"], [["1", "2"]])
     with pytest.raises(ValueError, match="align"):
         format_table(["a", "b"], [], align="lc")
+
+
+@pytest.mark.parametrize("value, text", [
+    (0.903312, "0.903"), (0.1, "0.100"), (1.0, "1.00"), (12.345, "12.3"), (999.7, "1000"), (1234.5, "1230"),
+    (0.99951, "1.00"), (-0.031249, "-0.0312"), (0.000123456, "0.000123"), (1.234e-5, "1.23e-5"),
+    (2.5e7, "2.50e+7"), (0, "0"), (0.0, "0"), (None, "-"), (float("nan"), "-"), (float("inf"), "inf"), (7, "7.00"),
+])
+def test_numbers_people_read_have_3_significant_digits(value, text):
+    assert significant(value) == text

@@ -16,6 +16,9 @@ Coordinates. Everything lives on the layer's token grid (for the classifiers: th
 after the d x d downsampling, image_size // d tokens a side). A shift delta = k - q =
 (row, column) goes from the query pixel q to the key pixel k, rows pointing down.
 
+Numbering. Layers and heads count from 1 ("layer", "head", "degenerate_heads"), as in the
+paper, the figures, the report and the explorer; grid coordinates count from 0.
+
 Per head:
   - center: the quadratic encoding's Delta_h (Lemma 2) when the layer has one
     ("parameter"), else the probability-weighted mean shift seen from the query in the

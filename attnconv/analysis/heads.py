@@ -125,7 +125,8 @@ def analyze_layer(
     size: the input grid (H, W). probs: (heads, T, T) or (B, heads, T, T) probabilities to
     use instead of the layer's own (e.g. a content layer's average inside a model).
     Returns a JSON-ready dict (see the module docstring for each number); non-finite
-    numbers (an infinite condition number) are None.
+    numbers (an infinite condition number) are None. Heads are numbered from 1 ("head",
+    "degenerate_heads"), as in the paper and the figures; "heads" is in head order.
     """
     size = _size(size)
     ek = _kernel(layer, size, x, probs)
@@ -163,7 +164,7 @@ def analyze_layer(
         reasons = []
         alpha = None if widths["alpha"] is None else float(widths["alpha"][h])
         head: dict[str, Any] = {
-            "head": h,
+            "head": h + 1,  # numbered from 1, as the paper and the figures number heads
             "center": centers[h].tolist(),
             "center_source": "parameter" if own is not None else "mean shift",
             "mean_shift": mean_shift[h].tolist(),
@@ -206,7 +207,10 @@ def analyze_layer(
     })
 
 
-# Test images a content model's snapshot averages its attention over (the first ones of the test set).
+# Test images a content model's snapshot averages its attention over: the FIRST 64 of the test set, as
+# `attnconv train` has always taken them for heads.jsonl. Not `runs.data.sample_across_classes` (which the
+# explorer, report, plot and analyze use): recorded runs' heads.jsonl depend on these images, and a resumed
+# run must append snapshots computed the same way. In an image folder they may all be of one class.
 SNAPSHOT_IMAGES = 64
 
 
@@ -222,7 +226,8 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
         (ViT's "mean attention distance"; content layers: averaged over the images x);
       - alpha (isotropic quadratic heads: A = -alpha ||delta - Delta||^2), or
         inverse_covariance (other quadratic heads: Sigma^-1, 2x2).
-    x: normalized images (N, C, H, W), needed only when some layer has content attention.
+    x: normalized images (N, C, H, W), needed only when some layer has content attention
+    (training passes the first `SNAPSHOT_IMAGES` test images, see there).
     Costs a forward of x through the model at most; the model's mode is kept.
     """
     sites = attention_sites(model)
@@ -259,11 +264,11 @@ def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: in
 
     probs: each site's probabilities (`site_probs`), averaged over `images` test images where
     some layer has content attention. The result's "size" is the common grid, or None when the
-    layers see different grids (a converted CNN).
+    layers see different grids (a converted CNN). Layers are numbered from 1 ("layer"), heads too.
     """
     results = []
     for i, (site, p) in enumerate(zip(sites, probs)):
-        r = {"layer": i, "path": site.path, **analyze_layer(site.layer, site.size, probs=p)}
+        r = {"layer": i + 1, "path": site.path, **analyze_layer(site.layer, site.size, probs=p)}
         r["probabilities"] = ("exact (position-only)" if site.position_only
                               else f"mean over {images} test images (content attention)")
         results.append(r)
@@ -278,10 +283,11 @@ def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: in
 
 
 def analyze_run(run: Run | str | os.PathLike, images: int = 100, *, data_dir: str | os.PathLike | None = None,
-                device: str = "cpu") -> dict[str, Any]:
-    """`analyze_sites` of a run's trained model (content layers over its first `images` test images),
-    plus the grid-likeness over training from heads.jsonl ("history") when the run recorded it."""
-    run = as_run(run, device, data_dir=data_dir)
+                dataset: str | None = None, device: str = "cpu") -> dict[str, Any]:
+    """`analyze_sites` of a run's trained model (content layers over `images` test images sampled across
+    the classes, `Run.test_images`), plus the grid-likeness over training from heads.jsonl ("history")
+    when the run recorded it. Layers and heads are numbered from 1, as in the paper and the figures."""
+    run = as_run(run, device, data_dir=data_dir, dataset=dataset)
     probs, n = run.site_probs(images)
     result = analyze_sites(run.sites, probs, images=n)
     history = grid_likeness(run.heads)  # [] for runs trained before heads.jsonl

@@ -10,14 +10,18 @@
 
 Coordinates are token-grid coordinates: the image after the model's d x d downsampling
 (a 28x28 image with downsample 4 has a 7x7 token grid), (row, column), rows down.
-Content-attention models are averaged over the first --images test images of the run's
-dataset; position-only models need no images.
+Content-attention models are averaged over --images test images of the run's dataset,
+sampled across its classes (a fixed seed: the same images every time); position-only models
+need no images. Layers and heads are numbered from 1, in the figures and in `analyze` (--json
+too), as in the paper; query coordinates and test image indices (--image K) count from 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+
+from attnconv.cli.evaluate import DATASET_HELP
 
 _COORDS = "coordinates are on the token grid (image_size // downsample), not image pixels"
 
@@ -114,8 +118,9 @@ def _overwrite(p: argparse.ArgumentParser) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train`")
     p.add_argument("--images", type=int, default=100, metavar="N",
-                   help="content models: average over the first N test images (default 100)")
+                   help="content models: average over N test images sampled across the classes (default 100)")
     p.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    p.add_argument("--dataset", metavar="folder:PATH", help=DATASET_HELP)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
 
 
@@ -165,7 +170,8 @@ def run_centers(args: argparse.Namespace) -> int:
         layer = 1 if args.layer is None else args.layer
         print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs, overwrite=args.overwrite))
         return 0
-    print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device,
+    print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, dataset=args.dataset,
+                       device=args.device,
                        overwrite=args.overwrite))
     return 0
 
@@ -181,14 +187,14 @@ def run_maps(args: argparse.Namespace) -> int:
     from attnconv.plots import plot_maps
 
     print(plot_maps(args.run_dir, args.out, images=args.images, query=_query(args.query), zoom=args.zoom,
-                    image=args.image, data_dir=args.data_dir, device=args.device, overwrite=args.overwrite))
+                    image=args.image, data_dir=args.data_dir, dataset=args.dataset, device=args.device, overwrite=args.overwrite))
     return 0
 
 
 def run_analyze(args: argparse.Namespace) -> int:
     from attnconv.analysis import analyze_run, format_analysis
 
-    result = analyze_run(args.run_dir, args.images, data_dir=args.data_dir, device=args.device)
+    result = analyze_run(args.run_dir, args.images, data_dir=args.data_dir, dataset=args.dataset, device=args.device)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -222,7 +228,7 @@ def run_learn_conv(args: argparse.Namespace) -> int:
         g = m["matched_point"][h]
         gp = "-" if g is None else f"({g[0]:+.0f}, {g[1]:+.0f})"
         d = m["distance"][h]
-        print(f"  {h:>4} {f'({c[0]:+.2f}, {c[1]:+.2f})':>16} {r['alpha'][h]:>7.2f} {gp:>11} "
+        print(f"  {h + 1:>4} {f'({c[0]:+.2f}, {c[1]:+.2f})':>16} {r['alpha'][h]:>7.2f} {gp:>11} "
               f"{'-' if d is None else f'{d:.3f}':>6} {r['window_mass'][h]:>9.3f}")
     print(f"wrote {args.out}/learn-conv.json and {args.out}/learn-conv.png")
     return 0

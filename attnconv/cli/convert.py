@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.cli.evaluate import DATASET_HELP
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -25,6 +27,7 @@ def register(subparsers) -> None:
                    help="keep BatchNorm layers instead of folding them into the attention layers")
     p.add_argument("--alpha", type=float, default=None, help="attention width (default: chosen from float32)")
     p.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    p.add_argument("--dataset", metavar="folder:PATH", help="evaluate on: " + DATASET_HELP)
     p.add_argument("--batch-size", type=int, default=250)
     p.add_argument("--eval-images", type=int, metavar="N",
                    help="compare the two networks on the first N test images only (default: the whole test set)")
@@ -39,11 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from attnconv import data as D
     from attnconv.errors import AttnconvError
     from attnconv.evaluate import count_flops, count_params
-    from attnconv.runs import convert_run, load_run, run_info, run_test_set
+    from attnconv.runs import Run, convert_run, load_run
 
-    cnn, config = load_run(args.run_dir)
-    info = run_info(config)
-    test = run_test_set(config, args.data_dir) if args.evaluate else None
+    source = Run(args.run_dir, data_dir=args.data_dir, dataset=args.dataset)
+    cnn, info = source.model, source.info
+    test = source.test_set if args.evaluate else None
     out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
     print(f"converted {args.run_dir} -> {out}  (BatchNorm {'folded' if args.fold_bn else 'kept'})")
     if test is None:

@@ -1,6 +1,7 @@
 """`attnconv eval` and `attnconv table`: accuracy, parameters and FLOPs of trained runs.
 
     attnconv eval runs/sa [--json]                    accuracy, per class, confusion matrix
+    attnconv eval runs/mine --dataset folder:new-photos   on another test folder with the run's classes
     attnconv table benchmarks/table1/*/*              Table 1, seeds averaged, as text
     attnconv table runs/resnet runs/sa --markdown > table.md
 
@@ -8,6 +9,13 @@
 each class's accuracy and image count, and the confusion matrix (rows: true class, columns:
 predicted; column names abbreviated). --json holds the same as "classes", "per_class"
 (class name -> accuracy, null for a class with no test images) and "confusion".
+
+--dataset folder:PATH measures the run on another image folder's test split (PATH/test/ or
+PATH/val/, in the ImageFolder layout, PATH/train/ naming the classes): its classes must be the
+run's, the same names, else one error listing both. The images are decoded at the run's size
+and normalized as the run was trained. A run whose image folder was moved or deleted says so
+(the stored path) and asks for --dataset folder:PATH; a built-in dataset whose --data-dir is
+gone, and not found elsewhere, asks for --data-dir.
 
 `table` puts the runs of one configuration (everything but the seed and where the run
 ran: device, workers, data_dir, checkpoint_every, compile, preset) in one row: test
@@ -28,6 +36,10 @@ import argparse
 import json
 import sys
 
+# The --dataset flag of every command that reads a run's test images (eval, table, report, explore, plot, ...).
+DATASET_HELP = ("take the test images from this dataset instead of the run's (e.g. the run's image folder "
+                "where it is now, or another folder with the same classes)")
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -37,6 +49,7 @@ def register(subparsers) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train`")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    p.add_argument("--dataset", metavar="folder:PATH", help=DATASET_HELP)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--batch-size", type=int, default=500)
     p.set_defaults(func=run_eval)
@@ -51,6 +64,7 @@ def register(subparsers) -> None:
     t.add_argument("--recompute", action="store_true",
                    help="load each run's weights and measure its test accuracy anew (default: metrics.csv)")
     t.add_argument("--data-dir", help="with --recompute: dataset folder (default: the run's, then the usual places)")
+    t.add_argument("--dataset", metavar="folder:PATH", help="with --recompute: " + DATASET_HELP)
     t.add_argument("--device", default="cpu", help="with --recompute: cpu or cuda")
     t.add_argument("--batch-size", type=int, default=500, help="with --recompute: images per forward pass")
     t.set_defaults(func=run_table)
@@ -60,7 +74,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from attnconv.evaluate import describe_run
 
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
-                     batch_size=args.batch_size)
+                     dataset=args.dataset, batch_size=args.batch_size)
     if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
         print(f"warning: {s['warning']}", file=sys.stderr)
     if args.json:
@@ -68,6 +82,8 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     print(f"run          {s['run']}")
     print(f"model        {s['model']} on {s['dataset']} (epoch {s['epochs']}, step {s['step']})")
+    if "test_dataset" in s:
+        print(f"test set     {s['test_dataset']} ({s['test_images']:,} images, the run's classes)")
     print(f"test acc     {s['test_acc']:.4f}  (loss {s['test_loss']:.4f})")
     print(f"parameters   {s['params']:,}")
     print(f"FLOPs/image  {s['flops_total']:,} (all ops counted by torch.utils.flop_counter)")
@@ -82,7 +98,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _accuracy(value: float | None) -> str:
-    return "-" if value is None else f"{value:#.3g}"
+    from attnconv.tables import significant
+
+    return significant(value)  # 3 significant digits, as the report; "-" for None
 
 
 def per_class_text(classes: list[str], confusion: list[list[int]]) -> str:
@@ -125,8 +143,12 @@ def run_table(args: argparse.Namespace) -> int:
 
     from attnconv.evaluate import describe_run, runs_table
 
+    if args.dataset is not None and not args.recompute:
+        from attnconv.errors import AttnconvError
+
+        raise AttnconvError("--dataset applies with --recompute only (without it the accuracy is metrics.csv's)")
     summaries = [describe_run(d, recompute=args.recompute, device=args.device, data_dir=args.data_dir,
-                              batch_size=args.batch_size) for d in args.run_dirs]
+                              dataset=args.dataset, batch_size=args.batch_size) for d in args.run_dirs]
     for s in summaries:
         if "warning" in s:
             print(f"warning: {s['warning']}", file=sys.stderr)

@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print("head  center (Delta_h)")
     for h, center in enumerate(attn.centers.tolist()):
-        print(f"{h:4d}  {tuple(center)}")
+        print(f"{h + 1:4d}  {tuple(center)}")  # heads numbered from 1, as in the figures
     if args.plot is not None:
         _plot_heads(attn, size, args.plot)
         print(f"wrote {args.plot}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnconv.cli.evaluate import DATASET_HELP
+
 
 def register(subparsers) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
@@ -22,8 +24,10 @@ def register(subparsers) -> None:
     r.add_argument("run_dir", metavar="RUN_DIR", help="a directory written by `attnconv train` or `convert`")
     r.add_argument("--out", metavar="FILE.html", help="where to write the page (default RUN_DIR/report.html)")
     r.add_argument("--images", type=int, default=100, metavar="N",
-                   help="content models: average the attention over the first N test images (default 100)")
+                   help="content models: average the attention over N test images sampled across the classes "
+                        "(default 100)")
     r.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    r.add_argument("--dataset", metavar="folder:PATH", help=DATASET_HELP)
     r.add_argument("--device", default="cpu", help="cpu or cuda")
     r.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file that attnconv did not write (by default it is refused)")
@@ -36,9 +40,11 @@ def register(subparsers) -> None:
     e.add_argument("run_dir", metavar="RUN_DIR",
                    help="a run of an attention model (sa-*), or of a CNN converted to attention (convert, --init-from)")
     e.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (default 8765; 0: any free port)")
-    e.add_argument("--images", type=int, default=32, metavar="N", help="offer the first N test images (default 32)")
+    e.add_argument("--images", type=int, default=32, metavar="N",
+                   help="offer N test images, sampled across the classes (default 32)")
     e.add_argument("--no-browser", dest="browser", action="store_false", help="do not open a web browser")
     e.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
+    e.add_argument("--dataset", metavar="folder:PATH", help=DATASET_HELP)
     e.add_argument("--device", default="cpu", help="cpu or cuda")
     e.set_defaults(func=run_explore)
 
@@ -56,7 +62,8 @@ def _doc(which: str) -> str:
 def run_report(args: argparse.Namespace) -> int:
     from attnconv.report import write_report
 
-    print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, device=args.device,
+    print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, dataset=args.dataset,
+                       device=args.device,
                        overwrite=args.overwrite))
     return 0
 
@@ -67,7 +74,8 @@ def run_explore(args: argparse.Namespace) -> int:
 
     from attnconv.explorer import Explorer, make_server
 
-    explorer = Explorer(args.run_dir, images=args.images, data_dir=args.data_dir, device=args.device)
+    explorer = Explorer(args.run_dir, images=args.images, data_dir=args.data_dir, dataset=args.dataset,
+                        device=args.device)
     server = make_server(explorer, args.port)
     url = f"http://127.0.0.1:{server.server_address[1]}/"
     print(f"attnconv explorer: {explorer.title} at {url} (Ctrl-C to stop)", flush=True)

@@ -3,10 +3,16 @@
     attnconv explore runs/sa                 opens http://127.0.0.1:8765/
     attnconv explore runs/sa --port 0 --no-browser
 
-Pick one of the first N test images, then click (or hover, or move with the arrow
+Pick one of N test images (sampled across the classes with a fixed seed, so every class
+shows up: `runs.data.sample_across_classes`), then click (or hover, or move with the arrow
 keys) a query pixel on it: the page shows, for every layer and head, that query's
 attention over the token grid. Coordinates are token-grid coordinates (the image after
-the model's d x d downsampling, image_size // d tokens a side), (row, column), rows down.
+the model's d x d downsampling, image_size // d tokens a side), (row, column), rows down,
+counted from 0; layers and heads are numbered from 1, as in the paper and the figures.
+Numbers are shown with 3 significant digits; a map with nothing to show (no attention on
+the grid, or one value everywhere: a converted CNN's 1x1 and 2x2 grids) is drawn grey and
+captioned so (`plots.flat_map_label`'s rules). The page fits its window from 800 pixels
+wide up without scrolling sideways: the maps shrink to fit.
 
 Nothing is precomputed: each request runs the model on the chosen image, captures
 every block's input tokens with forward pre-hooks, and calls each attention layer's
@@ -19,11 +25,13 @@ JSON API (every response is JSON; bad parameters get HTTP 400 and {"error": mess
 
     GET /api/info                  run, model, dataset, layers, heads, grid, downsample, image size,
                                    images, modes, terms
-    GET /api/image/K               test image K: height, width, channels, pixels (row-major H x W x C
-                                   uint8), label, class name, predicted class and its probability
+    GET /api/image/K               offered image K (0..N-1): test_index (its place in the test set, as
+                                   `attnconv plot maps --image`), height, width, channels, pixels (row-major
+                                   H x W x C uint8), label, class name, predicted class and its probability
     GET /api/attention?image=K&i=I&j=J[&mode=probs|scores][&term=combined|content|position][&layer=L]
-                                   {"layers": [[heads x (H*W) numbers]], "layer_indices": [...], ...}:
-                                   row-major over the keys, one list per layer (all layers, or layer L)
+                                   {"layers": [[heads x (H*W) numbers]], "layer_numbers": [...], ...}:
+                                   row-major over the keys, one list per layer (all layers, or layer L,
+                                   numbered from 1); "layer_numbers" says which
     GET /api/heads                 the heads recorded during training (heads.jsonl): {"snapshots": [{epoch,
                                    step, layers: [[{center, attention_distance, ellipses}]]}]}, ellipses
                                    [[semi-major, semi-minor, angle] at 50% and 90% mass] for quadratic
@@ -77,7 +85,7 @@ class BadRequest(ValueError):
 
 
 class Explorer:
-    """A run's model and its first `images` test images, answering the explorer's API.
+    """A run's model and `images` of its test images (sampled across the classes), answering the explorer's API.
 
     Raises AttnconvError for a run without attention layers (a CNN) or a dataset that
     cannot be found. A network converted from a CNN (`attnconv convert`, `train
@@ -91,6 +99,7 @@ class Explorer:
         *,
         images: int = 32,
         data_dir: str | os.PathLike | None = None,
+        dataset: str | None = None,
         device: str = "cpu",
     ):
         if not isinstance(images, int) or images < 1:
@@ -98,7 +107,7 @@ class Explorer:
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
-        run = Run(self.run_dir, device, data_dir=data_dir)
+        run = Run(self.run_dir, device, data_dir=data_dir, dataset=dataset)
         self.model, self.config, self.info_ = run.model, run.config, run.info
         self.sites = run.sites  # refuses CNN runs
         self.layers = [site.layer for site in self.sites]
@@ -109,9 +118,11 @@ class Explorer:
         self.grid = (self.info_.size, self.info_.size) if self.converted else next(iter(sizes))
         self._probs: dict[int, torch.Tensor] = {}
         self.device = device
+        # Across the classes (an image folder lists its test images class by class), the same images every time.
+        self.indices = run.test_sample(images)  # each offered image's place in the test set
         self.raw, self.x = run.test_images(images)  # uint8 (N, C, H_img, W_img); normalized, as trained
         self.x = self.x.cpu()
-        self.labels = run.test_set.labels[:images].tolist()
+        self.labels = run.test_set.labels[self.indices].tolist()
         self.snapshots = _heads_over_training(run) if not self.converted else []
         self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \
             else TERMS
@@ -141,6 +152,7 @@ class Explorer:
             "image_size": [int(self.raw.shape[2]), int(self.raw.shape[3])],
             "channels": int(self.raw.shape[1]),
             "images": len(self.raw),
+            "sampled": "across the classes",
             "modes": list(MODES),
             "terms": list(self.terms),
             "classes": list(self.info_.classes),
@@ -159,6 +171,7 @@ class Explorer:
         img = self.raw[k].permute(1, 2, 0)  # (H, W, C)
         return {
             "index": k,
+            "test_index": self.indices[k],
             "height": int(img.shape[0]),
             "width": int(img.shape[1]),
             "channels": int(img.shape[2]),
@@ -178,7 +191,9 @@ class Explorer:
 
     def attention(self, image: int, i: int, j: int, mode: str = "probs", term: str = "combined",
                   layer: int | None = None) -> dict[str, Any]:
-        """Query (i, j)'s attention over the token grid, per layer and head, for test image `image`."""
+        """Query (i, j)'s attention over the token grid, per layer and head, for offered image `image`.
+
+        layer: one layer, numbered from 1 (as on the page); None: all of them."""
         H, W = self.grid
         if not (0 <= i < H and 0 <= j < W):
             raise BadRequest(f"query pixel ({i}, {j}) is outside the {H}x{W} token grid "
@@ -188,10 +203,11 @@ class Explorer:
         if term not in self.terms:
             why = " (this model has position-only attention)" if term in TERMS else ""
             raise BadRequest(f"unknown term {term!r}{why}; choose one of: {', '.join(self.terms)}")
-        if layer is not None and not 0 <= layer < len(self.layers):
-            raise BadRequest(f"layer {layer} does not exist; the model has layers 0..{len(self.layers) - 1}")
+        if layer is not None and not 1 <= layer <= len(self.layers):
+            raise BadRequest(f"layer {layer} does not exist; the model has layers 1..{len(self.layers)} "
+                             "(numbered from 1)")
         self._image_index(image)
-        wanted = range(len(self.layers)) if layer is None else [layer]
+        wanted = range(len(self.layers)) if layer is None else [layer - 1]  # positions in self.layers
         if self.converted:
             return self._converted_attention(image, i, j, mode, term, list(wanted))
         inputs = self.layer_inputs(image)
@@ -203,7 +219,7 @@ class Explorer:
                 values = scores.softmax(-1) if mode == "probs" else scores
                 out.append(values.float().cpu().tolist())
         return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W],
-                "layer_indices": list(wanted), "layers": _finite(out)}
+                "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
 
     def _converted_attention(self, image: int, i: int, j: int, mode: str, term: str, wanted: list[int]) -> dict:
         """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
@@ -235,12 +251,13 @@ class Explorer:
                 grids.append(list(size))
                 queries.append(list(pos))
         return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W], "grids": grids,
-                "queries": queries, "layer_indices": wanted, "layers": _finite(out)}
+                "queries": queries, "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
 
     # ------------------------------------------------------------------------------ helpers
     def _image_index(self, k: int) -> int:
         if not 0 <= k < len(self.raw):
-            raise BadRequest(f"image {k} is out of range: the explorer offers test images 0..{len(self.raw) - 1}")
+            raise BadRequest(f"image {k} is out of range: the explorer offers images 0..{len(self.raw) - 1} "
+                             "(sampled from the test set; /api/image/K gives each one's test_index)")
         return k
 
 

@@ -24,6 +24,11 @@ Centers. One panel per layer, one color per head. The query pixel is the black s
     is the probability-weighted mean shift.
 Centers outside the window are drawn on its edge as open markers.
 
+Maps. Each map is scaled to its own maximum, captioned with it (3 significant digits). A map
+with nothing to show (all zero, e.g. a converted CNN's heads whose taps fall off a 1x1 or 2x2
+grid, or one value everywhere) is drawn in neutral grey and captioned so (`flat_map_label`).
+Layers and heads are numbered from 1 in every figure, as in the paper.
+
 Over training. Attention runs record their heads at initialization and after every epoch
 (heads.jsonl, `attnconv.analysis.head_snapshot`); `plot_centers_history` draws one layer
 at several epochs (the paper's Figure 4), `plot_distance` each head's mean attention
@@ -37,6 +42,7 @@ figures: load, analyze, draw, save).
 
 from attnconv.plots.figures import (
     MASSES,
+    NEUTRAL,
     centers_figure,
     check_out,
     confusion_figure,
@@ -44,6 +50,7 @@ from attnconv.plots.figures import (
     curves_figure,
     distance_figure,
     figure_png,
+    flat_map_label,
     gaussian_ellipse,
     head_colors,
     learn_conv_figure,
@@ -65,6 +72,7 @@ from attnconv.plots.run_figures import (
 
 __all__ = [
     "MASSES",
+    "NEUTRAL",
     "centers_figure",
     "check_out",
     "confusion_figure",
@@ -72,6 +80,7 @@ __all__ = [
     "curves_figure",
     "distance_figure",
     "figure_png",
+    "flat_map_label",
     "gaussian_ellipse",
     "head_colors",
     "learn_conv_figure",

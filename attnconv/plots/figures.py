@@ -17,6 +17,7 @@ from torch import Tensor
 
 from attnconv.analysis.grid import grid_points
 from attnconv.errors import AttnconvError
+from attnconv.tables import significant
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
 STYLES = {0.5: "-", 0.9: ":"}
@@ -363,7 +364,7 @@ def conv_heads_figure(attn, size: tuple[int, ...]):
             extent=(cols.start - 0.5, cols.stop - 0.5, rows.stop - 0.5, rows.start - 0.5),
         )
         ax.plot([qj], [qi], marker="s", markersize=4, markerfacecolor="none", markeredgecolor="red")
-        ax.set_title(f"head {h}: {tuple(centers[h])}", fontsize=7)
+        ax.set_title(f"head {h + 1}: {tuple(centers[h])}", fontsize=7)
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(f"attention of each head at query {(qi, qj)} (red), alpha={attn.alpha:g}", fontsize=8)
@@ -380,6 +381,36 @@ def crop_map(probs: Tensor, size: tuple[int, int], query: tuple[int, int], zoom:
     """probs (heads, T, T) -> the query's rows as (heads, zoom, zoom), NaN outside the grid."""
     H, W = size
     return window_around(probs[:, query[0] * W + query[1]].double().cpu().reshape(-1, H, W).numpy(), query, zoom)
+
+
+NEUTRAL = "#a6a6a6"  # a map with nothing to show (no attention, or one value everywhere): one flat grey
+NEGLIGIBLE = 1e-6  # a probability map whose largest value is at most this holds no attention (leakage only)
+
+
+def flat_map_label(values: np.ndarray | Sequence[float], kind: str = "probability") -> str | None:
+    """What to write under an attention map that has nothing to show, or None when it has something.
+
+    A probability map with no mass on the grid (a converted CNN's head whose tap falls off a 1x1
+    or 2x2 grid: its attention is on the padding, up to leakage of ~1e-10) is "no attention: all
+    zero" (or "all < 1e-6" when `NEGLIGIBLE` leakage is left); one value everywhere (to a
+    relative 1e-6) is "uniform: V each" for probabilities ("one key: V" on a 1x1 grid),
+    "constant: V" for scores. Such maps
+    are drawn in one neutral grey (`NEUTRAL`), not in the colour map's extremes, which would read
+    as strong attention. Non-finite entries (outside the grid) are left out; a map without a
+    finite entry is "no values". The explorer's page applies the same rules.
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return "no values"
+    lo, hi = float(v.min()), float(v.max())
+    if kind == "probability" and hi <= NEGLIGIBLE:
+        return "no attention: all zero" if hi == 0 else "no attention: all < 1e-6"
+    if hi - lo > 1e-6 * max(abs(hi), abs(lo)):
+        return None
+    if v.size == 1:  # a 1x1 grid: its one key
+        return f"one key: {significant(hi)}"
+    return f"uniform: {significant(hi)} each" if kind == "probability" else f"constant: {significant(hi)}"
 
 
 def window_around(maps: np.ndarray, query: Sequence[int], zoom: int) -> np.ndarray:
@@ -409,45 +440,60 @@ def maps_figure(
     title: str = "",
     windows: list[np.ndarray] | None = None,
     row_labels: list[str] | None = None,
+    full: list[np.ndarray] | None = None,
 ):
     """A layers x heads grid of the attention of `query` over a zoom x zoom window around it.
 
     probs: per layer (heads, T, T); or give `windows`, per layer the (heads, zoom, zoom)
     maps already cut around each layer's query (probs is then ignored). image: optional (H_img, W_img) or (H_img, W_img, 3) array
     drawn on the left with the query token's cell (and the window) outlined; a token covers
-    `downsample` x `downsample` image pixels. Each map is scaled to its own maximum.
+    `downsample` x `downsample` image pixels. Each map is scaled to its own maximum and
+    captioned with it (3 significant digits). A map with nothing to show (all zero, or one
+    value everywhere, `flat_map_label`: judged on the query's whole map, `full` per layer
+    (heads, H, W) when given, else on the window) is drawn in neutral grey and captioned so.
     """
     from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     if windows is None:
         windows = [crop_map(p, size, query, zoom) for p in probs]
+        full = [p[:, query[0] * size[1] + query[1]].double().cpu().reshape(-1, *size).numpy() for p in probs]
     n_layers, heads = len(windows), windows[0].shape[0]
     cell = 1.05
     side = 2.6 if image is not None else 0.0
-    height = cell * n_layers + 1.2
+    gap = 0.32  # between rows, in axes heights: a caption of two lines fits under every map
+    height = cell * (1 + gap) * n_layers + 1.0
     fig = Figure(figsize=(cell * heads + side + 0.5, height))
-    margins = dict(top=1 - 0.95 / height, bottom=0.2 / height)  # room for the two-line title
+    margins = dict(top=1 - 0.95 / height, bottom=0.35 / height)  # room for the two-line title and last captions
     if image is not None:
         outer = fig.add_gridspec(1, 2, width_ratios=[side, cell * heads], wspace=0.12, **margins)
-        gs = outer[0, 1].subgridspec(n_layers, heads, wspace=0.06, hspace=0.25)
+        gs = outer[0, 1].subgridspec(n_layers, heads, wspace=0.08, hspace=gap)
     else:
-        gs = fig.add_gridspec(n_layers, heads, wspace=0.06, hspace=0.25, **margins)
+        gs = fig.add_gridspec(n_layers, heads, wspace=0.08, hspace=gap, **margins)
     cmap = colormaps["viridis"].with_extremes(bad="0.85")  # outside the grid: grey
+    neutral = ListedColormap([NEUTRAL]).with_extremes(bad="0.85")
     lo = -(zoom // 2)
     for layer in range(n_layers):
         window = windows[layer]
         for h in range(heads):
             ax = fig.add_subplot(gs[layer, h])
             m = window[h]
-            top = float(np.nanmax(m)) if np.isfinite(m).any() else 0.0
-            ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=0, vmax=top if top > 0 else 1.0,
-                      interpolation="nearest")
+            flat = flat_map_label(m if full is None else full[layer][h])
+            if flat is not None:  # nothing to show: one grey, not the colour map's extremes
+                ax.imshow(np.ma.masked_invalid(np.where(np.isfinite(m), 0.0, np.nan)), cmap=neutral, vmin=0, vmax=1,
+                          interpolation="nearest")
+                caption = flat.replace(": ", ":\n", 1)
+            else:
+                top = float(np.nanmax(m)) if np.isfinite(m).any() else 0.0
+                ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=0, vmax=top if top > 0 else 1.0,
+                          interpolation="nearest")
+                caption = f"max {significant(top)}"
             ax.add_patch(Rectangle((-lo - 0.5, -lo - 0.5), 1, 1, fill=False, ec="red", lw=1.2))
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.set_xlabel(f"max {top:.2g}", fontsize=6, labelpad=1)
+            ax.set_xlabel(caption, fontsize=6, labelpad=1, linespacing=1.0)
             if layer == 0:
                 ax.set_title(f"head {h + 1}", fontsize=8)
             if h == 0:

@@ -37,9 +37,10 @@ def _folder(run: Run | str | os.PathLike) -> Path:
     return Path(run)
 
 
-def _run(run: Run | str | os.PathLike, device: str = "cpu", data_dir: str | os.PathLike | None = None) -> Run:
+def _run(run: Run | str | os.PathLike, device: str = "cpu", data_dir: str | os.PathLike | None = None,
+         dataset: str | None = None) -> Run:
     _folder(run)
-    return as_run(run, device, data_dir=data_dir)
+    return as_run(run, device, data_dir=data_dir, dataset=dataset)
 
 
 def _grid_words(sites) -> tuple[int, str]:
@@ -58,17 +59,19 @@ def plot_centers(
     *,
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
+    dataset: str | None = None,
     device: str = "cpu",
     overwrite: bool = False,
 ) -> Path:
     """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per attention layer.
 
     Works for attention classifiers and CNNs converted to attention alike (each layer on its
-    own grid). Content models are averaged over the first `images` test images. Writes `out`
+    own grid). Content models are averaged over `images` test images sampled across the classes
+    (`Run.test_images`); `dataset`: take them from another dataset with the run's classes. Writes `out`
     (default RUN_DIR/centers.png) and returns its path.
     """
     out = check_out(_folder(run) / "centers.png" if out is None else out, overwrite=overwrite)
-    run = _run(run, device, data_dir)
+    run = _run(run, device, data_dir, dataset)
     probs, n = run.site_probs(images)
     geometry = [head_geometry(site.layer, site.size, p) for site, p in zip(run.sites, probs)]
     side, grid = _grid_words(run.sites)
@@ -166,24 +169,27 @@ def maps_of_run(run: Run, probs: list, *, query: Sequence[int] | None = None, zo
     classifier, the image of a converted CNN (each layer then shows the nearest of its own
     output pixels). zoom: window side; None: the whole grid (the smallest odd side >= it).
     image: a test image (H, W[, 3]) drawn beside the maps. how: what the probabilities average.
+    Layers and heads are numbered from 1; a map with nothing to show (a converted CNN's 1x1
+    and 2x2 grids) is grey and captioned so (`maps_figure`).
     """
     sites = run.sites
     sizes = {site.size for site in sites}
     base = next(iter(sizes)) if len(sizes) == 1 else (run.info.size, run.info.size)  # the grid queries live on
     i, j = _parse_query(query, base)
     zoom = 2 * (max(base) // 2) + 1 if zoom is None else zoom
-    windows, labels = [], []
+    windows, labels, full = [], [], []
     for number, (site, p) in enumerate(zip(sites, probs)):
         q, pos = query_on_site(site, base, i, j)
         row = p[:, q].double().cpu().reshape(-1, *site.size).numpy()
         windows.append(window_around(row, pos, zoom))
+        full.append(row)
         labels.append(f"layer {number + 1}" + (f"\n{site.size[0]}x{site.size[1]}" if len(sizes) > 1 else ""))
     where = (f"on the {base[0]}x{base[1]} token grid" if len(sizes) == 1
              else "the image pixel as the query of each layer, on its own input grid")
     title = (f"{run.config.model}: attention of query {(i, j)}, {zoom}x{zoom} window\n"
              f"{where}; {how}; each map scaled to its max")
     return maps_figure([], base, (i, j), zoom, image=image, downsample=run.info.size // base[0], title=title,
-                       windows=windows, row_labels=labels)
+                       windows=windows, row_labels=labels, full=full)
 
 
 def plot_maps(
@@ -195,12 +201,13 @@ def plot_maps(
     zoom: int | None = 7,
     image: int | None = None,
     data_dir: str | os.PathLike | None = None,
+    dataset: str | None = None,
     device: str = "cpu",
     overwrite: bool = False,
 ) -> Path:
     """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head (`maps_of_run`).
 
-    Content models: mean over the first `images` test images, or the single test image `image`
+    Content models: mean over `images` test images sampled across the classes, or the single test image `image`
     (drawn beside the grid; position-only maps do not depend on it). Writes `out` (default
     RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
     """
@@ -208,7 +215,7 @@ def plot_maps(
         raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = check_out(_folder(run) / default if out is None else out, overwrite=overwrite)
-    run = _run(run, device, data_dir)
+    run = _run(run, device, data_dir, dataset)
     sizes = {site.size for site in run.sites}
     _parse_query(query, next(iter(sizes)) if len(sizes) == 1 else (run.info.size, run.info.size))  # before the work
     picture = None
@@ -230,6 +237,7 @@ def plot_figures(
     *,
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
+    dataset: str | None = None,
     device: str = "cpu",
     overwrite: bool = False,
 ) -> list[Path]:
@@ -239,12 +247,12 @@ def plot_figures(
     for isotropic quadratic heads, Figure 12's ellipses for full-covariance ones, contours
     of the middle query's probabilities for learned and content heads). maps: `plot_maps`
     of the middle query over the whole token grid, layers x heads (Figure 5 for learned
-    relative heads; content heads averaged over the first `images` test images, Figure 6).
+    relative heads; content heads averaged over `images` test images sampled across the classes, Figure 6).
     Returns the two paths; a run without attention (a CNN) raises AttnconvError. overwrite:
     replace existing files that attnconv did not write (see `fileio.check_output_file`).
     """
     prefix = Path(prefix)
-    run = _run(run, device, data_dir)  # loaded once for both figures
+    run = _run(run, device, data_dir, dataset)  # loaded once for both figures
     return [plot_centers(run, prefix.with_name(prefix.name + "-centers.png"), images=images, overwrite=overwrite),
             plot_maps(run, prefix.with_name(prefix.name + "-maps.png"), zoom=None, images=images,
                       overwrite=overwrite)]

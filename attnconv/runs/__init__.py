@@ -20,7 +20,18 @@ Every file is written atomically through `attnconv.fileio.atomic_write`.
 """
 
 from attnconv.runs.build import build_run_architecture, build_run_model, convert_run, load_run, load_weights, nonfinite_tensor
-from attnconv.runs.data import data_changes, data_fingerprint, run_data_dir, run_image_size, run_info, run_test_set
+from attnconv.runs.data import (
+    SAMPLE_SEED,
+    data_changes,
+    data_fingerprint,
+    other_test_set,
+    recorded_info,
+    run_data_dir,
+    run_image_size,
+    run_info,
+    run_test_set,
+    sample_across_classes,
+)
 from attnconv.runs.directory import claim_run_dir, replace_run_files, trim_logs
 from attnconv.runs.files import (
     CONFIG_FILE,
@@ -79,6 +90,10 @@ __all__ = [
     "run_image_size",
     "run_info",
     "run_test_set",
+    "other_test_set",
+    "recorded_info",
+    "sample_across_classes",
+    "SAMPLE_SEED",
     "data_fingerprint",
     "data_changes",
     "load_run",

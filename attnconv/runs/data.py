@@ -1,15 +1,33 @@
-"""A run's dataset: where its data is, its DatasetInfo and test set, and what it recorded of it."""
+"""A run's dataset: where its data is, its DatasetInfo and test set, and what it recorded of it.
+
+    run_info(config, recorded=meta.get("data"))     the run's DatasetInfo (a moved folder: what it recorded)
+    run_test_set(config, data_dir, dataset=...)     its test split, or another dataset's with the same classes
+    sample_across_classes(labels, count)            the test images commands show: a few of every class
+
+When the data a run was trained on is gone (a `folder:PATH` dataset whose folder was moved
+or deleted, or a built-in dataset's `--data-dir` that no longer exists and is nowhere else),
+reading its test set is one error naming the stored path and the flag that points at the
+data: `--dataset folder:PATH` for folders, `--data-dir DIR` for the built-in datasets.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError
+
+# The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
+SAMPLE_SEED = 0
+_RECORDED = ("classes", "train_size", "test_size", "channels", "size", "mean", "std")
 
 
 def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None) -> str | None:
@@ -30,18 +48,78 @@ def run_image_size(config: TrainConfig) -> int | None:
     size = config.model_overrides.get("image_size")
     return size if D.folder_path(config.dataset) is not None else None
 
-def run_info(config: TrainConfig) -> D.DatasetInfo:
-    """The DatasetInfo of a run's dataset, at the run's image size (folder datasets)."""
+
+def recorded_info(config: TrainConfig, recorded: dict[str, Any] | None) -> D.DatasetInfo | None:
+    """The DatasetInfo a run recorded of its dataset (config.json "data", `data_fingerprint`), or None
+    when it recorded none (runs written before runs recorded their data) or an incomplete one."""
+    if not isinstance(recorded, dict) or any(key not in recorded for key in _RECORDED):
+        return None
+    try:
+        classes = tuple(str(c) for c in recorded["classes"])
+        return D.DatasetInfo(
+            name=D.canonical_name(config.dataset), channels=int(recorded["channels"]), size=int(recorded["size"]),
+            num_classes=len(classes), mean=tuple(float(m) for m in recorded["mean"]),
+            std=tuple(float(s) for s in recorded["std"]), classes=classes,
+            train_size=int(recorded["train_size"]), test_size=int(recorded["test_size"]),
+            stats_source='recorded by the run (config.json "data")')
+    except (TypeError, ValueError):
+        return None
+
+
+def _folder_gone(config: TrainConfig) -> Path | None:
+    """The image folder of a `folder:PATH` run when it no longer exists; else None."""
+    folder = D.folder_path(config.dataset)
+    return folder if folder is not None and not folder.is_dir() else None
+
+
+def _gone_message(config: TrainConfig, folder: Path) -> str:
+    return (f"{config.dataset}: the run's image folder {folder} no longer exists (moved or deleted); point at "
+            "the images with --dataset folder:PATH (where the folder is now, or another folder with the same "
+            "classes)")
+
+
+def run_info(config: TrainConfig, *, recorded: dict[str, Any] | None = None) -> D.DatasetInfo:
+    """The DatasetInfo of a run's dataset, at the run's image size (folder datasets).
+
+    A folder dataset whose folder is gone is described by what the run recorded (`recorded`,
+    config.json "data": classes, shape, normalization), so what needs no images (parameters,
+    FLOPs, position-only attention) still works; without a record it is the one error naming
+    the stored path and `--dataset folder:PATH`."""
+    gone = _folder_gone(config)
+    if gone is not None:
+        known = recorded_info(config, recorded)
+        if known is None:
+            raise AttnconvError(_gone_message(config, gone))
+        return known
     return D.dataset_info(config.dataset, image_size=run_image_size(config))
 
-def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None) -> D.ImageSet:
+
+def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None, *, dataset: str | None = None,
+                 info: D.DatasetInfo | None = None) -> D.ImageSet:
     """The test split of a run's dataset, found as `run_data_dir` says, at the run's image size.
 
     A dataset whose classes or channels no longer fit the run's model (a folder that gained a
-    class) is one AttnconvError saying so, not a crash in the model.
+    class) is one AttnconvError saying so, not a crash in the model. A run whose data is gone
+    is one AttnconvError naming the stored path and the flag to give (see the module docstring).
+
+    dataset: evaluate on another dataset's test split instead (`--dataset folder:PATH`), one with
+    the run's classes, by name and in order (`other_test_set`); `info` is the run's DatasetInfo.
     """
+    if dataset is not None:
+        return other_test_set(config, dataset, info if info is not None else run_info(config), data_dir)
+    gone = _folder_gone(config)
+    if gone is not None:
+        raise AttnconvError(_gone_message(config, gone))
     found = run_data_dir(config, data_dir)
-    test = D.load_dataset(config.dataset, found, download=True, image_size=run_image_size(config))[1]
+    try:
+        test = D.load_dataset(config.dataset, found, download=True, image_size=run_image_size(config))[1]
+    except AttnconvError as err:
+        stored = config.data_dir
+        if data_dir is None and stored is not None and not Path(stored).expanduser().is_dir():
+            raise AttnconvError(
+                f"{config.dataset}: the run's data folder {stored} no longer exists and the dataset is not in "
+                f"the usual places either; point at it with --data-dir DIR ({err})") from None
+        raise
     info = run_info(config)
     for key, now, what in (("num_classes", info.num_classes, "classes"), ("in_channels", info.channels, "channels")):
         trained = config.model_overrides.get(key)
@@ -50,6 +128,63 @@ def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None)
                 f"{config.dataset}: the dataset changed since the run was trained: it has {now} {what}, the run's "
                 f"model {trained}; give the data it was trained on (--data-dir), or train a new run on this data")
     return test
+
+
+def _names(classes: Sequence[str], limit: int = 20) -> str:
+    shown = ", ".join(str(c) for c in classes[:limit])
+    return shown + (f", ... ({len(classes)} in all)" if len(classes) > limit else "")
+
+
+def other_test_set(config: TrainConfig, dataset: str, info: D.DatasetInfo,
+                   data_dir: str | os.PathLike | None = None) -> D.ImageSet:
+    """The test split of `dataset` (`--dataset`, usually folder:PATH), read at the run's image size, for a
+    run whose DatasetInfo is `info`: its classes must be the run's, the same names in the same order
+    (labels are indices), else one AttnconvError naming both lists. Grey images are given three equal
+    channels for a colour run (as the folder decoder does for a mixed folder); colour images for a grey
+    run are refused. Normalization stays the run's (`info`): the model was trained with it."""
+    folder = D.folder_path(dataset) is not None
+    size = info.size if folder else None
+    other = D.dataset_info(dataset, image_size=size)
+    if tuple(other.classes) != tuple(info.classes):
+        raise AttnconvError(
+            f"--dataset {dataset}: its classes ({_names(other.classes)}) are not the run's ({_names(info.classes)}); "
+            "give a dataset with the same classes (folder:PATH: the same sub-folder names under train/)")
+    if other.size != info.size:
+        raise AttnconvError(f"--dataset {dataset}: its images are {other.size}x{other.size}, the run's "
+                            f"{info.size}x{info.size}; give a folder:PATH dataset (decoded at the run's size)")
+    if data_dir is not None and not folder and not Path(data_dir).expanduser().is_dir():
+        raise AttnconvError(f"--data-dir {data_dir}: no such directory; give the folder holding {dataset}'s files")
+    test = D.load_dataset(dataset, None if folder else data_dir, download=True, image_size=size)[1]
+    if other.channels != info.channels:
+        if (other.channels, info.channels) != (1, 3):
+            raise AttnconvError(f"--dataset {dataset}: its images have {other.channels} channels, the run's "
+                                f"{info.channels}; give images of the run's kind (colour or grey)")
+        test = D.ImageSet(test.images.expand(-1, 3, -1, -1).contiguous(), test.labels)
+    return test
+
+
+def sample_across_classes(labels: torch.Tensor | Sequence[int], count: int, seed: int = SAMPLE_SEED) -> list[int]:
+    """Up to `count` indices into `labels`, spread over the classes, in the order they are picked.
+
+    The set is shuffled with a fixed seed, then the classes (by label) give one image each in
+    turn, round robin, until `count` are picked: the first picks show as many different classes
+    as there are, and no class has two more than another while it still has images. An image
+    folder lists its test images class by class, so its first N would all be one class.
+    Deterministic: the same labels, count and seed give the same indices.
+    """
+    labels = torch.as_tensor(labels).reshape(-1).tolist()
+    count = max(0, min(int(count), len(labels)))
+    queues: dict[int, list[int]] = {}
+    for i in np.random.default_rng(seed).permutation(len(labels)).tolist():
+        queues.setdefault(int(labels[i]), []).append(i)
+    ordered = [queues[c] for c in sorted(queues)]
+    picked: list[int] = []
+    depth = 0
+    while len(picked) < count:
+        picked.extend(q[depth] for q in ordered if depth < len(q))
+        depth += 1
+    return picked[:count]
+
 
 def data_fingerprint(info: D.DatasetInfo) -> dict[str, Any]:
     """What a run records of its dataset (config.json "data"): classes, sizes, shape, normalization."""

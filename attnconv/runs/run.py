@@ -18,7 +18,7 @@ from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
-from attnconv.runs.data import data_fingerprint, run_info, run_test_set
+from attnconv.runs.data import data_fingerprint, run_info, run_test_set, sample_across_classes
 from attnconv.runs.files import (
     read_config,
     read_heads,
@@ -32,21 +32,29 @@ class Run:
         run = Run("runs/sa")
         run.config.model, run.metrics[-1]["test_acc"], run.heads      # files, read on first use
         run.model                                                    # weights loaded, eval mode
-        raw, x = run.test_images(100)                                # uint8 and normalized
+        raw, x = run.test_images(100)                                # 100 test images across the classes
         run.sites                                                    # attention_sites of the model
 
     Everything is loaded lazily and kept; a missing or corrupt file is one AttnconvError naming
     it (raised when the part that needs it is first used). Commands take a Run (or a path,
     turned into one) instead of re-reading the files.
+
+    data_dir: where the run's (built-in) dataset is, if not where it was. dataset: another
+    dataset to take the test images from (`--dataset folder:PATH`), with the run's classes
+    (`runs.data.other_test_set`); `info` stays the run's (its classes and normalization).
+    A run whose image folder is gone still has `info` from what it recorded; `test_set` is
+    then one error naming the stored path and `--dataset folder:PATH`.
     """
 
     def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
-                 data_dir: str | os.PathLike | None = None, allow_nonfinite: bool = False):
+                 data_dir: str | os.PathLike | None = None, dataset: str | None = None,
+                 allow_nonfinite: bool = False):
         self.path = Path(path)
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
         self.data_dir = data_dir
+        self.dataset = dataset
         self.allow_nonfinite = allow_nonfinite
 
     def __repr__(self) -> str:
@@ -68,7 +76,8 @@ class Run:
 
     @functools.cached_property
     def info(self) -> D.DatasetInfo:
-        return run_info(self.config)
+        """The run's dataset (classes, shape, normalization); what it recorded when its image folder is gone."""
+        return run_info(self.config, recorded=self.meta.get("data"))
 
     @functools.cached_property
     def architecture(self) -> nn.Module:
@@ -82,11 +91,20 @@ class Run:
 
     @functools.cached_property
     def test_set(self) -> D.ImageSet:
-        return run_test_set(self.config, self.data_dir)
+        """The run's test split (or `dataset`'s, when given), at the run's image size."""
+        return run_test_set(self.config, self.data_dir, dataset=self.dataset, info=self.info)
+
+    def test_sample(self, count: int) -> list[int]:
+        """The indices of the `count` test images the commands show and average over (all if fewer):
+        spread over the classes with a fixed seed (`runs.data.sample_across_classes`), in pick order."""
+        if count < 1:
+            raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
+        return sample_across_classes(self.test_set.labels, count)
 
     def test_images(self, count: int | None = None, *, index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Test images: (raw uint8 (N, C, H, W), normalized float32 on `device`), the first `count`
-        (all if fewer) or the single image `index`."""
+        """Test images: (raw uint8 (N, C, H, W), normalized float32 on `device`): `count` of them
+        sampled across the classes (`test_sample`), all of them in order (no count), or the single
+        image `index` (its place in the test set)."""
         test = self.test_set
         if count is not None and count < 1:
             raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
@@ -95,8 +113,10 @@ class Run:
                 raise AttnconvError(f"--image {index} is out of range: the {self.config.dataset} test set has "
                                     f"{len(test)} images (0..{len(test) - 1})")
             raw = test.images[index : index + 1]
+        elif count is not None:
+            raw = test.images[torch.tensor(self.test_sample(count), dtype=torch.int64)]
         else:
-            raw = test.images[: count if count is not None else len(test)]
+            raw = test.images
         return raw, D.normalize(raw, self.info).to(self.device)
 
     @functools.cached_property
@@ -142,6 +162,6 @@ class Run:
 
 
 def as_run(run: Run | str | os.PathLike, device: str | torch.device = "cpu", *,
-           data_dir: str | os.PathLike | None = None) -> Run:
+           data_dir: str | os.PathLike | None = None, dataset: str | None = None) -> Run:
     """`run` itself, or the Run of a run directory (a command given a path)."""
-    return run if isinstance(run, Run) else Run(run, device, data_dir=data_dir)
+    return run if isinstance(run, Run) else Run(run, device, data_dir=data_dir, dataset=dataset)

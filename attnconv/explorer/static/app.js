@@ -20,6 +20,10 @@ window.__lastAttention = null;
 const VIRIDIS = ["#440154", "#482475", "#414487", "#355f8d", "#2a788e", "#21918c", "#22a884", "#44bf70",
                  "#7ad151", "#bddf26", "#fde725"].map((h) => [1, 3, 5].map((k) => parseInt(h.slice(k, k + 2), 16)));
 const MISSING = [210, 210, 210];
+// A map with nothing to show (no attention on the grid, or one value everywhere): one flat grey, as in the
+// report's figures (attnconv.plots.flat_map_label: the same rules and words).
+const NEUTRAL = [166, 166, 166];
+const NEGLIGIBLE = 1e-6;  // a probability map whose largest value is at most this holds no attention
 
 function viridis(t) {
   if (!Number.isFinite(t)) return MISSING;
@@ -38,8 +42,24 @@ async function getJSON(url, signal) {
   return body;
 }
 
+// 3 significant digits, as attnconv.tables.significant: "0.903", "0.100", "12.3", "1230", "1.23e-5".
 function fmt(v) {
-  return v === null || v === undefined ? "-" : v.toFixed(6);
+  if (v === null || v === undefined || Number.isNaN(v)) return "-";
+  if (!Number.isFinite(v)) return v > 0 ? "inf" : "-inf";
+  if (v === 0) return "0";
+  const e = Math.floor(Math.log10(Math.abs(Number(v.toExponential(2)))));
+  if (e < -4 || e >= 6) return v.toExponential(2);
+  return e >= 2 ? Math.round(Number(v.toPrecision(3))).toString() : v.toFixed(2 - e);
+}
+
+// What to write under a map with nothing to show, or null when it has something (see NEUTRAL).
+function flatLabel(values, probs) {
+  const r = range(values);
+  if (r.count === 0) return null;  // no such term in this layer: said elsewhere
+  if (probs && r.hi <= NEGLIGIBLE) return r.hi === 0 ? "no attention: all zero" : "no attention: all < 1e-6";
+  if (r.hi - r.lo > 1e-6 * Math.max(Math.abs(r.hi), Math.abs(r.lo))) return null;
+  if (r.count === 1) return `one key: ${fmt(r.hi)}`;
+  return probs ? `uniform: ${fmt(r.hi)} each` : `constant: ${fmt(r.hi)}`;
 }
 
 // ------------------------------------------------------------------------------ setup
@@ -52,7 +72,8 @@ async function start() {
   $("subtitle").textContent =
     `${info.model} (${info.encoding} encoding) on ${info.dataset}: ${info.layers} layers x ${info.heads} heads, ` +
     `${info.grid[0]}x${info.grid[1]} token grid (${info.image_size[0]}x${info.image_size[1]} images, ` +
-    `downsampled ${info.downsample}x${info.downsample}); first ${info.images} test images.`;
+    `downsampled ${info.downsample}x${info.downsample}); ${info.images} test images sampled across the classes. ` +
+    "Layers and heads are numbered from 1, coordinates from 0.";
   for (const input of document.querySelectorAll('input[name="term"]')) {
     const ok = info.terms.includes(input.value);
     input.disabled = !ok;
@@ -189,7 +210,7 @@ function buildStrip() {
     button.type = "button";
     button.id = `thumb-${k}`;
     button.setAttribute("aria-pressed", "false");
-    button.setAttribute("aria-label", `test image ${k}`);
+    button.setAttribute("aria-label", `image ${k + 1} of ${state.info.images}`);
     const canvas = document.createElement("canvas");
     button.appendChild(canvas);
     button.addEventListener("click", () => selectImage(k));
@@ -197,8 +218,8 @@ function buildStrip() {
     jobs.push(getJSON(`/api/image/${k}`).then((img) => {
       state.images[k] = img;
       drawPixels(canvas, img, 1);
-      button.title = `test image ${k}: ${img.label_name}`;
-      button.setAttribute("aria-label", `test image ${k}, ${img.label_name}`);
+      button.title = `test image #${img.test_index}: ${img.label_name}`;
+      button.setAttribute("aria-label", `test image #${img.test_index}, ${img.label_name}`);
     }));
   }
   return Promise.all(jobs);
@@ -259,18 +280,31 @@ function layerGrid(l) {
 function buildMaps() {
   const { layers, heads } = state.info;
   const maps = $("maps");
-  maps.style.gridTemplateColumns = `auto repeat(${heads}, max-content)`;
+  // Each map's column is at most as wide as its canvas and shrinks (the canvases scale down) when the window
+  // is narrow, so the page never scrolls sideways; captions wrap inside their column.
+  let widest = 0;
+  for (let l = 0; l < layers; l++) {
+    const grid = layerGrid(l);
+    widest = Math.max(widest, grid[1] * Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1]))));
+  }
+  maps.style.gridTemplateColumns = `minmax(3.2rem, max-content) repeat(${heads}, minmax(0, ${widest + 2}px))`;
   maps.appendChild(document.createElement("div"));
   for (let h = 0; h < heads; h++) {
     const label = document.createElement("div");
     label.className = "col-label";
-    label.textContent = `head ${h}`;
+    label.textContent = `head ${h + 1}`;
     maps.appendChild(label);
   }
   for (let l = 0; l < layers; l++) {
     const label = document.createElement("div");
     label.className = "row-label";
-    label.textContent = state.info.layer_names ? `layer ${l} (${state.info.layer_names[l]})` : `layer ${l}`;
+    label.textContent = `layer ${l + 1}`;
+    if (state.info.layer_names) {
+      const name = document.createElement("span");
+      name.className = "layer-name";
+      name.textContent = state.info.layer_names[l];
+      label.append(" ", name);
+    }
     maps.appendChild(label);
     const grid = layerGrid(l);
     const cell = Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1])));
@@ -283,7 +317,7 @@ function buildMaps() {
       canvas.width = grid[1] * cell;
       canvas.height = grid[0] * cell;
       canvas.setAttribute("role", "img");
-      canvas.setAttribute("aria-label", `layer ${l}, head ${h}`);
+      canvas.setAttribute("aria-label", `layer ${l + 1}, head ${h + 1}`);
       canvas.addEventListener("mousemove", (ev) => readCell(canvas, ev, l, h));
       const caption = document.createElement("figcaption");
       caption.className = "readout";
@@ -350,8 +384,8 @@ function selectImage(k) {
   }
   const img = state.images[k];
   $("prediction").textContent = img
-    ? `test image ${k}: label ${img.label_name}; the model predicts ${img.predicted_name} ` +
-      `(p = ${img.predicted_prob.toFixed(3)})`
+    ? `test image #${img.test_index}: label ${img.label_name}; the model predicts ${img.predicted_name} ` +
+      `(p = ${fmt(img.predicted_prob)})`
     : "";
   setQuery(state.shown);
 }
@@ -389,13 +423,14 @@ async function update() {
 }
 
 function range(values) {
-  let lo = Infinity, hi = -Infinity, arg = -1;
+  let lo = Infinity, hi = -Infinity, arg = -1, count = 0;
   values.forEach((v, k) => {
     if (v === null) return;
+    count += 1;
     if (v < lo) lo = v;
     if (v > hi) { hi = v; arg = k; }
   });
-  return { lo, hi, arg };
+  return { lo, hi, arg, count };
 }
 
 function render(result) {
@@ -407,7 +442,7 @@ function render(result) {
     all = { lo: Math.min(all.lo, r.lo), hi: Math.max(all.hi, r.hi) };
   }
   result.layers.forEach((layer, n) => {
-    const l = result.layer_indices[n];
+    const l = result.layer_numbers[n] - 1;  // numbered from 1; the page's elements from 0
     const grid = result.grids ? result.grids[n] : state.info.grid;
     const [qi, qj] = result.queries ? result.queries[n] : [result.i, result.j];
     layer.forEach((values, h) => {
@@ -417,16 +452,19 @@ function render(result) {
       // probabilities from 0 (as the paper's maps); scores over their own range
       const lo = probs ? 0 : shared ? all.lo : own.lo;
       const hi = shared ? all.hi : own.hi;
-      drawMap(canvas, values, lo, hi, qi, qj, grid);
+      const flat = flatLabel(values, probs);
+      drawMap(canvas, values, lo, hi, qi, qj, grid, flat !== null);
       const r = Math.floor(own.arg / grid[1]), c = own.arg % grid[1];
       figure.dataset.values = JSON.stringify(values);
       figure.dataset.max = String(own.hi);
       figure.dataset.argmax = `${r},${c}`;
+      figure.dataset.flat = flat === null ? "" : flat;
       const none = own.arg < 0;  // every value null: this layer has no such score term
-      figure.querySelector("figcaption").textContent =
-        none ? `no ${result.term} term in this layer` : `max ${fmt(own.hi)} at (${r}, ${c})`;
-      canvas.setAttribute("aria-label", `layer ${l}, head ${h}: ` +
-        (none ? `no ${result.term} term` : `maximum ${fmt(own.hi)} at key (${r}, ${c})`));
+      const caption = none ? `no ${result.term} term in this layer` : flat !== null ? flat
+        : `max ${fmt(own.hi)} at (${r}, ${c})`;
+      figure.querySelector("figcaption").textContent = caption;
+      canvas.setAttribute("aria-label", `layer ${l + 1}, head ${h + 1}: ` +
+        (none || flat !== null ? caption : `maximum ${fmt(own.hi)} at key (${r}, ${c})`));
     });
   });
   drawLegend(probs, shared, all);
@@ -436,12 +474,12 @@ function render(result) {
   });
 }
 
-function drawMap(canvas, values, lo, hi, qi, qj, grid) {
+function drawMap(canvas, values, lo, hi, qi, qj, grid, flat) {
   const ctx = canvas.getContext("2d");
   const cw = canvas.width / grid[1], ch = canvas.height / grid[0];
   const span = hi > lo ? hi - lo : 1;
   values.forEach((v, k) => {
-    const [r, g, b] = v === null ? MISSING : viridis((v - lo) / span);
+    const [r, g, b] = v === null ? MISSING : flat ? NEUTRAL : viridis((v - lo) / span);
     ctx.fillStyle = `rgb(${r},${g},${b})`;
     ctx.fillRect((k % grid[1]) * cw, Math.floor(k / grid[1]) * ch, cw, ch);
   });
@@ -460,8 +498,8 @@ function drawLegend(probs, shared, all) {
   }
   const what = probs ? "probability" : "score";
   if (shared) {
-    $("scale-lo").textContent = probs ? "0" : all.lo.toPrecision(4);
-    $("scale-hi").textContent = all.hi.toPrecision(4);
+    $("scale-lo").textContent = probs ? "0" : fmt(all.lo);
+    $("scale-hi").textContent = fmt(all.hi);
     $("scale-note").textContent = `One scale for every map (${what}).`;
   } else {
     $("scale-lo").textContent = probs ? "0" : "map's min";
@@ -474,7 +512,7 @@ function drawLegend(probs, shared, all) {
 function readCell(canvas, ev, l, h) {
   const result = window.__lastAttention;
   if (!result) return;
-  const n = result.layer_indices.indexOf(l);
+  const n = result.layer_numbers.indexOf(l + 1);
   if (n < 0) return;
   const grid = result.grids ? result.grids[n] : state.info.grid;
   const rect = canvas.getBoundingClientRect();
@@ -482,7 +520,7 @@ function readCell(canvas, ev, l, h) {
   const r = Math.min(grid[0] - 1, Math.floor(((ev.clientY - rect.top) * grid[0]) / rect.height));
   const v = result.layers[n][h][r * grid[1] + c];
   $("cell-readout").textContent =
-    `layer ${l}, head ${h}, query (${result.i}, ${result.j}) -> key (${r}, ${c}): ` +
+    `layer ${l + 1}, head ${h + 1}, query (${result.i}, ${result.j}) -> key (${r}, ${c}): ` +
     `${result.mode === "probs" ? "probability" : "score"} ${fmt(v)}`;
 }
 
