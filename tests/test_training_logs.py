@@ -56,6 +56,10 @@ def test_progress_lines_and_epoch_lines_show_the_run_eta(tmp_path, data_dir, cap
     assert all(re.search(r"  ETA \d+(s|m\d\ds|h\d\dm)$", line) for line in steps + epochs), steps + epochs
     assert [line.split()[1] for line in epochs] == ["1/2", "2/2"]
     assert epochs[-1].endswith("ETA 0s")  # nothing left after the last epoch
+    # one estimate of the whole run after its first 5 steps, before any epoch line
+    estimates = [i for i, line in enumerate(err) if line.startswith("estimated time: ")]
+    assert len(estimates) == 1 and estimates[0] < err.index(epochs[0]), err
+    assert re.match(r"estimated time: \d+(s|m\d\ds|h\d\dm) for the 11 steps left \(", err[estimates[0]])
 
 
 def test_max_steps_counts_the_steps_and_epochs_that_will_run(tmp_path, data_dir, capsys, monkeypatch):  # noqa: F811

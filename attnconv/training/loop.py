@@ -95,6 +95,8 @@ from attnconv.training.step import train_step
 
 # Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
 _SYNC_EVERY = 10
+# After this many steps of a run (fresh or resumed) one line estimates the time the rest will take.
+ESTIMATE_AFTER = 5
 
 
 @dataclass
@@ -203,6 +205,7 @@ class _Trainer:
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
         self.log_every = log_every
+        self._estimate_at: int | None = None  # the step after which run() estimates the time left
         self.board = None  # the SummaryWriter of --tensorboard (rank 0), while `run` runs
         if config.workers is not None:
             torch.set_num_threads(config.workers)
@@ -368,6 +371,7 @@ class _Trainer:
         if self.d.main and p.step:
             print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
         row: dict[str, float] = {}
+        self._estimate_at = p.step + ESTIMATE_AFTER if p.step + ESTIMATE_AFTER < self.total_steps else None
         if writer_class is not None and d.main:
             # Events after the checkpoint's step are dropped by TensorBoard's readers: the resumed run logs them anew.
             self.board = writer_class(str(self.out / TENSORBOARD_DIR), purge_step=p.step + 1 if p.step else None)
@@ -447,11 +451,17 @@ class _Trainer:
             run_done = p.step >= self.total_steps
             ckpt = cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0
             log_due = p.step % self.log_every == 0  # a steps.csv row (and a progress line)
-            if epoch_done or run_done or ckpt or log_due or p.step % _SYNC_EVERY == 0:
+            estimate_due = p.step == self._estimate_at
+            if epoch_done or run_done or ckpt or log_due or estimate_due or p.step % _SYNC_EVERY == 0:
                 now = time.perf_counter()
                 p.seconds += now - tick
                 p.row_seconds += now - tick
                 self._sync(sums, first_bad, bar, lr)
+                if estimate_due and d.main:
+                    left = self.total_steps - p.step
+                    bar.write(f"estimated time: {eta(self.total_steps, p.step, self._seconds_per_step())} for the "
+                              f"{left} steps left ({self._seconds_per_step():.3g} s/step so far; test evaluations "
+                              f"not counted)")
                 if epoch_done or run_done:
                     break
                 if ckpt:
