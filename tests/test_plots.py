@@ -2,6 +2,8 @@
 
 import importlib.util
 import math
+import shutil
+import statistics
 from pathlib import Path
 
 import matplotlib.image
@@ -25,6 +27,7 @@ from attnconv.plots import (
 )
 from attnconv.plots.figures import ellipse_points, window_radius
 from attnconv.positional import QuadraticEncoding
+from attnconv.runs import read_metrics
 
 MODELS = ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -383,3 +386,29 @@ def test_maps_of_a_converted_cnn_draw_its_empty_1x1_and_2x2_maps_grey_and_say_so
     centre = rgba[3, 3]  # the 7x7 window's middle: the one pixel of the grid
     assert tuple(np.round(centre, 3)) == tuple(np.round(to_rgba(NEUTRAL), 3))
     assert _overlaps(fig) == []  # no caption, title or label runs into another
+
+
+def test_table1_claims_script_summarizes_the_committed_runs(tmp_path, capsys):
+    """benchmarks/table1/claims.py over committed run files: accuracy per epoch over seeds, heads per layer."""
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("table1_claims", repo / "benchmarks" / "table1" / "claims.py")
+    claims = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(claims)
+    root = tmp_path / "table1"
+    for model, seeds in (("resnet18", (0, 1)), ("sa-quadratic", (0, 1))):
+        for k in seeds:
+            dest = root / model / f"seed{k}"
+            dest.mkdir(parents=True)
+            for name in ("metrics.csv", "heads.jsonl"):
+                src = repo / "benchmarks" / "table1" / model / f"seed{k}" / name
+                if src.exists():
+                    shutil.copy(src, dest / name)
+    assert claims.main([str(root)]) == 0
+    out = capsys.readouterr().out
+    resnet, quadratic = out.split("## ")[1:]
+    assert resnet.startswith("table1/resnet18: 2 seed(s)") and "snapshot" not in resnet
+    accs = [m["test_acc"] for m in (read_metrics(root / "sa-quadratic" / f"seed{k}")[-1] for k in (0, 1))]
+    assert f"12: {statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}" in quadratic
+    first, last = (line for line in quadratic.splitlines() if "snapshot" in line)
+    assert first.startswith("first snapshot (epoch 0): L1 dist ") and last.startswith("last snapshot (epoch 12): ")
+    assert last.count("/9 at ") == 4  # one cell per layer
