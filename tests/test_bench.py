@@ -114,7 +114,7 @@ def test_impl_of_every_layer_is_set_without_changing_parameters():
     model = build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     set_impl(model, "auto")
-    assert [m.resolved_impl() for m in model.attention_layers] == ["separable", "separable"]
+    assert [m.resolved_impl() for m in model.attention_layers] == ["fused", "fused"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
