@@ -148,12 +148,12 @@ def test_bench_runs_every_benchmark_end_to_end(tmp_path, capsys, keep_threads):
         assert min(r["seconds"]) > 0 and r["speedup"] > 0
         assert r["error_vs_fp64"] < 1e-5  # every path computes the dense function, to float32 rounding
     # every fast path the layer has; at these toy sides (4x4, 8x8) auto takes the stacked path
-    assert {r["variant"] for r in layers} == {"dense", "separable", "stacked", "sdpa"}
+    assert {r["variant"] for r in layers} == {"dense", "separable", "stacked", "fused", "sdpa"}
     assert {r["variant"] for r in layers if r["auto"]} == {"stacked"}
     assert all(0 < r["utilization"] for r in sections["util"]["data"])
     assert sections["data"]["data"][0]["images_per_s"] > 0 and sections["data"]["data"][0]["ratio"] > 0
     memory = sections["memory"]["data"]
-    assert {r["variant"] for r in memory} == {"dense", "separable"}
+    assert {r["variant"] for r in memory} == {"dense", "fused"}
     assert all(r.get("peak_bytes", 0) > 0 for r in memory), memory
 
     markdown = out_md.read_text()
