@@ -270,8 +270,9 @@ def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, 
     assert "--only grid --grids 7,14" in capsys.readouterr().out.splitlines()[0]
     rows = json.loads(out_json.read_text())["sections"][0]["data"]
     assert [(r["kind"], r["grid"], r["name"], r["impl"]) for r in rows] == [
-        ("model", 7, "sa-quadratic", "stacked"), ("model", 7, "resnet18 (width 16)", "-"),
-        ("layer", 7, "SelfAttention2d", "stacked"),
+        ("model", 7, "sa-quadratic", "stacked"), ("model", 7, "sa-quadratic", "fused"),
+        ("model", 7, "resnet18 (width 16)", "-"),
+        ("layer", 7, "SelfAttention2d", "stacked"), ("layer", 7, "SelfAttention2d", "fused"),
         ("model", 14, "sa-quadratic", "fused"), ("model", 14, "sa-quadratic", "separable"),
         ("model", 14, "resnet18 (width 16)", "-"),
         ("layer", 14, "SelfAttention2d", "fused"), ("layer", 14, "SelfAttention2d", "separable")]
@@ -280,11 +281,11 @@ def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, 
         if r["name"] != "resnet18 (width 16)":
             base = next(b for b in rows if b["kind"] == r["kind"] and b["grid"] == 7)
             assert r["vs_7x7"] == pytest.approx(r["images_per_s"] / base["images_per_s"])
-    fused, separable = rows[3], rows[4]
+    fused, separable = rows[5], rows[6]
     assert fused["flops"] == separable["flops"]  # the same products, ordered differently
+    assert rows[1]["flops"] < rows[0]["flops"]  # at 7x7 too: fused does fewer FLOPs than stacked's dense ones
     assert fused["target"] == 0.25 and fused["target_value"] == fused["vs_7x7"] and "target" not in separable
-    assert rows[1]["flops"] > 0 and rows[3]["vs_resnet"] == pytest.approx(
-        rows[3]["images_per_s"] / rows[5]["images_per_s"])
+    assert fused["vs_resnet"] == pytest.approx(fused["images_per_s"] / rows[7]["images_per_s"])
 
 
 def test_grids_flag_names_the_grids_it_knows(capsys):

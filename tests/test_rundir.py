@@ -156,7 +156,8 @@ def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoin
 
     monkeypatch.setattr(loop, "save_state", fill_up)
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("epoch ", "preset: ", "estimated time: "))]
+    err = [line for line in capsys.readouterr().err.splitlines()
+           if not line.startswith(("epoch ", "preset: ", "estimated time: "))]
     assert len(err) == 1 and "no space left on the device" in err[0] and "checkpoint (step 5) is intact" in err[0]
     assert load_state(out / "state.pt")["progress"]["step"] == 5
     assert not any(p.name.endswith(TMP_SUFFIX) for p in out.iterdir())

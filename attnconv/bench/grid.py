@@ -3,10 +3,11 @@
 Each grid is an input size and a space-to-depth factor: 28x28 / 4 (the Fashion-MNIST preset),
 28x28 / 2 (the paper's grid on Fashion-MNIST), 32x32 / 2 (CIFAR-10 at the paper's 2x2 patches)
 and 32x32 / 1. At every grid the attention preset's model (`fmnist-sa-quadratic`: hidden 96,
-4 layers, 9 heads) runs the path `impl="auto"` picks, and, where that is not the plain one, the
-path auto took before (separable) and ResNet-18 at width 16 (the ResNet preset) on the same
-input. Everything is timed interleaved in one process, at one batch and precision, so every ratio
-in the table is measured against rows of the same run:
+4 layers, 9 heads) runs the path `impl="auto"` picks and the runner-up (separable, auto's path
+before the fused one, beside fused; fused beside stacked on the small grids), and ResNet-18 at
+width 16 (the ResNet preset) runs on the same input. Everything is timed interleaved in one
+process, at one batch and precision, so every ratio in the table is measured against rows of
+the same run:
 
 - vs 7x7: images/s over the 7x7 preset step's; and GFLOP/s over the 7x7 step's (1.0 = as fast
   per FLOP as the preset);
@@ -81,7 +82,8 @@ def grid_cases(cfg: BenchConfig, precision: str) -> list[dict[str, Any]]:
             continue
         torch.manual_seed(0)
         attention = _model(ATTENTION_PRESET, side, downsample=factor).to(cfg.device).train()
-        impls = [taken_impl(attention)] + (["separable"] if taken_impl(attention) == "fused" else [])
+        auto = taken_impl(attention)
+        impls = [auto] + {"fused": ["separable"], "stacked": ["fused"]}.get(auto, [])  # and the runner-up
         for impl in impls:
             model = attention if impl == impls[0] else _model(ATTENTION_PRESET, side, downsample=factor,
                                                              impl=impl).to(cfg.device).train()
@@ -128,8 +130,8 @@ def bench_grid(cfg: BenchConfig) -> Section:
     sec.notes.append(
         "one process, every row of a precision timed interleaved after warm-up; attention rows: "
         f"{ATTENTION_PRESET}'s model (AdamW) at the input size and space-to-depth factor of the grid, the path "
-        f"impl='auto' takes (and separable, auto's path before the fused one); ResNet: {RESNET_PRESET}'s model (SGD) "
-        "on the same input; layer rows: SelfAttention2d(96, heads=9) alone, forward + backward")
+        "impl='auto' takes and the runner-up (separable beside fused, fused beside stacked); ResNet: "
+        f"{RESNET_PRESET}'s model (SGD) on the same input; layer rows: SelfAttention2d(96, heads=9) alone, forward + backward")
     sec.notes.append(
         "vs 7x7: images/s over the 7x7 row of the same kind (the preset); GFLOP/s vs 7x7: GFLOP/s over it; "
         "FLOPs: attnconv.flops.flop_counter over forward + backward. Targets: 14x14 model images/s >= "
