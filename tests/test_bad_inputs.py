@@ -346,3 +346,20 @@ def test_every_numeric_flag_of_every_command_has_a_range():
     missing = sorted({f"{' '.join(cmd)} {a.option_strings[-1]}" for cmd, a in numeric_flags(build_parser())
                       if a.dest not in RANGES})
     assert missing == [], f"give these flags a range in attnconv.cli.RANGES: {missing}"
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(monkeypatch, capfd, tmp_path):
+    """`attnconv eval RUN | head`: the command's output fails with a broken pipe once head has left: exit 141
+    (128 + SIGPIPE), nothing on stderr (it used to print 'error: Broken pipe')."""
+    import sys
+
+    import attnconv.cli as cli
+
+    def write_to_a_closed_pipe(*args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "check_ranges", write_to_a_closed_pipe)
+    with open(tmp_path / "stdout", "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert cli.main(["eval", "some-run"]) == 141
+    assert capfd.readouterr().err == ""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import re
 import sys
 
@@ -121,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     except AttnconvError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `attnconv eval RUN | head`: the reader left; stop quietly, as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not fail again
+        return 141  # 128 + SIGPIPE
     except OSError as err:  # a file the checks could not foresee (the disk filled up, a folder vanished)
         from attnconv.fileio import describe_os_error
 
