@@ -51,7 +51,8 @@ from attnconv.errors import AttnconvError
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
-from attnconv.plots.figures import confusion_figure, curves_figure, figure_png, misclassified_figure
+from attnconv.plots.figures import figure_png
+from attnconv.plots.results import confusion_figure, curves_figure, misclassified_figure
 from attnconv.runs import Run, sample_across_classes
 from attnconv.tables import significant
 

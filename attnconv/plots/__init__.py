@@ -36,8 +36,9 @@ distance per layer against epochs (ViT's Figure 7). Neither needs the weights.
 
 Figures are written atomically (temporary file, then os.replace); parent folders are created.
 
-Modules: `figures` (drawing: numbers in, Figure out; `save_figure`), `runs` (a run directory's
-figures: load, analyze, draw, save).
+Modules: `figures` (drawing attention: numbers in, Figure out; `save_figure`), `results` (the
+same for training curves, learn-conv, the confusion matrix and misclassified images),
+`run_figures` (a run directory's figures: load, analyze, draw, save).
 """
 
 from attnconv.plots.figures import (
@@ -45,22 +46,19 @@ from attnconv.plots.figures import (
     NEUTRAL,
     centers_figure,
     check_out,
-    confusion_figure,
     conv_heads_figure,
-    curves_figure,
     distance_figure,
     figure_png,
     flat_map_label,
     gaussian_ellipse,
     head_colors,
-    learn_conv_figure,
     maps_figure,
     mass_level,
-    misclassified_figure,
     save_figure,
     snapshot_geometry,
     spread_epochs,
 )
+from attnconv.plots.results import confusion_figure, curves_figure, learn_conv_figure, misclassified_figure
 from attnconv.plots.run_figures import (
     maps_of_run,
     plot_centers,
