@@ -45,3 +45,15 @@ def test_compiled_attention_model_matches_eager_forward_and_backward():
     torch.testing.assert_close(y1, y0, rtol=1e-5, atol=1e-5)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned"])
+def test_the_fused_path_traces_as_one_graph(name):
+    """impl='fused' (auto's path above 8x8 tokens) reads the output projection's hooks to decide whether
+    to run: that check must not break the graph."""
+    model = build_model(name, **_SMALL, impl="fused").train()
+    assert {m.resolved_impl((8, 8)) for m in model.attention_layers} == {"fused"}
+    dynamo.reset()
+    explained = dynamo.explain(model)(torch.randn(2, 3, 16, 16))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
