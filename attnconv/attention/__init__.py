@@ -3,7 +3,7 @@
 A thin layer over functional ops:
   - `layer`: SelfAttention2d, its parameters and argument checks.
   - `paths`: the computation paths, one function per `impl` ("dense", "separable", "stacked",
-    "sdpa"), all computing the same function from tensors.
+    "fused", "sdpa"), all computing the same function from tensors.
   - `select`: `resolve_impl`, the path a layer runs (what impl="auto" means).
   - `autocast`: `float32_scores` (scores and softmax in float32 under autocast) and `matmul_dtype`.
 """

@@ -5,7 +5,8 @@ Values `v` (but sdpa's) are the input itself, x (B, H, W, C), for shared values 
 (B, H, W, heads, D) for per-head values. Probabilities are in at least float32; the paths cast
 them to the dtype the matmul runs in. `dropout_p` (> 0 in training only) drops probabilities
 keeping their expectation; `per_sample` draws a mask per sample, else one mask for the batch
-(position-only probabilities, which have no batch dimension).
+(position-only probabilities, which have no batch dimension). `fused` alone also applies the
+output projection (its weight and bias are arguments) and returns the layer's output.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ MODEL_FLAGS = (
     ("downsample", int, "attention models: space-to-depth factor (paper: 2)"),
     ("dropout", float, "attention models: dropout after attention and MLP (paper: 0.1)"),
     ("attn-dropout", float, "attention models: dropout on attention probabilities (paper: 0.1)"),
-    ("impl", str, "attention models: auto, dense, separable, stacked or sdpa"),
+    ("impl", str, "attention models: auto, dense, separable, stacked, fused or sdpa"),
     ("init", str, "quadratic attention models: 'paper' (centers ~ N(0, 2^2)) or 'grid' (centers on the KxK grid)"),
     ("locality", float, "quadratic attention models with --init grid: initial alpha of every head (default 1)"),
     ("pos-init", str, "learned-encoding models: 'authors' (N(0, 1) tables, as the authors' code; default) or 'bert'"),
