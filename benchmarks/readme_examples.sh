@@ -119,7 +119,7 @@ EOF
 cmd 'attnconv train --model sa-quadratic --dataset folder:my-images --out runs/mine' --max-steps 5
 
 # --- Results
-cmd 'attnconv table benchmarks/table1-2ep/*/*'
+cmd 'attnconv table benchmarks/table1/*/*'
 cmd 'attnconv learn-conv --out runs/learn-conv'
 
 # --- Did this script run exactly the README's examples?
