@@ -75,6 +75,17 @@ def test_distance_figure_has_a_line_per_head_and_the_layer_mean(runs, tmp_path):
     assert plot_distance(runs["sa-quadratic"]) == runs["sa-quadratic"] / "distance.png"
 
 
+def test_distance_figure_shows_every_value_in_every_panel():
+    """The panels share their y axis from 0: a later layer's larger distances are not cut off at the
+    first panel's top (they were, with ylim(bottom=0) set per panel)."""
+    snaps = [{"epoch": e, "step": e, "layers": [[{"attention_distance": 1.0 + 0.1 * e}] * 2,
+                                                [{"attention_distance": 2.0 + e}] * 2]} for e in range(3)]
+    fig = distance_figure(snaps)
+    for ax in (a for a in fig.axes if a.get_visible()):
+        bottom, top = ax.get_ylim()
+        assert bottom == 0 and top >= 4.0  # the largest distance, layer 2 at epoch 2
+
+
 def test_spread_epochs_is_dense_early_and_ends_at_the_last():
     assert spread_epochs(range(13)) == [0, 1, 2, 5, 12]
     assert spread_epochs(range(3)) == [0, 1, 2]

@@ -289,6 +289,7 @@ def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
     fig = Figure(figsize=(2.8 * ncols + 1.4, 2.4 * nrows + 0.6))
     axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
     colors = head_colors(heads)
+    top = 1.05 * float(np.nanmax(d)) if np.isfinite(d).any() and np.nanmax(d) > 0 else 1.0
     for i in range(n):
         ax = axes.flat[i]
         for h in range(heads):
@@ -297,7 +298,7 @@ def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
         ax.set_title(f"layer {i + 1}", fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(color="0.9", lw=0.6)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top)  # shared: a bottom alone would freeze the top at the first panel's data
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
