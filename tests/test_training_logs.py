@@ -103,13 +103,8 @@ def test_steps_csv_has_a_row_every_log_every_steps(tmp_path, data_dir):  # noqa:
         assert epoch["train_acc"] == pytest.approx(sum(r["accuracy"] for r in half) / 2, rel=1e-12)
 
 
-def test_resume_after_an_interruption_gives_the_same_steps_csv(tmp_path, data_dir, monkeypatch):  # noqa: F811
-    """Killed right after the row of step 12, whose last checkpoint is step 10: the resumed run drops
-    that row and logs it again, and its sums (steps 10 to 12) span the checkpoint."""
-    extra = ("--log-every", "3", "--checkpoint-every", "5")
-    ref, out = tmp_path / "ref", tmp_path / "run"
-    assert main(tiny_args(ref, data_dir, *extra)) == 0
-
+def interrupt_after_the_row_of_step_12(monkeypatch, out, data_dir, extra) -> None:  # noqa: F811
+    """Train into `out`, killed (Ctrl-C) right after steps.csv's row of step 12; the patch is undone after."""
     original = loop._Trainer._log_steps
 
     def log_then_die(self, lr):
@@ -119,10 +114,20 @@ def test_resume_after_an_interruption_gives_the_same_steps_csv(tmp_path, data_di
 
     monkeypatch.setattr(loop._Trainer, "_log_steps", log_then_die)
     assert main(tiny_args(out, data_dir, *extra)) == 130
+    monkeypatch.undo()
+
+
+def test_resume_after_an_interruption_gives_the_same_steps_csv(tmp_path, data_dir, monkeypatch):  # noqa: F811
+    """Killed right after the row of step 12, whose last checkpoint is step 10: the resumed run drops
+    that row and logs it again, and its sums (steps 10 to 12) span the checkpoint."""
+    extra = ("--log-every", "3", "--checkpoint-every", "5")
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert main(tiny_args(ref, data_dir, *extra)) == 0
+
+    interrupt_after_the_row_of_step_12(monkeypatch, out, data_dir, extra)
     assert [r["step"] for r in read_steps(out)] == [3, 6, 9, 12]
     progress = load_state(out / "state.pt")["progress"]
     assert (progress["step"], progress["step_rows"]) == (10, 3)  # the checkpoint knows of 3 rows
-    monkeypatch.undo()
     assert main(tiny_args(out, data_dir, *extra, "--resume")) == 0
     assert without_timings(read_steps(out)) == without_timings(read_steps(ref))
     assert [r["step"] for r in read_steps(out)] == [3, 6, 9, 12, 15]
@@ -155,16 +160,7 @@ def test_tensorboard_writes_scalars_readable_by_event_accumulator(tmp_path, data
     event_accumulator()
     out = tmp_path / "run"
     extra = ("--log-every", "3", "--checkpoint-every", "5", "--tensorboard")
-    original = loop._Trainer._log_steps
-
-    def log_then_die(self, lr):
-        original(self, lr)
-        if self.progress.step == 12:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(loop._Trainer, "_log_steps", log_then_die)
-    assert main(tiny_args(out, data_dir, *extra)) == 130
-    monkeypatch.undo()
+    interrupt_after_the_row_of_step_12(monkeypatch, out, data_dir, extra)
     assert main(tiny_args(out, data_dir, *extra, "--resume")) == 0
     board, rows, epochs = out / "tensorboard", read_steps(out), read_metrics(out)
     assert board.is_dir() and any(p.name.startswith("events.out.tfevents") for p in board.iterdir())
