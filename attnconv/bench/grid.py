@@ -19,13 +19,14 @@ at each grid, with their GFLOP/s against the 7x7 layer's.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from attnconv.attention import SelfAttention2d
-from attnconv.bench.cases import taken_impl, training_step
+from attnconv.bench.cases import set_impl, taken_impl, training_step
 from attnconv.bench.config import GRID_SIDES, BenchConfig
 from attnconv.bench.presets import ATTENTION_PRESET, RESNET_PRESET, count_step_flops
 from attnconv.bench.results import Section, fmt_timing
@@ -75,7 +76,7 @@ def _layer_step(grid: int, impl: str, batch: int, precision: str, device: str
 
 
 def grid_cases(cfg: BenchConfig, precision: str) -> list[dict[str, Any]]:
-    """Every row's step, unmeasured: kind ("model" or "layer"), grid, name, impl, step."""
+    """Every row's step, unmeasured: kind ("model" or "layer"), grid, name, impl, auto (auto's path), step."""
     batch, cases = cfg.preset_batch, []
     for grid, side, factor in GRIDS:
         if grid not in cfg.grids:
@@ -85,19 +86,17 @@ def grid_cases(cfg: BenchConfig, precision: str) -> list[dict[str, Any]]:
         auto = taken_impl(attention)
         impls = [auto] + {"fused": ["separable"], "stacked": ["fused"]}.get(auto, [])  # and the runner-up
         for impl in impls:
-            model = attention if impl == impls[0] else _model(ATTENTION_PRESET, side, downsample=factor,
-                                                             impl=impl).to(cfg.device).train()
-            if impl != impls[0]:
-                model.load_state_dict(attention.state_dict())
+            model = attention if impl == auto else set_impl(copy.deepcopy(attention), impl)  # the same weights
             cases.append({"kind": "model", "grid": grid, "input": side, "name": "sa-quadratic", "impl": impl,
-                          "step": _step(model, ATTENTION_PRESET, batch, side, precision, cfg.device)})
+                          "auto": impl == auto, "step": _step(model, ATTENTION_PRESET, batch, side, precision,
+                                                              cfg.device)})
         resnet = _model(RESNET_PRESET, side).to(cfg.device).train()
-        cases.append({"kind": "model", "grid": grid, "input": side, "name": "resnet18 (width 16)", "impl": "-",
+        cases.append({"kind": "model", "grid": grid, "input": side, "name": "resnet18 (width 16)", "impl": "-", "auto": False,
                       "step": _step(resnet, RESNET_PRESET, batch, side, precision, cfg.device)})
         for impl in impls:
             step, layer = _layer_step(grid, impl, batch, precision, cfg.device)
             cases.append({"kind": "layer", "grid": grid, "input": side, "name": "SelfAttention2d",
-                          "impl": layer.resolved_impl((grid, grid)), "step": step})
+                          "impl": layer.resolved_impl((grid, grid)), "auto": impl == auto, "step": step})
     return cases
 
 
@@ -141,7 +140,8 @@ def bench_grid(cfg: BenchConfig) -> Section:
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    """vs_7x7, flops_vs_7x7 (against the first 7x7 row of the same kind), vs_resnet and the targets."""
+    """vs_7x7, flops_vs_7x7 (against the first 7x7 row of the same kind), vs_resnet and the targets
+    (on auto's rows)."""
     base = {kind: next((r for r in rows if r["kind"] == kind and r["grid"] == 7), None) for kind in ("model", "layer")}
     resnet = {r["grid"]: r for r in rows if r["name"].startswith("resnet")}
     for r in rows:
@@ -154,11 +154,9 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
                 r["flops_vs_7x7"] = r["gflops_per_s"] / b["gflops_per_s"]
         if r["kind"] == "model" and r["grid"] in resnet:
             r["vs_resnet"] = r["images_per_s"] / resnet[r["grid"]]["images_per_s"]
-        first = not any(o is not r and o["kind"] == r["kind"] and o["grid"] == r["grid"]
-                        for o in rows[:rows.index(r)] if not o["name"].startswith("resnet"))
-        if first and r["kind"] == "model" and r["grid"] in GRID_IMAGES_TARGET:
+        if r["auto"] and r["kind"] == "model" and r["grid"] in GRID_IMAGES_TARGET:
             r["target"], r["target_value"] = GRID_IMAGES_TARGET[r["grid"]], r.get("vs_7x7")
-        if first and r["kind"] == "layer" and r["grid"] in GRID_LAYER_FLOPS_TARGET:
+        if r["auto"] and r["kind"] == "layer" and r["grid"] in GRID_LAYER_FLOPS_TARGET:
             r["target"], r["target_value"] = GRID_LAYER_FLOPS_TARGET[r["grid"]], r.get("flops_vs_7x7")
 
 
