@@ -9,7 +9,7 @@
 - A folder of images (`folder:PATH`): AdamW with a warm-up and cosine decay, the attention
   models at the Fashion-MNIST CPU size, sized to the data and the device:
     - the token grid: a space-to-depth factor that keeps at most 8x8 tokens on the CPU (the
-      Fashion-MNIST preset's 7x7; 16x16, the paper's grid, costs about 8x per image there:
+      Fashion-MNIST preset's 7x7; 16x16, the paper's grid, costs about 9x per image there:
       benchmarks/RESULTS.md, "Speed at the paper's token grid") and 16x16 on a GPU;
     - augmentation that keeps the label: random crops padded by 1/8 of the image side (4 pixels
       at 32, the CIFAR-10 recipe's), no flips (a mirrored digit or letter is another class, or

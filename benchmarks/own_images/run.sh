@@ -10,7 +10,8 @@ PY=${PY:-.venv/bin/python}
 DIGITS=${DIGITS:-runs/digits}
 OUT=${OUT:-runs/own-digits${IMAGE_SIZE:+-$IMAGE_SIZE}}
 [ -d "$DIGITS/train" ] || $PY benchmarks/own_images/digits_folder.py "$DIGITS"
-lscpu | grep -E "Model name|Flags" | sed 's/^Flags:.*\(avx[^ ]*\).*/&/' | cut -c1-200
+lscpu | grep "Model name"
+echo "CPU flags: $(lscpu | grep -o 'avx[0-9a-z_]*\|amx[a-z_]*' | sort -u | tr '\n' ' ')"
 start=$(date +%s)
 $PY -m attnconv train --model sa-quadratic --dataset "folder:$DIGITS" ${IMAGE_SIZE:+--image-size $IMAGE_SIZE} \
     --no-progress --out "$OUT" --overwrite
