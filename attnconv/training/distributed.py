@@ -7,6 +7,7 @@ global batch mean. Only rank 0 prints, logs and writes checkpoints.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -41,6 +42,19 @@ class Dist:
             error = next((e for e in errors if e), None)
         if error:
             raise AttnconvError(error)
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        """Tear the process group down while the interpreter is fully alive (after `barrier` on a
+        clean finish). Left to interpreter exit, gloo's worker threads can outlive the objects they
+        hold and the process aborts ("terminate called without an active exception") after a
+        successful run."""
+        if self.active and dist.is_initialized():
+            gc.collect()  # the DDP wrapper and its reducer, if a cycle still holds them
+            dist.destroy_process_group()
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         if not self.active:

@@ -162,7 +162,9 @@ def train(
     trainer = None
     try:
         trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change)
-        return trainer.run(announce, writer_class)
+        row = trainer.run(announce, writer_class)
+        d.barrier()  # rank 0 writes the last files after the last collective: every rank leaves together
+        return row
     except KeyboardInterrupt:  # Ctrl-C: say where the run stands and how to go on
         where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
         raise Interrupted(f"interrupted{where}; {_last_checkpoint(out)}") from None
@@ -174,8 +176,8 @@ def train(
             lock.release()
             if fresh and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()  # a run that failed before writing anything leaves no directory behind
-        if d.active and dist.is_initialized():
-            dist.destroy_process_group()
+        trainer = None  # DDP's reducer holds the process group: it goes first
+        d.shutdown()
 
 
 def summary_writer_class():
