@@ -4,7 +4,7 @@ FLOPs are 2 per multiply-add. `count_flops(model, (C, H, W))` counts them two wa
 per image, at batch size 1:
 
 - ``total``: every op that ``FlopCounterMode`` counts, i.e. the matrix products and
-  convolutions (mm, addmm, bmm, baddbmm, einsum and matmul through them, conv,
+  convolutions (mm, addmm, bmm, baddbmm and their in-place forms, einsum and matmul through them, conv,
   scaled_dot_product_attention), attention's score and probability-times-value
   products included.
   FlopCounterMode does not count elementwise and reduction ops: softmax, exp,
@@ -67,15 +67,31 @@ def sdpa_backward_flops(grad_out_shape: torch.Size, query_shape: torch.Size, key
     return 2 * b * h * length * s * (3 * d + 2 * d_v)
 
 
-def cpu_attention_formulas() -> dict[Any, Any]:
-    """{op: formula} for the CPU flash attention kernel (forward and backward), where torch has none.
+def addmm_inplace_flops(self_shape: torch.Size, a_shape: torch.Size, b_shape: torch.Size, *args: Any,
+                        out_shape: Any = None, **kwargs: Any) -> int:
+    """acc.addmm_(a, b): the product's 2 m k n, as torch counts addmm (the add is elementwise)."""
+    m, k = a_shape
+    return 2 * m * k * b_shape[-1]
+
+
+def baddbmm_inplace_flops(self_shape: torch.Size, a_shape: torch.Size, b_shape: torch.Size, *args: Any,
+                          out_shape: Any = None, **kwargs: Any) -> int:
+    """acc.baddbmm_(a, b): 2 batch m k n, as torch counts baddbmm."""
+    batch, m, k = a_shape
+    return 2 * batch * m * k * b_shape[-1]
+
+
+def extra_formulas() -> dict[Any, Any]:
+    """{op: formula} where torch has none: the CPU flash attention kernel (forward and backward),
+    and the in-place accumulating products addmm_ and baddbmm_ (the tiled fused path's backward).
 
     The formulas take tensor shapes: FlopCounterMode wraps `custom_mapping` entries to
     pass shapes (so torch's own, already wrapped, formulas must not be handed to it).
     """
     mapping = {}
     for name, formula in (("_scaled_dot_product_flash_attention_for_cpu", sdpa_flops),
-                          ("_scaled_dot_product_flash_attention_for_cpu_backward", sdpa_backward_flops)):
+                          ("_scaled_dot_product_flash_attention_for_cpu_backward", sdpa_backward_flops),
+                          ("addmm_", addmm_inplace_flops), ("baddbmm_", baddbmm_inplace_flops)):
         op = getattr(torch.ops.aten, name, None)
         if op is not None and op not in _torch_flop_counter.flop_registry:
             mapping[op] = formula
@@ -83,8 +99,8 @@ def cpu_attention_formulas() -> dict[Any, Any]:
 
 
 def flop_counter() -> FlopCounterMode:
-    """A FlopCounterMode (no printout) that also counts the CPU attention kernel."""
-    return FlopCounterMode(display=False, custom_mapping=cpu_attention_formulas())
+    """A FlopCounterMode (no printout) that also counts the CPU attention kernel and in-place products."""
+    return FlopCounterMode(display=False, custom_mapping=extra_formulas())
 
 
 @torch.no_grad()

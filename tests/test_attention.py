@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from attnconv.attention import SelfAttention2d
+from attnconv.attention import SelfAttention2d, paths
 from attnconv.errors import AttnconvError
 from attnconv.positional import ENCODINGS
 
@@ -290,6 +290,122 @@ def test_fused_path_falls_back_where_it_cannot_run(monkeypatch):
             SelfAttention2d(4, impl="fused", **kwargs)
 
 
+# The fused path runs a batch in tiles of images when gradients are recorded (a custom backward).
+_TILE_SWEEP = []
+for _i in range(12):
+    _r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=_g))  # noqa: E731
+    _B = _r(2, 5)
+    _TILE_SWEEP.append(dict(encoding=("quadratic", "quadratic-diag", "learned")[_i % 3], heads=_r(1, 9),
+                            cin=_r(1, 8), cout=_r(1, 8), B=_B, H=_r(1, 8), W=_r(1, 8), tile=_r(1, _B - 1),
+                            bias=bool(_i % 2)))
+
+
+def _tiles(monkeypatch, tile):
+    """Make the fused path run tiles of `tile` images whatever their size."""
+    monkeypatch.setattr(paths, "FUSED_TILE_BYTES", 1)
+    monkeypatch.setattr(paths, "FUSED_MIN_TILE", tile)
+
+
+@pytest.mark.parametrize("cfg", _TILE_SWEEP, ids=lambda c: "{encoding}-h{heads}-B{B}-{H}x{W}-tile{tile}".format(**c))
+def test_fused_path_in_tiles_matches_the_equations_forward_and_backward(cfg, monkeypatch):
+    """float64: the tiled forward against Eq. (1)-(3) head by head, and every gradient (input, encoding,
+    projection) against the dense path's autograd, with a last tile smaller than the others."""
+    layer = _randomize(SelfAttention2d(cfg["cin"], cfg["cout"], heads=cfg["heads"], encoding=cfg["encoding"],
+                                       bias=cfg["bias"], max_size=9)).double()
+    x = torch.randn(cfg["B"], cfg["cin"], cfg["H"], cfg["W"], dtype=torch.float64)
+    upstream = torch.randn(cfg["B"], cfg["cout"], cfg["H"], cfg["W"], dtype=torch.float64)
+    ran = []
+    monkeypatch.setattr(paths._FusedTiles, "forward", _spy(paths._FusedTiles.forward, ran))
+    results = {}
+    for impl in ("dense", "fused"):
+        with monkeypatch.context() as m:
+            if impl == "fused":
+                _tiles(m, cfg["tile"])
+            layer.impl = impl
+            layer.zero_grad()
+            xi = x.clone().requires_grad_()
+            y = layer(xi)
+            (y * upstream).sum().backward()
+            results[impl] = (y.detach(), xi.grad, {n: p.grad.clone() for n, p in layer.named_parameters()})
+    assert ran == [cfg["tile"]]  # the tiled function ran, once, with the tile asked for
+    assert _rel(results["fused"][0], reference_mhsa(layer, x)) < 1e-12
+    (y0, gx0, gp0), (y1, gx1, gp1) = results["dense"], results["fused"]
+    assert _rel(y1, y0) < 1e-12 and _rel(gx1, gx0) < 1e-12
+    for n in gp0:
+        assert (gp1[n] - gp0[n]).norm() <= 1e-10 * max(1.0, gp0[n].norm()), n
+
+
+def _spy(forward, seen):
+    def spy(ctx, row, col, x, weight, tile):
+        seen.append(tile)
+        return forward(ctx, row, col, x, weight, tile)
+    return staticmethod(spy).__func__
+
+
+@pytest.mark.parametrize("frozen", ["input", "encoding", "projection"])
+def test_fused_tiles_give_the_gradients_asked_for(frozen, monkeypatch):
+    """An input or parameters without requires_grad get none, and the others are unchanged."""
+    _tiles(monkeypatch, 2)
+    torch.manual_seed(3)
+    layer = _randomize(SelfAttention2d(3, 4, heads=2, encoding="quadratic", impl="fused")).double()
+    x = torch.randn(5, 3, 4, 6, dtype=torch.float64)
+    want = {}
+    layer(x.clone().requires_grad_()).square().sum().backward()
+    want = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    layer.zero_grad()
+    for n, p in layer.named_parameters():
+        p.requires_grad_(not n.startswith({"encoding": "encoding.", "projection": "out."}.get(frozen, "-")))
+    xi = x.clone().requires_grad_(frozen != "input")
+    y = layer(xi)
+    assert y.requires_grad
+    y.square().sum().backward()
+    for n, p in layer.named_parameters():
+        if p.requires_grad:
+            assert _rel(p.grad, want[n]) < 1e-12, n
+        else:
+            assert p.grad is None, n
+    assert (xi.grad is None) == (frozen == "input")
+
+
+def test_fused_tiles_under_bf16_autocast_and_with_a_shared_dropout_mask(monkeypatch):
+    layer = SelfAttention2d(6, 6, heads=3, encoding="learned", impl="fused", attn_dropout=0.3,
+                            attn_dropout_mask="shared").train()
+    x = torch.randn(5, 6, 7, 7)
+    outs = []
+    for tile in (5, 2):  # one tile (the untiled products) and tiles of 2
+        with monkeypatch.context() as m:
+            _tiles(m, tile)
+            layer.zero_grad()
+            torch.manual_seed(0)  # the same dropout masks
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = layer(x)
+            assert y.dtype == torch.bfloat16
+            y.float().square().sum().backward()
+            outs.append((y.float(), {n: p.grad.clone() for n, p in layer.named_parameters()}))
+    (y0, g0), (y1, g1) = outs
+    assert _rel(y1, y0) < 1e-2
+    for n in g0:
+        assert _rel(g1[n], g0[n]) < 3e-2, n
+
+
+def test_fused_tile_size_rule():
+    # a few MB of intermediates a tile, never fewer than FUSED_MIN_TILE images, never more than the batch
+    assert paths.fused_tile(128, 7, 7, 96, 9, 4) == paths.FUSED_TILE_BYTES // (9 * 49 * 96 * 4) > 16
+    assert paths.fused_tile(128, 14, 14, 96, 9, 4) == 6
+    assert paths.fused_tile(128, 32, 32, 96, 9, 4) == paths.FUSED_MIN_TILE
+    assert paths.fused_tile(3, 14, 14, 96, 9, 4) == 3
+    assert paths.fused_tile(128, 14, 14, 96, 9, 2) == 12  # bf16 intermediates: twice the images
+
+
+def test_fused_path_without_gradients_runs_one_tile(monkeypatch):
+    """Inference (and torch.compile, tracing) see the plain products: no custom autograd function."""
+    _tiles(monkeypatch, 1)
+    monkeypatch.setattr(paths._FusedTiles, "apply", lambda *a: pytest.fail("tiled under no_grad"))
+    layer = SelfAttention2d(4, 4, heads=2, impl="fused")
+    with torch.no_grad():
+        layer(torch.randn(3, 4, 9, 9))
+
+
 def test_separable_path_never_forms_the_token_by_token_matrix(monkeypatch):
     layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl="separable")
     monkeypatch.setattr(layer.encoding, "logits", lambda *a: pytest.fail("dense logits formed"))
@@ -468,3 +584,19 @@ def test_without_gradients_the_output_linears_run_as_modules():
     seen.clear()
     layer.forward_tokens(x, then=then)  # 288 tokens > 8: folded in training
     assert seen == []
+
+
+def test_fused_tiles_count_the_same_flops_as_one_tile(monkeypatch):
+    """FLOP counters see the tiled backward's in-place accumulating products (addmm_, baddbmm_)."""
+    from attnconv.flops import flop_counter
+
+    layer = SelfAttention2d(6, 5, heads=3, impl="fused")
+    x = torch.randn(7, 6, 5, 4, requires_grad=True)
+    counts = []
+    for tile in (7, 2):
+        with monkeypatch.context() as m:
+            _tiles(m, tile)
+            with flop_counter() as counter:
+                layer(x).sum().backward()
+            counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] > 0

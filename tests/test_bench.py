@@ -263,7 +263,7 @@ def test_model_size_flags_reach_the_config():
 
 def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, keep_threads):
     """The grid section at toy batch: per grid the attention preset on auto's path (and separable where auto
-    is fused), ResNet on the same input, the layer alone; ratios against the 7x7 rows of the same run."""
+    is fused, and fused in one tile), ResNet on the same input, the layer alone; ratios against the 7x7 rows of the same run."""
     out_json = tmp_path / "bench.json"
     assert main(["bench", "--tiny", "--threads", "1", "--only", "grid", "--grids", "7,14", "--precisions", "fp32",
                  "--json", str(out_json)]) == 0
@@ -273,19 +273,21 @@ def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, 
         ("model", 7, "sa-quadratic", "stacked"), ("model", 7, "sa-quadratic", "fused"),
         ("model", 7, "resnet18 (width 16)", "-"),
         ("layer", 7, "SelfAttention2d", "stacked"), ("layer", 7, "SelfAttention2d", "fused"),
-        ("model", 14, "sa-quadratic", "fused"), ("model", 14, "sa-quadratic", "separable"),
-        ("model", 14, "resnet18 (width 16)", "-"),
-        ("layer", 14, "SelfAttention2d", "fused"), ("layer", 14, "SelfAttention2d", "separable")]
+        ("model", 14, "sa-quadratic", "fused"), ("model", 14, "sa-quadratic", "fused, one tile"),
+        ("model", 14, "sa-quadratic", "separable"), ("model", 14, "resnet18 (width 16)", "-"),
+        ("layer", 14, "SelfAttention2d", "fused"), ("layer", 14, "SelfAttention2d", "fused, one tile"),
+        ("layer", 14, "SelfAttention2d", "separable")]
     for r in rows:
         assert r["images_per_s"] > 0 and r["flops"] > 0 and r["gflops_per_s"] > 0
         if r["name"] != "resnet18 (width 16)":
             base = next(b for b in rows if b["kind"] == r["kind"] and b["grid"] == 7)
             assert r["vs_7x7"] == pytest.approx(r["images_per_s"] / base["images_per_s"])
-    fused, separable = rows[5], rows[6]
-    assert fused["flops"] == separable["flops"]  # the same products, ordered differently
+    fused, one_tile, separable = rows[5], rows[6], rows[7]
+    assert fused["flops"] == one_tile["flops"] == separable["flops"]  # the same products, ordered or tiled differently
     assert rows[1]["flops"] < rows[0]["flops"]  # at 7x7 too: fused does fewer FLOPs than stacked's dense ones
     assert fused["target"] == 0.25 and fused["target_value"] == fused["vs_7x7"] and "target" not in separable
-    assert fused["vs_resnet"] == pytest.approx(fused["images_per_s"] / rows[7]["images_per_s"])
+    assert "target" not in one_tile
+    assert fused["vs_resnet"] == pytest.approx(fused["images_per_s"] / rows[8]["images_per_s"])
 
 
 def test_grids_flag_names_the_grids_it_knows(capsys):

@@ -12,6 +12,8 @@ output projection (its weight and bias are arguments) and returns the layer's ou
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +68,39 @@ def _factor_dropout(row: Tensor, col: Tensor, B: int, dropout_p: float, per_samp
     return F.dropout(row, r, training=True), F.dropout(col, r, training=True)
 
 
+# The fused path runs a batch in tiles of images whose row-factor output (heads x the tile's
+# activations) takes about this many bytes, so that the three products of a tile and their
+# gradients find their operands in cache rather than in memory; at least FUSED_MIN_TILE images a
+# tile (smaller tiles lose more to per-product overhead than they gain). Calibrated on 2-core AMD
+# EPYC CPUs (benchmarks/RESULTS.md, "The fused path in tiles").
+FUSED_TILE_BYTES = 4 * 2**20
+FUSED_MIN_TILE = 4
+
+
+_one_tile = False
+
+
+@contextmanager
+def fused_in_one_tile() -> Iterator[None]:
+    """Within it, the fused path runs every batch as one tile (the benchmarks' comparison)."""
+    global _one_tile
+    before, _one_tile = _one_tile, True
+    try:
+        yield
+    finally:
+        _one_tile = before
+
+
+def fused_tile(batch: int, H: int, W: int, C: int, heads: int, itemsize: int) -> int:
+    """Images per tile of the fused path for x (batch, H, W, C); `batch` itself means one tile."""
+    if _one_tile:
+        return batch
+    per_image = heads * H * W * C * itemsize
+    return min(batch, max(FUSED_MIN_TILE, FUSED_TILE_BYTES // per_image))
+
+
 def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None = None,
-          dropout_p: float = 0.0) -> Tensor:
+          dropout_p: float = 0.0, tile: int | None = None) -> Tensor:
     """Shared values and separable probabilities, the output projection run between the two factors:
     x (B, H, W, C) -> MHSA(x) (B, H, W, C_out), with weight (C_out, heads * C) and bias (C_out,).
 
@@ -83,19 +116,129 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
     copy for `separable` followed by the projection, and no product has a batch of tiny
     matrices (separable's (W, W) @ (W, C) per image, head and row). Same FLOPs as separable + the
     projection. Dropout: one mask per factor for the batch (`per-sample` masks take `separable`).
+
+    With gradients, the batch runs in tiles of `tile` images (default `fused_tile`: a few MB of
+    intermediates a tile), forward and backward, so each tile's products work in cache: the same
+    products and FLOPs, the intermediates of a tile written once and read once by its backward.
+    Without gradients, under torch.compile and when tracing, one tile (Inductor and exporters see
+    plain tensor operations).
     """
     dtype = matmul_dtype(x)
     B, H, W, C = x.shape
-    heads, c_out = row.shape[0], weight.shape[0]
+    heads = row.shape[0]
     row, col = _factor_dropout(row.to(dtype), col.to(dtype), B, dropout_p, per_sample=False)
-    xp = x.to(dtype).permute(1, 2, 0, 3).reshape(H, W * B * C)  # [k, (l, b, c)]: one copy of the input
-    z = torch.mm(row.transpose(0, 1).reshape(H * heads, H), xp)  # [(i, h), (l, b, c)]
-    w = weight.to(dtype).view(c_out, heads, C).permute(1, 2, 0)  # (heads, C, C_out)
-    y = torch.matmul(z.view(H, heads, W * B, C), w)  # (H, heads, W * B, C_out): (i, h, l, b, o)
-    cols = col.transpose(0, 1).reshape(W, heads * W).expand(H, -1, -1)  # [j, (h, l)], shared by the rows
-    out = torch.bmm(cols, y.view(H, heads * W, B * c_out))  # (i, j, (b, o))
-    out = out.view(H, W, B, c_out).permute(2, 0, 1, 3)  # (B, H, W, C_out), a view
+    x, weight = x.to(dtype), weight.to(dtype)
+    if tile is None:
+        tile = fused_tile(B, H, W, C, heads, x.element_size())
+    if (tile >= B or not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or torch.jit.is_scripting()):
+        out = _fused_untiled(row, col, x, weight)
+    else:
+        with torch.autocast(x.device.type, enabled=False):  # every operand is in `dtype` already
+            out = _FusedTiles.apply(row, col, x, weight, tile)
     return out if bias is None else out + bias.to(out.dtype)
+
+
+def _fused_operands(row: Tensor, col: Tensor, weight: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The factors and the projection as the products take them: rows R [(i, h), k] (H * heads, H),
+    columns [j, (h, l)] (W, heads * W), weights per head (heads, C, C_out)."""
+    heads, H, W, c_out = row.shape[0], row.shape[1], col.shape[1], weight.shape[0]
+    rows = row.transpose(0, 1).reshape(H * heads, H)
+    cols = col.transpose(0, 1).reshape(W, heads * W)
+    w = weight.view(c_out, heads, C).permute(1, 2, 0)
+    return rows, cols, w
+
+
+def _fused_untiled(row: Tensor, col: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+    B, H, W, C = x.shape
+    heads, c_out = row.shape[0], weight.shape[0]
+    rows, cols, w = _fused_operands(row, col, weight, C)
+    xp = x.permute(1, 2, 0, 3).reshape(H, W * B * C)  # [k, (l, b, c)]: one copy of the input
+    z = torch.mm(rows, xp)  # [(i, h), (l, b, c)]
+    y = torch.matmul(z.view(H, heads, W * B, C), w)  # (H, heads, W * B, C_out): (i, h, l, b, o)
+    out = torch.bmm(cols.expand(H, -1, -1), y.view(H, heads * W, B * c_out))  # (i, j, (b, o))
+    return out.view(H, W, B, c_out).permute(2, 0, 1, 3)  # (B, H, W, C_out), a view
+
+
+class _FusedTiles(torch.autograd.Function):
+    """`_fused_untiled` over tiles of images, forward and backward (the gradients written out).
+
+    Per tile (b images): z = R @ x_t, y = z @ W_h, out_t = cols @ y, as in `_fused_untiled`.
+    Backward per tile, from g_t = dL/d out_t [i, j, (b, o)]:
+        d cols += sum_i g_t[i] @ y[i]^T,      dy = cols^T @ g_t[i] (per i),
+        dW_h   += sum_i z[i, h]^T @ dy[i, h],  dz = dy @ W_h^T,
+        dR     += dz @ x_t^T,                  dx_t = R^T @ dz.
+    Memory traffic is what bounds these products (the factors contract over H or W positions
+    only), so the tensors of heads x a tile's activations are written where they stay in cache:
+    z, dy and dz into one buffer each, reused by every tile (z is recomputed in the backward, a
+    cheap product); only y, which the column gradient needs, is kept per tile. The projection
+    runs as one batched product over (row, head) with the weights laid out per (row, head) once.
+    """
+
+    @staticmethod
+    def forward(ctx, row: Tensor, col: Tensor, x: Tensor, weight: Tensor, tile: int) -> Tensor:
+        B, H, W, C = x.shape
+        heads, c_out = row.shape[0], weight.shape[0]
+        rows, cols, w = _fused_operands(row, col, weight, C)
+        rows, cols = rows.contiguous(), cols.contiguous()
+        w_rows = w.expand(H, heads, C, c_out).reshape(H * heads, C, c_out)  # W_h for every (i, h)
+        z_buf = x.new_empty(H * heads * W * tile * C)
+        out = x.new_empty(H, W, B, c_out)
+        saved = []
+        for b0 in range(0, B, tile):
+            b = min(tile, B - b0)
+            xp = x[b0:b0 + b].permute(1, 2, 0, 3).reshape(H, W * b * C)  # [k, (l, b, c)]
+            z = torch.mm(rows, xp, out=z_buf[:H * heads * W * b * C].view(H * heads, W * b * C))
+            y = torch.bmm(z.view(H * heads, W * b, C), w_rows)  # [(i, h), (l, b), o]
+            out[:, :, b0:b0 + b] = torch.bmm(cols.expand(H, -1, -1), y.view(H, heads * W, b * c_out)).view(H, W, b, c_out)
+            saved += [xp, y]
+        ctx.save_for_backward(rows, cols, w_rows, *saved)
+        ctx.tile, ctx.shape = tile, (B, H, W, C, heads, c_out)
+        return out.permute(2, 0, 1, 3)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        rows, cols, w_rows, *saved = ctx.saved_tensors
+        B, H, W, C, heads, c_out = ctx.shape
+        tile = ctx.tile
+        need_row, need_col, need_x, need_w, _ = ctx.needs_input_grad
+        d_rows = torch.zeros_like(rows) if need_row else None
+        d_cols = grad.new_zeros(H, W, heads * W) if need_col else None  # summed over the rows i at the end
+        d_w = torch.zeros_like(w_rows) if need_w else None  # per (i, h), summed over i at the end
+        dx = grad.new_empty(H, W, B, C) if need_x else None
+        cols_t = cols.t().expand(H, -1, -1)
+        z_buf, dy_buf, dz_buf = (grad.new_empty(H * heads * W * tile * n) for n in (C, c_out, C))
+        g = grad.permute(1, 2, 0, 3)  # (H, W, B, C_out), a view
+        for t, b0 in enumerate(range(0, B, tile)):
+            b = min(tile, B - b0)
+            xp, y = saved[2 * t: 2 * t + 2]
+            g_t = g[:, :, b0:b0 + b].reshape(H, W, b * c_out)
+            if need_col:
+                d_cols.baddbmm_(g_t, y.view(H, heads * W, b * c_out).transpose(1, 2))
+            if not (need_row or need_x or need_w):
+                continue
+            n = H * heads * W * b
+            dy = torch.bmm(cols_t, g_t, out=dy_buf[:n * c_out].view(H, heads * W, b * c_out))
+            dy = dy.view(H * heads, W * b, c_out)
+            if need_w:
+                z = torch.mm(rows, xp, out=z_buf[:n * C].view(H * heads, W * b * C))
+                d_w.baddbmm_(z.view(H * heads, W * b, C).transpose(1, 2), dy)
+            if not (need_row or need_x):
+                continue
+            dz = torch.bmm(dy, w_rows.transpose(1, 2), out=dz_buf[:n * C].view(H * heads, W * b, C))
+            dz = dz.view(H * heads, W * b * C)
+            if need_row:
+                d_rows.addmm_(dz, xp.t())
+            if need_x:
+                dx[:, :, b0:b0 + b] = torch.mm(rows.t(), dz).view(H, W, b, C)
+        return (
+            None if d_rows is None else d_rows.view(H, heads, H).transpose(0, 1),
+            None if d_cols is None else d_cols.sum(0).view(W, heads, W).transpose(0, 1),
+            None if dx is None else dx.permute(2, 0, 1, 3),
+            None if d_w is None else d_w.view(H, heads, C, c_out).sum(0).permute(2, 0, 1).reshape(c_out, heads * C),
+            None,
+        )
 
 
 def _apply_factors_shared(row: Tensor, col: Tensor, x: Tensor) -> Tensor:

@@ -3,8 +3,8 @@
 Each grid is an input size and a space-to-depth factor: 28x28 / 4 (the Fashion-MNIST preset),
 28x28 / 2 (the paper's grid on Fashion-MNIST), 32x32 / 2 (CIFAR-10 at the paper's 2x2 patches)
 and 32x32 / 1. At every grid the attention preset's model (`fmnist-sa-quadratic`: hidden 96,
-4 layers, 9 heads) runs the path `impl="auto"` picks and the runner-up (separable, auto's path
-before the fused one, beside fused; fused beside stacked on the small grids), and ResNet-18 at
+4 layers, 9 heads) runs the path `impl="auto"` picks and the runners-up (`RUNNERS_UP`: beside
+fused, fused in one tile and separable; fused beside stacked on the small grids), and ResNet-18 at
 width 16 (the ResNet preset) runs on the same input. Everything is timed interleaved in one
 process, at one batch and precision, so every ratio in the table is measured against rows of
 the same run:
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from attnconv.attention import SelfAttention2d
+from attnconv.attention.paths import fused_in_one_tile
 from attnconv.bench.cases import set_impl, taken_impl, training_step
 from attnconv.bench.config import GRID_SIDES, BenchConfig
 from attnconv.bench.presets import ATTENTION_PRESET, RESNET_PRESET, count_step_flops
@@ -41,6 +42,11 @@ assert tuple(g for g, _, _ in GRIDS) == GRID_SIDES
 # Targets (ratios in one process): 14x14 images/s over 7x7's; the 16x16 layer's GFLOP/s over 7x7's.
 GRID_IMAGES_TARGET = {14: 0.25}
 GRID_LAYER_FLOPS_TARGET = {16: 0.8}
+# Beside auto's path, the runner-up: where auto takes the fused path, the same path in one tile (the
+# batch's products at once, as before tiles) and separable (auto's path before the fused one); fused
+# beside stacked on the small grids.
+ONE_TILE = ", one tile"
+RUNNERS_UP = {"fused": ["fused" + ONE_TILE, "separable"], "stacked": ["fused"]}
 
 
 def _model(preset: str, side: int, **overrides: Any) -> torch.nn.Module:
@@ -84,20 +90,30 @@ def grid_cases(cfg: BenchConfig, precision: str) -> list[dict[str, Any]]:
         torch.manual_seed(0)
         attention = _model(ATTENTION_PRESET, side, downsample=factor).to(cfg.device).train()
         auto = taken_impl(attention)
-        impls = [auto] + {"fused": ["separable"], "stacked": ["fused"]}.get(auto, [])  # and the runner-up
+        impls = [auto] + RUNNERS_UP.get(auto, [])
         for impl in impls:
-            model = attention if impl == auto else set_impl(copy.deepcopy(attention), impl)  # the same weights
+            path = impl.removesuffix(ONE_TILE)
+            model = attention if impl == auto else set_impl(copy.deepcopy(attention), path)  # the same weights
+            step = _step(model, ATTENTION_PRESET, batch, side, precision, cfg.device)
             cases.append({"kind": "model", "grid": grid, "input": side, "name": "sa-quadratic", "impl": impl,
-                          "auto": impl == auto, "step": _step(model, ATTENTION_PRESET, batch, side, precision,
-                                                              cfg.device)})
+                          "auto": impl == auto, "step": _in_one_tile(step) if path != impl else step})
         resnet = _model(RESNET_PRESET, side).to(cfg.device).train()
         cases.append({"kind": "model", "grid": grid, "input": side, "name": "resnet18 (width 16)", "impl": "-", "auto": False,
                       "step": _step(resnet, RESNET_PRESET, batch, side, precision, cfg.device)})
         for impl in impls:
-            step, layer = _layer_step(grid, impl, batch, precision, cfg.device)
+            path = impl.removesuffix(ONE_TILE)
+            step, layer = _layer_step(grid, path, batch, precision, cfg.device)
             cases.append({"kind": "layer", "grid": grid, "input": side, "name": "SelfAttention2d",
-                          "impl": layer.resolved_impl((grid, grid)), "auto": impl == auto, "step": step})
+                          "impl": layer.resolved_impl((grid, grid)) + impl.removeprefix(path), "auto": impl == auto,
+                          "step": _in_one_tile(step) if path != impl else step})
     return cases
+
+
+def _in_one_tile(step: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with fused_in_one_tile():
+            step()
+    return run
 
 
 def bench_grid(cfg: BenchConfig) -> Section:
@@ -129,7 +145,8 @@ def bench_grid(cfg: BenchConfig) -> Section:
     sec.notes.append(
         "one process, every row of a precision timed interleaved after warm-up; attention rows: "
         f"{ATTENTION_PRESET}'s model (AdamW) at the input size and space-to-depth factor of the grid, the path "
-        "impl='auto' takes and the runner-up (separable beside fused, fused beside stacked); ResNet: "
+        "impl='auto' takes and the runner-up (fused in one tile and separable beside fused, fused beside stacked); "
+        "ResNet: "
         f"{RESNET_PRESET}'s model (SGD) on the same input; layer rows: SelfAttention2d(96, heads=9) alone, forward + backward")
     sec.notes.append(
         "vs 7x7: images/s over the 7x7 row of the same kind (the preset); GFLOP/s vs 7x7: GFLOP/s over it; "
