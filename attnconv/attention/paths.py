@@ -117,19 +117,18 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
     matrices (separable's (W, W) @ (W, C) per image, head and row). Same FLOPs as separable + the
     projection. Dropout: one mask per factor for the batch (`per-sample` masks take `separable`).
 
-    With gradients, the batch runs in tiles of `tile` images (default `fused_tile`: a few MB of
-    intermediates a tile), forward and backward, so each tile's products work in cache: the same
-    products and FLOPs, the intermediates of a tile written once and read once by its backward.
-    Without gradients, under torch.compile and when tracing, one tile (Inductor and exporters see
-    plain tensor operations).
+    With gradients on the CPU, the batch runs in tiles of `tile` images (default `fused_tile`: a few
+    MB of intermediates a tile), forward and backward (`_FusedTiles`), so each tile's products work
+    in cache: the same products and FLOPs. On a GPU, without gradients, under torch.compile and when
+    tracing, one tile (Inductor and exporters see plain tensor operations).
     """
     dtype = matmul_dtype(x)
     B, H, W, C = x.shape
     heads = row.shape[0]
     row, col = _factor_dropout(row.to(dtype), col.to(dtype), B, dropout_p, per_sample=False)
     x, weight = x.to(dtype), weight.to(dtype)
-    if tile is None:
-        tile = fused_tile(B, H, W, C, heads, x.element_size())
+    if tile is None:  # tiles are for CPU caches; a GPU runs the whole batch's products best
+        tile = fused_tile(B, H, W, C, heads, x.element_size()) if x.device.type == "cpu" else B
     if (tile >= B or not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
             or torch.jit.is_scripting()):
         out = _fused_untiled(row, col, x, weight)
