@@ -586,17 +586,43 @@ def test_without_gradients_the_output_linears_run_as_modules():
     assert seen == []
 
 
-def test_fused_tiles_count_the_same_flops_as_one_tile(monkeypatch):
-    """FLOP counters see the tiled backward's in-place accumulating products (addmm_, baddbmm_)."""
+def test_fused_tiles_count_the_untiled_flops_plus_the_recomputed_row_factor():
+    """FLOP counters see the tiled backward's in-place accumulating products (addmm_, baddbmm_); the
+    tiles add exactly one row-factor product per image (z, recomputed for the weight's gradient).
+    Called on the path itself: a FlopCounterMode's module hooks make the layer take `separable`."""
     from attnconv.flops import flop_counter
 
-    layer = SelfAttention2d(6, 5, heads=3, impl="fused")
-    x = torch.randn(7, 6, 5, 4, requires_grad=True)
+    B, H, W, C, c_out, heads = 7, 5, 4, 6, 3, 3
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(heads, H, H, generator=g).softmax(-1).requires_grad_()
+    col = torch.randn(heads, W, W, generator=g).softmax(-1).requires_grad_()
+    x = torch.randn(B, H, W, C, generator=g, requires_grad=True)
+    weight = torch.randn(c_out, heads * C, generator=g, requires_grad=True)
     counts = []
-    for tile in (7, 2):
-        with monkeypatch.context() as m:
-            _tiles(m, tile)
-            with flop_counter() as counter:
-                layer(x).sum().backward()
-            counts.append(counter.get_total_flops())
-    assert counts[0] == counts[1] > 0
+    for tile in (B, 2):
+        with flop_counter() as counter:
+            paths.fused(row, col, x, weight, tile=tile).sum().backward()
+        counts.append(counter.get_total_flops())
+    assert counts[1] - counts[0] == 2 * H * heads * H * W * B * C > 0
+
+
+def test_fused_tiles_under_torch_func_transforms_and_inplace_changes_after_the_forward(monkeypatch):
+    """torch.func.grad / vmap see the untiled products (the tiled function has no rules for them);
+    an input changed in place after the forward does not change the backward (saved copies)."""
+    _tiles(monkeypatch, 1)
+    torch.manual_seed(4)
+    layer = _randomize(SelfAttention2d(3, 2, heads=1, impl="fused")).double()
+    x = torch.randn(3, 3, 4, 5, dtype=torch.float64)
+    want = torch.autograd.grad(layer(x.clone().requires_grad_()).square().sum(), layer.out.weight)[0]
+    grad_x = torch.func.grad(lambda xx: layer(xx).square().sum())(x)
+    xr = x.clone().requires_grad_()
+    assert _rel(grad_x, torch.autograd.grad(layer(xr).square().sum(), xr)[0]) < 1e-12
+    batched = torch.func.vmap(layer)(torch.stack([x, 2 * x]))  # batches of 3 inside: tiles of 1 without the check
+    assert _rel(batched[1], layer(2 * x)) < 1e-12
+    xi = x.clone().requires_grad_()
+    y = xi * 1
+    out = layer(y)
+    with torch.no_grad():
+        y.mul_(3)  # after the forward: the saved tiles keep what the forward saw
+    got = torch.autograd.grad(out.square().sum(), layer.out.weight)[0]
+    assert _rel(got, want) < 1e-12

@@ -119,7 +119,7 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
 
     With gradients on the CPU, the batch runs in tiles of `tile` images (default `fused_tile`: a few
     MB of intermediates a tile), forward and backward (`_FusedTiles`), so each tile's products work
-    in cache: the same products and FLOPs. On a GPU, without gradients, under torch.compile and when
+    in cache: the same products, plus the row factor recomputed once per tile. On a GPU, without gradients, under torch.compile and when
     tracing, one tile (Inductor and exporters see plain tensor operations).
     """
     dtype = matmul_dtype(x)
@@ -130,12 +130,34 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
     if tile is None:  # tiles are for CPU caches; a GPU runs the whole batch's products best
         tile = fused_tile(B, H, W, C, heads, x.element_size()) if x.device.type == "cpu" else B
     if (tile >= B or not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.jit.is_scripting()):
+            or torch.jit.is_scripting() or _functorch_wrapped(x)):
         out = _fused_untiled(row, col, x, weight)
     else:
         with torch.autocast(x.device.type, enabled=False):  # every operand is in `dtype` already
             out = _FusedTiles.apply(row, col, x, weight, tile)
     return out if bias is None else out + bias.to(out.dtype)
+
+
+def _functorch_wrapped(x: Tensor) -> bool:
+    """x is a torch.func transform's tensor (vmap, grad): the tiled function's written-out backward
+    has no rules for them, so those transforms see the untiled products."""
+    check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    return bool(check is not None and check(x))
+
+
+def _owned(t: Tensor) -> Tensor:
+    """t itself if it owns its storage, else a copy: a tensor saved for the backward must not be a
+    view of an input that the caller may change in place after the forward."""
+    return t if t._base is None else t.clone()
+
+
+def _accumulate(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """acc += a @ b (2-D) or a batched @ b (3-D); acc may be float32 for bf16/fp16 products, so
+    that summing over many tiles does not lose the low-precision dtype's few bits each time."""
+    if acc.dtype == a.dtype:
+        (acc.addmm_ if a.ndim == 2 else acc.baddbmm_)(a, b)
+    else:
+        acc.add_(torch.mm(a, b) if a.ndim == 2 else torch.bmm(a, b))
 
 
 def _fused_operands(row: Tensor, col: Tensor, weight: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -170,8 +192,12 @@ class _FusedTiles(torch.autograd.Function):
     Memory traffic is what bounds these products (the factors contract over H or W positions
     only), so the tensors of heads x a tile's activations are written where they stay in cache:
     z, dy and dz into one buffer each, reused by every tile (z is recomputed in the backward, a
-    cheap product); only y, which the column gradient needs, is kept per tile. The projection
-    runs as one batched product over (row, head) with the weights laid out per (row, head) once.
+    cheap product: the tiled path counts one more row-factor product per tile than the untiled
+    one); only y, which the column gradient needs, is kept per tile. The projection runs as one
+    batched product over (row, head) with the weights laid out per (row, head) once (an H-fold
+    copy of the weight, kept for the backward). The factors' and the weight's gradients are
+    summed over tiles in at least float32. The backward is not itself differentiable (no double
+    backward: `impl="separable"` has one).
     """
 
     @staticmethod
@@ -179,14 +205,14 @@ class _FusedTiles(torch.autograd.Function):
         B, H, W, C = x.shape
         heads, c_out = row.shape[0], weight.shape[0]
         rows, cols, w = _fused_operands(row, col, weight, C)
-        rows, cols = rows.contiguous(), cols.contiguous()
-        w_rows = w.expand(H, heads, C, c_out).reshape(H * heads, C, c_out)  # W_h for every (i, h)
+        rows, cols = _owned(rows.contiguous()), _owned(cols.contiguous())
+        w_rows = _owned(w.expand(H, heads, C, c_out).reshape(H * heads, C, c_out))  # W_h for every (i, h)
         z_buf = x.new_empty(H * heads * W * tile * C)
         out = x.new_empty(H, W, B, c_out)
         saved = []
         for b0 in range(0, B, tile):
             b = min(tile, B - b0)
-            xp = x[b0:b0 + b].permute(1, 2, 0, 3).reshape(H, W * b * C)  # [k, (l, b, c)]
+            xp = _owned(x[b0:b0 + b].permute(1, 2, 0, 3).reshape(H, W * b * C))  # [k, (l, b, c)]
             z = torch.mm(rows, xp, out=z_buf[:H * heads * W * b * C].view(H * heads, W * b * C))
             y = torch.bmm(z.view(H * heads, W * b, C), w_rows)  # [(i, h), (l, b), o]
             out[:, :, b0:b0 + b] = torch.bmm(cols.expand(H, -1, -1), y.view(H, heads * W, b * c_out)).view(H, W, b, c_out)
@@ -202,9 +228,10 @@ class _FusedTiles(torch.autograd.Function):
         B, H, W, C, heads, c_out = ctx.shape
         tile = ctx.tile
         need_row, need_col, need_x, need_w, _ = ctx.needs_input_grad
-        d_rows = torch.zeros_like(rows) if need_row else None
-        d_cols = grad.new_zeros(H, W, heads * W) if need_col else None  # summed over the rows i at the end
-        d_w = torch.zeros_like(w_rows) if need_w else None  # per (i, h), summed over i at the end
+        acc = torch.promote_types(grad.dtype, torch.float32)  # gradients summed over tiles in at least float32
+        d_rows = rows.new_zeros(rows.shape, dtype=acc) if need_row else None
+        d_cols = grad.new_zeros((H, W, heads * W), dtype=acc) if need_col else None  # summed over rows i at the end
+        d_w = w_rows.new_zeros(w_rows.shape, dtype=acc) if need_w else None  # per (i, h), summed over i at the end
         dx = grad.new_empty(H, W, B, C) if need_x else None
         cols_t = cols.t().expand(H, -1, -1)
         z_buf, dy_buf, dz_buf = (grad.new_empty(H * heads * W * tile * n) for n in (C, c_out, C))
@@ -214,7 +241,7 @@ class _FusedTiles(torch.autograd.Function):
             xp, y = saved[2 * t: 2 * t + 2]
             g_t = g[:, :, b0:b0 + b].reshape(H, W, b * c_out)
             if need_col:
-                d_cols.baddbmm_(g_t, y.view(H, heads * W, b * c_out).transpose(1, 2))
+                _accumulate(d_cols, g_t, y.view(H, heads * W, b * c_out).transpose(1, 2))
             if not (need_row or need_x or need_w):
                 continue
             n = H * heads * W * b
@@ -222,20 +249,21 @@ class _FusedTiles(torch.autograd.Function):
             dy = dy.view(H * heads, W * b, c_out)
             if need_w:
                 z = torch.mm(rows, xp, out=z_buf[:n * C].view(H * heads, W * b * C))
-                d_w.baddbmm_(z.view(H * heads, W * b, C).transpose(1, 2), dy)
+                _accumulate(d_w, z.view(H * heads, W * b, C).transpose(1, 2), dy)
             if not (need_row or need_x):
                 continue
             dz = torch.bmm(dy, w_rows.transpose(1, 2), out=dz_buf[:n * C].view(H * heads, W * b, C))
             dz = dz.view(H * heads, W * b * C)
             if need_row:
-                d_rows.addmm_(dz, xp.t())
+                _accumulate(d_rows, dz, xp.t())
             if need_x:
                 dx[:, :, b0:b0 + b] = torch.mm(rows.t(), dz).view(H, W, b, C)
+        dtype = grad.dtype
         return (
-            None if d_rows is None else d_rows.view(H, heads, H).transpose(0, 1),
-            None if d_cols is None else d_cols.sum(0).view(W, heads, W).transpose(0, 1),
+            None if d_rows is None else d_rows.view(H, heads, H).transpose(0, 1).to(dtype),
+            None if d_cols is None else d_cols.sum(0).view(W, heads, W).transpose(0, 1).to(dtype),
             None if dx is None else dx.permute(2, 0, 1, 3),
-            None if d_w is None else d_w.view(H, heads, C, c_out).sum(0).permute(2, 0, 1).reshape(c_out, heads * C),
+            None if d_w is None else d_w.view(H, heads, C, c_out).sum(0).permute(2, 0, 1).reshape(c_out, heads * C).to(dtype),
             None,
         )
 
