@@ -119,8 +119,9 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
 
     With gradients on the CPU, the batch runs in tiles of `tile` images (default `fused_tile`: a few
     MB of intermediates a tile), forward and backward (`_FusedTiles`), so each tile's products work
-    in cache: the same products, plus the row factor recomputed once per tile. On a GPU, without gradients, under torch.compile and when
-    tracing, one tile (Inductor and exporters see plain tensor operations).
+    in cache: the same products, plus the row factor recomputed once per tile. On a GPU, without
+    gradients, under torch.compile and torch.func transforms and when tracing, one tile (Inductor
+    and exporters see plain tensor operations).
     """
     dtype = matmul_dtype(x)
     B, H, W, C = x.shape
