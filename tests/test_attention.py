@@ -626,3 +626,46 @@ def test_fused_tiles_under_torch_func_transforms_and_inplace_changes_after_the_f
         y.mul_(3)  # after the forward: the saved tiles keep what the forward saw
     got = torch.autograd.grad(out.square().sum(), layer.out.weight)[0]
     assert _rel(got, want) < 1e-12
+
+
+def test_fused_tiles_have_a_double_backward(monkeypatch):
+    """create_graph=True through the tiled path: gradgradcheck in float64, and a gradient penalty
+    (the input gradient's norm, differentiated for the parameters) equal to the dense path's."""
+    _tiles(monkeypatch, 2)
+    g = torch.Generator().manual_seed(5)
+    B, H, W, C, c_out, heads = 5, 3, 4, 2, 3, 2
+    row = torch.randn(heads, H, H, generator=g, dtype=torch.float64).softmax(-1).requires_grad_()
+    col = torch.randn(heads, W, W, generator=g, dtype=torch.float64).softmax(-1).requires_grad_()
+    x = torch.randn(B, H, W, C, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(c_out, heads * C, generator=g, dtype=torch.float64, requires_grad=True)
+    ran = []
+    monkeypatch.setattr(paths._FusedTiles, "forward", _spy(paths._FusedTiles.forward, ran))
+    assert torch.autograd.gradgradcheck(lambda *a: paths.fused(*a), (row, col, x, weight))
+    assert ran and set(ran) == {2}  # every call took the tiles
+
+    calls_before = len(ran)
+    torch.manual_seed(6)
+    layer = _randomize(SelfAttention2d(3, 4, heads=3, encoding="quadratic", max_size=6)).double()
+    xs = torch.randn(5, 3, 4, 5, dtype=torch.float64)
+    penalties = {}
+    for impl in ("dense", "fused"):
+        layer.impl = impl
+        layer.zero_grad()
+        xi = xs.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(layer(xi).sin().sum(), xi, create_graph=True)
+        gx.square().sum().backward()
+        penalties[impl] = {n: p.grad.clone() for n, p in layer.named_parameters()}
+    assert len(ran) > calls_before  # the layer's fused run took the tiles
+    for n, want in penalties["dense"].items():
+        assert _rel(penalties["fused"][n], want) < 1e-10, n
+
+
+def test_fused_tiles_double_backward_after_an_inplace_change_names_the_input(monkeypatch):
+    _tiles(monkeypatch, 1)
+    layer = SelfAttention2d(3, 2, heads=1, impl="fused").double()
+    y = torch.randn(3, 3, 4, 5, dtype=torch.float64, requires_grad=True) * 1
+    out = layer(y)
+    with torch.no_grad():
+        y.mul_(3)
+    with pytest.raises(RuntimeError, match="the input of an attention layer was changed in place"):
+        torch.autograd.grad(out.sum(), layer.out.weight, create_graph=True)

@@ -197,8 +197,13 @@ class _FusedTiles(torch.autograd.Function):
     one); only y, which the column gradient needs, is kept per tile. The projection runs as one
     batched product over (row, head) with the weights laid out per (row, head) once (an H-fold
     copy of the weight, kept for the backward). The factors' and the weight's gradients are
-    summed over tiles in at least float32. The backward is not itself differentiable (no double
-    backward: `impl="separable"` has one).
+    summed over tiles in at least float32.
+
+    Double backward (`create_graph=True`: gradient penalties, Hessian-vector products): the
+    backward then differentiates `_fused_untiled` on the forward's inputs instead, so the
+    gradients it returns are themselves differentiable (the whole batch at once, as without tiles).
+    The inputs are kept for that as references (not copies: the tiles' own saved tensors are);
+    changing one in place after the forward is an error there, as autograd's saved tensors make it.
     """
 
     @staticmethod
@@ -220,11 +225,15 @@ class _FusedTiles(torch.autograd.Function):
             saved += [xp, y]
         ctx.save_for_backward(rows, cols, w_rows, *saved)
         ctx.tile, ctx.shape = tile, (B, H, W, C, heads, c_out)
+        # For a double backward only: references, so that the gradients can be taken on the graph again.
+        ctx.inputs = (row, col, x, weight)
+        ctx.versions = tuple(t._version for t in ctx.inputs)
         return out.permute(2, 0, 1, 3)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
+        if torch.is_grad_enabled():  # create_graph=True: gradients that are differentiable again
+            return _FusedTiles._differentiable_backward(ctx, grad)
         rows, cols, w_rows, *saved = ctx.saved_tensors
         B, H, W, C, heads, c_out = ctx.shape
         tile = ctx.tile
@@ -267,6 +276,22 @@ class _FusedTiles(torch.autograd.Function):
             None if d_w is None else d_w.view(H, heads, C, c_out).sum(0).permute(2, 0, 1).reshape(c_out, heads * C).to(dtype),
             None,
         )
+
+    @staticmethod
+    def _differentiable_backward(ctx, grad: Tensor):
+        """The gradients of `_fused_untiled` at the forward's inputs, with their own graph."""
+        names = ("row factor", "column factor", "input", "projection weight")
+        for name, t, version in zip(names, ctx.inputs, ctx.versions):
+            if t._version != version:
+                raise RuntimeError(
+                    f"attnconv fused path: the {name} of an attention layer was changed in place after the "
+                    "forward, so its double backward (create_graph=True) cannot be taken; change a copy "
+                    "instead, or run the layer with impl='separable'")
+        wanted = [t for t, need in zip(ctx.inputs, ctx.needs_input_grad) if need]
+        with torch.autocast(grad.device.type, enabled=False):
+            out = _fused_untiled(*ctx.inputs)
+            grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+        return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None)
 
 
 def _apply_factors_shared(row: Tensor, col: Tensor, x: Tensor) -> Tensor:

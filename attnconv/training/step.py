@@ -13,8 +13,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y:
                autocast: AbstractContextManager) -> tuple[Tensor, Tensor]:
     """Forward under `autocast`, float32 cross-entropy, backward, the optimizer's step.
 
-    Returns (loss, logits), both still on the device (no host sync). The loss is the batch
-    mean (under DDP the shard's mean; DDP averages the shards' gradients).
+    Returns (loss, logits), detached (the step's graph goes with the step) and still on the
+    device (no host sync). The loss is the batch mean (under DDP the shard's mean; DDP averages
+    the shards' gradients).
     """
     with autocast:
         logits = model(x)
@@ -22,4 +23,4 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return loss, logits
+    return loss.detach(), logits.detach()
