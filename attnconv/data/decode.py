@@ -58,6 +58,22 @@ def _fail(path: Path, e: BaseException) -> AttnconvError:
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error)
 
 
+@contextlib.contextmanager
+def _opened(path: Path):
+    """The image at ``path``, open, with warnings silenced and every decoding failure as one AttnconvError."""
+    Image, _ = _pil()
+    try:
+        with quiet(), Image.open(path) as img:
+            _check_mode(img, path)
+            yield img
+    except AttnconvError:
+        raise
+    except Image.DecompressionBombError as e:
+        raise _too_large(path, e) from e
+    except _DECODE_ERRORS as e:
+        raise _fail(path, e) from e
+
+
 def _check_mode(img, path: Path) -> None:
     if img.mode in _UNSUPPORTED:
         raise AttnconvError(
@@ -68,49 +84,32 @@ def _check_mode(img, path: Path) -> None:
 
 def probe_grey(path: Path) -> bool:
     """Whether the image is grey (from its header and palette; the pixels are not decoded)."""
-    Image, _ = _pil()
-    try:
-        with quiet(), Image.open(path) as img:
-            _check_mode(img, path)
-            if img.mode == "P":
-                palette = img.getpalette() or []
-                return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
-            return img.mode in _GREY_MODES
-    except AttnconvError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise _too_large(path, e) from e
-    except _DECODE_ERRORS as e:
-        raise _fail(path, e) from e
+    with _opened(path) as img:
+        if img.mode == "P":
+            palette = img.getpalette() or []
+            return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
+        return img.mode in _GREY_MODES
 
 
 def decode_image(path: Path, grey: bool, size: int) -> np.ndarray:
     """The image at ``path`` as uint8 (C, size, size), C = 1 when ``grey`` else 3 (RGB)."""
     Image, ImageOps = _pil()
     mode = "L" if grey else "RGB"
-    try:
-        with quiet(), Image.open(path) as img:
-            _check_mode(img, path)
-            img.draft(mode, (size, size))  # JPEG: decode at the smallest scale that is still >= size
-            img.load()
-            ImageOps.exif_transpose(img, in_place=True)
-            if img.mode in _SIXTEEN_BIT:  # 16-bit grey: keep the high byte (convert("L") would clip)
-                img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
-            img = img.convert(mode)
-            w, h = img.size
-            short = min(w, h)
-            if short == 0:
-                raise ValueError("the image is empty (0 pixels wide or high)")
-            nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
-            if (nw, nh) != (w, h):
-                img = img.resize((nw, nh), Image.Resampling.BILINEAR)
-            top, left = round((nh - size) / 2), round((nw - size) / 2)  # as torchvision's CenterCrop
-            img = img.crop((left, top, left + size, top + size))
-            pixels = np.asarray(img, dtype=np.uint8)  # (S, S) or (S, S, 3)
-    except AttnconvError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise _too_large(path, e) from e
-    except _DECODE_ERRORS as e:
-        raise _fail(path, e) from e
+    with _opened(path) as img:
+        img.draft(mode, (size, size))  # JPEG: decode at the smallest scale that is still >= size
+        img.load()
+        ImageOps.exif_transpose(img, in_place=True)
+        if img.mode in _SIXTEEN_BIT:  # 16-bit grey: keep the high byte (convert("L") would clip)
+            img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
+        img = img.convert(mode)
+        w, h = img.size
+        short = min(w, h)
+        if short == 0:
+            raise ValueError("the image is empty (0 pixels wide or high)")
+        nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+        if (nw, nh) != (w, h):
+            img = img.resize((nw, nh), Image.Resampling.BILINEAR)
+        top, left = round((nh - size) / 2), round((nw - size) / 2)  # as torchvision's CenterCrop
+        img = img.crop((left, top, left + size, top + size))
+        pixels = np.asarray(img, dtype=np.uint8)  # (S, S) or (S, S, 3)
     return pixels[None] if grey else pixels.transpose(2, 0, 1)
