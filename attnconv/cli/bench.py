@@ -90,26 +90,25 @@ def _bad_sides(text: str):
     raise argparse.ArgumentTypeError(f"expected comma-separated image sides such as 8,16,32, got {text!r}")
 
 
+def _choices(text: str, options, what: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [n for n in names if n not in options]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or repr(text)}; "
+                                         f"choose from {','.join(options)}")
+    return names
+
+
 def _names(text: str) -> tuple[str, ...]:
     from attnconv.bench import SECTIONS
 
-    names = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [n for n in names if n not in SECTIONS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown benchmark {', '.join(bad) or repr(text)}; "
-                                         f"choose from {','.join(SECTIONS)}")
-    return names
+    return _choices(text, SECTIONS, "benchmark")
 
 
 def _precisions(text: str) -> tuple[str, ...]:
     from attnconv.bench import PRECISIONS
 
-    names = tuple(v.strip() for v in text.split(",") if v.strip())
-    bad = [n for n in names if n not in PRECISIONS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown precision {', '.join(bad) or repr(text)}; "
-                                         f"choose from {','.join(PRECISIONS)}")
-    return names
+    return _choices(text, PRECISIONS, "precision")
 
 
 def command_line(args: argparse.Namespace) -> str:
