@@ -63,6 +63,7 @@ def test_run_test_images_are_the_sample(folder):
     raw, x = run.test_images(3)
     assert torch.equal(raw, test.images[indices]) and x.shape == (3, 3, 8, 8)
     assert torch.equal(run.test_images()[0], test.images)  # no count: the whole set, in order
+    assert x.device.type == "cpu" and run.test_images(3, device="meta")[1].device.type == "meta"  # device= wins
 
 
 # ------------------------------------------------------------------------------ eval --dataset folder:PATH

@@ -120,8 +120,8 @@ class Explorer:
         self.device = device
         # Across the classes (an image folder lists its test images class by class), the same images every time.
         self.indices = run.test_sample(images)  # each offered image's place in the test set
-        self.raw, self.x = run.test_images(images)  # uint8 (N, C, H_img, W_img); normalized, as trained
-        self.x = self.x.cpu()
+        # uint8 (N, C, H_img, W_img); normalized as trained, kept on the CPU (one image at a time goes to the device)
+        self.raw, self.x = run.test_images(images, device="cpu")
         self.labels = run.test_set.labels[self.indices].tolist()
         self.snapshots = _heads_over_training(run) if not self.converted else []
         self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \

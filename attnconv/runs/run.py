@@ -101,10 +101,11 @@ class Run:
             raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
         return sample_across_classes(self.test_set.labels, count)
 
-    def test_images(self, count: int | None = None, *, index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Test images: (raw uint8 (N, C, H, W), normalized float32 on `device`): `count` of them
-        sampled across the classes (`test_sample`), all of them in order (no count), or the single
-        image `index` (its place in the test set)."""
+    def test_images(self, count: int | None = None, *, index: int | None = None,
+                    device: str | torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Test images: (raw uint8 (N, C, H, W), normalized float32 on `device`, default the run's):
+        `count` of them sampled across the classes (`test_sample`), all of them in order (no count),
+        or the single image `index` (its place in the test set)."""
         test = self.test_set
         if count is not None and count < 1:
             raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
@@ -117,7 +118,7 @@ class Run:
             raw = test.images[torch.tensor(self.test_sample(count), dtype=torch.int64)]
         else:
             raw = test.images
-        return raw, D.normalize(raw, self.info).to(self.device)
+        return raw, D.normalize(raw, self.info).to(self.device if device is None else device)
 
     @functools.cached_property
     def sites(self) -> list[AttentionSite]:

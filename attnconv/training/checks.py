@@ -10,7 +10,7 @@ from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
-from attnconv.runs import CONFIG_FILE, data_changes, data_fingerprint, read_config
+from attnconv.runs import data_changes, data_fingerprint, read_config
 
 
 def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int) -> None:
@@ -65,7 +65,3 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, *, allo
     if diff:
         raise AttnconvError(f"--out {out} holds a run with a different config ({'; '.join(diff)}); "
                             "resume with the same settings, or choose a new --out")
-
-
-def existing_run(out: Path) -> bool:
-    return (out / CONFIG_FILE).exists()

@@ -87,7 +87,7 @@ from attnconv.runs import (
     trim_logs,
     write_config,
 )
-from attnconv.training.checks import check_data, check_resumable, existing_run, resolve_overrides
+from attnconv.training.checks import check_data, check_resumable, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.progress import ProgressLog, eta
 from attnconv.training.schedule import learning_rate, make_optimizer
@@ -284,7 +284,7 @@ class _Trainer:
 
     def _check_existing_config(self) -> str | None:
         """Rank 0: on --resume, the saved run must be this config on this data (`checks.check_resumable`)."""
-        if self.overwrite or not existing_run(self.out):
+        if self.overwrite or not (self.out / CONFIG_FILE).exists():
             return None
         try:
             check_resumable(self.out, self.config, self.info, allow_data_change=self.allow_data_change)
