@@ -85,6 +85,15 @@ def test_paper_presets_use_the_papers_recipe():
         assert cfg.model_overrides == {}  # the models' defaults are the paper's
 
 
+def test_fmnist_sgd_preset_is_the_attention_preset_under_the_papers_optimizer():
+    sgd, adamw, paper = (PRESETS[k] for k in ("fmnist-sa-quadratic-sgd", "fmnist-sa-quadratic",
+                                               "paper-cifar10-sa-quadratic"))
+    assert sgd.model_overrides == adamw.model_overrides and sgd.dataset == adamw.dataset
+    assert (sgd.epochs, sgd.augment) == (adamw.epochs, adamw.augment)
+    fields = ("optimizer", "lr", "momentum", "weight_decay", "batch_size", "schedule", "warmup")
+    assert [getattr(sgd, f) for f in fields] == [getattr(paper, f) for f in fields]
+
+
 def test_every_preset_names_a_registered_model_and_validates():
     for name, cfg in PRESETS.items():
         assert cfg.model in list_models(), name
