@@ -1,4 +1,5 @@
-"""`attnconv eval` and `attnconv table`: accuracy, parameters and FLOPs of trained runs.
+"""`attnconv eval`, `attnconv table` and `attnconv compare`: accuracy, parameters and FLOPs of
+trained runs, and how far their heads moved.
 
     attnconv eval runs/sa [--json]                    accuracy, per class, confusion matrix
     attnconv eval runs/mine --dataset folder:new-photos   on another test folder with the run's classes
@@ -28,6 +29,14 @@ FLOPs are per image at batch size 1. "all ops" is what torch.utils.flop_counter
 counts: matrix products, convolutions and attention (2 per multiply-add); it leaves
 out elementwise ops (softmax, activations, normalization, residual adds).
 "Linear only" is the paper's convention: nn.Linear layers alone.
+
+`compare GROUP...` puts groups of runs side by side (a group: a folder of seed*/ runs, or one
+run), from their metrics.csv and heads.jsonl alone: per layer, how far the heads' centers moved
+from initialization (mean and largest, tokens), how many sit within 0.5 token of a distinct
+K x K offset (--kernels 3,4) with the mean matched distance, and the mean attention distance;
+the test accuracy over seeds. --epoch N compares after N epochs instead of at the end.
+
+    attnconv compare benchmarks/table1/sa-quadratic benchmarks/recipes/*/sa-quadratic
 """
 
 from __future__ import annotations
@@ -68,6 +77,18 @@ def register(subparsers) -> None:
     t.add_argument("--device", default="cpu", help="with --recompute: cpu or cuda")
     t.add_argument("--batch-size", type=int, default=500, help="with --recompute: images per forward pass")
     t.set_defaults(func=run_table)
+
+    c = subparsers.add_parser(
+        "compare", help="groups of runs side by side: accuracy, centers moved, grid-likeness per layer",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("groups", metavar="GROUP", nargs="+", help="a folder of seed*/ runs, or one run directory")
+    c.add_argument("--epoch", type=int, help="compare after this many epochs (default: each run's last)")
+    c.add_argument("--kernels", default="3", metavar="LIST",
+                   help="comma-separated grid sizes K to match the centers against (default 3; e.g. 3,4)")
+    c.add_argument("--markdown", action="store_true", help="print a Markdown table instead of aligned text")
+    c.add_argument("--json", action="store_true", help="print the rows as JSON")
+    c.set_defaults(func=run_compare)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -153,4 +174,24 @@ def run_table(args: argparse.Namespace) -> int:
         if "warning" in s:
             print(f"warning: {s['warning']}", file=sys.stderr)
     print(runs_table(summaries, markdown=args.markdown), end="")
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import json
+
+    from attnconv.analysis.compare import compare_groups, format_comparison
+    from attnconv.errors import AttnconvError
+
+    try:
+        kernels = tuple(int(k) for k in args.kernels.split(","))
+    except ValueError:
+        raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated whole numbers, e.g. 3,4") from None
+    if args.epoch is not None and args.epoch < 0:
+        raise AttnconvError(f"--epoch {args.epoch}: give a number of epochs >= 0")
+    rows = compare_groups(args.groups, epoch=args.epoch, kernels=kernels)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(format_comparison(rows, kernels=kernels, markdown=args.markdown), end="")
     return 0

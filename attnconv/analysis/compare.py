@@ -1,0 +1,185 @@
+"""Groups of runs side by side: accuracy and how far the heads moved, per layer, from heads.jsonl alone.
+
+    rows = compare_groups(["benchmarks/table1/sa-quadratic", "benchmarks/recipes/sgd/sa-quadratic"])
+    print(format_comparison(rows, kernels=(3,)))
+
+A group is a folder of seeds (`seed0/`, `seed1/`, ... each a run directory, or only its
+config.json, metrics.csv and heads.jsonl) or one run directory. For each group and layer, at
+the last snapshot (or the one after `epoch` epochs), averaged over seeds:
+
+  - moved: how far each head's center is from its center at initialization (epoch 0), in
+    tokens, the mean over heads and the largest over heads and seeds. Quadratic heads' centers
+    are their Delta_h; other heads' are their centers of mass (`attnconv.analysis.head_snapshot`).
+  - grid: `match_to_grid` of the centers against each K x K grid of offsets (heads within
+    0.5 token of a distinct offset, and the mean matched distance).
+  - distance: the mean attention distance in tokens (E ||delta||).
+
+and the group's test accuracy after that epoch (metrics.csv; mean and sample std over seeds).
+No weights are read: the numbers come from the committed logs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnconv.analysis.grid import match_to_grid
+from attnconv.errors import AttnconvError
+from attnconv.runs import read_heads, read_metrics
+from attnconv.tables import format_table
+
+
+def group_runs(group: str | os.PathLike) -> list[Path]:
+    """The run directories of a group: its `seed*/` folders with a metrics.csv, or the folder itself."""
+    root = Path(group)
+    if not root.is_dir():
+        raise AttnconvError(f"{root}: no such folder; give a folder of seed*/ runs or one run directory")
+    if (root / "metrics.csv").is_file():
+        return [root]
+    seeds = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("seed")
+                   and (p / "metrics.csv").is_file())
+    if not seeds:
+        raise AttnconvError(f"{root}: holds no run (no metrics.csv in it or in a seed*/ folder below it)")
+    return seeds
+
+
+def _snapshot(snaps: list[dict[str, Any]], epoch: int | None, where: Path) -> dict[str, Any]:
+    if epoch is None:
+        return snaps[-1]
+    for s in snaps:
+        if s["epoch"] == epoch:
+            return s
+    raise AttnconvError(f"{where}: heads.jsonl has no snapshot after epoch {epoch} "
+                        f"(it has epochs {', '.join(str(s['epoch']) for s in snaps)})")
+
+
+def _centers(layer: list[dict[str, Any]]) -> np.ndarray:
+    return np.array([h["center"] for h in layer], dtype=float).reshape(-1, 2)
+
+
+def center_displacement(first: dict[str, Any], later: dict[str, Any]) -> list[np.ndarray]:
+    """Per layer, each head's distance in tokens between its centers in two heads.jsonl snapshots."""
+    if len(first["layers"]) != len(later["layers"]):
+        raise AttnconvError("the two snapshots have different numbers of layers")
+    out = []
+    for a, b in zip(first["layers"], later["layers"]):
+        if len(a) != len(b):
+            raise AttnconvError("the two snapshots have different numbers of heads in a layer")
+        out.append(np.linalg.norm(_centers(b) - _centers(a), axis=1))
+    return out
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
+                  kernels: tuple[int, ...] = (3,), tol: float = 0.5) -> dict[str, Any]:
+    """One group's row of the comparison (see the module docstring): a dict, JSON-ready."""
+    runs = group_runs(group)
+    accs, layers, epochs, heads_runs = [], None, [], 0
+    per_layer: list[dict[str, list[float]]] = []
+    for run in runs:
+        metrics = read_metrics(run)
+        if not metrics:
+            raise AttnconvError(f"{run}: metrics.csv has no finished epoch yet")
+        row = metrics[-1] if epoch is None else next((m for m in metrics if int(m["epoch"]) == epoch), None)
+        if row is None:
+            raise AttnconvError(f"{run}: metrics.csv has no row for epoch {epoch} (it has {len(metrics)})")
+        accs.append(row["test_acc"])
+        epochs.append(int(row["epoch"]))
+        snaps = read_heads(run)
+        if not snaps:
+            continue  # a CNN, or a run without heads.jsonl: accuracy only
+        heads_runs += 1
+        first, last = snaps[0], _snapshot(snaps, epoch, run)
+        if first["epoch"] != 0:
+            raise AttnconvError(f"{run}: heads.jsonl does not start at initialization (epoch 0)")
+        moved = center_displacement(first, last)
+        if layers is None:
+            layers = len(moved)
+            per_layer = [{} for _ in range(layers)]
+        elif layers != len(moved):
+            raise AttnconvError(f"{run}: {len(moved)} attention layers, the group's other runs have {layers}")
+        for k, (layer, d) in enumerate(zip(last["layers"], moved)):
+            cell = per_layer[k]
+            cell.setdefault("moved_mean", []).append(float(d.mean()))
+            cell.setdefault("moved_max", []).append(float(d.max()))
+            cell.setdefault("distance", []).append(float(np.mean([h["attention_distance"] for h in layer])))
+            cell.setdefault("heads", []).append(len(layer))
+            for kernel in kernels:
+                m = match_to_grid(_centers(layer), kernel, tol)
+                cell.setdefault(f"within{kernel}", []).append(m["within"])
+                cell.setdefault(f"matched{kernel}", []).append(m["mean_distance"])
+    acc_mean, acc_std = _mean_std(accs)
+    out_layers = []
+    for cell in per_layer:
+        entry: dict[str, Any] = {
+            "heads": max(cell["heads"]),
+            "moved_mean": statistics.mean(cell["moved_mean"]),
+            "moved_max": max(cell["moved_max"]),
+            "attention_distance": statistics.mean(cell["distance"]),
+        }
+        for kernel in kernels:
+            entry[f"grid{kernel}_within"] = statistics.mean(cell[f"within{kernel}"])
+            entry[f"grid{kernel}_matched"] = statistics.mean(cell[f"matched{kernel}"])
+        out_layers.append(entry)
+    return {"group": str(group), "seeds": len(runs), "epoch": min(epochs), "test_acc": acc_mean,
+            "test_acc_std": acc_std, "runs_with_heads": heads_runs, "layers": out_layers}
+
+
+def compare_groups(groups: list[str | os.PathLike], *, epoch: int | None = None,
+                   kernels: tuple[int, ...] = (3,), tol: float = 0.5) -> list[dict[str, Any]]:
+    """`compare_group` of each group, in the order given."""
+    if not groups:
+        raise AttnconvError("give at least one group (a folder of seed*/ runs, or a run directory)")
+    if not kernels or any(not isinstance(k, int) or k < 1 or k > 15 for k in kernels):
+        raise AttnconvError(f"kernels {kernels!r}: give kernel sizes from 1 to 15")
+    return [compare_group(g, epoch=epoch, kernels=kernels, tol=tol) for g in groups]
+
+
+def displacement_history(group: str | os.PathLike) -> dict[str, Any]:
+    """How far the centers have moved from initialization after each recorded epoch, per layer.
+
+    Returns {"epochs": [0, 1, ...], "moved_mean": [[per layer] per epoch], "moved_max": same}: the
+    mean over heads (then over seeds) and the largest over heads and seeds, for the epochs every
+    seed of the group has recorded.
+    """
+    histories = []
+    for run in group_runs(group):
+        snaps = {s["epoch"]: s for s in read_heads(run)}  # a replayed epoch: the last record wins
+        if 0 not in snaps:
+            raise AttnconvError(f"{run}: heads.jsonl has no snapshot at initialization (epoch 0)")
+        histories.append({e: center_displacement(snaps[0], s) for e, s in snaps.items()})
+    epochs = sorted(set.intersection(*(set(h) for h in histories)))
+    return {"epochs": epochs,
+            "moved_mean": [[float(np.mean([h[e][k].mean() for h in histories])) for k in range(len(histories[0][e]))]
+                           for e in epochs],
+            "moved_max": [[float(max(h[e][k].max() for h in histories)) for k in range(len(histories[0][e]))]
+                          for e in epochs]}
+
+
+def format_comparison(rows: list[dict[str, Any]], *, kernels: tuple[int, ...] = (3,), markdown: bool = False) -> str:
+    """The comparison as a table: a line per group and layer (a CNN's group: one line, accuracy only)."""
+    headers = ["group", "seeds", "epoch", "test acc", "layer", "moved mean", "moved max"]
+    for kernel in kernels:
+        headers += [f"{kernel}x{kernel} within", f"{kernel}x{kernel} matched"]
+    headers.append("attn distance")
+    table = []
+    for row in rows:
+        acc = f"{row['test_acc']:.4f}" + (f" ± {row['test_acc_std']:.4f}" if row["test_acc_std"] is not None else "")
+        head = [row["group"], str(row["seeds"]), str(row["epoch"]), acc]
+        if not row["layers"]:
+            table.append(head + ["-"] * (len(headers) - len(head)))
+        for k, layer in enumerate(row["layers"]):
+            cells = [str(k + 1), f"{layer['moved_mean']:.2f}", f"{layer['moved_max']:.2f}"]
+            for kernel in kernels:
+                cells += [f"{layer[f'grid{kernel}_within']:.1f}/{min(layer['heads'], kernel * kernel)}",
+                          f"{layer[f'grid{kernel}_matched']:.2f}"]
+            cells.append(f"{layer['attention_distance']:.2f}")
+            table.append((head if k == 0 else ["", "", "", ""]) + cells)
+    return format_table(headers, table, markdown=markdown, align="lrrrr" + "r" * (len(headers) - 5)) + "\n"
