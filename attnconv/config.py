@@ -9,16 +9,16 @@ it); `config.json` of every run holds one (`TrainConfig.to_dict`).
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnconv import data as D
 from attnconv.errors import AttnconvError
 from attnconv.models import list_models
+from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
 
 SCHEDULES = ("warmup-cosine", "multistep", "constant")
@@ -30,111 +30,105 @@ RESUMABLE_CHANGES = frozenset({"device", "workers", "data_dir", "checkpoint_ever
 PAPER_MILESTONES = (80 / 300, 150 / 300, 250 / 300)
 
 
+def _optimization(*args: Any, **kwargs: Any) -> Any:
+    return option(*args, section="optimization", **kwargs)
+
+
+def _execution(*args: Any, **kwargs: Any) -> Any:
+    return option(*args, section="execution", **kwargs)
+
+
+@dataclass
+class InitFrom:
+    """Start an attention network from a trained CNN run (`train --init-from`): every convolution
+    becomes attention (Theorem 1) with its heads' initial alpha, BatchNorms folded or kept, and
+    optionally content attention of `content` query/key channels per head (0: none)."""
+
+    run: str = option(help="the trained CNN run directory", cli=False)
+    alpha: float = option(3.0, "the heads' initial alpha (default 3: 83% of each 2-d head's attention on its tap, "
+                          "so the heads can move; 20+ starts as the exact CNN, whose heads then hardly get gradients)",
+                          low=1e-9, high=1e9, flag="init-alpha",
+                          fix="give a positive number (1 to 4 lets the heads move; 20+ is exact)")
+    fold_bn: bool = option(False, "fold the CNN's BatchNorms into the attention layers (default: keep them, trained)",
+                           flag="fold-bn")
+    content: int = option(0, "add content attention with DIM query/key channels per head to every kxk layer; its "
+                          "queries start at zero, so the network starts as without it (default: none)",
+                          low=0, high=4096, flag="init-content", metavar="DIM",
+                          fix="give the query/key width per head, a whole number from 1 to 4096 (0 or left out: none)")
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines a training run (the run directory is not part of it).
 
-    `batch_size` is the global batch (split across DDP ranks). `warmup` is a fraction
-    of all steps; `milestones` are fractions of all steps where multistep multiplies
-    the LR by `gamma`. `max_steps` caps the run before `epochs` are done. `workers`
-    is the number of torch intra-op threads (None: torch's default).
-    `checkpoint_every` adds a checkpoint every that many steps (0: at epoch ends only).
+    Each field carries its help text and range (`attnconv.options`): the flags of `attnconv
+    train` and the checks of `validate` are derived from them. `batch_size` is the global batch
+    (split across DDP ranks); `warmup` and `milestones` are fractions of all steps.
     """
 
-    model: str
-    dataset: str
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-    preset: str | None = None
-    epochs: int = 10
-    max_steps: int | None = None
-    batch_size: int = 128
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    schedule: str = "warmup-cosine"
-    warmup: float = 0.05
-    milestones: tuple[float, ...] = PAPER_MILESTONES
-    gamma: float = 0.1
-    augment: bool = True
+    model: str = option(help="model name", cli=False)
+    dataset: str = option(help="cifar10, fashion-mnist, or folder:PATH", cli=False)
+    model_overrides: dict[str, Any] = option(default_factory=dict, cli=False)
+    preset: str | None = option(None, cli=False)
+    epochs: int = _optimization(10, low=1, high=10**6)
+    max_steps: int | None = _optimization(None, "stop after this many steps", low=1, high=10**12)
+    batch_size: int = _optimization(128, "global batch size (split across processes)", low=1, high=10**7)
+    optimizer: str = _optimization("sgd", choices=OPTIMIZERS)
+    lr: float = _optimization(0.1, low=1e-12, high=1e38, fix="give a positive number")
+    momentum: float = _optimization(0.9, "SGD momentum (AdamW: beta1)", low=0, high=1, high_open=True)
+    weight_decay: float = _optimization(1e-4, "not applied to attention centers and widths", low=0, high=1e6)
+    schedule: str = _optimization("warmup-cosine", choices=SCHEDULES)
+    warmup: float = _optimization(0.05, "warm-up length, as a fraction of all steps (warmup-cosine)", low=0, high=1,
+                           high_open=True, fix="give the warm-up as a fraction of all steps, in [0, 1)")
+    milestones: tuple[float, ...] = option(PAPER_MILESTONES, cli=False)
+    gamma: float = _optimization(0.1, "multistep: LR factor at each milestone", low=1e-12, high=1)
+    augment: bool = _optimization(True, "random crops (and horizontal flips, see --flip)")
     # with augment: random crops padded by `crop_pad` pixels a side, and horizontal flips when `flip`
     # (the paper's CIFAR-10 recipe: 4 and on; folders: a pad scaled to the image, no flip).
-    crop_pad: int = 4
-    flip: bool = True
-    seed: int = 0
-    device: str = "cpu"
-    amp: bool = False
-    compile: bool = False
-    workers: int | None = None
-    data_dir: str | None = None
-    checkpoint_every: int = 0
+    crop_pad: int = _optimization(4, "with --augment: pad each side by PIXELS and crop back at random (default: the preset's; "
+                           "4 for CIFAR-10, about 1/8 of the image for folders; 0: no crop)", low=0, high=1024,
+                           metavar="PIXELS")
+    flip: bool = _optimization(True, "with --augment: random horizontal flips (default: the preset's; on for CIFAR-10, off "
+                        "for folders, where a flip can change the label: digits, text)")
+    seed: int = _optimization(0, low=0, high=2**63 - 1, fix="give a whole number from 0 to 2^63 - 1")  # torch.manual_seed's range
+    device: str = _execution("cpu", "cpu or cuda")
+    amp: bool = _execution(False, "bfloat16 autocast")
+    compile: bool = _execution(False, "torch.compile the model")
+    workers: int | None = _execution(None, "CPU threads for torch", low=1, high=MAX_WORKERS)
+    data_dir: str | None = _execution(None, "folder with the dataset files")
+    checkpoint_every: int = _execution(0, "also checkpoint every STEPS steps (default: at epoch ends only)", low=0,
+                                   high=10**12, metavar="STEPS")
     # Multiplies the learning rate of the parameters that decide where attention looks
     # (`attnconv.models.attention_placement`: centers, widths, converted layers' content query/key).
-    attention_lr_scale: float = 1.0
-    # Start from a trained CNN run (`--init-from`): {"run": its directory, "alpha": the heads'
-    # initial alpha, "fold_bn": fold its BatchNorms, "content": the query/key width per head of
-    # content attention, 0 for none (optional; runs written before it had none)};
-    # `model` and `model_overrides` are the CNN's.
-    init_from: dict[str, Any] | None = None
+    attention_lr_scale: float = _optimization(1.0, "multiply the LR of the attention centers and widths (and, with "
+                                       "--init-content, the content query/key projections) by K (default 1)",
+                                       low=1e-9, high=1e9, metavar="K",
+                                       fix="give a positive factor (1: the same learning rate as the other parameters)")
+    init_from: InitFrom | None = option(None, cli=False)
 
     def validate(self) -> None:
-        """Raise AttnconvError naming the first bad value and the fix."""
+        """Raise FieldError (an AttnconvError) naming the first bad field and the fix."""
         if self.model not in list_models():
             raise AttnconvError(f"unknown model {self.model!r}; choose one of: {', '.join(list_models())}")
         D.dataset_info(self.dataset)  # raises for an unknown dataset
         if not isinstance(self.model_overrides, dict):
-            raise AttnconvError(f"model_overrides must be a dict, got {type(self.model_overrides).__name__}")
-
-        def need(ok: bool, flag: str, value: Any, what: str) -> None:
-            if not ok:
-                raise AttnconvError(f"--{flag} {value!r} is invalid: {what}")
-
-        need(_is_int(self.epochs) and self.epochs >= 1, "epochs", self.epochs, "give a whole number >= 1")
-        need(self.max_steps is None or (_is_int(self.max_steps) and self.max_steps >= 1), "max-steps",
-             self.max_steps, "give a whole number >= 1 (or leave it out)")
-        need(_is_int(self.batch_size) and self.batch_size >= 1, "batch-size", self.batch_size,
-             "give a whole number >= 1")
-        need(self.optimizer in OPTIMIZERS, "optimizer", self.optimizer, f"choose one of {', '.join(OPTIMIZERS)}")
-        need(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "give a positive number")
-        need(0 <= self.momentum < 1, "momentum", self.momentum, "give a number in [0, 1)")
-        need(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "weight-decay", self.weight_decay,
-             "give a number >= 0")
-        need(self.schedule in SCHEDULES, "schedule", self.schedule, f"choose one of {', '.join(SCHEDULES)}")
-        need(0 <= self.warmup < 1, "warmup", self.warmup, "give the warm-up as a fraction of all steps, in [0, 1)")
-        need(all(0 < m < 1 for m in self.milestones) and list(self.milestones) == sorted(self.milestones),
-             "milestones", ",".join(map(str, self.milestones)),
-             "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
-        need(0 < self.gamma <= 1, "gamma", self.gamma, "give a factor in (0, 1]")
-        need(_is_int(self.crop_pad) and 0 <= self.crop_pad <= 1024, "crop-pad", self.crop_pad,
-             "give the crop's padding in pixels, from 0 (no crop) to 1024")
-        need(isinstance(self.flip, bool), "flip", self.flip, "give true or false")
-        need(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", self.seed, "give a whole number from 0 to 2^63 - 1")
+            raise FieldError("model_overrides", self.model_overrides, "give a dict of model options")
+        check_fields(self)
+        if not (all(isinstance(m, (int, float)) and 0 < m < 1 for m in self.milestones)
+                and list(self.milestones) == sorted(self.milestones)):
+            raise FieldError("milestones", ",".join(map(str, self.milestones)),
+                             "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
         check_device(self.device)
-        need(self.workers is None or (_is_int(self.workers) and 1 <= self.workers <= MAX_WORKERS), "workers",
-             self.workers, f"give the number of CPU threads, from 1 to {MAX_WORKERS}")
-        need(_is_int(self.checkpoint_every) and self.checkpoint_every >= 0, "checkpoint-every",
-             self.checkpoint_every, "give a number of steps >= 1, or 0 for epoch ends only")
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
             raise AttnconvError(f"--data-dir {self.data_dir}: no such directory")
-        need(isinstance(self.attention_lr_scale, (int, float)) and math.isfinite(self.attention_lr_scale)
-             and self.attention_lr_scale > 0, "attention-lr-scale", self.attention_lr_scale,
-             "give a positive factor (1: the same learning rate as the other parameters)")
         if self.init_from is not None:
-            src = self.init_from
-            keys = {"run", "alpha", "fold_bn"}
-            need(isinstance(src, dict) and keys <= set(src) <= keys | {"content"} and isinstance(src["run"], str),
-                 "init-from", src, 'expected {"run": RUN_DIR, "alpha": number, "fold_bn": bool, "content": int}')
-            need(isinstance(src["alpha"], (int, float)) and math.isfinite(src["alpha"]) and src["alpha"] > 0,
-                 "init-alpha", src["alpha"], "give a positive number (1 to 4 lets the heads move; 20+ is exact)")
-            need(isinstance(src["fold_bn"], bool), "fold-bn", src["fold_bn"], "give true or false")
-            need(_is_int(src.get("content", 0)) and src.get("content", 0) >= 0, "init-content", src.get("content"),
-                 "give the query/key width per head, a whole number >= 1 (or leave it out for no content attention)")
+            if not isinstance(self.init_from, InitFrom):
+                raise FieldError("init_from", self.init_from, "give an InitFrom(run=..., alpha=..., fold_bn=...)")
+            check_fields(self.init_from)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["milestones"] = list(self.milestones)
-        if d["init_from"] is not None and d["init_from"].get("content") == 0:
-            del d["init_from"]["content"]  # one form for "no content": runs written before it had no key
         return d
 
     @classmethod
@@ -150,16 +144,33 @@ class TrainConfig:
             raise AttnconvError(f"unknown training config field(s) {', '.join(unknown)}")
         hints = typing.get_type_hints(cls)
         for name, value in d.items():
-            if not _fits(value, hints[name]):
+            if name != "init_from" and not _fits(value, hints[name]):
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
                 raise AttnconvError(f"field {name} is {shown}, expected {_type_name(hints[name])}")
         d = dict(d)
         if "milestones" in d:
             d["milestones"] = tuple(d["milestones"])
+        if d.get("init_from") is not None:
+            d["init_from"] = _init_from_dict(d["init_from"])
         try:
             return cls(**d)
         except TypeError as err:
             raise AttnconvError(f"incomplete training config: {err}") from None
+
+
+def _init_from_dict(d: Any) -> InitFrom:
+    """config.json's init_from object as an InitFrom, each key checked (one error naming the key)."""
+    expected = 'expected {"run": CNN_RUN_DIR, "alpha": number, "fold_bn": true/false, "content": whole number}'
+    if not isinstance(d, dict):
+        raise AttnconvError(f"field init_from is {d!r}: {expected}")
+    names = {f.name for f in dataclasses.fields(InitFrom)}
+    if set(d) - names or not {"run", "alpha", "fold_bn"} <= set(d):
+        raise AttnconvError(f"field init_from has keys {', '.join(sorted(d))}: {expected}")
+    hints = typing.get_type_hints(InitFrom)
+    for name, value in d.items():
+        if not _fits(value, hints[name]):
+            raise AttnconvError(f"field init_from.{name} is {value!r}, expected {_type_name(hints[name])}")
+    return InitFrom(**d)
 
 
 def _is_int(x: Any) -> bool:
@@ -263,9 +274,10 @@ def make_config(*, preset: str | None = None, base: TrainConfig | None = None, *
         base = dataclasses.replace(PRESETS[preset], preset=preset)
     changes = {k: v for k, v in changes.items() if v is not None}
     if base is None:
-        missing = [f"--{k}" for k in ("model", "dataset") if k not in changes]
+        missing = [k for k in ("model", "dataset") if k not in changes]
         if missing:
-            raise AttnconvError(f"missing {' and '.join(missing)}: give them, or a --preset ({', '.join(PRESETS)})")
+            them = "them" if len(missing) > 1 else "it"
+            raise AttnconvError(f"missing {' and '.join(missing)}: give {them}, or a preset ({', '.join(PRESETS)})")
         base = TrainConfig(model=changes.pop("model"), dataset=changes.pop("dataset"))
     overrides = {**base.model_overrides, **{k: v for k, v in changes.pop("model_overrides", {}).items()
                                             if v is not None}}

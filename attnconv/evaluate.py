@@ -201,7 +201,7 @@ def describe_run(
     summary: dict[str, Any] = {
         "run": str(run_dir),
         "model": config.model + (" (as attention)" if "converted" in meta else
-                                 " (attention + content, from CNN)" if (config.init_from or {}).get("content") else
+                                 " (attention + content, from CNN)" if config.init_from and config.init_from.content else
                                  " (attention, from CNN)" if config.init_from else ""),
         "dataset": info.name,
         "epochs": int(rows[-1]["epoch"]) if rows else 0,

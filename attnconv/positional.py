@@ -28,8 +28,8 @@ Initialization (`init`, SelfAttention2d's `pos_init`): "authors" follows the pap
 code (docs/design-notes.md): quadratic centers N(0, 2^2) and widths 1 + N(0, 0.01^2);
 learned tables N(0, 1) as `nn.Embedding`, per-head keys as `nn.Linear`'s default, so
 position-only heads start peaked rather than uniform. "bert" draws the learned tables
-and keys from N(0, 0.02^2) as BERT's `init_bert_weights` would (the version before
-this option); the quadratic encodings have only the authors' init.
+and keys from N(0, 0.02^2) as BERT's `init_bert_weights` would; the quadratic
+encodings have only the authors' init.
 """
 
 from __future__ import annotations

@@ -295,9 +295,9 @@ def _attention_section(run: Run, *, images: int) -> str:
                  + ", ".join(f"{site.path} {site.size[0]}x{site.size[1]}" for site in sites)
                  + f". Probabilities: {how}.")
     if config.init_from:
-        content = config.init_from.get("content", 0)
-        intro = (f"This network was trained from the CNN run {config.init_from['run']} (`attnconv train "
-                 f"--init-from`, heads started on the kernel taps with alpha {config.init_from['alpha']:g}; centers "
+        content = config.init_from.content
+        intro = (f"This network was trained from the CNN run {config.init_from.run} (`attnconv train "
+                 f"--init-from`, heads started on the kernel taps with alpha {config.init_from.alpha:g}; centers "
                  f"and widths learned" + (f"; content attention with {content} query/key channels per head"
                                           if content else "") + "). " + intro)
     elif run.converted:

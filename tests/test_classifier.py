@@ -197,3 +197,26 @@ def test_new_options_are_checked():
         build_model("sa-learned-content", attn_dropout_mask="shared")
     with pytest.raises(AttnconvError, match="attn_dropout_mask"):
         build_model("sa-learned", attn_dropout_mask="per-batch")
+
+
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned-content"])
+def test_hooks_on_a_classifiers_attention_layers_fire_and_see_the_layers_input(name):
+    model = build_model(name, hidden=12, heads=4, layers=2, intermediate=8, image_size=8, dropout=0.0,
+                        attn_dropout=0.0).eval()
+    seen = []
+    handles = [layer.register_forward_pre_hook(lambda m, args, kwargs: seen.append(("pre", m, args[0])), with_kwargs=True)
+               for layer in model.attention_layers]
+    handles += [layer.register_forward_hook(lambda m, args, out: seen.append(("post", m, out)))
+                for layer in model.attention_layers]
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    assert [(kind, m) for kind, m, _ in seen] == [(k, m) for m in model.attention_layers for k in ("pre", "post")]
+    first = seen[0][2]
+    assert first.shape == (3, 12, 4, 4)  # (B, C, H, W) on the 4x4 token grid
+    torch.testing.assert_close(first, model.tokens(x).permute(0, 3, 1, 2))
+    block = model.layers[0]  # the hook's output is the block's attention term: attention_out(attention(x))
+    torch.testing.assert_close(seen[1][2], block.attention_out(block.attention(first).permute(0, 2, 3, 1))
+                               .permute(0, 3, 1, 2), atol=1e-5, rtol=1e-5)

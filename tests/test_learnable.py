@@ -351,7 +351,7 @@ def test_init_from_trains_the_cnn_further_as_attention(cnn_run, data_dir, tmp_pa
                  *_common(data_dir, out)]) == 0
     capsys.readouterr()
     meta = json.loads((out / "config.json").read_text())
-    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 3.0, "fold_bn": False}  # no content
+    assert meta["config"]["init_from"] == {"run": str(cnn_run), "alpha": 3.0, "fold_bn": False, "content": 0}
     assert meta["config"]["model"] == "resnet18" and meta["config"]["model_overrides"]["width"] == 4
     assert meta["config"]["lr"] == 0.01
 
@@ -441,7 +441,7 @@ def test_attention_lr_scale_is_refused_where_there_is_nothing_to_scale(cnn_run, 
     args = ["train", "--model", "resnet18", "--width", "4", "--dataset", "fashion-mnist", "--max-steps", "1"]
     assert main([*args, "--attention-lr-scale", "3", *_common(data_dir, out)]) == 2
     err = capsys.readouterr().err
-    assert "--attention-lr-scale 3.0: model 'resnet18' has no attention centers" in err and not out.exists()
+    assert "--attention-lr-scale 3.0 is invalid: model 'resnet18' has no attention centers" in err and not out.exists()
     assert main([*args, "--attention-lr-scale", "0", *_common(data_dir, out)]) == 2
     assert "--attention-lr-scale 0.0 is out of range" in capsys.readouterr().err and not out.exists()
 
@@ -490,9 +490,9 @@ def test_an_image_pixel_is_placed_on_each_strided_layers_grid():
     from attnconv.models.sites import AttentionSite, query_on_site
 
     layer = conv_to_attention(nn.Conv2d(1, 2, 3, stride=2, padding=1))
-    q, pos = query_on_site(AttentionSite("c", layer, (28, 28), layer), (28, 28), 20, 9)  # output grid 14x14
+    q, pos = query_on_site(AttentionSite("c", layer, (28, 28)), (28, 28), 20, 9)  # output grid 14x14
     assert q == 10 * 14 + 4 and pos == (20, 8)
-    q, pos = query_on_site(AttentionSite("c", layer, (14, 14), layer), (28, 28), 27, 0)  # later: 14x14 -> 7x7
+    q, pos = query_on_site(AttentionSite("c", layer, (14, 14)), (28, 28), 27, 0)  # later: 14x14 -> 7x7
     assert q == 6 * 7 + 0 and pos == (12, 0)
 
 
@@ -502,7 +502,7 @@ def test_init_from_with_fold_bn_trains_without_batchnorms(cnn_run, data_dir, tmp
                  *_common(data_dir, out)]) == 0
     capsys.readouterr()
     model, config = load_run(out)
-    assert config.init_from["fold_bn"] is True
+    assert config.init_from.fold_bn is True
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     assert sum(isinstance(m, LearnableConvAttention) for m in model.modules()) == 20
 
@@ -626,9 +626,12 @@ def test_init_content_trains_content_attention_that_analyze_plot_report_and_expl
 
 
 def test_an_init_from_config_written_before_content_attention_still_loads():
-    from attnconv.config import TrainConfig
+    from attnconv.config import InitFrom, TrainConfig
 
     old = {"run": "runs/cnn", "alpha": 3.0, "fold_bn": False}  # no "content" key
-    TrainConfig(model="resnet18", dataset="fashion-mnist", init_from=old).validate()
-    with pytest.raises(AttnconvError, match="--init-from"):
-        TrainConfig(model="resnet18", dataset="fashion-mnist", init_from={**old, "heads": 2}).validate()
+    base = TrainConfig(model="resnet18", dataset="fashion-mnist").to_dict()
+    config = TrainConfig.from_dict({**base, "init_from": old})
+    assert config.init_from == InitFrom(run="runs/cnn", alpha=3.0, fold_bn=False, content=0)
+    config.validate()
+    with pytest.raises(AttnconvError, match="field init_from has keys"):
+        TrainConfig.from_dict({**base, "init_from": {**old, "heads": 2}})

@@ -70,7 +70,7 @@ def test_resnet18_takes_grayscale_28x28_and_a_width():
 
 @pytest.mark.parametrize("bad", [dict(width=0), dict(num_classes=-1), dict(in_channels=2.5)])
 def test_resnet18_rejects_bad_sizes(bad):
-    with pytest.raises(AttnconvError, match="positive integer"):
+    with pytest.raises(AttnconvError, match="is invalid: give a whole number"):
         build_model("resnet18", **bad)
 
 

@@ -108,7 +108,7 @@ def test_explicit_values_override_the_preset_and_merge_model_overrides():
 
 
 def test_make_config_needs_model_and_dataset_without_preset():
-    with pytest.raises(AttnconvError, match="--dataset"):
+    with pytest.raises(AttnconvError, match="missing dataset: give it, or a preset"):
         make_config(model="resnet18")
     with pytest.raises(AttnconvError, match="unknown preset 'nope'"):
         make_config(preset="nope")

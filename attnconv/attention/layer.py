@@ -203,12 +203,17 @@ class SelfAttention2d(nn.Module):
         )
 
     # ---------------------------------------------------------------- forward
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, then: nn.Linear | None = None) -> Tensor:
+        """(B, C_in, H, W) -> (B, C_out, H, W), or then(...) of it (see `forward_tokens`).
+
+        A channels-last tensor seen through `.permute(0, 3, 1, 2)` goes in and comes out without a
+        copy: blocks that keep (B, H, W, C) call the layer this way, so its hooks fire.
+        """
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise AttnconvError(
                 f"SelfAttention2d expects input (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
+        y = self.forward_tokens(x.permute(0, 2, 3, 1), then)  # (B, H, W, C_out)
         if self.stride != 1:
             y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
         return y.permute(0, 3, 1, 2)

@@ -71,8 +71,8 @@ def _factor_dropout(row: Tensor, col: Tensor, B: int, dropout_p: float, per_samp
 # The fused path runs a batch in tiles of images whose row-factor output (heads x the tile's
 # activations) takes about this many bytes, so that the three products of a tile and their
 # gradients find their operands in cache rather than in memory; at least FUSED_MIN_TILE images a
-# tile (smaller tiles lose more to per-product overhead than they gain). Calibrated on 2-core AMD
-# EPYC CPUs (benchmarks/RESULTS.md, "The fused path in tiles").
+# tile (smaller tiles lose more to per-product overhead than they gain). The measurements behind
+# both numbers: benchmarks/RESULTS.md, "The fused path in tiles".
 FUSED_TILE_BYTES = 4 * 2**20
 FUSED_MIN_TILE = 4
 

@@ -18,7 +18,7 @@ LAYER_ENCODINGS = ("quadratic", "learned", "learned-content")
 PRECISIONS = ("fp32", "bf16")  # bf16: torch.autocast(dtype=torch.bfloat16) around the forward
 GRID_SIDES = (7, 14, 16, 32)  # the grid section's token grids (inputs and factors: attnconv.bench.grid.GRIDS)
 
-# Targets from the issue (2-core CPU): dense / fast time ratio, utilization, data / model speed.
+# The speed targets on a 2-core CPU: dense / fast time ratio, utilization, data / model speed.
 LAYER_TARGETS = {"quadratic": {16: 1.3, 32: 2.5, 64: 6.0}}
 MODEL_TARGETS = {"cifar": 1.2, "full-res": 2.5}
 UTILIZATION_TARGET = 0.5

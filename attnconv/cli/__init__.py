@@ -9,6 +9,7 @@ the parsed args and returning an exit code). `main` dispatches and turns an
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import math
 import os
@@ -16,6 +17,7 @@ import re
 import sys
 
 from attnconv.errors import AttnconvError
+from attnconv.options import FieldError
 
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
@@ -38,23 +40,30 @@ class _Parser(argparse.ArgumentParser):
         raise AttnconvError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 
-# The range of every numeric flag of every command (inclusive, by argparse dest), checked in one
-# place (`check_ranges`) before a command does any work; tests/test_bad_inputs.py checks that no
-# int or float flag is missing here. Commands check finer rules (e.g. an odd kernel) themselves.
-# "workers" is config.MAX_WORKERS (torch hangs at 5,000 threads and crashes at 100,000).
-RANGES: dict[str, tuple[float, float]] = {
-    "dim": (1, 3), "seed": (0, 2**63 - 1),  # torch.manual_seed takes seeds below 2^63 (and 2^64)
-    "epochs": (1, 10**6), "max_steps": (1, 10**12), "batch_size": (1, 10**7), "lr": (1e-12, 1e38),
-    "momentum": (0, 1), "weight_decay": (0, 1e6), "attention_lr_scale": (1e-9, 1e9), "warmup": (0, 1),
-    "gamma": (1e-12, 1), "workers": (1, 256), "checkpoint_every": (0, 10**12), "log_every": (1, 10**12),
-    "init_alpha": (1e-9, 1e9), "init_content": (1, 4096), "alpha": (1e-9, 1e9), "locality": (1e-9, 1e9),
-    "in_channels": (1, 4096), "image_size": (1, 8192), "num_classes": (1, 10**6), "hidden": (1, 65536),
-    "heads": (1, 1024), "layers": (1, 1024), "intermediate": (1, 10**6), "downsample": (1, 1024),
-    "dropout": (0, 1), "attn_dropout": (0, 1), "width": (1, 65536), "memory_budget_gb": (1e-6, 1e6),
+# The range of every numeric flag that is not a config field (inclusive, by argparse dest); the
+# config fields' flags take theirs from the fields (`attnconv.options`). `ranges()` merges both and
+# `check_ranges` checks them before a command does any work; tests/test_bad_inputs.py checks that no
+# int or float flag is missing. Commands check finer rules (e.g. an odd kernel) themselves.
+_CLI_RANGES: dict[str, tuple[float, float]] = {
+    "dim": (1, 3), "log_every": (1, 10**12), "alpha": (1e-9, 1e9), "memory_budget_gb": (1e-6, 1e6),
     "images": (1, 10**7), "eval_images": (1, 10**9), "image": (0, 10**9), "layer": (1, 10**4),
     "zoom": (1, 10**4), "kernel": (1, 99), "steps": (0, 10**9), "top": (1, 10**6),
-    "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535), "crop_pad": (0, 1024),
+    "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535), "epoch": (0, 10**6),
 }
+
+
+@functools.cache
+def ranges() -> dict[str, tuple[float, float]]:
+    """{argparse dest: (low, high)} of every numeric flag: the config fields' and the others'."""
+    from attnconv.config import InitFrom, TrainConfig
+    from attnconv.models import MODEL_CONFIGS
+    from attnconv.options import field_ranges
+
+    fields = field_ranges(TrainConfig, InitFrom, *MODEL_CONFIGS)
+    both = sorted(set(fields) & set(_CLI_RANGES))
+    if both:
+        raise RuntimeError(f"ranges written twice: {both}")
+    return {**_CLI_RANGES, **fields}
 
 
 def numeric_flags(parser: argparse.ArgumentParser, command: tuple[str, ...] = ()):
@@ -72,9 +81,9 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     for _, action in numeric_flags(parser):
         value = getattr(args, action.dest, None)
         # One dest may be a list in another command (express --size 12,12): only numbers are checked.
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or action.dest not in RANGES:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or action.dest not in ranges():
             continue
-        lo, hi = RANGES[action.dest]
+        lo, hi = ranges()[action.dest]
         if not (math.isfinite(value) and lo <= value <= hi):
             flag = action.option_strings[-1] if action.option_strings else action.dest
             kind = "a whole number" if action.type is int else "a number"
@@ -119,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
         check_ranges(args, parser)
         return int(args.func(args) or 0)
+    except FieldError as err:  # the library names the field (epochs); the command line, its flag (--epochs)
+        print(f"error: {err.as_flag()}", file=sys.stderr)
+        return 2
     except AttnconvError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -187,8 +187,6 @@ def run_compare(args: argparse.Namespace) -> int:
         kernels = tuple(int(k) for k in args.kernels.split(","))
     except ValueError:
         raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated whole numbers, e.g. 3,4") from None
-    if args.epoch is not None and args.epoch < 0:
-        raise AttnconvError(f"--epoch {args.epoch}: give a number of epochs >= 0")
     rows = compare_groups(args.groups, epoch=args.epoch, kernels=kernels)
     if args.json:
         print(json.dumps(rows, indent=1))

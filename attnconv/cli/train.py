@@ -21,11 +21,10 @@ whose heads start on the kernel taps with --init-alpha and have learnable center
 widths (attnconv.cnn_to_attention(..., learnable=True)); --init-content DIM adds content
 attention (DIM query/key channels per head, starting at zero) to every layer of a kxk
 convolution. Content attention attends over every pixel of the layer's input for every
-query, so it costs far more than the position-only layers (9x per training step for the
-Fashion-MNIST ResNet-18 on a CPU; see benchmarks/RESULTS.md). --attention-lr-scale K
-multiplies the learning rate of the heads' centers and widths and of the content
-query/key projections by K (any model with such parameters, the paper's quadratic
-attention models too).
+query, so it costs far more than the position-only layers (measured in
+benchmarks/RESULTS.md). --attention-lr-scale K multiplies the learning rate of the heads'
+centers and widths and of the content query/key projections by K (any model with such
+parameters, the paper's quadratic attention models too).
 """
 
 from __future__ import annotations
@@ -36,28 +35,6 @@ import sys
 from pathlib import Path
 
 from attnconv.errors import AttnconvError
-
-# Model overrides as flags: (flag, type, help). None (the default) keeps the preset's or model's value.
-MODEL_FLAGS = (
-    ("in-channels", int, "input channels (set from the dataset)"),
-    ("image-size", int, "image side (set from the dataset; for folder:PATH the size images are resized and "
-                        "center-cropped to, default 32)"),
-    ("num-classes", int, "classes (set from the dataset)"),
-    ("hidden", int, "attention models: hidden width (paper: 400)"),
-    ("heads", int, "attention models: heads (paper: 9)"),
-    ("layers", int, "attention models: layers (paper: 6)"),
-    ("intermediate", int, "attention models: MLP width (paper: 512)"),
-    ("downsample", int, "attention models: space-to-depth factor (paper: 2)"),
-    ("dropout", float, "attention models: dropout after attention and MLP (paper: 0.1)"),
-    ("attn-dropout", float, "attention models: dropout on attention probabilities (paper: 0.1)"),
-    ("impl", str, "attention models: auto, dense, separable, stacked, fused or sdpa"),
-    ("init", str, "quadratic attention models: 'paper' (centers ~ N(0, 2^2)) or 'grid' (centers on the KxK grid)"),
-    ("locality", float, "quadratic attention models with --init grid: initial alpha of every head (default 1)"),
-    ("pos-init", str, "learned-encoding models: 'authors' (N(0, 1) tables, as the authors' code; default) or 'bert'"),
-    ("attn-dropout-mask", str, "attention models: 'per-sample' (default) or 'shared' (one mask per batch for "
-                               "position-only probabilities, as the authors' code)"),
-    ("width", int, "resnet18: base channels (paper: 64)"),
-)
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -71,9 +48,24 @@ def _fractions(text: str) -> tuple[float, ...]:
     return values
 
 
+def _model_fields() -> list:
+    """(config class, field name, argparse dest) of the registered models' option fields with a flag,
+    each once (the shared dataset-derived ones first)."""
+    from attnconv.models import MODEL_CONFIGS
+    from attnconv.options import flag_name, option_fields
+
+    seen: dict[str, tuple[type, str, str]] = {}
+    for cls in MODEL_CONFIGS:
+        for f in option_fields(cls):
+            if f.metadata["cli"] and f.name not in seen:
+                seen[f.name] = (cls, f.name, flag_name(f).replace("-", "_"))
+    return list(seen.values())
+
+
 def register(subparsers) -> None:
-    from attnconv.config import OPTIMIZERS, PRESETS, SCHEDULES
+    from attnconv.config import PRESETS, InitFrom, TrainConfig
     from attnconv.models import list_models
+    from attnconv.options import add_field_flags
 
     p = subparsers.add_parser(
         "train", help="train a model (paper presets, resume, DDP)", description=__doc__,
@@ -94,46 +86,12 @@ def register(subparsers) -> None:
                         "other files stay)")
     i = p.add_argument_group("starting from a trained CNN")
     i.add_argument("--init-from", metavar="CNN_RUN", help="a trained CNN run: train it further as attention")
-    i.add_argument("--init-alpha", type=float, default=None,
-                   help="the heads' initial alpha (default 3: 83%% of each 2-d head's attention on its tap, so "
-                        "the heads can move; 20+ starts as the exact CNN, whose heads then hardly get gradients)")
-    i.add_argument("--fold-bn", action=argparse.BooleanOptionalAction, default=None,
-                   help="fold the CNN's BatchNorms into the attention layers (default: keep them, trained)")
-    i.add_argument("--init-content", type=int, default=None, metavar="DIM",
-                   help="add content attention with DIM query/key channels per head to every kxk layer; its "
-                        "queries start at zero, so the network starts as without it (default: none)")
+    add_field_flags(i, InitFrom, ("alpha", "fold_bn", "content"))
     g = p.add_argument_group("optimization")
-    g.add_argument("--epochs", type=int)
-    g.add_argument("--max-steps", type=int, help="stop after this many steps")
-    g.add_argument("--batch-size", type=int, help="global batch size (split across processes)")
-    g.add_argument("--optimizer", choices=OPTIMIZERS)
-    g.add_argument("--lr", type=float)
-    g.add_argument("--momentum", type=float, help="SGD momentum (AdamW: beta1)")
-    g.add_argument("--weight-decay", type=float, help="not applied to attention centers and widths")
-    g.add_argument("--attention-lr-scale", type=float, metavar="K",
-                   help="multiply the LR of the attention centers and widths (and, with --init-content, the "
-                        "content query/key projections) by K (default 1)")
-    g.add_argument("--schedule", choices=SCHEDULES)
-    g.add_argument("--warmup", type=float, help="warm-up length, as a fraction of all steps (warmup-cosine)")
+    add_field_flags(g, TrainConfig, section="optimization")
     g.add_argument("--milestones", type=_fractions, help="multistep: fractions of all steps, e.g. 0.27,0.5,0.83")
-    g.add_argument("--gamma", type=float, help="multistep: LR factor at each milestone")
-    g.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crops (and horizontal flips, see --flip)")
-    g.add_argument("--crop-pad", type=int, metavar="PIXELS",
-                   help="with --augment: pad each side by PIXELS and crop back at random (default: the preset's; "
-                        "4 for CIFAR-10, about 1/8 of the image for folders; 0: no crop)")
-    g.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --augment: random horizontal flips (default: the preset's; on for CIFAR-10, off for "
-                        "folders, where a flip can change the label: digits, text)")
-    g.add_argument("--seed", type=int)
     r = p.add_argument_group("execution")
-    r.add_argument("--device", help="cpu or cuda")
-    r.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bfloat16 autocast")
-    r.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model")
-    r.add_argument("--workers", type=int, help="CPU threads for torch")
-    r.add_argument("--data-dir", help="folder with the dataset files")
-    r.add_argument("--checkpoint-every", type=int, metavar="STEPS",
-                   help="also checkpoint every STEPS steps (default: at epoch ends only)")
+    add_field_flags(r, TrainConfig, section="execution")
     r.add_argument("--no-progress", action="store_true", help="no progress output (epoch summaries only)")
     r.add_argument("--log-every", type=int, default=100, metavar="STEPS",
                    help="a row of RUN_DIR/steps.csv every STEPS steps (default 100), and, when stderr is not a "
@@ -143,15 +101,14 @@ def register(subparsers) -> None:
                         "LR every --log-every steps, test loss and accuracy every epoch; needs `pip install "
                         "tensorboard`)")
     m = p.add_argument_group("model overrides")
-    for flag, kind, text in MODEL_FLAGS:
-        m.add_argument(f"--{flag}", type=kind, help=text)
-    m.add_argument("--grad-checkpoint", dest="checkpoint", action="store_const", const=True, default=None,
-                   help="attention models: recompute each block in backward (less memory, ~1.3x more compute)")
+    for cls, name, _ in _model_fields():
+        add_field_flags(m, cls, (name,))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnconv.config import TrainConfig, make_config
+    from attnconv.config import PRESETS, TrainConfig, make_config
+    from attnconv.options import option_fields
     from attnconv.runs import CONFIG_FILE, read_config
     from attnconv.training import train
     from attnconv.training.loop import summary_writer_class
@@ -162,12 +119,9 @@ def run(args: argparse.Namespace) -> int:
     base = None
     if args.resume and args.preset is None and args.model is None and (out / CONFIG_FILE).exists():
         base = TrainConfig.from_dict(read_config(out)["config"])
-    fields = ("model", "dataset", "epochs", "max_steps", "batch_size", "optimizer", "lr", "momentum",
-              "weight_decay", "schedule", "warmup", "milestones", "gamma", "augment", "crop_pad", "flip", "seed", "device", "amp",
-              "compile", "workers", "data_dir", "checkpoint_every", "attention_lr_scale")
-    overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag, _, _ in MODEL_FLAGS}
-    overrides["checkpoint"] = args.checkpoint
-    changes = {f: getattr(args, f) for f in fields}
+    overrides = {name: getattr(args, dest) for _, name, dest in _model_fields()}
+    changes = {f.name: getattr(args, f.name) for f in option_fields(TrainConfig)
+               if f.metadata["cli"] or f.name in ("model", "dataset", "milestones")}
     if args.dataset is not None:
         from attnconv.data import canonical_name, folder_path
 
@@ -182,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         from attnconv.dataset_presets import dataset_preset, describe
 
         preset, base = dataset_preset(args.model, args.dataset, image_size=args.image_size, device=args.device or "cpu")
+    if args.preset is None and base is None:
+        missing = [f"--{k}" for k in ("model", "dataset") if changes[k] is None]
+        if missing:
+            them = "them" if len(missing) > 1 else "it"
+            raise AttnconvError(f"missing {' and '.join(missing)}: give {them}, or a --preset ({', '.join(PRESETS)})")
     config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
     config.validate()  # a bad flag is one error line, before anything else is printed
     announce = None if preset is None else \
@@ -197,14 +156,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_INIT_ALPHA = 3.0
-
-
 def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
     """--init-from: the CNN run's config is the base (architecture, data, preset), plus init_from."""
     import dataclasses
 
-    from attnconv.config import TrainConfig
+    from attnconv.config import InitFrom, TrainConfig
     from attnconv.runs import read_config
 
     fixed = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
@@ -214,10 +170,8 @@ def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
         raise AttnconvError(f"{', '.join(fixed)}: with --init-from the architecture and dataset are those of "
                             f"{args.init_from}; drop {'them' if len(fixed) > 1 else 'it'}")
     source = read_config(args.init_from)
-    init = {"run": str(args.init_from),
-            "alpha": DEFAULT_INIT_ALPHA if args.init_alpha is None else args.init_alpha,
-            "fold_bn": bool(args.fold_bn),
-            "content": 0 if args.init_content is None else args.init_content}
+    given = {"alpha": args.init_alpha, "fold_bn": args.fold_bn, "content": args.init_content}
+    init = InitFrom(run=str(args.init_from), **{k: v for k, v in given.items() if v is not None})
     if base is None:  # a fresh run: the CNN's preset
         base = dataclasses.replace(TrainConfig.from_dict(source["config"]), preset=None, init_from=init)
     return base, {**changes, "init_from": init}

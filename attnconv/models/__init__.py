@@ -8,12 +8,19 @@ lives in `attnconv.models.registry`; importing this package registers every mode
 """
 
 from attnconv.models import classifier, resnet  # noqa: F401  (importing them fills the registry)
+from attnconv.models.classifier import ClassifierConfig
 from attnconv.models.registry import (
+    ImageModelConfig,
     attention_placement,
     build_model,
     list_models,
     no_weight_decay,
     register_model,
 )
+from attnconv.models.resnet import ResNetConfig
 
-__all__ = ["attention_placement", "build_model", "list_models", "no_weight_decay", "register_model"]
+# The option dataclasses of the registered models: `attnconv train`'s model flags come from their fields.
+MODEL_CONFIGS = (ImageModelConfig, ClassifierConfig, ResNetConfig)
+
+__all__ = ["MODEL_CONFIGS", "ClassifierConfig", "ImageModelConfig", "ResNetConfig", "attention_placement",
+           "build_model", "list_models", "no_weight_decay", "register_model"]

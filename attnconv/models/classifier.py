@@ -26,72 +26,63 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from attnconv.attention import SelfAttention2d
+from attnconv.attention.select import IMPLS
 from attnconv.errors import AttnconvError
-from attnconv.models.registry import register_model
-from attnconv.positional import POS_INITS
+from attnconv.models.registry import ImageModelConfig, register_model
+from attnconv.options import FieldError, check_fields, option
+from attnconv.positional import ENCODINGS, POS_INITS
 
 LAYER_NORM_EPS = 1e-12
 
 
 @dataclass
-class ClassifierConfig:
-    encoding: str = "quadratic"
-    in_channels: int = 3
-    image_size: int = 32
-    num_classes: int = 10
-    hidden: int = 400
-    heads: int = 9
-    layers: int = 6
-    intermediate: int = 512
-    downsample: int = 2
-    dropout: float = 0.1  # hidden dropout after the attention output and the MLP
-    attn_dropout: float = 0.1  # dropout on the attention probabilities
-    pos_dim: int | None = None  # learned tables' width D_p (default: hidden, 400 in the paper)
-    impl: str = "auto"
-    init: str = "paper"  # "paper": centers ~ N(0, 2^2); "grid": centers on the K x K grid (quadratic only)
-    locality: float = 1.0  # alpha of every head with init="grid"
-    checkpoint: bool = False  # recompute each block in backward instead of storing its activations
+class ClassifierConfig(ImageModelConfig):
+    """The attention classifier's options (each with its help and range: `attnconv.options`)."""
+
+    encoding: str = option("quadratic", choices=ENCODINGS, cli=False)  # set by the model's name
+    hidden: int = option(400, "attention models: hidden width (paper: 400)", low=1, high=65536)
+    heads: int = option(9, "attention models: heads (paper: 9)", low=1, high=1024)
+    layers: int = option(6, "attention models: layers (paper: 6)", low=1, high=1024)
+    intermediate: int = option(512, "attention models: MLP width (paper: 512)", low=1, high=10**6)
+    downsample: int = option(2, "attention models: space-to-depth factor (paper: 2)", low=1, high=1024)
+    dropout: float = option(0.1, "attention models: dropout after attention and MLP (paper: 0.1)", low=0, high=1,
+                            high_open=True)
+    attn_dropout: float = option(0.1, "attention models: dropout on attention probabilities (paper: 0.1)", low=0,
+                                 high=1, high_open=True)
+    # learned tables' width D_p (default: hidden, 400 in the paper)
+    pos_dim: int | None = option(None, low=1, high=65536, cli=False)
+    impl: str = option("auto", "attention models: how attention is computed (auto: the fastest exact path)",
+                       choices=IMPLS)
+    init: str = option("paper", "quadratic attention models: 'paper' (centers ~ N(0, 2^2)) or 'grid' (centers on "
+                       "the KxK grid)", choices=("paper", "grid"))
+    locality: float = option(1.0, "quadratic attention models with --init grid: initial alpha of every head "
+                             "(default 1)", low=1e-9, high=1e9, fix="give a positive number")
+    checkpoint: bool = option(False, "attention models: recompute each block in backward (less memory, ~1.3x more "
+                              "compute)", flag="grad-checkpoint")
     # "authors": learned tables N(0, 1), per-head keys nn.Linear's default (the paper's code);
     # "bert": N(0, 0.02^2) (uniform learned heads at init). Learned encodings only.
-    pos_init: str = "authors"
-    # "per-sample" or "shared" (one attention-dropout mask per batch, the paper's code; position-only)
-    attn_dropout_mask: str = "per-sample"
+    pos_init: str = option("authors", "learned-encoding models: 'authors' (N(0, 1) tables, as the authors' code; "
+                           "default) or 'bert'", choices=POS_INITS)
+    # one attention-dropout mask per sample, or per batch (the paper's code; position-only encodings)
+    attn_dropout_mask: str = option("per-sample", "attention models: 'per-sample' (default) or 'shared' (one mask "
+                                    "per batch for position-only probabilities, as the authors' code)",
+                                    choices=("per-sample", "shared"))
 
     def validate(self) -> None:
-        for name in ("in_channels", "image_size", "num_classes", "hidden", "heads", "layers", "intermediate", "downsample"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise AttnconvError(f"model option {name} must be a positive integer, got {v!r}")
+        """FieldError naming the first bad option (ranges and choices from the fields), then the combinations."""
+        check_fields(self)
         if self.image_size % self.downsample:
-            raise AttnconvError(
-                f"image_size {self.image_size} is not divisible by downsample {self.downsample}; "
-                f"choose a downsample factor that divides it"
-            )
-        if self.init not in ("paper", "grid"):
-            raise AttnconvError(f"model option init must be 'paper' or 'grid', got {self.init!r}")
+            raise FieldError("downsample", self.downsample,
+                             f"image_size {self.image_size} is not divisible by it; choose a factor that divides it")
         if self.init == "grid" and not self.encoding.startswith("quadratic"):
-            raise AttnconvError(f"init='grid' places quadratic centers; the {self.encoding!r} encoding has none")
-        if self.pos_init not in POS_INITS:
-            raise AttnconvError(f"model option pos_init must be one of {', '.join(POS_INITS)}, got {self.pos_init!r}")
+            raise FieldError("init", self.init, f"'grid' places quadratic centers; the {self.encoding!r} encoding "
+                             "has none")
         if self.pos_init != "authors" and not self.encoding.startswith("learned"):
-            raise AttnconvError(
-                f"pos_init={self.pos_init!r} sets the learned tables' init; the {self.encoding!r} encoding has none "
-                f"(leave pos_init at 'authors')"
-            )
-        if self.attn_dropout_mask not in ("per-sample", "shared"):
-            raise AttnconvError(
-                f"model option attn_dropout_mask must be 'per-sample' or 'shared', got {self.attn_dropout_mask!r}"
-            )
+            raise FieldError("pos_init", self.pos_init, f"it sets the learned tables' init; the {self.encoding!r} "
+                             "encoding has none (leave it at 'authors')")
         if self.attn_dropout_mask == "shared" and self.encoding == "learned-content":
-            raise AttnconvError(
-                "attn_dropout_mask='shared' is for position-only encodings (content probabilities differ per "
-                "sample); leave it at 'per-sample'"
-            )
-        if not self.locality > 0:
-            raise AttnconvError(f"model option locality must be positive, got {self.locality}")
-        for name in ("dropout", "attn_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise AttnconvError(f"model option {name} must be in [0, 1), got {getattr(self, name)}")
+            raise FieldError("attn_dropout_mask", self.attn_dropout_mask, "'shared' is for position-only encodings "
+                             "(content probabilities differ per sample); leave it at 'per-sample'")
 
     @property
     def grid(self) -> int:
@@ -125,7 +116,9 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, hidden)
-        x = self.attention_norm(x + self.dropout(self.attention.forward_tokens(x, then=self.attention_out)))
+        # Called as a module (its hooks fire) on a (B, C, H, W) view of the channels-last tokens; no copy.
+        a = self.attention(x.permute(0, 3, 1, 2), then=self.attention_out).permute(0, 2, 3, 1)
+        x = self.attention_norm(x + self.dropout(a))
         return self.output_norm(x + self.dropout(self.output(nn.functional.gelu(self.intermediate(x)))))
 
 

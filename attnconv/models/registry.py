@@ -8,13 +8,25 @@ imports them, so `build_model` sees every model once `attnconv.models` is import
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.nn as nn
 
 from attnconv.errors import AttnconvError
+from attnconv.options import option
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+@dataclass
+class ImageModelConfig:
+    """The options every image model takes, set from the dataset (each model's config extends it)."""
+
+    in_channels: int = option(3, "input channels (set from the dataset)", low=1, high=4096)
+    image_size: int = option(32, "image side (set from the dataset; for folder:PATH the size images are resized and "
+                             "center-cropped to, default 32)", low=1, high=8192)
+    num_classes: int = option(10, "classes (set from the dataset)", low=1, high=10**6)
 
 
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:

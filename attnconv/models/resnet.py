@@ -10,12 +10,14 @@ is what gives exactly 11,173,962 parameters for 10 classes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnconv.errors import AttnconvError
-from attnconv.models.registry import register_model
+from attnconv.models.registry import ImageModelConfig, register_model
+from attnconv.options import check_fields, option
 
 
 class BasicBlock(nn.Module):
@@ -89,6 +91,13 @@ class ResNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
+@dataclass
+class ResNetConfig(ImageModelConfig):
+    """ResNet-18's options (each with its help and range: `attnconv.options`)."""
+
+    width: int = option(64, "resnet18: base channels (paper: 64)", low=1, high=65536)
+
+
 @register_model("resnet18")
 def resnet18(
     *, in_channels: int = 3, num_classes: int = 10, image_size: int = 32, width: int = 64
@@ -99,8 +108,5 @@ def resnet18(
     overrides; the network is fully convolutional and only needs the image to
     survive three stride-2 stages.
     """
-    sizes = {"in_channels": in_channels, "num_classes": num_classes, "width": width, "image_size": image_size}
-    for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise AttnconvError(f"resnet18: {name} must be a positive integer, got {value!r}")
+    check_fields(ResNetConfig(in_channels=in_channels, num_classes=num_classes, image_size=image_size, width=width))
     return ResNet((2, 2, 2, 2), in_channels=in_channels, num_classes=num_classes, width=width)

@@ -55,16 +55,12 @@ class AttentionLayer(Protocol):
 class AttentionSite:
     """One attention layer of a model: its module path, the layer, and the (H, W) grid it attends over.
 
-    `hook` is the module whose first input is the layer's input (the classifier's blocks call
-    `attention.forward_tokens`, which forward pre-hooks do not see, so their block is hooked),
-    and `channels_last` says that input is (B, H, W, C) rather than (B, C, H, W).
+    Every layer is called as a module, so a forward pre-hook on `layer` sees its (B, C, H, W) input.
     """
 
     path: str
     layer: nn.Module
     size: tuple[int, int]
-    hook: nn.Module
-    channels_last: bool = False
 
     @property
     def position_only(self) -> bool:
@@ -80,8 +76,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     layers = getattr(model, "attention_layers", None)
     if layers:
         grid = model.config.grid
-        return [AttentionSite(f"layers.{i}.attention", layer, (grid, grid), block, channels_last=True)
-                for i, (layer, block) in enumerate(zip(layers, model.layers))]
+        return [AttentionSite(f"layers.{i}.attention", layer, (grid, grid)) for i, layer in enumerate(layers)]
     # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), and the
     # SelfAttention2d layers of any other model (called as modules, so pre-hooks see their inputs).
     found = {m: name for name, m in model.named_modules()
@@ -91,7 +86,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
             raise AttnconvError("this network's attention layers need its input shape (C, H, W) to find their grids")
         device = next(model.parameters()).device
         seen = capture_inputs(model, list(found), torch.zeros(1, *input_shape, device=device))
-        return [AttentionSite(found[m], m, (int(x.shape[-2]), int(x.shape[-1])), m) for m, x in seen.items()]
+        return [AttentionSite(found[m], m, (int(x.shape[-2]), int(x.shape[-1]))) for m, x in seen.items()]
     raise AttnconvError(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content) or of a CNN converted to attention")
@@ -104,8 +99,8 @@ def needs_inputs(sites: Sequence[AttentionSite]) -> bool:
 
 def site_inputs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> list[Tensor]:
     """What each site's layer receives when `model` runs on the images x: (B, C, H, W) per site."""
-    seen = capture_inputs(model, [site.hook for site in sites], x)
-    return [seen[s.hook].permute(0, 3, 1, 2) if s.channels_last else seen[s.hook] for s in sites]
+    seen = capture_inputs(model, [site.layer for site in sites], x)
+    return [seen[s.layer] for s in sites]
 
 
 @torch.no_grad()
@@ -140,7 +135,7 @@ def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) ->
     One forward pass in eval mode without autograd, with a forward pre-hook on each module; a
     module called more than once keeps its first input, one never called is absent, and the
     dict is in call order. The hooks are removed and the training mode restored however the pass
-    ends. Pre-hooks fire on `module(...)` calls only (hence `AttentionSite.hook`). Two passes of
+    ends. Pre-hooks fire on `module(...)` calls only. Two passes of
     one model at once would see each other's hooks: callers sharing a model across threads lock.
     """
     seen: dict[nn.Module, Tensor] = {}

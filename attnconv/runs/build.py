@@ -106,15 +106,15 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
     if src is None:
         return model
     if source_weights:
-        run = Path(src["run"])
+        run = Path(src.run)
         meta = read_config(run)
         if "converted" in meta or meta["config"].get("init_from"):
             raise AttnconvError(f"--init-from {run}: is already an attention network; give the run of a CNN")
         load_weights(model, run / WEIGHTS_FILE, config.model)
-    model = cnn_to_attention(model.eval(), fold_bn=src["fold_bn"], alpha=float(src["alpha"]), learnable=True,
-                             key_dim=int(src.get("content", 0)))
+    model = cnn_to_attention(model.eval(), fold_bn=src.fold_bn, alpha=float(src.alpha), learnable=True,
+                             key_dim=src.content)
     if not any(isinstance(m, LearnableConvAttention) for m in model.modules()):
-        raise AttnconvError(f"--init-from {src['run']}: model {config.model!r} has no convolution to start from")
+        raise AttnconvError(f"--init-from {src.run}: model {config.model!r} has no convolution to start from")
     return model.train()
 
 def convert_run(

@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 
 from attnconv.config import TrainConfig
-from attnconv.errors import AttnconvError
 from attnconv.models import attention_placement, no_weight_decay
+from attnconv.options import FieldError
 
 
 def learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
@@ -44,8 +44,8 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     skip = no_weight_decay(model)
     scaled = set() if config.attention_lr_scale == 1 else attention_placement(model)
     if not scaled and config.attention_lr_scale != 1:
-        raise AttnconvError(f"--attention-lr-scale {config.attention_lr_scale}: model {config.model!r} has no "
-                            "attention centers, widths or content projections to scale; drop the flag")
+        raise FieldError("attention_lr_scale", config.attention_lr_scale, f"model {config.model!r} has no attention "
+                         "centers, widths or content projections to scale; leave it at 1")
     params = list(model.named_parameters())
     groups = [
         {"params": [p for n, p in params if (n in skip) == exempt and (n in scaled) == placed],
