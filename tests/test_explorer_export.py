@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 import torch
-from fixtures_browser import chromium_page
+from fixtures_browser import WIDTHS, chromium_page, sideways_overflow
 from fixtures_runs import TINY, train_tiny_runs
 
 from attnconv.cli import main
@@ -317,4 +317,7 @@ def test_the_exported_position_only_page_shows_one_map_set_for_every_image(pages
         assert shown != first
         _close_to(np.array(shown), np.array(explorer.attention(5, 6, 0)["layers"]))
         assert "positions alone" in page.text_content("#term-note")
+        for width in WIDTHS:  # the live page's layout: no sideways scrolling
+            overflow, wide = sideways_overflow(page, width)
+            assert overflow <= 0 and wide == [], (width, overflow, wide)
         assert errors == [] and requests == [pages["sa-quadratic"].resolve().as_uri()]
