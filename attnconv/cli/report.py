@@ -2,10 +2,13 @@
 
     attnconv report runs/sa [--out sa.html]              config, curves, Table-1 row, figures, analysis
     attnconv explore runs/sa [--port 0] [--images 32]    pick an image and a query pixel, see every head
+    attnconv explore runs/sa --export sa.html            the same page as one file, no server needed
 
 `report` writes one self-contained file (figures embedded, no external assets).
 `explore` serves a page on 127.0.0.1 only; the attention of every layer and head is
-computed from the checkpoint for each request. Stop it with Ctrl-C.
+computed from the checkpoint for each request. Stop it with Ctrl-C. With --export it
+writes the page, its script and the attention of the --images N test images into one
+HTML file instead (`attnconv.explorer.export`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ def register(subparsers) -> None:
     e.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (default 8765; 0: any free port)")
     e.add_argument("--images", type=int, default=32, metavar="N",
                    help="offer N test images, sampled across the classes (default 32)")
+    e.add_argument("--export", metavar="FILE.html",
+                   help="write the explorer as one self-contained file for the --images N test images "
+                        "(opens from disk: no server, no network) instead of serving it")
+    e.add_argument("--overwrite", action="store_true",
+                   help="with --export: replace an existing file that attnconv did not write (by default refused)")
     e.add_argument("--no-browser", dest="browser", action="store_false", help="do not open a web browser")
     e.add_argument("--data-dir", help="dataset folder (default: the run's, then the usual places)")
     e.add_argument("--dataset", metavar="folder:PATH", help=DATASET_HELP)
@@ -54,9 +62,9 @@ def _doc(which: str) -> str:
         from attnconv import report
 
         return report.__doc__
-    from attnconv.explorer import server
+    from attnconv.explorer import export, server
 
-    return server.__doc__
+    return f"{server.__doc__}\n{export.__doc__}"
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -72,8 +80,17 @@ def run_explore(args: argparse.Namespace) -> int:
     import sys
     import webbrowser
 
-    from attnconv.explorer import Explorer, make_server
+    from attnconv.errors import AttnconvError
+    from attnconv.explorer import Explorer, make_server, write_export
+    from attnconv.limits import format_bytes
 
+    if args.export is not None:
+        out = write_export(args.run_dir, args.export, images=args.images, data_dir=args.data_dir,
+                           dataset=args.dataset, device=args.device, overwrite=args.overwrite)
+        print(f"{out} ({format_bytes(out.stat().st_size)})")
+        return 0
+    if args.overwrite:
+        raise AttnconvError("--overwrite applies to --export FILE.html only; leave it out, or give --export")
     explorer = Explorer(args.run_dir, images=args.images, data_dir=args.data_dir, dataset=args.dataset,
                         device=args.device)
     server = make_server(explorer, args.port)

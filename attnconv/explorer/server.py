@@ -198,11 +198,7 @@ class Explorer:
         if not (0 <= i < H and 0 <= j < W):
             raise BadRequest(f"query pixel ({i}, {j}) is outside the {H}x{W} token grid "
                              f"(i in 0..{H - 1}, j in 0..{W - 1}; coordinates are after downsampling)")
-        if mode not in MODES:
-            raise BadRequest(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
-        if term not in self.terms:
-            why = " (this model has position-only attention)" if term in TERMS else ""
-            raise BadRequest(f"unknown term {term!r}{why}; choose one of: {', '.join(self.terms)}")
+        self._check_values(mode, term)
         if layer is not None and not 1 <= layer <= len(self.layers):
             raise BadRequest(f"layer {layer} does not exist; the model has layers 1..{len(self.layers)} "
                              "(numbered from 1)")
@@ -210,16 +206,36 @@ class Explorer:
         wanted = range(len(self.layers)) if layer is None else [layer - 1]  # positions in self.layers
         if self.converted:
             return self._converted_attention(image, i, j, mode, term, list(wanted))
-        inputs = self.layer_inputs(image)
         q = i * W + j
+        out = [values[:, q].tolist() for values in self._maps(image, mode, term, wanted)]  # (heads, T) over keys
+        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W],
+                "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
+
+    @property
+    def position_only(self) -> bool:
+        """Whether every layer's attention depends on positions alone: the same maps for every image."""
+        return not self.converted and all(getattr(layer, "position_only", False) is True for layer in self.layers)
+
+    def attention_maps(self, image: int, mode: str = "probs", term: str = "combined") -> list[torch.Tensor]:
+        """Every query's attention for offered image `image`, per layer (heads, T queries, T keys), float32
+        on the CPU: what /api/attention answers one query row at a time (q = i * W + j). Not for
+        networks converted from a CNN, whose layers each have their own grid."""
+        if self.converted:
+            raise BadRequest("attention_maps: a network converted from a CNN has a grid per layer; "
+                             "ask attention() one query at a time")
+        self._check_values(mode, term)
+        return self._maps(self._image_index(image), mode, term, range(len(self.layers)))
+
+    def _maps(self, image: int, mode: str, term: str, wanted) -> list[torch.Tensor]:
+        """Layers `wanted` (positions in self.layers): (heads, T, T) each, from one forward on image `image`."""
+        inputs = self.layer_inputs(image)
         out = []
         with self._lock, torch.no_grad():
             for n in wanted:
-                scores = self.layers[n].attention_scores(inputs[n])[term][0, :, q]  # (heads, T) over keys
+                scores = self.layers[n].attention_scores(inputs[n])[term][0]  # (heads, T queries, T keys)
                 values = scores.softmax(-1) if mode == "probs" else scores
-                out.append(values.float().cpu().tolist())
-        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W],
-                "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
+                out.append(values.float().cpu())
+        return out
 
     def _converted_attention(self, image: int, i: int, j: int, mode: str, term: str, wanted: list[int]) -> dict:
         """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
@@ -254,6 +270,13 @@ class Explorer:
                 "queries": queries, "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
 
     # ------------------------------------------------------------------------------ helpers
+    def _check_values(self, mode: str, term: str) -> None:
+        if mode not in MODES:
+            raise BadRequest(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+        if term not in self.terms:
+            why = " (this model has position-only attention)" if term in TERMS else ""
+            raise BadRequest(f"unknown term {term!r}{why}; choose one of: {', '.join(self.terms)}")
+
     def _image_index(self, k: int) -> int:
         if not 0 <= k < len(self.raw):
             raise BadRequest(f"image {k} is out of range: the explorer offers images 0..{len(self.raw) - 1} "

@@ -1,5 +1,7 @@
 // attnconv explorer: pick a test image and a query token; draw every layer's and head's attention.
-// Talks to the JSON API of attnconv/explorer/server.py. No frameworks, no external assets.
+// Reads its data through `source`: the JSON API of attnconv/explorer/server.py (the live page), or the data
+// embedded in a page written by `attnconv explore --export` (attnconv/explorer/export.py). No frameworks,
+// no external assets.
 "use strict";
 
 const state = {
@@ -42,6 +44,81 @@ async function getJSON(url, signal) {
   return body;
 }
 
+// ------------------------------------------------------------------------------ where the data comes from
+
+// The page asks `source` for everything it shows; both sources answer with the same JSON as the API:
+// info(), image(k), heads(), attention({image, i, j, mode, term}, signal).
+const source = (() => {
+  const embedded = document.getElementById("attnconv-data");
+  return embedded ? embeddedSource(JSON.parse(embedded.textContent)) : liveSource();
+})();
+
+function liveSource() {
+  return {
+    info: () => getJSON("/api/info"),
+    image: (k) => getJSON(`/api/image/${k}`),
+    heads: () => getJSON("/api/heads"),
+    attention: (q, signal) =>
+      getJSON(`/api/attention?image=${q.image}&i=${q.i}&j=${q.j}&mode=${q.mode}&term=${q.term}`, signal),
+  };
+}
+
+function decodeBase64(text) {
+  const bytes = atob(text);
+  const out = new Uint8Array(bytes.length);
+  for (let k = 0; k < bytes.length; k++) out[k] = bytes.charCodeAt(k);
+  return out;
+}
+
+// A page written by `attnconv explore --export`: the API's answers for the exported images, computed when it
+// was written. data.maps.sets holds one map set (position-only models: the same for every image) or one per
+// image: every query's attention as 8-bit fractions of its row's maximum ("fractions", uint8
+// (layers, heads, T, T)) and those maxima ("maxima", float32 little-endian (layers, heads, T); NaN: no value).
+function embeddedSource(data) {
+  const sets = [];  // decoded on first use
+  const set = (image) => {
+    const k = data.maps.per_image ? image : 0;
+    if (!sets[k]) {
+      const raw = data.maps.sets[k];
+      sets[k] = { fractions: decodeBase64(raw.fractions), maxima: new Float32Array(decodeBase64(raw.maxima).buffer) };
+    }
+    return sets[k];
+  };
+  const answer = (value) => Promise.resolve(value);
+  return {
+    info: () => answer(data.info),
+    image: (k) => answer({ ...data.images[k], pixels: decodeBase64(data.images[k].pixels) }),
+    heads: () => answer(data.heads),
+    attention: (q) => {
+      const [H, W] = data.info.grid;
+      const T = H * W;
+      if (!(q.image >= 0 && q.image < data.info.images)) return Promise.reject(new Error(`no image ${q.image}`));
+      if (!(q.i >= 0 && q.i < H && q.j >= 0 && q.j < W)) {
+        return Promise.reject(new Error(`query pixel (${q.i}, ${q.j}) is outside the ${H}x${W} token grid`));
+      }
+      if (!data.info.modes.includes(q.mode) || !data.info.terms.includes(q.term)) {
+        return Promise.reject(new Error(`this page holds ${data.info.modes} of the ${data.info.terms} term only`));
+      }
+      const { fractions, maxima } = set(q.image);
+      const query = q.i * W + q.j;
+      const layers = [];
+      for (let l = 0; l < data.info.layers; l++) {
+        const heads = [];
+        for (let h = 0; h < data.info.heads; h++) {
+          const row = (l * data.info.heads + h) * T + query;
+          const max = maxima[row];
+          const values = new Array(T);
+          for (let k = 0; k < T; k++) values[k] = Number.isNaN(max) ? null : (fractions[row * T + k] / 255) * max;
+          heads.push(values);
+        }
+        layers.push(heads);
+      }
+      return answer({ image: q.image, i: q.i, j: q.j, mode: q.mode, term: q.term, grid: [H, W],
+                      layer_numbers: layers.map((_, l) => l + 1), layers });
+    },
+  };
+}
+
 // 3 significant digits, as attnconv.tables.significant: "0.903", "0.100", "12.3", "1230", "1.23e-5".
 function fmt(v) {
   if (v === null || v === undefined || Number.isNaN(v)) return "-";
@@ -65,7 +142,7 @@ function flatLabel(values, probs) {
 // ------------------------------------------------------------------------------ setup
 
 async function start() {
-  const info = await getJSON("/api/info");
+  const info = await source.info();
   state.info = info;
   document.title = `attnconv explorer: ${info.title}`;
   $("title").textContent = `attnconv explorer: ${info.run} (${info.model})`;
@@ -74,12 +151,14 @@ async function start() {
     `${info.grid[0]}x${info.grid[1]} token grid (${info.image_size[0]}x${info.image_size[1]} images, ` +
     `downsampled ${info.downsample}x${info.downsample}); ${info.images} test images sampled across the classes. ` +
     "Layers and heads are numbered from 1, coordinates from 0.";
-  for (const input of document.querySelectorAll('input[name="term"]')) {
-    const ok = info.terms.includes(input.value);
+  for (const input of document.querySelectorAll('input[name="mode"], input[name="term"]')) {
+    const ok = (input.name === "mode" ? info.modes : info.terms).includes(input.value);
     input.disabled = !ok;
     input.parentElement.classList.toggle("disabled", !ok);
   }
-  if (!info.terms.includes("content")) {
+  if (info.note) {
+    $("term-note").textContent = info.note;
+  } else if (!info.terms.includes("content")) {
     $("term-note").textContent = "Position-only attention: the score is the positional term alone.";
   }
   state.pinned = { i: Math.floor(info.grid[0] / 2), j: Math.floor(info.grid[1] / 2) };
@@ -99,7 +178,7 @@ const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 const CENTERS_PX = 170;
 
 async function startHistory() {
-  const data = await getJSON("/api/heads");
+  const data = await source.heads();
   const snaps = data.snapshots;
   state.history = data;
   const box = $("centers");
@@ -128,7 +207,10 @@ async function startHistory() {
   const legend = $("head-legend");
   for (let h = 0; h < heads; h++) {
     const item = document.createElement("span");
-    item.innerHTML = `<span class="swatch" style="background:${TAB10[h % 10]}"></span>head ${h + 1}`;
+    const swatch = document.createElement("span");  // no inline style markup: the exported page's policy forbids it
+    swatch.className = "swatch";
+    swatch.style.background = TAB10[h % 10];
+    item.append(swatch, `head ${h + 1}`);
     legend.appendChild(item);
   }
   snaps[0].layers.forEach((_, l) => {
@@ -215,7 +297,7 @@ function buildStrip() {
     button.appendChild(canvas);
     button.addEventListener("click", () => selectImage(k));
     strip.appendChild(button);
-    jobs.push(getJSON(`/api/image/${k}`).then((img) => {
+    jobs.push(source.image(k).then((img) => {
       state.images[k] = img;
       drawPixels(canvas, img, 1);
       button.title = `test image #${img.test_index}: ${img.label_name}`;
@@ -405,10 +487,10 @@ async function update() {
   if (state.abort) state.abort.abort();
   state.abort = new AbortController();
   const { i, j } = state.shown;
-  const url = `/api/attention?image=${state.image}&i=${i}&j=${j}&mode=${state.mode}&term=${state.term}`;
   $("maps").dataset.status = "loading";
   try {
-    const result = await getJSON(url, state.abort.signal);
+    const result = await source.attention({ image: state.image, i, j, mode: state.mode, term: state.term },
+                                          state.abort.signal);
     if (seq !== state.seq) return;  // a newer request is on its way
     window.__lastAttention = result;
     render(result);
