@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_train import data_dir  # noqa: F401  (a fixture)
 
-from attnconv import AttnconvError, Run, build_model, capture_attention, make_config
+from attnconv import AttnconvError, Run, build_model, capture_attention
 from attnconv.analysis import head_snapshot
 from attnconv.cli import main
 from attnconv.config import PRESETS
