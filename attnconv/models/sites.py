@@ -101,7 +101,17 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     if found:
         seen = capture_inputs(model, list(found), zero)
         return [AttentionSite(found[m], m, (int(x.shape[-2]), int(x.shape[-1]))) for m, x in seen.items()]
-    captured = [r for r in capture_attention(model, zero) if r.size is not None and r.query_size == r.size]
+    try:
+        records = capture_attention(model, zero)
+    except AttnconvError:
+        raise
+    except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise AttnconvError(
+            f"{type(model).__name__} has no attention layers to analyze: it has no SelfAttention2d or ConvAttention, "
+            f"and a forward pass of a zero {tuple(input_shape)} image, to capture its attention, failed "
+            f"({type(err).__name__}: {first}); give the input shape it takes") from None
+    captured = [r for r in records if r.size is not None and r.query_size == r.size]
     if captured:
         return [AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out),
                               r.size) for r in captured]
