@@ -211,9 +211,10 @@ def multihead_value_maps(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor]:
         w_v = mha.in_proj_weight[2 * e:]
     else:
         w_v = mha.v_proj_weight
-    b_v = mha.in_proj_bias[2 * e:] if mha.in_proj_bias is not None else torch.zeros(e, dtype=w_v.dtype)
+    zero = torch.zeros(e, dtype=w_v.dtype, device=w_v.device)
+    b_v = mha.in_proj_bias[2 * e:] if mha.in_proj_bias is not None else zero
     w_o = mha.out_proj.weight
-    b_o = mha.out_proj.bias if mha.out_proj.bias is not None else torch.zeros(e, dtype=w_o.dtype)
+    b_o = mha.out_proj.bias if mha.out_proj.bias is not None else zero
     with torch.no_grad():
         maps = torch.stack([w_o[:, i * d:(i + 1) * d] @ w_v[i * d:(i + 1) * d] for i in range(h)])
         return maps.detach(), (b_o + w_o @ b_v).detach()
@@ -291,7 +292,7 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _A
     if q.dim() < 3:
         raise AttnconvError(f"{where}: scaled_dot_product_attention with {q.dim()}-d queries; expected (..., L, E)")
     heads = q.shape[-3] if q.dim() >= 4 else 1
-    if k.dim() >= 4 and k.shape[-3] != heads:  # grouped-query attention: each key head serves several query heads
+    if bound.get("enable_gqa") and k.dim() >= 4 and k.shape[-3] != heads:  # each key head serves several query heads
         k = k.repeat_interleave(heads // k.shape[-3], dim=-3)
     k = k.expand(*q.shape[:-2], *k.shape[-2:])
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
