@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Both create the virtualenv and install the package (torch==2.13.0, CPU wheel) on first use.
+# Both create the virtualenv and install the package (torch==2.13.0, CPU wheel) on first use;
+# `make test` also installs what its tests need from the system (test-deps).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -7,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: demo test install data clean
+.PHONY: demo test test-deps install data clean
 
 install: $(STAMP)
 
@@ -17,9 +18,31 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) test-deps
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 --durations=15
+
+# What the tests need from the system, on Debian: Chromium (the explorer's and the report's page tests,
+# tests/fixtures_browser.py) and real Fashion-MNIST (tests/test_data_fashion.py). Installed with apt-get
+# (through `sudo -n` when not root) where they are missing; what could not be installed is said in one line.
+APT_GET ?= apt-get
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo -n)
+HAVE_CHROMIUM := command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium
+HAVE_FMNIST   := test -d $(FMNIST)
+test-deps:
+	@missing=""; \
+	$(HAVE_CHROMIUM) || missing="$$missing chromium"; \
+	$(HAVE_FMNIST) || missing="$$missing dataset-fashion-mnist"; \
+	if [ -n "$$missing" ] && command -v $(APT_GET) >/dev/null 2>&1; then \
+	  ($(SUDO) $(APT_GET) update -qq && \
+	   $(SUDO) env DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq $$missing) >/dev/null 2>&1 || true; \
+	fi; \
+	lost=""; affected=""; \
+	$(HAVE_CHROMIUM) || { lost="chromium"; \
+	  affected="the page tests in Chromium skip (fail under CI=true)"; }; \
+	$(HAVE_FMNIST) || { lost="$${lost:+$$lost and }dataset-fashion-mnist"; \
+	  affected="$${affected:+$$affected; }the real Fashion-MNIST tests skip"; }; \
+	[ -z "$$lost" ] || echo "note: could not install $$lost (needs apt-get and root or sudo): $$affected"
 
 # Real Fashion-MNIST from Debian's package when apt is there; otherwise attnconv finds it
 # in --data-dir / $$ATTNCONV_DATA / the cache, or downloads it (checksum-verified).

@@ -6,18 +6,20 @@
     attn = conv_to_attention(conv)                                    # Theorem 1: the same function
     train(make_config(preset="fmnist-sa-quadratic"), "runs/sa")       # a run directory
     run = Run("runs/sa")                                              # config, metrics, heads, model, sites
+    records = capture_attention(vit, images)                          # the attention of any model, per call
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
-from attnconv.analysis import analyze_layer, analyze_run, head_snapshot
+from attnconv.analysis import analyze_captured, analyze_layer, analyze_run, head_snapshot
 from attnconv.attention import SelfAttention2d
 from attnconv.config import PRESETS, TrainConfig, make_config
 from attnconv.construct import ConvAttention, LearnableConvAttention, conv_likeness, conv_to_attention, effective_kernel
 from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import build_model, list_models, register_model
-from attnconv.models.sites import AttentionLayer, AttentionSite, attention_sites
+from attnconv.models.capture import CapturedAttention, capture_attention
+from attnconv.models.sites import AttentionLayer, AttentionSite, attention_sites, captured_sites
 from attnconv.runs import Run, load_run
 from attnconv.training import train
 
@@ -31,15 +33,19 @@ __all__ = [
     "AttentionLayer",
     "AttentionSite",
     "AttnconvError",
+    "CapturedAttention",
     "ConvAttention",
     "LearnableConvAttention",
     "Run",
     "SelfAttention2d",
     "TrainConfig",
+    "analyze_captured",
     "analyze_layer",
     "analyze_run",
     "attention_sites",
     "build_model",
+    "capture_attention",
+    "captured_sites",
     "cnn_to_attention",
     "conv_likeness",
     "conv_to_attention",

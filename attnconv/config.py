@@ -252,6 +252,16 @@ PRESETS: dict[str, TrainConfig] = {
         epochs=12, batch_size=100, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4,
         schedule="warmup-cosine", warmup=0.05, augment=False,
     ),
+    # A plain ViT (attnconv.models.vit: patches of 4, a class token, absolute positions, pre-LN, SDPA) beside
+    # the attention model, under the same optimizer, schedule and length: 7x7 patch tokens, 9 heads, 4 layers,
+    # hidden 108 (MLP 4x), about as many parameters (0.57M against 0.52M).
+    "fmnist-vit": TrainConfig(
+        model="vit", dataset="fashion-mnist",
+        model_overrides={"hidden": 108, "layers": 4, "heads": 9, "intermediate": 432, "patch": 4,
+                         "dropout": 0.0, "attn_dropout": 0.0},
+        epochs=12, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05,
+        schedule="warmup-cosine", warmup=0.05, augment=False,
+    ),
     "fmnist-resnet-small": TrainConfig(
         model="resnet18", dataset="fashion-mnist", model_overrides={"width": 16},
         epochs=8, batch_size=128, lr=0.1, weight_decay=5e-4, schedule="multistep", milestones=PAPER_MILESTONES,

@@ -4,11 +4,11 @@
     config = make_config(base=base, epochs=3)          # explicit settings on top
 
 - Fashion-MNIST: the CPU presets (`fmnist-sa-quadratic`'s optimizer, schedule and model
-  size for every attention model; `fmnist-resnet-small` for ResNet-18).
+  size for every attention model; `fmnist-vit` for the ViT; `fmnist-resnet-small` for ResNet-18).
 - CIFAR-10: the paper's preset for the model (`paper-cifar10-<model>`).
 - A folder of images (`folder:PATH`): AdamW with a warm-up and cosine decay, the attention
   models at the Fashion-MNIST CPU size, sized to the data and the device:
-    - the token grid: a space-to-depth factor that keeps at most 8x8 tokens on the CPU (the
+    - the token grid: a space-to-depth factor (the ViT's patch) that keeps at most 8x8 tokens on the CPU (the
       Fashion-MNIST preset's 7x7; 16x16, the paper's grid, costs about 9x per image there:
       benchmarks/RESULTS.md, "Speed at the paper's token grid") and 16x16 on a GPU;
     - augmentation that keeps the label: random crops padded by 1/8 of the image side (4 pixels
@@ -47,8 +47,13 @@ def folder_preset(model: str, info: D.DatasetInfo, device: str = "cpu") -> Train
     batch = max(1, min(128, info.train_size // 4))
     epochs = min(max(math.ceil(FOLDER_IMAGES / max(1, info.train_size)), FOLDER_EPOCHS[0]), FOLDER_EPOCHS[1])
     max_side = MAX_TOKENS_SIDE["cuda" if str(device).startswith("cuda") else "cpu"]
-    overrides: dict = {"width": 16} if model == "resnet18" else {
-        **PRESETS["fmnist-sa-quadratic"].model_overrides, "downsample": _space_to_depth(info.size, max_side)}
+    side = _space_to_depth(info.size, max_side)
+    if model == "resnet18":
+        overrides: dict = {"width": 16}
+    elif model == "vit":
+        overrides = {**PRESETS["fmnist-vit"].model_overrides, "patch": side}
+    else:
+        overrides = {**PRESETS["fmnist-sa-quadratic"].model_overrides, "downsample": side}
     return TrainConfig(
         model=model, dataset=info.name, model_overrides=overrides, epochs=epochs, batch_size=batch,
         optimizer="adamw", lr=1e-3, weight_decay=0.05, schedule="warmup-cosine", warmup=0.05, augment=True,
@@ -61,7 +66,7 @@ def dataset_preset(model: str, dataset: str, *, image_size: int | None = None, d
     """(a short name of the preset, the base config) for `model` on `dataset` (folders: on `device`)."""
     name = D.canonical_name(dataset)
     if name == "fashion-mnist":
-        preset = "fmnist-resnet-small" if model == "resnet18" else "fmnist-sa-quadratic"
+        preset = {"resnet18": "fmnist-resnet-small", "vit": "fmnist-vit"}.get(model, "fmnist-sa-quadratic")
         return f"the Fashion-MNIST CPU preset ({preset})", dataclasses.replace(PRESETS[preset], model=model)
     if name == "cifar10":
         preset = f"paper-cifar10-{model}"

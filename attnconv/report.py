@@ -252,8 +252,10 @@ def _analysis_tables(result: dict[str, Any]) -> str:
             f"<h3>Layer {layer['layer']} ("
             + (f"{_e(layer['path'])}, {layer['size'][0]}x{layer['size'][1]} input; " if result["size"] is None else "")
             + f"{_e(layer['encoding'])}; probabilities: {_e(layer['probabilities'])})</h3>"
-            f"<p>distance to the nearest 3x3 convolution {significant(like['distance'])} (5x5: "
-            f"{significant(like['distance_5x5'])}); mean window mass 3x3 {significant(layer['mean_mass_3x3'])}, "
+            + ("<p>no distance to the nearest convolution (the layer's value maps are unknown)" if like is None else
+               f"<p>distance to the nearest 3x3 convolution {significant(like['distance'])} (5x5: "
+               f"{significant(like['distance_5x5'])})")
+            + f"; mean window mass 3x3 {significant(layer['mean_mass_3x3'])}, "
             f"5x5 {significant(layer['mean_mass_5x5'])}; "
             f"degenerate heads {len(layer['degenerate_heads'])}/{len(layer['heads'])}</p>"
         )

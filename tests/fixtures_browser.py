@@ -1,7 +1,7 @@
 """Headless Chromium for the page tests (explorer, report): Playwright driving /usr/bin/chromium.
 
 Without Chromium or the playwright package a test is skipped, except under CI (CI=true), where it
-fails: the page tests must run there (.ci/run installs Chromium, `make test` the package).
+fails: the page tests must run there (`make test` installs Chromium and the package).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _missing(why: str) -> None:
 def playwright():
     """sync_playwright, or the test is skipped (failed under CI) when Chromium or playwright is missing."""
     if not os.path.exists(CHROMIUM):
-        _missing(f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (.ci/run does)")
+        _missing(f"no Chromium at {CHROMIUM}: install it with `apt-get install chromium` (`make test` does)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

@@ -78,7 +78,7 @@ def test_model_rejects_bad_overrides_and_inputs():
     with pytest.raises(AttnconvError, match="divisible"):
         build_model("sa-quadratic", image_size=27)
     with pytest.raises(AttnconvError, match="unknown model"):
-        build_model("vit")
+        build_model("no-such-model")
     with pytest.raises(AttnconvError, match="sa-quadratic"):
         build_model("sa-quadratic", colour=True)
     model = build_model("sa-learned", hidden=8, heads=2, layers=1, intermediate=8)

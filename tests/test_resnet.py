@@ -13,6 +13,7 @@ from attnconv.models.resnet import ResNet
 _SMALL = {
     "resnet": dict(width=4),
     "sa-": dict(hidden=16, heads=4, layers=1, intermediate=32),
+    "vit": dict(hidden=16, heads=4, layers=1, intermediate=32),
 }
 
 

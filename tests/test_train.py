@@ -395,7 +395,7 @@ def _bad_input_cases(tmp: Path, data_dir: Path) -> dict[str, tuple[list[str], st
     base = tiny_args(tmp / "out", data_dir)
     swap = lambda old, new: [new if a == old else a for a in base]  # noqa: E731
     return {
-        "unknown model": (swap("sa-quadratic", "vit"), "unknown model 'vit'"),
+        "unknown model": (swap("sa-quadratic", "no-such-model"), "unknown model 'no-such-model'"),
         "unknown preset": (["train", "--preset", "imagenet", "--out", str(tmp / "o")], "unknown preset 'imagenet'"),
         "negative epochs": (swap("2", "-1"), "--epochs -1"),
         "zero lr": ([*base, "--lr", "0"], "--lr 0"),

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
-from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
+from attnconv.models.capture import CapturedAttention
+from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
 
 UNIFORM_ALPHA = 1e-2
@@ -75,6 +76,26 @@ def _kernel(layer: nn.Module, size: tuple[int, int], x: Tensor | None, probs: Te
     return effective_kernel(layer, size, probs=probs)
 
 
+def _linear(layer: nn.Module) -> bool:
+    """Whether the layer's value maps are known, so that it is a linear map with a conv-likeness (captured
+    attention from a module whose projections are unknown is not)."""
+    return bool(getattr(layer, "has_value_maps", True))
+
+
+def _probs_on_grid(layer: nn.Module, size: tuple[int, int], x: Tensor | None, probs: Tensor | None
+                   ) -> tuple[EffectiveKernel | None, Tensor, Tensor, tuple[int, int]]:
+    """(the effective kernel or None, probs (heads, T_out, T_in), each query's input-frame position, the output
+    grid): from the kernel when the layer has value maps, else from the given probabilities on the input grid."""
+    if _linear(layer):
+        ek = _kernel(layer, size, x, probs)
+        return ek, ek.probs, ek.query_pos, tuple(ek.out_size)
+    if probs is None:
+        probs = layer.attention_probs()
+    if probs.dim() == 4:
+        probs = probs.mean(0)
+    return None, probs.detach(), _grid(size), size
+
+
 def _window_masses(p: Tensor, keys: Tensor, pos: Tensor, centers: Tensor, size) -> dict[int, Tensor]:
     """Per head, the mass within the 3x3 and 5x5 windows around the rounded center.
 
@@ -129,12 +150,11 @@ def analyze_layer(
     "degenerate_heads"), as in the paper and the figures; "heads" is in head order.
     """
     size = _size(size)
-    ek = _kernel(layer, size, x, probs)
-    p = ek.probs.double().cpu()  # (heads, T_out, T_in)
+    ek, p, pos, (out_h, out_w) = _probs_on_grid(layer, size, x, probs)
+    p = p.double().cpu()  # (heads, T_out, T_in)
     heads, t_out, _ = p.shape
     keys = _grid(size).double()  # (T_in, 2)
-    pos = ek.query_pos.double().cpu()  # (T_out, 2): input-frame position of each query
-    out_h, out_w = ek.out_size
+    pos = pos.double().cpu()  # (T_out, 2): input-frame position of each query
     mid = (out_h // 2) * out_w + out_w // 2
     rel_mid = keys - pos[mid]  # (T_in, 2)
     p_mid = p[:, mid]  # (heads, T_in)
@@ -152,8 +172,10 @@ def analyze_layer(
     pm = p_mid / p_mid.sum(-1, keepdim=True).clamp_min(1e-300)
     entropy = -(pm * pm.clamp_min(1e-300).log()).sum(-1) / math.log(max(p.shape[2], 2))
 
-    like3 = conv_likeness(ek, kernel_size=3)
-    like5 = conv_likeness(ek, kernel_size=5)
+    likeness = None
+    if ek is not None:
+        likeness = conv_likeness(ek, kernel_size=3).to_dict()
+        likeness["distance_5x5"] = conv_likeness(ek, kernel_size=5).distance
     masses = _window_masses(p, keys, pos, centers, size)
     widths = _widths(layer, heads)
     s = widths["inverse_covariance"]
@@ -191,8 +213,6 @@ def analyze_layer(
         head["reasons"] = reasons
         out_heads.append(head)
 
-    likeness = like3.to_dict()
-    likeness["distance_5x5"] = like5.distance
     return json_ready({
         "size": list(size),
         "encoding": getattr(layer, "encoding_name", type(layer).__name__),
@@ -203,7 +223,7 @@ def analyze_layer(
         "degenerate_heads": [h["head"] for h in out_heads if h["degenerate"]],
         "mean_mass_3x3": float(masses[3].mean()),
         "mean_mass_5x5": float(masses[5].mean()),
-        "conv_likeness": likeness,
+        "conv_likeness": likeness,  # None: the layer's value maps are unknown (captured attention)
     })
 
 
@@ -270,7 +290,7 @@ def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: in
     for i, (site, p) in enumerate(zip(sites, probs)):
         r = {"layer": i + 1, "path": site.path, **analyze_layer(site.layer, site.size, probs=p)}
         r["probabilities"] = ("exact (position-only)" if site.position_only
-                              else f"mean over {images} test images (content attention)")
+                              else f"mean over {images} test images ({getattr(site.layer, 'note', 'content attention')})")
         results.append(r)
     sizes = {site.size for site in sites}
     return {
@@ -280,6 +300,19 @@ def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: in
         "images": images if needs_inputs(sites) else 0,
         "layers": results,
     }
+
+
+def analyze_captured(records: Sequence[CapturedAttention]) -> dict[str, Any]:
+    """`analyze_sites` of `capture_attention`'s records (each computation a layer, numbered from 1 in call order).
+
+    The measures see each captured head's attention over the image positions, renormalized over them
+    (a class token's share left out; `CapturedAttention.extra_mass` keeps it); conv-likeness where the
+    value maps are known (`nn.MultiheadAttention`, modules with `value_maps()`), else None.
+    """
+    if not records:
+        raise AttnconvError("capture_attention saw no attention computation: nothing to analyze")
+    sites, probs = captured_sites(records)
+    return analyze_sites(sites, probs, images=max(r.images for r in records))
 
 
 def analyze_run(run: Run | str | os.PathLike, images: int = 100, *, data_dir: str | os.PathLike | None = None,
@@ -304,11 +337,14 @@ def head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None 
     else the mean shift of the map), inverse_covariance (heads, 2, 2) or None, the query
     (row, col) and its map (heads, H, W).
     """
-    ek = effective_kernel(layer, size, probs=probs)
-    out_h, out_w = ek.out_size
+    if _linear(layer):
+        ek = effective_kernel(layer, size, probs=probs)
+        p, query_pos, (out_h, out_w) = ek.probs, ek.query_pos, ek.out_size
+    else:
+        _, p, query_pos, (out_h, out_w) = _probs_on_grid(layer, tuple(size), None, probs)
     mid = (out_h // 2) * out_w + out_w // 2
-    query = tuple(int(v) for v in ek.query_pos[mid])
-    p_mid = ek.probs[:, mid].double().cpu()  # (heads, T_in)
+    query = tuple(int(v) for v in query_pos[mid])
+    p_mid = p[:, mid].double().cpu()  # (heads, T_in)
     rel = (_grid(size) - torch.tensor(query)).double()
     mean_shift = (p_mid @ rel) / p_mid.sum(-1, keepdim=True).clamp_min(1e-300)
     own = _own_centers(layer, p_mid.shape[0])
@@ -340,8 +376,9 @@ def format_analysis(result: dict[str, Any]) -> str:
         where = (f"{layer['path']}, {layer['size'][0]}x{layer['size'][1]} input; " if result.get("size", 0) is None
                  else "")
         lines.append(f"layer {layer['layer']} ({where}{layer['encoding']}; probabilities: {layer['probabilities']})")
-        lines.append(f"  distance to the nearest 3x3 conv {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f}); "
-                     f"mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
+        conv = ("no distance to the nearest conv (value maps unknown)" if like is None else
+                f"distance to the nearest 3x3 conv {like['distance']:.3f} (5x5: {like['distance_5x5']:.3f})")
+        lines.append(f"  {conv}; mean window mass 3x3 {layer['mean_mass_3x3']:.3f}, 5x5 {layer['mean_mass_5x5']:.3f}; "
                      f"degenerate heads: {len(layer['degenerate_heads'])}/{len(layer['heads'])}")
         lines.append(f"  {'head':>4} {'center':>15} {'alpha':>8} {'eig(S^-1)':>17} {'cond':>8} "
                      f"{'avg dist':>8} {'m3x3':>6} {'m5x5':>6} {'entropy':>7}  flags")

@@ -16,7 +16,9 @@ wide up without scrolling sideways: the maps shrink to fit.
 
 Nothing is precomputed: each request runs the model on the chosen image, captures
 every block's input tokens with forward pre-hooks, and calls each attention layer's
-`attention_scores` on them. `mode=scores` returns the pre-softmax term (Eq. 6);
+`attention_scores` on them (`models.sites.site_scores`); a model whose attention is captured
+(the ViT: `models.capture`) gives its scores over the image positions from that one pass, a
+class token left out, with the terms combined and content (q.k). `mode=scores` returns the pre-softmax term (Eq. 6);
 `mode=probs` its softmax over the keys, which for `term=combined` is the layer's
 actual attention. Content models also offer the content (q.k) and positional (q.r)
 terms alone; position-only models have one term (combined = position).
@@ -64,7 +66,7 @@ from urllib.parse import parse_qs
 import torch
 
 from attnconv.errors import AttnconvError
-from attnconv.models.sites import query_on_site, site_inputs
+from attnconv.models.sites import query_on_site, site_inputs, site_scores
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
 
@@ -124,8 +126,9 @@ class Explorer:
         self.raw, self.x = run.test_images(images, device="cpu")
         self.labels = run.test_set.labels[self.indices].tolist()
         self.snapshots = _heads_over_training(run) if not self.converted else []
+        own = {getattr(l, "score_terms", None) for l in self.layers}  # captured attention: combined and content
         self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \
-            else TERMS
+            else next(iter(own)) if len(own) == 1 and None not in own else TERMS
         self.title = f"{self.run_dir.resolve().name} ({self.config.model} on {self.info_.name})"
         # One request at a time runs the model: the forward hooks below are per call.
         self._lock = threading.Lock()
@@ -228,11 +231,12 @@ class Explorer:
 
     def _maps(self, image: int, mode: str, term: str, wanted) -> list[torch.Tensor]:
         """Layers `wanted` (positions in self.layers): (heads, T, T) each, from one forward on image `image`."""
-        inputs = self.layer_inputs(image)
+        with self._lock:  # each layer's score terms on this image (captured layers: from one pass of the model)
+            terms = site_scores(self.model, self.sites, self.x[image : image + 1].to(self.device))
         out = []
-        with self._lock, torch.no_grad():
+        with torch.no_grad():
             for n in wanted:
-                scores = self.layers[n].attention_scores(inputs[n])[term][0]  # (heads, T queries, T keys)
+                scores = terms[n][term][0]  # (heads, T queries, T keys)
                 values = scores.softmax(-1) if mode == "probs" else scores
                 out.append(values.float().cpu())
         return out

@@ -2,7 +2,9 @@
 
 An attention classifier (sa-*) has one `SelfAttention2d` per block, all on the token grid; a
 CNN converted to attention (`attnconv convert`, `train --init-from`) has one `ConvAttention`
-per convolution, each on its own input grid. Both are described the same way, so the
+per convolution, each on its own input grid; any other model (the ViT, a model built from
+`nn.MultiheadAttention` or `scaled_dot_product_attention`) has the attention computations
+`attnconv.models.capture` sees, each a `CapturedLayer`. All are described the same way, so the
 analysis, the figures, the report and the explorer need no branch on which one they hold:
 
     sites = attention_sites(model, (C, H, W))     # [AttentionSite(path, layer, size), ...]
@@ -24,6 +26,7 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError
+from attnconv.models.capture import CapturedAttention, CapturedLayer, capture_attention
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
 BATCH = 16
@@ -70,26 +73,106 @@ class AttentionSite:
 def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) -> list[AttentionSite]:
     """Every attention layer of `model`, first to last (AttnconvError for a model without one, a CNN).
 
-    input_shape (C, H, W): needed for converted networks, whose layers' grids are found by one
-    forward pass of a zero image; classifiers know their token grid.
+    input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
+    found by one forward pass of a zero image (default: the model's config, in_channels and
+    image_size, when it has one); classifiers know their token grid. A model without
+    `SelfAttention2d` or multi-head `ConvAttention` layers gets the computations
+    `capture_attention` sees on an image grid, as `CapturedLayer`s (their probabilities come from
+    running the model: `site_probs`).
     """
     layers = getattr(model, "attention_layers", None)
     if layers:
         grid = model.config.grid
         return [AttentionSite(f"layers.{i}.attention", layer, (grid, grid)) for i, layer in enumerate(layers)]
+    config = getattr(model, "config", None)
+    if input_shape is None and hasattr(config, "in_channels") and hasattr(config, "image_size"):
+        input_shape = (config.in_channels, config.image_size, config.image_size)
     # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), and the
     # SelfAttention2d layers of any other model (called as modules, so pre-hooks see their inputs).
     found = {m: name for name, m in model.named_modules()
              if (isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1) or isinstance(m, SelfAttention2d)}
-    if found:
-        if input_shape is None:
+    if input_shape is None:
+        if found:
             raise AttnconvError("this network's attention layers need its input shape (C, H, W) to find their grids")
-        device = next(model.parameters()).device
-        seen = capture_inputs(model, list(found), torch.zeros(1, *input_shape, device=device))
+        raise AttnconvError(f"{type(model).__name__}: give its input shape (C, H, W) to find its attention")
+    param = next(iter(model.parameters()), None)
+    zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
+                       dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
+    if found:
+        seen = capture_inputs(model, list(found), zero)
         return [AttentionSite(found[m], m, (int(x.shape[-2]), int(x.shape[-1]))) for m, x in seen.items()]
+    try:
+        records = capture_attention(model, zero)
+    except AttnconvError:
+        raise
+    except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise AttnconvError(
+            f"{type(model).__name__} has no attention layers to analyze: it has no SelfAttention2d or ConvAttention, "
+            f"and a forward pass of a zero {tuple(input_shape)} image, to capture its attention, failed "
+            f"({type(err).__name__}: {first}); give the input shape it takes") from None
+    captured = [r for r in records if r.size is not None and r.query_size == r.size]
+    if captured:
+        return [AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out),
+                              r.size) for r in captured]
     raise AttnconvError(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
-        "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content) or of a CNN converted to attention")
+        "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
+
+
+def captured_sites(records: Sequence[CapturedAttention]) -> tuple[list[AttentionSite], list[Tensor]]:
+    """`capture_attention`'s records as attention sites and their probabilities, for `analysis.analyze_sites`,
+    `head_geometry` and the figures: (sites, probs (heads, T_out, T_in) each). Native layers keep their own
+    probabilities; captured computations give theirs over the image positions, renormalized
+    (`CapturedAttention.image_probs`). A record whose queries and keys are not one image grid (cross-attention,
+    tokens on no grid) is one AttnconvError naming it."""
+    sites, probs = [], []
+    for r in records:
+        if r.kind in ("SelfAttention2d", "ConvAttention"):  # strided layers have fewer queries than keys
+            sites.append(AttentionSite(r.path, r.module, r.size))
+            probs.append(r.probs)
+            continue
+        if r.size is None or r.query_size != r.size:
+            raise AttnconvError(f"{r.name}: its queries and keys are not one image grid ({r.note() or 'cross-attention'}); "
+                                "the per-head measures need self-attention over an image")
+        sites.append(AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out,
+                                                         r.image_probs()), r.size))
+        probs.append(r.image_probs())
+    return sites, probs
+
+
+def records_heads(model: nn.Module) -> bool:
+    """Whether training records the model's heads (heads.jsonl): attention classifiers and models whose attention
+    is captured (the ViT); not CNNs, nor networks converted from one. Costs a forward of one zero image at most."""
+    if getattr(model, "attention_layers", None):
+        return True
+    if any(isinstance(m, (ConvAttention, SelfAttention2d)) for m in model.modules()):
+        return False
+    try:
+        return bool(attention_sites(model))
+    except AttnconvError:
+        return False
+
+
+def _captured(sites: Sequence[AttentionSite]) -> list[int]:
+    return [i for i, site in enumerate(sites) if isinstance(site.layer, CapturedLayer)]
+
+
+def _capture_key(layer: CapturedLayer) -> tuple[str, int]:
+    return layer.path, layer.call
+
+
+def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, scores: bool = False) -> list:
+    """capture_attention of x, one record per captured site (in the sites' order)."""
+    by_key = {(r.path, r.call): r for r in capture_attention(model, x, sites[_captured(sites)[0]].size,
+                                                             scores=scores)}
+    out = []
+    for i in _captured(sites):
+        key = _capture_key(sites[i].layer)
+        if key not in by_key:
+            raise AttnconvError(f"{sites[i].path}: this attention computation did not run on these images")
+        out.append(by_key[key])
+    return out
 
 
 def needs_inputs(sites: Sequence[AttentionSite]) -> bool:
@@ -112,6 +195,9 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
     mean over the normalized images x (N, C, H, W), each layer seeing what the network before it
     produces. term: "combined" (the layer's attention) or "position" (the softmax of the
     positional score term alone, Eq. 6 without the content term; the same for position-only layers).
+    Captured sites (`CapturedLayer`): the mean attention between image positions, renormalized over
+    them (a class token's share left out); they have no positional term alone, so "position" gives
+    the same.
     """
     if term not in TERMS:
         raise AttnconvError(f"term must be one of {', '.join(TERMS)}, got {term!r}")
@@ -120,13 +206,46 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
         return exact
     if x is None or len(x) == 0:
         raise AttnconvError("content attention depends on the input: give test images to average over")
+    captured = _captured(sites)
+    native = [i for i in range(len(sites)) if i not in captured]
     sums: list[Tensor | float] = [0.0] * len(sites)
     for batch in x.split(batch_size):
-        inputs = site_inputs(model, sites, batch)
-        for i, (site, inp) in enumerate(zip(sites, inputs)):
-            if exact[i] is None:
-                sums[i] = sums[i] + site.layer.attention_probs(inp, term=term).float().sum(0)
-    return [p if p is not None else s / len(x) for p, s in zip(exact, sums)]
+        if native:
+            inputs = site_inputs(model, [sites[i] for i in native], batch)
+            for i, inp in zip(native, inputs):
+                if exact[i] is None:
+                    sums[i] = sums[i] + sites[i].layer.attention_probs(inp, term=term).float().sum(0)
+        if captured:  # no positional term of their own: "position" is their attention too
+            for i, r in zip(captured, _captured_records(model, sites, batch)):
+                sums[i] = sums[i] + r.probs.double() * len(batch)
+    out = [p if p is not None else s / len(x) for p, s in zip(exact, sums)]
+    for i in captured:  # over the image positions, renormalized (what the measures see)
+        total = out[i].sum(-1, keepdim=True)
+        out[i] = torch.where(total > 0, out[i] / total.clamp_min(1e-300), out[i]).float()
+    return out
+
+
+def site_scores(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> list[dict[str, Tensor]]:
+    """Each site's score terms (each (1, heads, T_out, T_in), float32) for ONE image x (1, C, H, W).
+
+    `attention_scores` of the layer on its input ("combined", "position"[, "content"]); captured
+    sites: "combined" and "content" (q k^T * scale) over the image positions (`capture_attention`).
+    Their softmax over the keys is the attention over the image positions, renormalized.
+    """
+    if len(x) != 1:
+        raise AttnconvError(f"site_scores takes one image, got {len(x)}")
+    captured = _captured(sites)
+    native = [i for i in range(len(sites)) if i not in captured]
+    out: list[dict[str, Tensor]] = [{} for _ in sites]
+    with torch.no_grad():
+        if native:
+            inputs = site_inputs(model, [sites[i] for i in native], x)
+            for i, inp in zip(native, inputs):
+                out[i] = sites[i].layer.attention_scores(inp)
+        if captured:
+            for i, r in zip(captured, _captured_records(model, sites, x, scores=True)):
+                out[i] = {t: s.float().unsqueeze(0) for t, s in r.scores.items()}
+    return out
 
 
 def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) -> dict[nn.Module, Tensor]:

@@ -59,6 +59,7 @@ from attnconv.fileio import (
     describe_os_error,
     remove_temporaries,
 )
+from attnconv.models.sites import attention_sites, needs_inputs, records_heads
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
@@ -255,8 +256,9 @@ class _Trainer:
         # Dropout streams differ per rank (the shards are different samples anyway).
         torch.manual_seed(config.seed + d.rank)
         self.optimizer = make_optimizer(self.model, config)
-        # Attention classifiers record their heads (heads.jsonl); CNNs and converted networks do not.
-        self.watch_heads = d.main and bool(getattr(self.model, "attention_layers", None))
+        # Attention classifiers and models whose attention is captured (the ViT) record their heads
+        # (heads.jsonl); CNNs and converted networks do not.
+        self.watch_heads = d.main and records_heads(self.model)
         self.progress = _Progress()
         if has_state:
             self._restore(load_state(out / STATE_FILE))
@@ -411,7 +413,7 @@ class _Trainer:
     def _record_heads(self, epoch: int) -> None:
         """Append the heads' snapshot after `epoch` epochs (0: at initialization) to heads.jsonl."""
         x = None
-        if any(not layer.position_only for layer in self.model.attention_layers):
+        if needs_inputs(attention_sites(self.model)):
             x = D.normalize(self.test_set.images[:SNAPSHOT_IMAGES], self.info)
         record = {"epoch": epoch, "step": self.progress.step, "layers": head_snapshot(self.model, x)}
         with open(self.out / HEADS_FILE, "a") as f:

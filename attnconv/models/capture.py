@@ -1,0 +1,486 @@
+"""Attention captured from any model: the paper's question asked of modules attnconv did not write.
+
+    records = capture_attention(model, images)          # one record per attention computation, in call order
+    for r in records:
+        r.path, r.kind, r.probs.shape                   # "blocks.0.attn", "sdpa", (heads, T, T)
+
+One forward pass without autograd, in eval mode (the training mode is restored), sees:
+
+- `SelfAttention2d` and the constructed layers (`ConvAttention`, multi-head and 2-d): their own
+  `attention_probs` on the input a forward pre-hook sees (exact for position-only layers);
+- `nn.MultiheadAttention`: recomputed from its inputs and weights in float64 (batch_first either
+  way, attn_mask and key_padding_mask, bool or float, separate q/k/v projections, bias_k,
+  add_zero_attn), whatever path the module itself takes;
+- any call of `torch.nn.functional.scaled_dot_product_attention` (timm's and Hugging Face's ViTs):
+  intercepted by a torch function mode while the model runs, the module's output unchanged;
+  softmax(q k^T * scale + mask) recomputed in float64 from its q, k, attn_mask, scale, is_causal
+  (and enable_gqa), and attributed to the innermost module running (module pre/post hooks).
+  Calls made inside the layers above are theirs, not counted again.
+
+Probabilities are averaged over the batch (the images, and whatever else the model folds into the
+batch, such as windows). Tokens that are not image positions are found from `grid` (H, W) or from
+the token count (a perfect square plus up to `MAX_EXTRA` leading tokens: a class token, registers)
+and left out: `probs` holds the model's probabilities between image positions (rows sum to one
+minus `extra_mass`, the attention the left-out tokens took). Keys appended after the sequence
+(`bias_k`, `add_zero_attn`) are left out the same way. Tokens that fit no image grid are all kept
+and the record says so (`size` None).
+
+The per-head measures of `attnconv.analysis` work on the records through
+`attnconv.models.sites.captured_sites` (`AttentionSite`s whose layers, `CapturedLayer`, follow the
+`AttentionLayer` protocol) or `attnconv.analysis.analyze_captured`. They see each head's attention
+over the image positions, renormalized over them (`image_probs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from attnconv.attention import SelfAttention2d
+from attnconv.construct import ConvAttention
+from attnconv.errors import AttnconvError
+from attnconv.limits import format_bytes
+
+__all__ = ["MAX_BYTES", "MAX_EXTRA", "CapturedAttention", "CapturedLayer", "capture_attention", "image_tokens",
+           "left_out_note"]
+
+# The most bytes the captured probabilities may take, all computations together, by default.
+MAX_BYTES = 2 * 2**30
+# The most leading tokens that are not image positions (class token, distillation token, registers).
+MAX_EXTRA = 16
+# Bytes of float64 intermediates per chunk of the batch while recomputing one call's probabilities.
+_CHUNK_BYTES = 64 * 2**20
+_NATIVE_BATCH = 16  # images per attention_probs call of a content SelfAttention2d / ConvAttention
+
+KINDS = ("SelfAttention2d", "ConvAttention", "MultiheadAttention", "sdpa")
+
+
+def left_out_note(left_out: tuple[int, int, int]) -> str:
+    """(leading query tokens, leading key tokens, trailing keys) left out, in words ('' for none)."""
+    lead_q, lead_k, trail = left_out
+    parts = []
+    if lead_k or lead_q:
+        n = max(lead_q, lead_k)
+        parts.append(f"{n} leading token{'s' if n > 1 else ''} (class token, registers) left out")
+    if trail:
+        parts.append(f"{trail} appended key{'s' if trail > 1 else ''} (bias_k, zero attention) left out")
+    return "; ".join(parts)
+
+
+def image_tokens(count: int, grid: Sequence[int] | None = None) -> tuple[int, tuple[int, int]] | None:
+    """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
+
+    With `grid` (H, W): when count is H*W plus at most MAX_EXTRA leading tokens. Otherwise (or when
+    grid does not fit this sequence) the token count decides: the fewest leading tokens that leave a
+    square of side >= 2 (50 tokens: a class token and 7x7). Tokens are row-major, as a patch
+    embedding's flatten gives them.
+    """
+    if grid is not None:
+        h, w = (int(v) for v in grid)
+        if 0 <= count - h * w <= MAX_EXTRA:
+            return count - h * w, (h, w)
+    for extra in range(min(MAX_EXTRA, count) + 1):
+        side = math.isqrt(count - extra)
+        if side >= 2 and side * side == count - extra:
+            return extra, (side, side)
+    return None
+
+
+@dataclass(repr=False)
+class CapturedAttention:
+    """One attention computation of a model, averaged over the images it ran on.
+
+    path: the module that ran it ("" for the model itself); kind: one of KINDS; call: how many
+    computations of that module came before it in the pass (0: its first).
+    probs (heads, T_q, T_k): the probabilities between image positions (left-out tokens dropped, not
+    renormalized), float32 (float64 for float64 inputs). size / query_size: the key and query grids
+    (H, W), None when the tokens fit no grid (then every token is kept). left_out: (leading query
+    tokens, leading key tokens, trailing key tokens) not on the grid. extra_mass (heads, T_q): the
+    attention the left-out keys took, None when none were left out. images: the batch entries
+    averaged. scores: with `capture_attention(..., scores=True)`, the pre-softmax scores over the
+    same tokens, {"combined": with masks, "content": q k^T * scale} (SelfAttention2d: its terms).
+    """
+
+    path: str
+    kind: str
+    call: int
+    probs: Tensor
+    size: tuple[int, int] | None
+    query_size: tuple[int, int] | None
+    left_out: tuple[int, int, int]
+    extra_mass: Tensor | None
+    images: int
+    module: nn.Module | None = field(compare=False)
+    scores: dict[str, Tensor] | None = None
+
+    @property
+    def heads(self) -> int:
+        return int(self.probs.shape[0])
+
+    @property
+    def name(self) -> str:
+        """The module path, with '#n' for a module's later computations ('blocks.0.attn', 'decoder#1')."""
+        base = self.path or "(model)"
+        return base if self.call == 0 else f"{base}#{self.call}"
+
+    def note(self) -> str:
+        """What was left out, in words ('' when nothing was)."""
+        if self.size is None:
+            return f"{self.probs.shape[-1]} tokens on no image grid: all kept"
+        return left_out_note(self.left_out)
+
+    def image_probs(self) -> Tensor:
+        """probs renormalized over the image positions (each query's row sums to 1): what the measures see."""
+        total = self.probs.sum(-1, keepdim=True)
+        return torch.where(total > 0, self.probs / total.clamp_min(torch.finfo(self.probs.dtype).tiny), self.probs)
+
+    def __repr__(self) -> str:
+        where = "no grid" if self.size is None else f"{self.size[0]}x{self.size[1]}"
+        note = self.note()
+        return (f"CapturedAttention({self.name!r}, {self.kind}, heads={self.heads}, {where}, images={self.images}"
+                + (f"; {note}" if note else "") + ")")
+
+
+class CapturedLayer:
+    """A captured attention computation as an attention layer (the `AttentionLayer` protocol), for the measures.
+
+    Its probabilities depend on the input (`position_only` is False) and on the whole model, so
+    `attention_probs()` gives the captured ones (renormalized over the image positions); new ones come
+    from running the model again (`capture_attention`, or `attnconv.models.sites.site_probs`).
+    `value_maps()` (Lemma 1's W_val^h W_out^h, for conv-likeness) exists where the module says:
+    `nn.MultiheadAttention`, or a module with its own `value_maps()` (attnconv's ViT); else
+    `has_value_maps` is False and the measures leave conv-likeness out.
+    """
+
+    position_only = False
+    score_terms = ("combined", "content")
+
+    def __init__(self, path: str, kind: str, call: int, heads: int, module: nn.Module, size: tuple[int, int],
+                 left_out: tuple[int, int, int], probs: Tensor | None = None):
+        self.path, self.kind, self.call, self.heads = path, kind, call, heads
+        self.module, self.size, self.left_out, self.probs = module, size, left_out, probs
+
+    @property
+    def encoding_name(self) -> str:
+        return f"captured {self.kind}"
+
+    @property
+    def note(self) -> str:
+        """How the captured probabilities were taken, in words (the tokens left out)."""
+        left = left_out_note(self.left_out)
+        return f"{left}, attention renormalized over the image positions" if left else "captured attention"
+
+    @property
+    def has_value_maps(self) -> bool:
+        return isinstance(self.module, nn.MultiheadAttention) or callable(getattr(self.module, "value_maps", None))
+
+    def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
+                        term: str = "combined") -> Tensor:
+        """The captured probabilities (1, heads, T, T); the model, not this layer, turns an input into new ones."""
+        if x is not None or self.probs is None:
+            raise AttnconvError(f"{self.path or '(model)'}: captured attention is recomputed by running the model: "
+                                "call capture_attention(model, images)")
+        return self.probs.unsqueeze(0)
+
+    def value_maps(self) -> tuple[Tensor, Tensor]:
+        """(maps (heads, C_out, C_in), bias (C_out,)): y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias."""
+        if isinstance(self.module, nn.MultiheadAttention):
+            return multihead_value_maps(self.module)
+        if callable(getattr(self.module, "value_maps", None)):
+            return self.module.value_maps()
+        raise AttnconvError(f"{self.path or '(model)'} ({type(self.module).__name__}): its value and output "
+                            "projections are unknown, so it has no value maps")
+
+    def __repr__(self) -> str:
+        return f"CapturedLayer({self.path!r}, {self.kind}, heads={self.heads}, size={self.size})"
+
+
+def multihead_value_maps(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor]:
+    """Lemma 1's maps of an nn.MultiheadAttention: W_out[:, head h] @ W_v[head h, :], (heads, E, vdim)."""
+    h, e = mha.num_heads, mha.embed_dim
+    d = e // h
+    if mha._qkv_same_embed_dim:
+        w_v = mha.in_proj_weight[2 * e:]
+    else:
+        w_v = mha.v_proj_weight
+    zero = torch.zeros(e, dtype=w_v.dtype, device=w_v.device)
+    b_v = mha.in_proj_bias[2 * e:] if mha.in_proj_bias is not None else zero
+    w_o = mha.out_proj.weight
+    b_o = mha.out_proj.bias if mha.out_proj.bias is not None else zero
+    with torch.no_grad():
+        maps = torch.stack([w_o[:, i * d:(i + 1) * d] @ w_v[i * d:(i + 1) * d] for i in range(h)])
+        return maps.detach(), (b_o + w_o @ b_v).detach()
+
+
+# ------------------------------------------------------------------------------------------ recomputation
+
+
+def _softmax_parts(content: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor]:
+    """(combined scores, probabilities) from q k^T * scale (..., L, S) and an additive float mask or a
+    keep-mask (bool, True: take part), and top-left causal masking. Fully masked rows attend nowhere (0)."""
+    combined = content
+    if mask is not None:
+        combined = combined.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else combined + mask.double()
+    if causal:
+        L, S = content.shape[-2:]
+        keep = torch.ones(L, S, dtype=torch.bool, device=content.device).tril()
+        combined = combined.masked_fill(~keep, -math.inf)
+    return combined, combined.softmax(-1).nan_to_num(0.0)
+
+
+class _Accumulator:
+    """The sums of one computation's probabilities (and scores) over the batch, on the image tokens."""
+
+    def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
+                 device: torch.device, where: str):
+        self.q = image_tokens(lq, capture.grid)
+        self.k = image_tokens(sk, capture.grid)
+        self.trailing = trailing
+        self.lead_q = self.q[0] if self.q else 0
+        self.lead_k = self.k[0] if self.k else 0
+        tq, tk = lq - self.lead_q, sk - self.lead_k
+        self.dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        capture.reserve(heads * tq * tk * self.dtype.itemsize * (3 if capture.scores else 1), where,
+                        f"{heads} heads x {tq} x {tk} tokens")
+        self.probs = torch.zeros(heads, tq, tk, dtype=torch.float64, device=device)
+        self.extra = torch.zeros(heads, tq, dtype=torch.float64, device=device)
+        self.scores = {t: torch.zeros(heads, tq, tk, dtype=torch.float64, device=device)
+                       for t in ("combined", "content")} if capture.scores else None
+        self.count = 0
+
+    def add(self, content: Tensor, combined: Tensor, probs: Tensor) -> None:
+        """Add a chunk (n, heads, L, S [+ trailing]) of scores and probabilities."""
+        sk = probs.shape[-1] - self.trailing
+        image = probs[..., self.lead_q:, self.lead_k:sk]
+        self.probs += image.sum(0)
+        self.extra += (probs[..., self.lead_q:, :].sum(-1) - image.sum(-1)).sum(0)
+        if self.scores is not None:
+            self.scores["combined"] += combined[..., self.lead_q:, self.lead_k:sk].sum(0)
+            self.scores["content"] += content[..., self.lead_q:, self.lead_k:sk].sum(0)
+        self.count += probs.shape[0]
+
+    def record(self, path: str, kind: str, call: int, module: nn.Module) -> CapturedAttention:
+        n = max(self.count, 1)
+        left = (self.lead_q, self.lead_k, self.trailing)
+        return CapturedAttention(
+            path=path, kind=kind, call=call, probs=(self.probs / n).to(self.dtype),
+            size=self.k[1] if self.k and self.q else None, query_size=self.q[1] if self.q and self.k else None,
+            left_out=left if self.q and self.k else (0, 0, self.trailing),
+            extra_mass=(self.extra / n).to(self.dtype) if any(left) else None, images=self.count, module=module,
+            scores=None if self.scores is None else {t: (s / n).to(self.dtype) for t, s in self.scores.items()})
+
+
+def _chunks(total: int, per_item: int) -> int:
+    return max(1, min(total, _CHUNK_BYTES // max(per_item, 1)))
+
+
+def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _Accumulator:
+    """Recompute one scaled_dot_product_attention call's probabilities (float64), averaged over its batch."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    q, k = bound["query"].detach(), bound["key"].detach()
+    mask, causal, scale = bound.get("attn_mask"), bool(bound.get("is_causal", False)), bound.get("scale")
+    if q.dim() < 3:
+        raise AttnconvError(f"{where}: scaled_dot_product_attention with {q.dim()}-d queries; expected (..., L, E)")
+    heads = q.shape[-3] if q.dim() >= 4 else 1
+    if bound.get("enable_gqa") and k.dim() >= 4 and k.shape[-3] != heads:  # each key head serves several query heads
+        k = k.repeat_interleave(heads // k.shape[-3], dim=-3)
+    k = k.expand(*q.shape[:-2], *k.shape[-2:])
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1 / math.sqrt(E) if scale is None else float(scale)
+    qf, kf = q.reshape(-1, heads, L, E), k.reshape(-1, heads, S, E)
+    if mask is not None:
+        mask = mask.detach().expand(*q.shape[:-1], S).reshape(-1, heads, L, S)
+    acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where)
+    step = _chunks(qf.shape[0], heads * L * S * 8 * 3)
+    for i in range(0, qf.shape[0], step):
+        content = torch.matmul(qf[i:i + step].double(), kf[i:i + step].double().transpose(-1, -2)) * scale
+        combined, probs = _softmax_parts(content, None if mask is None else mask[i:i + step], causal)
+        acc.add(content, combined, probs)
+    return acc
+
+
+def _multihead_record(capture: _Capture, where: str, mha: nn.MultiheadAttention, args: tuple,
+                      kwargs: dict) -> _Accumulator:
+    """Recompute an nn.MultiheadAttention call's probabilities from its inputs and weights, in float64."""
+    names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    query, key = bound["query"].detach(), bound["key"].detach()
+    kpm, attn_mask = bound.get("key_padding_mask"), bound.get("attn_mask")
+    if query.dim() == 2:  # unbatched (L, E)
+        query, key = query.unsqueeze(0), key.unsqueeze(0)
+        kpm = None if kpm is None else kpm.unsqueeze(0)
+    elif not mha.batch_first:
+        query, key = query.transpose(0, 1), key.transpose(0, 1)  # (B, L, E)
+    B, L, _ = query.shape
+    S = key.shape[1]
+    h, e = mha.num_heads, mha.embed_dim
+    d = e // h
+    if mha._qkv_same_embed_dim:
+        w_q, w_k = mha.in_proj_weight[:e], mha.in_proj_weight[e:2 * e]
+    else:
+        w_q, w_k = mha.q_proj_weight, mha.k_proj_weight
+    b = mha.in_proj_bias
+    q = F.linear(query.double(), w_q.double(), None if b is None else b[:e].double())  # (B, L, E)
+    k = F.linear(key.double(), w_k.double(), None if b is None else b[e:2 * e].double())  # (B, S, E)
+    trailing = 0
+    if mha.bias_k is not None:
+        k = torch.cat([k, mha.bias_k.detach().double().reshape(1, 1, e).expand(B, 1, e)], dim=1)
+        trailing += 1
+    q = q.reshape(B, L, h, d).transpose(1, 2)  # (B, h, L, d)
+    k = k.reshape(B, S + trailing, h, d).transpose(1, 2)
+    if mha.add_zero_attn:
+        k = torch.cat([k, k.new_zeros(B, h, 1, d)], dim=2)
+        trailing += 1
+    # One additive float mask (B, h, L, S + trailing): MultiheadAttention's bool masks are True where NOT allowed.
+    mask = torch.zeros(B, h, L, S + trailing, dtype=torch.float64, device=q.device)
+
+    def add(m: Tensor, shape: tuple[int, ...]) -> None:
+        m = m.detach()
+        m = torch.zeros(m.shape, dtype=torch.float64, device=m.device).masked_fill(m, -math.inf) \
+            if m.dtype == torch.bool else m.double()
+        m = F.pad(m, (0, S + trailing - m.shape[-1]))
+        mask.add_(m.reshape(shape))
+
+    if attn_mask is not None:
+        add(attn_mask, (1, 1, L, S + trailing) if attn_mask.dim() == 2 else (B, h, L, S + trailing))
+    if kpm is not None:
+        add(kpm, (B, 1, 1, S + trailing))
+    acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where)
+    step = _chunks(B, h * L * (S + trailing) * 8 * 3)
+    for i in range(0, B, step):
+        content = torch.matmul(q[i:i + step], k[i:i + step].transpose(-1, -2)) / math.sqrt(d)
+        combined, probs = _softmax_parts(content, mask[i:i + step], False)
+        acc.add(content, combined, probs)
+    return acc
+
+
+def _native_record(capture: _Capture, where: str, layer: nn.Module, x: Tensor) -> CapturedAttention:
+    """A SelfAttention2d / ConvAttention's own probabilities on its input x (B, C, H, W)."""
+    size = (int(x.shape[-2]), int(x.shape[-1]))
+    out = tuple(layer.output_size(size)) if hasattr(layer, "output_size") else size
+    t_in, t_out = size[0] * size[1], out[0] * out[1]
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    capture.reserve(layer.heads * t_out * t_in * dtype.itemsize * (3 if capture.scores else 1), where,
+                    f"{layer.heads} heads x {t_out} x {t_in} tokens")
+    scores = None
+    if layer.position_only:
+        probs = layer.attention_probs(size=size)[0]
+    else:
+        probs = sum(layer.attention_probs(part).sum(0).double() for part in x.split(_NATIVE_BATCH)) / len(x)
+    if capture.scores and hasattr(layer, "attention_scores"):
+        terms = [layer.attention_scores(part) for part in x.split(_NATIVE_BATCH)]
+        scores = {t: sum(s[t].double().expand(len(part), *s[t].shape[1:]).sum(0)
+                         for s, part in zip(terms, x.split(_NATIVE_BATCH))).to(dtype) / len(x)
+                  for t in terms[0]}
+    kind = "ConvAttention" if isinstance(layer, ConvAttention) else "SelfAttention2d"
+    return CapturedAttention(path=where, kind=kind, call=0, probs=probs.to(dtype), size=size, query_size=out,
+                             left_out=(0, 0, 0), extra_mass=None, images=len(x), module=layer, scores=scores)
+
+
+def _native(module: nn.Module) -> bool:
+    """The layers whose own attention_probs are used (as `attention_sites` lists them)."""
+    return isinstance(module, SelfAttention2d) or (isinstance(module, ConvAttention) and module.ndim == 2
+                                                   and module.heads > 1)
+
+
+class _Capture(TorchFunctionMode):
+    """The pass: a stack of the modules running (pre/post hooks), records in call order, the byte budget."""
+
+    def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool):
+        super().__init__()
+        self.grid, self.max_bytes, self.scores = grid, max_bytes, scores
+        self.names = {m: name for name, m in model.named_modules()}
+        self.stack: list[nn.Module] = []
+        self.records: list[CapturedAttention] = []
+        self.calls: dict[str, int] = {}
+        self.total = 0
+
+    def reserve(self, nbytes: int, where: str, what: str) -> None:
+        """Count a computation's result before it is allocated; refuse past max_bytes."""
+        self.total += nbytes
+        if self.total > self.max_bytes:
+            raise AttnconvError(
+                f"capture_attention: {where or '(model)'} ({what}) brings the captured attention to "
+                f"{format_bytes(self.total)}, more than max_bytes {format_bytes(self.max_bytes)}; give smaller "
+                "images (fewer tokens) or a larger max_bytes")
+
+    def _inside_owner(self) -> bool:
+        """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""
+        return any(_native(m) or isinstance(m, nn.MultiheadAttention) for m in self.stack)
+
+    def _add(self, path: str, module: nn.Module, kind: str, made: _Accumulator | CapturedAttention) -> None:
+        call = self.calls.get(path, 0)
+        self.calls[path] = call + 1
+        if isinstance(made, CapturedAttention):
+            made.call = call
+            self.records.append(made)
+        else:
+            self.records.append(made.record(path, kind, call, module))
+
+    def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        owned = self._inside_owner()
+        self.stack.append(module)  # first: what the layer computes below is its own
+        if owned:
+            return
+        where = self.names.get(module, "")
+        if _native(module) and args:
+            self._add(where, module, "", _native_record(self, where, module, args[0].detach()))
+        elif isinstance(module, nn.MultiheadAttention):
+            self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs))
+
+    def post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Called with this mode off: the torch calls below are not intercepted again.
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention and not self._inside_owner():
+            module = self.stack[-1] if self.stack else None
+            where = self.names.get(module, "") if module is not None else ""
+            self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs))
+        return func(*args, **kwargs)
+
+
+@torch.no_grad()
+def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | None = None, *,
+                      max_bytes: int = MAX_BYTES, scores: bool = False) -> list[CapturedAttention]:
+    """Every attention computation of one forward pass of `model` on `images`, in call order (see the module doc).
+
+    images: the batch the model takes (normalized as it was trained). grid: (H, W) of the image
+    positions among the tokens, when the token count cannot tell (non-square grids). max_bytes:
+    the captured probabilities of all computations together may take at most this; the computation
+    that would pass it is refused (AttnconvError) before its probabilities are allocated.
+    scores: also keep the pre-softmax scores (the explorer's `mode=scores`). The model runs in eval
+    mode without autograd; its training mode is restored, hooks removed and the function mode left
+    however the pass ends. Two passes of one model at once would see each other's hooks: callers
+    sharing a model across threads lock.
+    """
+    if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
+        raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
+    if grid is not None and (len(grid) != 2 or any(not isinstance(v, int) or v < 1 for v in grid)):
+        raise AttnconvError(f"grid {grid!r} is invalid: give the image positions' (H, W), two positive integers")
+    if max_bytes < 1:
+        raise AttnconvError(f"max_bytes {max_bytes} is invalid: give a positive number of bytes")
+    capture = _Capture(model, grid, max_bytes, scores)
+    was_training = model.training
+    with contextlib.ExitStack() as stack:
+        stack.callback(model.train, was_training)
+        for m in model.modules():
+            stack.callback(m.register_forward_pre_hook(capture.pre, with_kwargs=True).remove)
+            stack.callback(m.register_forward_hook(capture.post, always_call=True).remove)
+        model.eval()
+        with capture:
+            model(images)
+    return capture.records

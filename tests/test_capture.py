@@ -1,0 +1,318 @@
+"""attnconv.capture_attention: the attention of any model, and the per-head measures on it."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import attnconv
+from attnconv import AttnconvError, SelfAttention2d, analyze_captured, capture_attention, captured_sites
+from attnconv.analysis import head_geometry, match_to_grid
+from attnconv.models.capture import image_tokens, multihead_value_maps
+from attnconv.models.sites import attention_sites, site_inputs
+from attnconv.plots import maps_figure
+
+
+class SDPABlock(nn.Module):
+    """A timm-style attention module: one qkv Linear, F.scaled_dot_product_attention, a projection."""
+
+    def __init__(self, dim, heads, *, causal=False, mask=None, scale=None, kv_heads=None):
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads or heads, dim // heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * self.kv_heads * self.d)
+        self.proj = nn.Linear(dim, dim)
+        self.causal, self.mask, self.scale = causal, mask, scale
+
+    def qk(self, x):
+        B, N, _ = x.shape
+        q = self.q(x).reshape(B, N, self.heads, self.d).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, self.kv_heads, self.d).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def forward(self, x):
+        q, k, v = self.qk(x)
+        extra = {"enable_gqa": True} if self.kv_heads != self.heads else {}
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.causal, scale=self.scale,
+                                             **extra)
+        return self.proj(out.transpose(1, 2).reshape(x.shape))
+
+
+class Tokens(nn.Module):
+    """Images (B, C, H, W) -> a class token and H*W pixel tokens, then `body` over them."""
+
+    def __init__(self, channels, dim, body, cls=1):
+        super().__init__()
+        self.embed = nn.Linear(channels, dim)
+        self.cls = nn.Parameter(torch.randn(1, cls, dim)) if cls else None
+        self.body = body
+
+    def tokens(self, x):
+        t = self.embed(x.flatten(2).transpose(1, 2))
+        return t if self.cls is None else torch.cat([self.cls.expand(len(x), -1, -1), t], dim=1)
+
+    def forward(self, x):
+        return self.body(self.tokens(x))
+
+
+def hand_probs(scores: torch.Tensor) -> torch.Tensor:
+    return scores.softmax(-1).mean(0)
+
+
+# ------------------------------------------------------------------------------------------ SelfAttention2d
+
+
+@pytest.mark.parametrize("encoding", ["learned-content", "quadratic", "quadratic-aniso"])
+def test_self_attention_2d_gives_its_own_attention_probs_in_float64(encoding):
+    torch.manual_seed(0)
+    model = attnconv.build_model(f"sa-{encoding}", hidden=12, heads=4, layers=2, intermediate=8, image_size=12,
+                                 downsample=2).double()
+    x = torch.randn(3, 3, 12, 12, dtype=torch.float64)
+    records = capture_attention(model, x)
+    sites = attention_sites(model)
+    assert [(r.path, r.kind, r.call) for r in records] == [(s.path, "SelfAttention2d", 0) for s in sites]
+    for r, site, inp in zip(records, sites, site_inputs(model, sites, x)):
+        want = site.layer.attention_probs(inp).mean(0)  # (heads, T, T): the layer's own, float64
+        assert r.probs.dtype == torch.float64 and r.size == (6, 6) and r.extra_mass is None and r.images == 3
+        torch.testing.assert_close(r.probs, want, rtol=1e-13, atol=1e-15)
+
+
+def test_a_plain_self_attention_2d_module_and_its_output_unchanged():
+    torch.manual_seed(1)
+    layer = SelfAttention2d(5, 5, heads=3, encoding="learned-content").double()
+    x = torch.randn(2, 5, 4, 6, dtype=torch.float64)
+    before = layer(x)
+    (r,) = capture_attention(layer, x)
+    assert r.path == "" and r.size == (4, 6) and r.name == "(model)"
+    torch.testing.assert_close(r.probs, layer.attention_probs(x).mean(0), rtol=1e-13, atol=1e-15)
+    torch.testing.assert_close(layer(x), before, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------ nn.MultiheadAttention
+
+
+class MHABody(nn.Module):
+    def __init__(self, mha, kwargs_of):
+        super().__init__()
+        self.mha, self.kwargs_of = mha, kwargs_of
+
+    def forward(self, t):
+        x = t if self.mha.batch_first else t.transpose(0, 1)
+        return self.mha(x, x, x, **self.kwargs_of(t))[0]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_multihead_attention_is_recomputed_by_hand_with_the_class_token_left_out(seed):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.rand(s, generator=g).item()  # noqa: E731
+    heads = [1, 2, 3][seed % 3]
+    dim, side, batch = heads * 4, 3 + seed % 2, 2 + seed % 3
+    n = side * side + 1
+    mha = nn.MultiheadAttention(dim, heads, batch_first=bool(seed % 2), add_bias_kv=seed in (2, 5),
+                                add_zero_attn=seed in (3, 5), bias=seed != 4).double()
+    bool_mask = torch.rand(n, n, generator=g) < 0.3
+    bool_mask.fill_diagonal_(False)  # every query keeps itself
+    float_mask = torch.randn(n, n, generator=g, dtype=torch.float64)
+    kpm = torch.zeros(batch, n, dtype=torch.bool)
+    kpm[0, -1] = True  # the first image's last pixel is padding
+    use = {"attn_mask": bool_mask if rnd() < 0.5 else float_mask} if seed % 4 else {}
+    if seed in (1, 6, 7):  # of the attn_mask's kind (torch warns about mixing them)
+        floats = use.get("attn_mask", bool_mask).dtype != torch.bool
+        use["key_padding_mask"] = torch.zeros(kpm.shape, dtype=torch.float64).masked_fill(kpm, -math.inf) \
+            if floats else kpm
+    model = Tokens(2, dim, MHABody(mha, lambda t: use)).double()
+    x = torch.randn(batch, 2, side, side, dtype=torch.float64, generator=g)
+    out = model(x)
+    (r,) = capture_attention(model, x)
+    assert (r.path, r.kind, r.size, r.query_size) == ("body.mha", "MultiheadAttention", (side, side), (side, side))
+    t = model.tokens(x)
+    tt = t if mha.batch_first else t.transpose(0, 1)
+    weights = mha(tt, tt, tt, need_weights=True, average_attn_weights=False, **use)[1].mean(0)  # (heads, n, S')
+    s = n  # keys beyond the sequence (bias_k, zero attention) are not image positions either
+    torch.testing.assert_close(r.probs, weights[:, 1:, 1:s], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(r.extra_mass, weights[:, 1:, 0] + weights[:, 1:, s:].sum(-1), rtol=1e-12, atol=1e-14)
+    assert r.left_out == (1, 1, int(mha.bias_k is not None) + int(mha.add_zero_attn))
+    assert "1 leading token" in r.note()
+    torch.testing.assert_close(model(x), out, rtol=0, atol=0)  # the pass changed nothing
+
+
+def test_multihead_value_maps_reproduce_the_layer():
+    torch.manual_seed(3)
+    mha = nn.MultiheadAttention(6, 3, batch_first=True).double()
+    x = torch.randn(1, 16, 6, dtype=torch.float64)
+    y, w = mha(x, x, x, need_weights=True, average_attn_weights=False)
+    maps, bias = multihead_value_maps(mha)
+    mine = torch.einsum("hqk,hoc,kc->qo", w[0], maps, x[0]) + bias
+    torch.testing.assert_close(mine, y[0], rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("variant", ["plain", "causal", "float-mask", "bool-mask", "scale", "gqa", "float32"])
+def test_sdpa_modules_are_recomputed_by_hand_and_left_unchanged(variant):
+    torch.manual_seed(4)
+    side, dim, heads, batch, cls = 4, 12, 3, 3, 2
+    n = side * side + cls
+    opts = {"causal": dict(causal=True), "float-mask": dict(mask=torch.randn(heads, n, n, dtype=torch.float64)),
+            "bool-mask": dict(mask=torch.rand(n, n) < 0.7), "scale": dict(scale=0.3),
+            "gqa": dict(heads=6, kv_heads=2, dim=12)}.get(variant, {})
+    if variant == "bool-mask":
+        opts["mask"].fill_diagonal_(True)
+    heads = opts.pop("heads", heads)
+    body = SDPABlock(opts.pop("dim", dim), heads, **opts)
+    dtype = torch.float32 if variant == "float32" else torch.float64
+    model = Tokens(3, dim, nn.Sequential(body, nn.GELU()), cls=cls).to(dtype)
+    x = torch.randn(batch, 3, side, side, dtype=dtype)
+    with torch.no_grad():
+        before = model(x)
+        q, k, _ = body.qk(model.tokens(x))
+    (r,) = capture_attention(model, x)
+    # By hand: softmax(q k^T * scale + mask), causal from the top left; grouped keys serve several query heads.
+    k = k.repeat_interleave(heads // k.shape[1], dim=1).double()
+    scores = q.double() @ k.transpose(-1, -2) * (body.scale or 1 / math.sqrt(body.d))
+    if body.mask is not None:
+        scores = scores.masked_fill(~body.mask, -math.inf) if body.mask.dtype == torch.bool else scores + body.mask
+    if body.causal:
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
+    want = hand_probs(scores)
+    assert (r.path, r.kind, r.call, r.size, r.left_out) == ("body.0", "sdpa", 0, (side, side), (cls, cls, 0))
+    assert r.probs.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(r.probs, want[:, cls:, cls:].to(dtype), **tol)
+    torch.testing.assert_close(r.extra_mass, want[:, cls:, :cls].sum(-1).to(dtype), **tol)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before, rtol=0, atol=0)  # the module's output, as it was
+
+
+def test_calls_in_order_with_a_module_called_twice_and_sdpa_inside_multihead_not_counted_twice():
+    torch.manual_seed(5)
+    block = SDPABlock(8, 2)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    class Body(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.mha = block, mha
+
+        def forward(self, t):
+            t = self.block(t)
+            t = self.mha(t, t, t, need_weights=False)[0]  # takes the SDPA path inside: counted once, as itself
+            return self.block(t)
+
+    model = Tokens(1, 8, Body(), cls=1)
+    records = capture_attention(model, torch.randn(2, 1, 5, 5))
+    assert [(r.name, r.kind) for r in records] == [("body.block", "sdpa"), ("body.mha", "MultiheadAttention"),
+                                                   ("body.block#1", "sdpa")]
+    assert [r.call for r in records] == [0, 0, 1]
+    assert model.training  # the pass ran in eval mode; the mode is restored
+    model.eval()
+    capture_attention(model, torch.randn(1, 1, 5, 5))
+    assert not model.training
+
+
+def test_tokens_on_no_grid_are_kept_and_said_so_and_the_grid_argument_places_them():
+    assert image_tokens(50) == (1, (7, 7)) and image_tokens(49) == (0, (7, 7)) and image_tokens(21) == (5, (4, 4))
+    assert image_tokens(3) is None and image_tokens(7, (2, 3)) == (1, (2, 3))
+    torch.manual_seed(6)
+    row = Tokens(1, 6, SDPABlock(6, 2), cls=0)  # 1 x 3 images: 3 tokens fit no square grid
+    (r,) = capture_attention(row, torch.randn(2, 1, 1, 3))
+    assert r.size is None and r.probs.shape == (2, 3, 3) and r.extra_mass is None and "no image grid" in r.note()
+    with pytest.raises(AttnconvError, match="not one image grid"):
+        captured_sites([r])
+    # 2 x 3 images and a class token: 7 tokens, which the count alone takes for 3 extra and 2 x 2; grid says
+    model = Tokens(1, 6, SDPABlock(6, 2), cls=1)
+    x = torch.randn(2, 1, 2, 3)
+    assert capture_attention(model, x)[0].size == (2, 2)
+    (r,) = capture_attention(model, x, grid=(2, 3))
+    assert r.size == (2, 3) and r.probs.shape == (2, 6, 6) and r.left_out == (1, 1, 0)
+    torch.testing.assert_close(r.probs.sum(-1) + r.extra_mass, torch.ones(2, 6))
+
+
+# ------------------------------------------------------------------------------------------ limits and inputs
+
+
+def test_the_memory_limit_refuses_before_allocating():
+    torch.manual_seed(7)
+    model = Tokens(1, 8, nn.Sequential(SDPABlock(8, 2), SDPABlock(8, 2)), cls=1)
+    x = torch.randn(2, 1, 8, 8)
+    one = 2 * 64 * 64 * 4  # heads x tokens x tokens x 4 bytes
+    assert len(capture_attention(model, x, max_bytes=2 * one)) == 2
+    with pytest.raises(AttnconvError, match=r"body\.1 \(2 heads x 64 x 64 tokens\) brings the captured attention "
+                       r"to 64\.0 KiB, more than max_bytes 32\.0 KiB; give smaller images"):
+        capture_attention(model, x, max_bytes=one + 1)
+    # 65,536 tokens: 48 GiB of probabilities (and as much for the model's own attention), refused at once by the
+    # default limit, before either is allocated
+    big = attnconv.build_model("vit", in_channels=1, image_size=256, patch=1, hidden=6, heads=3, layers=1,
+                               intermediate=4)
+    with pytest.raises(AttnconvError, match=r"blocks\.0\.attn \(3 heads x 65536 x 65536 tokens\).*48\.0 GiB"):
+        capture_attention(big, torch.randn(1, 1, 256, 256))
+    assert model.training  # restored after the refusal too
+    with pytest.raises(AttnconvError, match="non-empty batch"):
+        capture_attention(model, torch.zeros(0, 1, 8, 8))
+    with pytest.raises(AttnconvError, match="grid"):
+        capture_attention(model, x, grid=(0, 3))
+
+
+# ------------------------------------------------------------------------------------------ the measures on a capture
+
+
+class Shift(nn.Module):
+    """SDPA whose mask lets each pixel attend only to the pixel `shift` away (itself at the border)."""
+
+    def __init__(self, side, shift, heads=2):
+        super().__init__()
+        n = side * side
+        rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        pos = torch.stack([rows.reshape(-1), cols.reshape(-1)], -1)
+        target = pos + torch.tensor(shift)
+        inside = ((target >= 0) & (target < side)).all(-1)
+        keep = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        keep[0, :] = True
+        for q in range(n):
+            t = target[q] if inside[q] else pos[q]
+            keep[q + 1, 1 + int(t[0]) * side + int(t[1])] = True
+        self.register_buffer("keep", keep)
+        self.heads = heads
+
+    def forward(self, t):
+        B, N, D = t.shape
+        q = t.reshape(B, N, self.heads, D // self.heads).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=self.keep).transpose(1, 2).reshape(B, N, D)
+
+
+def test_center_of_mass_distance_grid_likeness_and_maps_work_on_the_result():
+    side = 5
+    model = Tokens(1, 4, Shift(side, (0, 1)), cls=1)
+    records = capture_attention(model, torch.randn(3, 1, side, side))
+    result = analyze_captured(records)
+    (layer,) = result["layers"]
+    assert layer["encoding"] == "captured sdpa" and "1 leading token" in layer["probabilities"]
+    assert layer["conv_likeness"] is None  # no value maps known for this module
+    for h in layer["heads"]:
+        assert h["center"] == pytest.approx([0.0, 1.0]) and h["center_source"] == "mean shift"
+        assert h["avg_distance"] == pytest.approx(1.0)  # interior queries all look one column right
+        assert h["mass_3x3"] == pytest.approx(1.0)
+    sites, probs = captured_sites(records)
+    geometry = head_geometry(sites[0].layer, sites[0].size, probs[0])
+    assert geometry["query"] == (2, 2) and np.allclose(geometry["centers"], [[0, 1], [0, 1]])
+    assert match_to_grid(geometry["centers"], kernel=3)["within"] == 1  # both heads on one offset: one matched
+    fig = maps_figure(probs, sites[0].size, (2, 2), 5)
+    assert len(fig.axes) == 2  # one layer x two heads
+
+
+def test_conv_likeness_applies_where_value_maps_are_known():
+    torch.manual_seed(8)
+    model = Tokens(3, 6, MHABody(nn.MultiheadAttention(6, 3, batch_first=True), lambda t: {}), cls=1)
+    result = analyze_captured(capture_attention(model, torch.randn(2, 3, 4, 4)))
+    like = result["layers"][0]["conv_likeness"]
+    assert like is not None and 0 <= like["distance"] <= 1 and like["heads"] == 3
+    vit = attnconv.build_model("vit", in_channels=1, image_size=12, hidden=12, heads=3, layers=2, intermediate=8)
+    result = analyze_captured(capture_attention(vit, torch.randn(2, 1, 12, 12)))
+    assert [x["path"] for x in result["layers"]] == ["blocks.0.attn", "blocks.1.attn"]
+    assert all(x["conv_likeness"] is not None for x in result["layers"]) and result["size"] == [3, 3]
+    with pytest.raises(AttnconvError, match="saw no attention"):
+        analyze_captured([])
