@@ -23,6 +23,7 @@ from attnconv.fileio import (
 )
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
+from attnconv.runs.data import run_info
 from attnconv.runs.files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -139,8 +140,10 @@ def convert_run(
     meta = read_config(run_dir)
     if "converted" in meta:
         raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")
-    model, _ = load_run(run_dir)
-    converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha)
+    model, config = load_run(run_dir)
+    info = run_info(config, recorded=meta.get("data"))
+    example = torch.zeros(1, info.channels, info.size, info.size)  # finds convolutions the forward calls itself
+    converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha, example_input=example)
     if not any(isinstance(m, ConvAttention) for m in converted.modules()):
         raise AttnconvError(f"{run_dir}: model {meta['config']['model']!r} has no convolution to convert")
     meta = {k: v for k, v in meta.items() if k != "params"}
