@@ -165,6 +165,50 @@ def corrupt_fashion(tmp, tiny):
     return {"run": _copy(tmp, tiny), "data": data}
 
 
+def _weights_edited(tmp, tiny, edit):
+    run = _copy(tmp, tiny)
+    tensors = load_file(str(run / "model.safetensors"))
+    name = sorted(k for k, t in tensors.items() if t.is_floating_point() and t.dim() == 2)[0]
+    tensors[name] = edit(tensors[name])
+    save_file(tensors, str(run / "model.safetensors"))
+    return {"run": run, "param": name}
+
+
+def weights_int32(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: (t * 100).to(torch.int32))
+
+
+def weights_bool(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t > 0)
+
+
+def weights_float8(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t.to(torch.float8_e4m3fn))
+
+
+def weights_float64(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t.double())
+
+
+def weights_other_shape(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t[:, :-1].contiguous())
+
+
+def weights_extra_tensor(tmp, tiny):
+    run = _copy(tmp, tiny)
+    tensors = load_file(str(run / "model.safetensors"))
+    tensors["mine"] = torch.zeros(3)
+    save_file(tensors, str(run / "model.safetensors"))
+    return {"run": run}
+
+
+def state_int_weights(tmp, tiny):
+    def edit(state):
+        name = sorted(k for k, t in state["model"].items() if t.is_floating_point())[0]
+        state["model"][name] = state["model"][name].to(torch.int32)
+    return _edit_state(tmp, tiny, edit)
+
+
 # ---------------------------------------------------------------------------------------- table
 
 TRAIN = ["--max-steps", "1", "--batch-size", "16", "--workers", "1", "--no-progress"]
@@ -184,8 +228,8 @@ CASES = [
     ("eval-missing-run", missing, ["eval", "{run}"], "not a run directory (no such directory)", None),
     ("table-missing-run", missing, ["table", "{run}"], "not a run directory (no such directory)", None),
     ("report-missing-run", missing, ["report", "{run}"], "no such run directory", None),
-    ("config-json-is-a-folder", config_folder, ["eval", "{run}"], "config.json: corrupt run config (not a regular file)",
-     None),
+    ("config-json-is-a-folder", config_folder, ["eval", "{run}"],
+     "config.json: corrupt run config (not a regular file: a directory)", None),
     ("config-json-is-binary", config_binary, ["table", "{run}"], "config.json: corrupt run config (binary data", None),
     ("config-overrides-a-list", overrides_list, ["eval", "{run}"], "field model_overrides is [8, 2], expected an object",
      None),
@@ -255,7 +299,120 @@ CASES = [
     ("explore-port-70000", a_run, ["explore", "{run}", "--port", "70000", "--no-browser"],
      "--port 70000 is out of range", None),
     ("lr-nan", missing, ["learn-conv", "--lr", "nan", "--out", "{tmp}/lc"], "--lr nan is out of range", None),
+    # Silent wrong weights: load_state_dict casts whatever dtype it is given, so the file's dtypes are checked.
+    ("eval-weights-int32", weights_int32, ["eval", "{run}"],
+     "weights do not fit model 'sa-quadratic' (tensor {param} is int32, the model's is float32)", None),
+    ("analyze-weights-bool", weights_bool, ["analyze", "{run}"], "(tensor {param} is bool, the model's is float32)",
+     None),
+    ("eval-weights-float8", weights_float8, ["eval", "{run}"],
+     "(tensor {param} is float8_e4m3fn, the model's is float32)", None),
+    ("report-weights-float64", weights_float64, ["report", "{run}", "--out", "{tmp}/r.html"],
+     "(tensor {param} is float64, the model's is float32)", None),
+    ("eval-weights-other-shape", weights_other_shape, ["eval", "{run}"], "(tensor {param} has shape", None),
+    ("eval-weights-extra-tensor", weights_extra_tensor, ["eval", "{run}"],
+     "(tensor mine is not one of the model's)", None),
+    ("resume-state-int-weights", state_int_weights, RESUME, "is torch.int32, the model's is torch.float32", None),
 ]
+
+
+def _not_regular(name: str, kind: str):
+    """A builder: the run's `name` replaced by a named pipe ("fifo") or a link to /dev/zero ("device")."""
+
+    def build(tmp, tiny):
+        run = _copy(tmp, tiny)
+        (run / name).unlink()
+        if kind == "fifo":
+            os.mkfifo(run / name)
+        else:
+            (run / name).symlink_to("/dev/zero")
+        return {"run": run}
+
+    return build
+
+
+def fifo_image(tmp, tiny):
+    os.mkfifo(tmp / "photo.png")
+    return {"run": _copy(tmp, tiny), "image": tmp / "photo.png"}
+
+
+def fifo_in_folder_dataset(tmp, tiny):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (tmp / "imgs" / split / cls).mkdir(parents=True)
+            Image.new("L", (8, 8), 100).save(tmp / "imgs" / split / cls / "1.png")
+    os.mkfifo(tmp / "imgs" / "train" / "b" / "2.png")
+    return {"folder": tmp / "imgs"}
+
+
+PIPE = "a named pipe (FIFO)"
+HANG_CASES = [
+    # A named pipe blocks whoever opens it for reading until a writer comes; /dev/zero never ends.
+    ("eval-weights-fifo", _not_regular("model.safetensors", "fifo"), ["eval", "{run}"],
+     f"model.safetensors is {PIPE}, not a regular file"),
+    ("report-weights-fifo", _not_regular("model.safetensors", "fifo"), ["report", "{run}", "--out", "{tmp}/r.html"],
+     f"model.safetensors is {PIPE}, not a regular file"),
+    ("analyze-weights-device", _not_regular("model.safetensors", "device"), ["analyze", "{run}"],
+     "model.safetensors is a character device, not a regular file"),
+    ("resume-state-fifo", _not_regular("state.pt", "fifo"), RESUME, f"state.pt is {PIPE}, not a regular file"),
+    ("resume-state-device", _not_regular("state.pt", "device"), RESUME,
+     "state.pt is a character device, not a regular file"),
+    ("init-from-weights-fifo", _not_regular("model.safetensors", "fifo"),
+     ["train", "--init-from", "{run}", "--out", "{tmp}/attn", *TRAIN], f"model.safetensors is {PIPE}"),
+    ("eval-config-fifo", _not_regular("config.json", "fifo"), ["eval", "{run}"],
+     f"config.json: corrupt run config (not a regular file: {PIPE})"),
+    ("table-metrics-fifo", _not_regular("metrics.csv", "fifo"), ["table", "{run}"],
+     f"metrics.csv: corrupt metrics file (not a regular file: {PIPE})"),
+    ("plot-heads-fifo", _not_regular("heads.jsonl", "fifo"), ["plot", "distance", "{run}", "--out", "{tmp}/d.png"],
+     f"heads.jsonl: corrupt heads file (not a regular file: {PIPE})"),
+    ("predict-image-fifo", fifo_image, ["predict", "{run}", "{image}"], f"photo.png is {PIPE}, not an image file"),
+    ("train-folder-with-a-fifo", fifo_in_folder_dataset,
+     ["train", "--preset", "fmnist-resnet-small", "--dataset", "folder:{folder}", "--out", "{tmp}/out", *TRAIN],
+     f"2.png is {PIPE}, not an image file"),
+]
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a test that blocks for 60 s instead of hanging the suite (SIGALRM interrupts a blocking open)."""
+    import signal
+
+    def stop(signum, frame):
+        raise TimeoutError("the command blocked for 60 s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("build, argv, message", [c[1:] for c in HANG_CASES], ids=[c[0] for c in HANG_CASES])
+def test_hangs_a_file_that_is_no_regular_file_is_one_error_line(tiny, tmp_path, capsys, no_hang, build, argv,
+                                                               message):
+    names = {"tmp": tmp_path, **build(tmp_path, tiny)}
+    capsys.readouterr()
+    code = main([a.format(**names) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert message.format(**names) in lines[0]
+
+
+def test_open_regular_refuses_a_fifo_swapped_in_after_the_check(tmp_path, monkeypatch, no_hang):
+    """The kind is checked again on the opened descriptor: a pipe swapped in after the first check cannot block."""
+    import attnconv.fileio as fileio
+
+    path = tmp_path / "weights"
+    os.mkfifo(path)
+    real = os.stat
+    monkeypatch.setattr(fileio.os, "stat", lambda p, *a, **k: real(tmp_path / "plain") if p == path else real(p))
+    (tmp_path / "plain").write_bytes(b"x")
+    with pytest.raises(AttnconvError, match="is a named pipe"):
+        fileio.open_regular(path, "fix")
+    assert fileio.read_regular(tmp_path / "plain", "fix") == b"x"
 
 
 @pytest.mark.parametrize("build, argv, message, forbid", [c[1:] for c in CASES], ids=[c[0] for c in CASES])

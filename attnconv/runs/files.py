@@ -22,6 +22,9 @@ from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
+    file_kind,
+    open_regular,
+    read_regular,
     write_bytes,
 )
 from attnconv.limits import format_bytes
@@ -80,9 +83,11 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     fix = "delete it to restart the run from scratch, or resume from another copy of the run"
     try:
-        with warnings.catch_warnings():  # e.g. torch's note on the pickle protocol of a foreign file
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
+            warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file
+            state = torch.load(f, map_location="cpu", weights_only=True)
+    except AttnconvError:
+        raise
     except FileNotFoundError:
         raise AttnconvError(f"{path}: no training state here (the run has not checkpointed yet)") from None
     except IsADirectoryError:
@@ -174,12 +179,12 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
     fix = "restore it from a copy, or train the run again"
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt run config (not a regular file); {fix}")
+        raise AttnconvError(f"{path}: corrupt run config (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > _MAX_CONFIG_BYTES:
         raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
                             f"few KiB); {fix}")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular(path, fix).decode("utf-8"))
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
     except json.JSONDecodeError as err:
@@ -195,6 +200,13 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     except AttnconvError as err:
         raise AttnconvError(f"{path}: corrupt run config ({err}); {fix}") from None
     return meta
+
+def _kind(path: Path) -> str:
+    try:
+        return file_kind(path.stat().st_mode)
+    except OSError:
+        return "a broken link"
+
 
 _MAX_CONFIG_BYTES = 2**24  # 16 MiB
 
@@ -224,11 +236,11 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if not path.exists():
         return []
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt {what} (not a regular file); {fix}")
+        raise AttnconvError(f"{path}: corrupt {what} (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > max_bytes:
         raise AttnconvError(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB); {fix}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, fix).decode("utf-8")
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
     except OSError as err:
@@ -263,11 +275,11 @@ def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dic
         return []
     fix = "restore it from a copy, or delete it (the heads' history is then unknown)"
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt heads file (not a regular file); {fix}")
+        raise AttnconvError(f"{path}: corrupt heads file (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > _MAX_HEADS_BYTES:
         raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+        lines = read_regular(path, fix).decode("utf-8").split("\n")[:-1]
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
     except OSError as err:
