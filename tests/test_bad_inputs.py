@@ -209,6 +209,50 @@ def state_int_weights(tmp, tiny):
     return _edit_state(tmp, tiny, edit)
 
 
+def _edit_meta(tmp, tiny, edit):
+    run = _copy(tmp, tiny)
+    meta = json.loads((run / "config.json").read_text())
+    edit(meta)
+    (run / "config.json").write_text(json.dumps(meta))
+    from PIL import Image
+
+    Image.new("L", (28, 28), 100).save(tmp / "shirt.png")
+    return {"run": run, "image": tmp / "shirt.png"}
+
+
+def _data(**changes):
+    def build(tmp, tiny):
+        def edit(meta):
+            for key, value in changes.items():
+                if value is _DROP:
+                    del meta["data"][key]
+                else:
+                    meta["data"][key] = value
+        return _edit_meta(tmp, tiny, edit)
+    return build
+
+
+_DROP = object()
+
+
+def converted_yes(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta.update(converted="yes"))
+
+
+def converted_alpha_string(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta.update(converted={"from": "x", "fold_bn": True, "alpha": "big"}))
+
+
+def data_not_an_object(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta.update(data=[1, 2]))
+
+
+def config_nested_200000(tmp, tiny):
+    run = _copy(tmp, tiny)
+    (run / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+    return {"run": run}
+
+
 # ---------------------------------------------------------------------------------------- table
 
 TRAIN = ["--max-steps", "1", "--batch-size", "16", "--workers", "1", "--no-progress"]
@@ -312,6 +356,27 @@ CASES = [
     ("eval-weights-extra-tensor", weights_extra_tensor, ["eval", "{run}"],
      "(tensor mine is not one of the model's)", None),
     ("resume-state-int-weights", state_int_weights, RESUME, "is torch.int32, the model's is torch.float32", None),
+    # Run files read without checks: config.json's "data" and "converted" blocks, its nesting.
+    ("predict-data-size-missing", _data(size=_DROP), ["predict", "{run}", "{image}"],
+     'corrupt run config ("data" has no size)', None),
+    ("predict-data-size-abc", _data(size="abc"), ["predict", "{run}", "{image}"],
+     'corrupt run config ("data" size "abc" is not a whole number from 1 to 65536)', None),
+    ("predict-data-classes-empty", _data(classes=[]), ["predict", "{run}", "{image}"],
+     '"data" classes [] is not a list of distinct class names', None),
+    ("predict-data-std-zero", _data(std=[0]), ["predict", "{run}", "{image}"],
+     '"data" std [0] is not one finite number > 0 per channel (1)', None),
+    ("eval-data-mean-two-channels", _data(mean=[0.1, 0.2]), ["eval", "{run}"],
+     '"data" mean [0.1, 0.2] is not one finite number per channel (1)', None),
+    ("eval-data-channels-2", _data(channels=2), ["eval", "{run}"], '"data" channels 2 is not 1 or 3', None),
+    ("eval-data-a-list", data_not_an_object, ["eval", "{run}"], '"data" is [1, 2], not an object', None),
+    ("eval-converted-yes", converted_yes, ["eval", "{run}"], '"converted" is "yes", not an object', None),
+    ("report-converted-yes", converted_yes, ["report", "{run}", "--out", "{tmp}/r.html"],
+     '"converted" is "yes", not an object', None),
+    ("table-converted-yes", converted_yes, ["table", "{run}"], '"converted" is "yes", not an object', None),
+    ("analyze-converted-alpha", converted_alpha_string, ["analyze", "{run}"],
+     '"converted" alpha "big" is not null or a finite number > 0', None),
+    ("eval-config-nested-200000", config_nested_200000, ["eval", "{run}"],
+     "corrupt run config (not JSON: nested too deeply to be read)", None),
 ]
 
 
@@ -520,3 +585,65 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(monkeypatch, capfd,
         monkeypatch.setattr(sys, "stdout", out)
         assert cli.main(["eval", "some-run"]) == 141
     assert capfd.readouterr().err == ""
+
+
+# ------------------------------------------------------------------ run files read with checks: heads.jsonl
+
+_DAMAGE = {
+    "center-x": lambda rec: rec["layers"][0][0].update(center="x"),
+    "center-3d": lambda rec: rec["layers"][0][0].update(center=[1.0, 2.0, 3.0]),
+    "center-nan": lambda rec: rec["layers"][0][0].update(center=[float("nan"), 0.0]),
+    "no-attention-distance": lambda rec: rec["layers"][1][2].pop("attention_distance"),
+    "epoch-1e308": lambda rec: rec.update(epoch=1e308),
+    "step-negative": lambda rec: rec.update(step=-1),
+    "alpha-string": lambda rec: rec["layers"][0][1].update(alpha="wide"),
+    "a-layer-less": lambda rec: rec["layers"].pop(),
+    "nested-200000": None,
+}
+
+
+def _damaged_heads(tmp, tiny, damage: str) -> Path:
+    """A copy of the tiny run whose heads.jsonl gets a damaged line 2 between two sound ones."""
+    run = _copy(tmp, tiny)
+    path = run / "heads.jsonl"
+    lines = path.read_text().splitlines()
+    if _DAMAGE[damage] is None:
+        bad = "[" * 200_000 + "]" * 200_000
+    else:
+        record = json.loads(lines[-1])
+        _DAMAGE[damage](record)
+        bad = json.dumps(record)
+    path.write_text("\n".join([lines[0], bad, *lines[1:]]) + "\n")
+    return run
+
+
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+def test_run_files_read_with_checks_damaged_heads_lines_are_skipped_with_one_warning(tiny, tmp_path, capsys,
+                                                                                     damage):
+    from attnconv.runs import read_heads
+
+    run = _damaged_heads(tmp_path, tiny, damage)
+    sound = len((run / "heads.jsonl").read_text().splitlines()) - 1
+    with pytest.raises(AttnconvError, match=r"heads.jsonl: corrupt heads file \(line 2: "):  # what resume reads: all
+        read_heads(run)
+    capsys.readouterr()
+    assert main(["plot", "distance", str(run), "--out", str(tmp_path / "d.png")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: {run / 'heads.jsonl'}: skipped 1 damaged line (2); using the other {sound}"]
+    assert (tmp_path / "d.png").stat().st_size > 0
+
+
+def test_run_files_read_with_checks_analyze_report_and_explorer_skip_damaged_heads_lines(tiny, tmp_path, capsys):
+    from attnconv.explorer.server import Explorer
+
+    run = _damaged_heads(tmp_path, tiny, "center-3d")
+    for argv in (["analyze", str(run)], ["report", str(run), "--out", str(tmp_path / "r.html")]):
+        capsys.readouterr()
+        assert main(argv) == 0, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"warning: {run / 'heads.jsonl'}: skipped 1 damaged line (2); using the other 2"], argv
+    with pytest.warns(UserWarning, match="skipped 1 damaged line"):
+        explorer = Explorer(run, images=2, data_dir=tiny["data"])
+    snapshots = explorer.heads()["snapshots"]  # the page's epoch slider: the two sound snapshots
+    assert [s["epoch"] for s in snapshots] == [json.loads(line)["epoch"] for line in
+                                               (tiny["sa-quadratic"] / "heads.jsonl").read_text().splitlines()]
