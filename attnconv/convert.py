@@ -5,7 +5,9 @@ at any depth, is the `ConvAttention` of `construct.conv_to_attention`: one head 
 kernel tap, quadratic positional scores (Lemma 2), value maps W_val^h W_out^h = W[:, :, tap_h]^T
 (Lemma 1). Everything else is the same module object the copy made, so the converted
 network computes the original's function up to the softmax leakage (about float32
-rounding at the default alpha) and calls no convolution op.
+rounding at the default alpha) and calls no convolution op: convolutions that a module's
+forward calls as functions (F.conv2d) are found on one forward pass and refused (`strict`)
+or named in a warning.
 
 With `fold_bn=True` a BatchNorm that directly consumes a convolution's output is folded
 into that attention layer's value maps and bias (inference only, see `cnn_to_attention`),
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,20 +29,20 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.lazy import LazyModuleMixin
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnconv.construct import ConvAttention, check_key_dim, conv_to_attention
+from attnconv.construct import ConvAttention, check_key_dim, conv_to_attention, unconvertible_reason
 from attnconv.errors import AttnconvError
 
 __all__ = ["ConversionReport", "cnn_to_attention", "conversion_report"]
 
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # BatchNorm forwards we know compute (x - running_mean) / sqrt(running_var + eps) * weight + bias in eval.
 _BN_FORWARDS = (_BatchNorm.forward, nn.SyncBatchNorm.forward)
 
 
 def cnn_to_attention(
     model: nn.Module, *, fold_bn: bool = False, strict: bool = True, alpha: float | None = None,
-    learnable: bool = False, key_dim: int = 0,
+    learnable: bool = False, key_dim: int = 0, example_input: Any = None,
 ) -> nn.Module:
     """A deep copy of `model` with every convolution replaced by its exact attention layer.
 
@@ -61,15 +64,27 @@ def cnn_to_attention(
     1x1) also gets content attention with that query/key width per head, starting at zero
     (so the network starts as without it); 1x1 convolutions stay position-only.
 
-    Modules that cannot be converted faithfully: `nn.ConvTranspose*`, an uninitialized
-    `nn.LazyConv*`, a conv subclass that overrides `forward` or `_conv_forward` (its
-    computation is not the one Theorem 1 reproduces), and a conv with forward hooks or
-    pre-hooks (e.g. the old `weight_norm`/`spectral_norm`, whose effect would be lost).
-    With `strict=True` they raise one `AttnconvError` naming each module's path; with
-    `strict=False` each is left as it is and named in a `warnings.warn`. Convolutions
-    called functionally (`F.conv2d` inside a custom `forward`) are not modules and are not
-    seen; check with a `TorchDispatchMode` that records ops (as the tests do). A conv with
-    a parametrization (`torch.nn.utils.parametrize`) is converted with its current weight.
+    Modules that cannot be converted faithfully (`construct.unconvertible_reason`, the rule
+    `conv_to_attention` applies too): `nn.ConvTranspose*`, an uninitialized `nn.LazyConv*`,
+    a conv subclass that overrides `forward` or `_conv_forward` (its computation is not the
+    one Theorem 1 reproduces), and a conv with forward hooks or pre-hooks (e.g. the old
+    `weight_norm`/`spectral_norm`, whose effect would be lost). With `strict=True` they
+    raise one `AttnconvError` naming the modules' paths, a line per reason; with
+    `strict=False` each is left as it is and named in a `warnings.warn` (one per reason).
+    A conv with a parametrization (`torch.nn.utils.parametrize`) is converted with its
+    current weight.
+
+    Convolutions a module's own `forward` calls as functions (`F.conv2d(x, self.filt)`, an
+    anti-aliasing blur) are no modules to replace. They are found on one forward pass of the
+    converted network under a `TorchDispatchMode` that records aten's convolution ops and
+    the innermost module running each: on `example_input` (a tensor, or a tuple of the
+    positional inputs) right here, in eval mode and without gradients (the copy's modes,
+    buffers and the CPU random state are left as they were), or else on the copy's first
+    forward that is not being traced (torch.compile, torch.export, torch.jit.trace). Those
+    modules are refused like the ones above when `strict` (at its first forward: that
+    forward, and every later one, raises) and named in a warning otherwise. Give
+    `example_input` to have the check done at conversion and leave no hooks on the result
+    (`torch.jit.script` does not compile them).
 
     `fold_bn=True` first finds each BatchNorm{1,2,3}d (or SyncBatchNorm) that directly
     consumes a convolution's output, then folds it into the converted layer,
@@ -102,36 +117,32 @@ def cnn_to_attention(
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
         raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
     check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
+    example = _example_args(example_input)
     converted = copy.deepcopy(model)
     paths = _module_paths(converted)  # id -> first path (the one named_modules gives)
 
     # 1. Which convolutions convert, and which must be refused.
-    problems: list[str] = []
+    problems: dict[str, list[str]] = {}  # reason -> module paths
     convs: dict[int, nn.Module] = {}
     for module in converted.modules():
         if not isinstance(module, _ConvNd):
             continue
-        reason = _unconvertible(module)
+        reason = unconvertible_reason(module)
         if reason is None:
             convs[id(module)] = module
         else:
-            problems.append(f"{_label(paths[id(module)], module)}: {reason}")
+            problems.setdefault(reason, []).append(_label(paths[id(module)], module))
     if problems and strict:
-        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
-        raise AttnconvError(
-            f"{problems[0]}{more}. Pass strict=False to leave such modules as they are (the result then "
-            "still calls a convolution there)"
-        )
-    for problem in problems:
-        warnings.warn(f"cnn_to_attention left {problem}", stacklevel=2)
-
+        raise AttnconvError(_refusal(problems, "cannot be converted exactly"))
+    for reason, where in problems.items():
+        warnings.warn(f"cnn_to_attention left {_listing(where, None)} as they are: {reason}", stacklevel=2)
     # 2. Convert (and fold BatchNorms into the converted layers).
     replaced: dict[int, nn.Module] = {}
     for key, conv in convs.items():
         try:
             taps = math.prod(conv.kernel_size)
             layer = conv_to_attention(conv, alpha=alpha, learnable=learnable, key_dim=key_dim if taps > 1 else 0)
-        except AttnconvError as err:  # not expected after _unconvertible; say which module
+        except AttnconvError as err:  # not expected after unconvertible_reason; say which module
             raise AttnconvError(f"{_label(paths[key], conv)}: {err}") from None
         layer.train(conv.training)
         layer.requires_grad_(conv.weight.requires_grad)  # value maps (and learnable positions) as the weight
@@ -150,11 +161,18 @@ def cnn_to_attention(
 
     # 3. Swap the modules in place in the copy (every reference, so sharing is kept).
     if id(converted) in replaced:
-        return replaced[id(converted)]
+        converted = replaced[id(converted)]
     for parent in converted.modules():
         for name, child in parent._modules.items():
             if child is not None and id(child) in replaced:
                 parent._modules[name] = replaced[id(child)]
+
+    # 4. Convolutions that are no module (F.conv2d in a forward): one forward pass finds them.
+    if example is not None:
+        found = _conv_ops_of_forward(converted, example)
+        _refuse_or_warn(found, strict)
+    else:
+        _OpCheck(strict).install(converted)
     return converted
 
 
@@ -163,32 +181,30 @@ def cnn_to_attention(
 # ----------------------------------------------------------------------------------------
 
 
-def _unconvertible(module: nn.Module) -> str | None:
-    """Why a `_ConvNd` cannot be replaced by Theorem 1's layer, with the fix; None if it can."""
-    name = type(module).__name__
-    if isinstance(module, nn.modules.conv._ConvTransposeNd):
-        return (
-            f"{name} is a transposed convolution, which conv_to_attention does not construct; "
-            "replace it by an upsampling + Conv, or keep it"
-        )
-    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
-        return f"{name} is lazy and uninitialized; run the model once on an input before converting"
-    base = next((c for c in _CONVS if isinstance(module, c)), None)
-    if base is None:
-        return f"{name} is not a Conv1d/2d/3d"
-    if type(module).forward is not base.forward or type(module)._conv_forward is not base._conv_forward:
-        return (
-            f"{name} subclasses {base.__name__} with its own forward, which the attention layer would not "
-            "reproduce; convert it by hand with conv_to_attention if it computes a plain convolution"
-        )
-    if not module.weight.is_floating_point():
-        return f"{name} has {module.weight.dtype} weights; the attention layer needs floating point"
-    if module._forward_hooks or module._forward_pre_hooks:
-        return (
-            f"{name} has forward hooks (e.g. weight_norm or spectral_norm) whose effect the attention "
-            "layer would lose; remove them first (e.g. torch.nn.utils.remove_weight_norm)"
-        )
-    return None
+_KEEP = "pass strict=False to leave such modules as they are (the network then still runs a convolution there)"
+_DIRECT_CONV = (
+    "its own forward calls a convolution op (F.conv1d/2d/3d or the like), which is no conv module "
+    "cnn_to_attention could replace; make that convolution an nn.Conv module of the network"
+)
+_LISTED = 8  # module paths an error shows per reason (a warning shows them all)
+
+
+def _refusal(problems: dict[str, list[str]], what: str) -> str:
+    """One refusal for every module that has a problem, grouped by reason: a line per reason."""
+    total = sum(len(labels) for labels in problems.values())
+    if total == 1:
+        (reason, (label,)), = problems.items()
+        return f"{label}: {reason}; {_KEEP}"
+    lines = [f"cnn_to_attention: {total} modules {what}; {_KEEP}:"]
+    for reason, labels in problems.items():
+        lines.append(f"  {_listing(labels, _LISTED)}: {reason}")
+    return "\n".join(lines)
+
+
+def _listing(labels: list[str], limit: int | None) -> str:
+    if limit is None or len(labels) <= limit:
+        return ", ".join(labels)
+    return f"{', '.join(labels[:limit])}, ... and {len(labels) - limit} more ({len(labels)} in all)"
 
 
 # ----------------------------------------------------------------------------------------
@@ -311,6 +327,140 @@ def _reference_counts(root: nn.Module) -> dict[int, int]:
 
 def _label(path: str, module: nn.Module) -> str:
     return f"{path or '<root>'} ({type(module).__name__})"
+
+
+# ----------------------------------------------------------------------------------------
+# Convolutions called as functions
+# ----------------------------------------------------------------------------------------
+
+# aten's convolution ops: convolution, _convolution, conv2d, conv_transpose2d, cudnn_convolution,
+# mkldnn_convolution, slow_conv3d_forward, _conv_depthwise2d, conv_tbc, quantized conv2d, ...
+_CONV_OP = re.compile(r"(^|_)conv(\d|_transpose|_tbc|_depthwise|_dilated|olution)")
+
+
+def _example_args(example_input: Any) -> tuple[Any, ...] | None:
+    if example_input is None:
+        return None
+    if isinstance(example_input, torch.Tensor):
+        return (example_input,)
+    if isinstance(example_input, (tuple, list)):
+        return tuple(example_input)
+    raise AttnconvError(
+        f"example_input must be a tensor or a tuple of the network's positional inputs, got "
+        f"{type(example_input).__name__}"
+    )
+
+
+class _ConvOpFinder(TorchDispatchMode):
+    """Records which modules run a convolution op while active: for each op, the innermost module
+    of `root` that was called (through __call__) when it ran. Convolution modules themselves are left
+    out (they are refused or kept by name before); `close()` removes the hooks that keep track."""
+
+    def __init__(self, root: nn.Module):
+        super().__init__()
+        self.paths = _module_paths(root)
+        self.stack: list[nn.Module] = [root]
+        self.found: dict[int, nn.Module] = {}
+        self.handles = []
+        for module in root.modules():
+            if module is not root:
+                self.handles.append(module.register_forward_pre_hook(self._enter))
+                self.handles.append(module.register_forward_hook(self._leave, always_call=True))
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        self.stack.append(module)
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if len(self.stack) > 1 and self.stack[-1] is module:
+            self.stack.pop()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        top = self.stack[-1]
+        if _CONV_OP.search(func.__name__) and not isinstance(top, _ConvNd):
+            self.found.setdefault(id(top), top)
+        return func(*args, **(kwargs or {}))
+
+    def close(self) -> list[str]:
+        """Remove the hooks; the modules that ran a convolution op, as labels."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        return [_label(self.paths.get(id(m), "?"), m) for m in self.found.values()]
+
+
+def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
+    """The modules of `model` that run a convolution op in one forward on `args` (eval mode, no
+    gradients, the CPU random state restored: the pass changes nothing in the model)."""
+    modes = {m: m.training for m in model.modules()}
+    finder = _ConvOpFinder(model)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model.eval()
+            with finder:
+                model(*args)
+    except Exception as err:  # the model's own error, named as the example's
+        first = (str(err).strip().splitlines() or [""])[0]
+        what = first if isinstance(err, AttnconvError) else f"{type(err).__name__}: {first}"
+        raise AttnconvError(
+            f"cnn_to_attention: the converted network failed on example_input ({what}); "
+            "give an input the network accepts"
+        ) from err
+    finally:
+        found = finder.close()
+        for module, training in modes.items():
+            module.training = training
+    return found
+
+
+def _refuse_or_warn(found: list[str], strict: bool) -> None:
+    if not found:
+        return
+    if strict:
+        raise AttnconvError(_refusal({_DIRECT_CONV: found}, "still run a convolution"))
+    warnings.warn(f"cnn_to_attention kept a convolution in {_listing(found, None)}: {_DIRECT_CONV}", stacklevel=3)
+
+
+def _being_traced(args: tuple[Any, ...]) -> bool:
+    """A forward run by torch.compile, torch.export or torch.jit.trace (fake or traced tensors)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return True
+    return any(isinstance(a, torch.Tensor) and type(a) not in (torch.Tensor, nn.Parameter) for a in args)
+
+
+class _OpCheck:
+    """The check of a converted network given no example_input, on its first eager forward.
+
+    A forward pre-hook and an always-called forward hook on the network: the first forward not
+    being traced runs under a `_ConvOpFinder`; then the hooks remove themselves, unless `strict`
+    and a module ran a convolution: that forward raises, and so does every later one.
+    """
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.finder: _ConvOpFinder | None = None
+        self.handles: tuple[Any, ...] = ()
+
+    def install(self, root: nn.Module) -> None:
+        self.handles = (
+            root.register_forward_pre_hook(self.before),
+            root.register_forward_hook(self.after, always_call=True),
+        )
+
+    def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.finder is None and not _being_traced(args):
+            self.finder = _ConvOpFinder(module)
+            self.finder.__enter__()
+
+    def after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        finder, self.finder = self.finder, None
+        if finder is None:
+            return
+        finder.__exit__(None, None, None)
+        found = finder.close()
+        if not (found and self.strict):
+            for handle in self.handles:
+                handle.remove()
+        _refuse_or_warn(found, self.strict)
 
 
 # ----------------------------------------------------------------------------------------

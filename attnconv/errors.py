@@ -9,5 +9,10 @@ class AttnconvError(ValueError):
     """A user-facing error: the message names the bad input and how to fix it."""
 
 
+class AttnconvWarning(UserWarning):
+    """Something a command worked around and says so (a damaged line skipped); the CLI prints it as one
+    `warning:` line."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a command, with a message saying what was kept and how to go on (the CLI prints it)."""

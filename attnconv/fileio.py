@@ -20,6 +20,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from attnconv.errors import AttnconvError
 
@@ -64,6 +65,44 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this `st_mode` is, in words ("a named pipe (FIFO)", "a directory", ...)."""
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((text for test, text in kinds if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
+    """`path` opened for reading (binary), refused unless it is a regular file (links followed).
+
+    Every file a command reads goes through here: a named pipe would block the command forever
+    and a device would be read without end, so either is one AttnconvError naming the path, what
+    it is, and `fix`. The kind is checked before opening and again on the opened descriptor
+    (opened without blocking), so a file swapped in between cannot block either. Other failures
+    (missing, unreadable) are the OSError of `open`, for the caller to word.
+    """
+    path = Path(path)
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise AttnconvError(f"{path} is {file_kind(mode)}, not a regular file; {fix}")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise AttnconvError(f"{path} is {file_kind(mode)}, not a regular file; {fix}")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike, fix: str) -> bytes:
+    """The bytes of the regular file `path` (`open_regular`'s checks)."""
+    with open_regular(path, fix) as f:
+        return f.read()
 
 
 def current_umask() -> int:

@@ -165,6 +165,94 @@ def corrupt_fashion(tmp, tiny):
     return {"run": _copy(tmp, tiny), "data": data}
 
 
+def _weights_edited(tmp, tiny, edit):
+    run = _copy(tmp, tiny)
+    tensors = load_file(str(run / "model.safetensors"))
+    name = sorted(k for k, t in tensors.items() if t.is_floating_point() and t.dim() == 2)[0]
+    tensors[name] = edit(tensors[name])
+    save_file(tensors, str(run / "model.safetensors"))
+    return {"run": run, "param": name}
+
+
+def weights_int32(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: (t * 100).to(torch.int32))
+
+
+def weights_bool(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t > 0)
+
+
+def weights_float8(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t.to(torch.float8_e4m3fn))
+
+
+def weights_float64(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t.double())
+
+
+def weights_other_shape(tmp, tiny):
+    return _weights_edited(tmp, tiny, lambda t: t[:, :-1].contiguous())
+
+
+def weights_extra_tensor(tmp, tiny):
+    run = _copy(tmp, tiny)
+    tensors = load_file(str(run / "model.safetensors"))
+    tensors["mine"] = torch.zeros(3)
+    save_file(tensors, str(run / "model.safetensors"))
+    return {"run": run}
+
+
+def state_int_weights(tmp, tiny):
+    def edit(state):
+        name = sorted(k for k, t in state["model"].items() if t.is_floating_point())[0]
+        state["model"][name] = state["model"][name].to(torch.int32)
+    return _edit_state(tmp, tiny, edit)
+
+
+def _edit_meta(tmp, tiny, edit):
+    run = _copy(tmp, tiny)
+    meta = json.loads((run / "config.json").read_text())
+    edit(meta)
+    (run / "config.json").write_text(json.dumps(meta))
+    from PIL import Image
+
+    Image.new("L", (28, 28), 100).save(tmp / "shirt.png")
+    return {"run": run, "image": tmp / "shirt.png"}
+
+
+def _data(**changes):
+    def build(tmp, tiny):
+        def edit(meta):
+            for key, value in changes.items():
+                if value is _DROP:
+                    del meta["data"][key]
+                else:
+                    meta["data"][key] = value
+        return _edit_meta(tmp, tiny, edit)
+    return build
+
+
+_DROP = object()
+
+
+def converted_yes(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta.update(converted="yes"))
+
+
+def converted_alpha_string(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta.update(converted={"from": "x", "fold_bn": True, "alpha": "big"}))
+
+
+def data_not_an_object(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta.update(data=[1, 2]))
+
+
+def config_nested_200000(tmp, tiny):
+    run = _copy(tmp, tiny)
+    (run / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+    return {"run": run}
+
+
 # ---------------------------------------------------------------------------------------- table
 
 TRAIN = ["--max-steps", "1", "--batch-size", "16", "--workers", "1", "--no-progress"]
@@ -184,8 +272,8 @@ CASES = [
     ("eval-missing-run", missing, ["eval", "{run}"], "not a run directory (no such directory)", None),
     ("table-missing-run", missing, ["table", "{run}"], "not a run directory (no such directory)", None),
     ("report-missing-run", missing, ["report", "{run}"], "no such run directory", None),
-    ("config-json-is-a-folder", config_folder, ["eval", "{run}"], "config.json: corrupt run config (not a regular file)",
-     None),
+    ("config-json-is-a-folder", config_folder, ["eval", "{run}"],
+     "config.json: corrupt run config (not a regular file: a directory)", None),
     ("config-json-is-binary", config_binary, ["table", "{run}"], "config.json: corrupt run config (binary data", None),
     ("config-overrides-a-list", overrides_list, ["eval", "{run}"], "field model_overrides is [8, 2], expected an object",
      None),
@@ -255,7 +343,141 @@ CASES = [
     ("explore-port-70000", a_run, ["explore", "{run}", "--port", "70000", "--no-browser"],
      "--port 70000 is out of range", None),
     ("lr-nan", missing, ["learn-conv", "--lr", "nan", "--out", "{tmp}/lc"], "--lr nan is out of range", None),
+    # Silent wrong weights: load_state_dict casts whatever dtype it is given, so the file's dtypes are checked.
+    ("eval-weights-int32", weights_int32, ["eval", "{run}"],
+     "weights do not fit model 'sa-quadratic' (tensor {param} is int32, the model's is float32)", None),
+    ("analyze-weights-bool", weights_bool, ["analyze", "{run}"], "(tensor {param} is bool, the model's is float32)",
+     None),
+    ("eval-weights-float8", weights_float8, ["eval", "{run}"],
+     "(tensor {param} is float8_e4m3fn, the model's is float32)", None),
+    ("report-weights-float64", weights_float64, ["report", "{run}", "--out", "{tmp}/r.html"],
+     "(tensor {param} is float64, the model's is float32)", None),
+    ("eval-weights-other-shape", weights_other_shape, ["eval", "{run}"], "(tensor {param} has shape", None),
+    ("eval-weights-extra-tensor", weights_extra_tensor, ["eval", "{run}"],
+     "(tensor mine is not one of the model's)", None),
+    ("resume-state-int-weights", state_int_weights, RESUME, "is torch.int32, the model's is torch.float32", None),
+    # Run files read without checks: config.json's "data" and "converted" blocks, its nesting.
+    ("predict-data-size-missing", _data(size=_DROP), ["predict", "{run}", "{image}"],
+     'corrupt run config ("data" has no size)', None),
+    ("predict-data-size-abc", _data(size="abc"), ["predict", "{run}", "{image}"],
+     'corrupt run config ("data" size "abc" is not a whole number from 1 to 65536)', None),
+    ("predict-data-classes-empty", _data(classes=[]), ["predict", "{run}", "{image}"],
+     '"data" classes [] is not a list of distinct class names', None),
+    ("predict-data-std-zero", _data(std=[0]), ["predict", "{run}", "{image}"],
+     '"data" std [0] is not one finite number > 0 per channel (1)', None),
+    ("eval-data-mean-two-channels", _data(mean=[0.1, 0.2]), ["eval", "{run}"],
+     '"data" mean [0.1, 0.2] is not one finite number per channel (1)', None),
+    ("eval-data-channels-2", _data(channels=2), ["eval", "{run}"], '"data" channels 2 is not 1 or 3', None),
+    ("eval-data-a-list", data_not_an_object, ["eval", "{run}"], '"data" is [1, 2], not an object', None),
+    ("eval-converted-yes", converted_yes, ["eval", "{run}"], '"converted" is "yes", not an object', None),
+    ("report-converted-yes", converted_yes, ["report", "{run}", "--out", "{tmp}/r.html"],
+     '"converted" is "yes", not an object', None),
+    ("table-converted-yes", converted_yes, ["table", "{run}"], '"converted" is "yes", not an object', None),
+    ("analyze-converted-alpha", converted_alpha_string, ["analyze", "{run}"],
+     '"converted" alpha "big" is not null or a finite number > 0', None),
+    ("eval-config-nested-200000", config_nested_200000, ["eval", "{run}"],
+     "corrupt run config (not JSON: nested too deeply to be read)", None),
 ]
+
+
+def _not_regular(name: str, kind: str):
+    """A builder: the run's `name` replaced by a named pipe ("fifo") or a link to /dev/zero ("device")."""
+
+    def build(tmp, tiny):
+        run = _copy(tmp, tiny)
+        (run / name).unlink()
+        if kind == "fifo":
+            os.mkfifo(run / name)
+        else:
+            (run / name).symlink_to("/dev/zero")
+        return {"run": run}
+
+    return build
+
+
+def fifo_image(tmp, tiny):
+    os.mkfifo(tmp / "photo.png")
+    return {"run": _copy(tmp, tiny), "image": tmp / "photo.png"}
+
+
+def fifo_in_folder_dataset(tmp, tiny):
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (tmp / "imgs" / split / cls).mkdir(parents=True)
+            Image.new("L", (8, 8), 100).save(tmp / "imgs" / split / cls / "1.png")
+    os.mkfifo(tmp / "imgs" / "train" / "b" / "2.png")
+    return {"folder": tmp / "imgs"}
+
+
+PIPE = "a named pipe (FIFO)"
+HANG_CASES = [
+    # A named pipe blocks whoever opens it for reading until a writer comes; /dev/zero never ends.
+    ("eval-weights-fifo", _not_regular("model.safetensors", "fifo"), ["eval", "{run}"],
+     f"model.safetensors is {PIPE}, not a regular file"),
+    ("report-weights-fifo", _not_regular("model.safetensors", "fifo"), ["report", "{run}", "--out", "{tmp}/r.html"],
+     f"model.safetensors is {PIPE}, not a regular file"),
+    ("analyze-weights-device", _not_regular("model.safetensors", "device"), ["analyze", "{run}"],
+     "model.safetensors is a character device, not a regular file"),
+    ("resume-state-fifo", _not_regular("state.pt", "fifo"), RESUME, f"state.pt is {PIPE}, not a regular file"),
+    ("resume-state-device", _not_regular("state.pt", "device"), RESUME,
+     "state.pt is a character device, not a regular file"),
+    ("init-from-weights-fifo", _not_regular("model.safetensors", "fifo"),
+     ["train", "--init-from", "{run}", "--out", "{tmp}/attn", *TRAIN], f"model.safetensors is {PIPE}"),
+    ("eval-config-fifo", _not_regular("config.json", "fifo"), ["eval", "{run}"],
+     f"config.json: corrupt run config (not a regular file: {PIPE})"),
+    ("table-metrics-fifo", _not_regular("metrics.csv", "fifo"), ["table", "{run}"],
+     f"metrics.csv: corrupt metrics file (not a regular file: {PIPE})"),
+    ("plot-heads-fifo", _not_regular("heads.jsonl", "fifo"), ["plot", "distance", "{run}", "--out", "{tmp}/d.png"],
+     f"heads.jsonl: corrupt heads file (not a regular file: {PIPE})"),
+    ("predict-image-fifo", fifo_image, ["predict", "{run}", "{image}"], f"photo.png is {PIPE}, not an image file"),
+    ("train-folder-with-a-fifo", fifo_in_folder_dataset,
+     ["train", "--preset", "fmnist-resnet-small", "--dataset", "folder:{folder}", "--out", "{tmp}/out", *TRAIN],
+     f"2.png is {PIPE}, not an image file"),
+]
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a test that blocks for 60 s instead of hanging the suite (SIGALRM interrupts a blocking open)."""
+    import signal
+
+    def stop(signum, frame):
+        raise TimeoutError("the command blocked for 60 s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("build, argv, message", [c[1:] for c in HANG_CASES], ids=[c[0] for c in HANG_CASES])
+def test_hangs_a_file_that_is_no_regular_file_is_one_error_line(tiny, tmp_path, capsys, no_hang, build, argv,
+                                                               message):
+    names = {"tmp": tmp_path, **build(tmp_path, tiny)}
+    capsys.readouterr()
+    code = main([a.format(**names) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert message.format(**names) in lines[0]
+
+
+def test_open_regular_refuses_a_fifo_swapped_in_after_the_check(tmp_path, monkeypatch, no_hang):
+    """The kind is checked again on the opened descriptor: a pipe swapped in after the first check cannot block."""
+    import attnconv.fileio as fileio
+
+    path = tmp_path / "weights"
+    os.mkfifo(path)
+    real = os.stat
+    monkeypatch.setattr(fileio.os, "stat", lambda p, *a, **k: real(tmp_path / "plain") if p == path else real(p))
+    (tmp_path / "plain").write_bytes(b"x")
+    with pytest.raises(AttnconvError, match="is a named pipe"):
+        fileio.open_regular(path, "fix")
+    assert fileio.read_regular(tmp_path / "plain", "fix") == b"x"
 
 
 @pytest.mark.parametrize("build, argv, message, forbid", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -363,3 +585,65 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(monkeypatch, capfd,
         monkeypatch.setattr(sys, "stdout", out)
         assert cli.main(["eval", "some-run"]) == 141
     assert capfd.readouterr().err == ""
+
+
+# ------------------------------------------------------------------ run files read with checks: heads.jsonl
+
+_DAMAGE = {
+    "center-x": lambda rec: rec["layers"][0][0].update(center="x"),
+    "center-3d": lambda rec: rec["layers"][0][0].update(center=[1.0, 2.0, 3.0]),
+    "center-nan": lambda rec: rec["layers"][0][0].update(center=[float("nan"), 0.0]),
+    "no-attention-distance": lambda rec: rec["layers"][1][2].pop("attention_distance"),
+    "epoch-1e308": lambda rec: rec.update(epoch=1e308),
+    "step-negative": lambda rec: rec.update(step=-1),
+    "alpha-string": lambda rec: rec["layers"][0][1].update(alpha="wide"),
+    "a-layer-less": lambda rec: rec["layers"].pop(),
+    "nested-200000": None,
+}
+
+
+def _damaged_heads(tmp, tiny, damage: str) -> Path:
+    """A copy of the tiny run whose heads.jsonl gets a damaged line 2 between two sound ones."""
+    run = _copy(tmp, tiny)
+    path = run / "heads.jsonl"
+    lines = path.read_text().splitlines()
+    if _DAMAGE[damage] is None:
+        bad = "[" * 200_000 + "]" * 200_000
+    else:
+        record = json.loads(lines[-1])
+        _DAMAGE[damage](record)
+        bad = json.dumps(record)
+    path.write_text("\n".join([lines[0], bad, *lines[1:]]) + "\n")
+    return run
+
+
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+def test_run_files_read_with_checks_damaged_heads_lines_are_skipped_with_one_warning(tiny, tmp_path, capsys,
+                                                                                     damage):
+    from attnconv.runs import read_heads
+
+    run = _damaged_heads(tmp_path, tiny, damage)
+    sound = len((run / "heads.jsonl").read_text().splitlines()) - 1
+    with pytest.raises(AttnconvError, match=r"heads.jsonl: corrupt heads file \(line 2: "):  # what resume reads: all
+        read_heads(run)
+    capsys.readouterr()
+    assert main(["plot", "distance", str(run), "--out", str(tmp_path / "d.png")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: {run / 'heads.jsonl'}: skipped 1 damaged line (2); using the other {sound}"]
+    assert (tmp_path / "d.png").stat().st_size > 0
+
+
+def test_run_files_read_with_checks_analyze_report_and_explorer_skip_damaged_heads_lines(tiny, tmp_path, capsys):
+    from attnconv.explorer.server import Explorer
+
+    run = _damaged_heads(tmp_path, tiny, "center-3d")
+    for argv in (["analyze", str(run)], ["report", str(run), "--out", str(tmp_path / "r.html")]):
+        capsys.readouterr()
+        assert main(argv) == 0, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"warning: {run / 'heads.jsonl'}: skipped 1 damaged line (2); using the other 2"], argv
+    with pytest.warns(UserWarning, match="skipped 1 damaged line"):
+        explorer = Explorer(run, images=2, data_dir=tiny["data"])
+    snapshots = explorer.heads()["snapshots"]  # the page's epoch slider: the two sound snapshots
+    assert [s["epoch"] for s in snapshots] == [json.loads(line)["epoch"] for line in
+                                               (tiny["sa-quadratic"] / "heads.jsonl").read_text().splitlines()]

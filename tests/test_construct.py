@@ -203,6 +203,31 @@ def test_no_convolution_op_is_called():
     assert any("convolution" in op for op in recorder.ops)
 
 
+@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
+@pytest.mark.parametrize("seed", range(0, 80, 4))
+def test_conversions_never_silently_wrong_output_laid_out_as_the_conv_s(seed, learnable):
+    """A converted layer hands on its output in the layout the conv would (code after a conv may
+    call .view() on it): contiguous for a contiguous input, channels-last for a channels-last one."""
+    conv, x, y = _random_case(seed, torch.float32)
+    attn = conv_to_attention(conv, learnable=learnable)
+    out = attn(x)
+    assert y.is_contiguous() and out.is_contiguous(), (out.shape, out.stride())
+    assert torch.equal(out.view(x.shape[0], -1), out.reshape(x.shape[0], -1))
+    unbatched = attn(x[0])
+    assert unbatched.is_contiguous() and rel(unbatched, y[0]) <= 1e-5
+    if conv.weight.dim() == 4 and x.shape[1] > 1 and min(x.shape[2:]) > 1:
+        last = x.to(memory_format=torch.channels_last)
+        ref = _conv_forward(conv, last)
+        got = attn(last)
+        assert got.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(
+            memory_format=torch.channels_last
+        )
+        assert rel(got, ref) <= 1e-5
+    strided = x.transpose(1, -1).contiguous().transpose(1, -1)  # neither layout: as a conv, contiguous
+    if not strided.is_contiguous() and conv.weight.dim() != 4:
+        assert attn(strided).is_contiguous()
+
+
 def test_gradients_match_the_conv():
     """The value maps are parameters: training the attention layer trains the conv's weights."""
     conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2, padding_mode="circular", dtype=torch.float64)

@@ -456,3 +456,206 @@ def test_rejects_what_is_not_a_module():
         cnn_to_attention(torch.zeros(3))
     with pytest.raises(AttnconvError, match="alpha"):
         cnn_to_attention(nn.Conv2d(1, 1, 1), alpha=-1.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Conversions never silently wrong
+# ----------------------------------------------------------------------------------------
+
+
+class _StaticSamePadding(nn.Conv2d):
+    """EfficientNet's Conv2dStaticSamePadding: pads itself, then a 'valid' conv."""
+
+    def __init__(self, c_in, c_out, k, stride=1):
+        super().__init__(c_in, c_out, k, stride=stride)
+        total = max(k - stride, 0)
+        self.pad = (total // 2, total - total // 2) * 2
+
+    def forward(self, x):
+        return F.conv2d(F.pad(x, self.pad), self.weight, self.bias, self.stride)
+
+
+class _OwnConvForward(nn.Conv2d):
+    """Overrides only _conv_forward (as XConv2d-style layers do): here a doubled weight."""
+
+    def _conv_forward(self, x, weight, bias):
+        return F.conv2d(x, 2 * weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class _Tagged(nn.Conv2d):
+    """A subclass that keeps the conv's computation: converts like nn.Conv2d."""
+
+
+def _hooked_conv() -> nn.Conv2d:
+    conv = nn.Conv2d(3, 4, 3)
+    conv.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    return conv
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda: _StaticSamePadding(3, 4, 3, stride=2), "_StaticSamePadding subclasses Conv2d with its own forward"),
+        (lambda: _OwnConvForward(3, 4, 3), "_OwnConvForward subclasses Conv2d with its own forward"),
+        (_hooked_conv, "forward hooks"),
+    ],
+    ids=["static-same-padding", "own-conv-forward", "hooked"],
+)
+def test_conversions_never_silently_wrong_conv_to_attention_refuses_as_cnn_to_attention_does(make, reason):
+    conv = make()
+    with pytest.raises(AttnconvError, match=reason) as single:
+        attnconv.conv_to_attention(conv)
+    with pytest.raises(AttnconvError, match=reason) as whole:
+        cnn_to_attention(nn.Sequential(nn.ReLU(), conv))
+    for err in (single, whole):  # neither sends the user to the other function for the same module
+        assert "with conv_to_attention" not in str(err.value) and "call conv_to_attention" not in str(err.value)
+    assert str(single.value).split(": ", 1)[1] in str(whole.value)  # the same reason, word for word
+
+
+def test_conversions_never_silently_wrong_subclasses_keeping_the_conv_s_forward_convert():
+    conv = _Tagged(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 7, 6)
+    assert rel(attnconv.conv_to_attention(conv)(x), conv(x)) <= _RTOL[torch.float32]
+    assert rel(cnn_to_attention(nn.Sequential(conv))(x), conv(x)) <= _RTOL[torch.float32]
+
+
+class _Flatten(nn.Module):
+    """ChannelNet-style: a conv whose output is flattened with .view() (needs a contiguous tensor)."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1, groups=groups)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.view(y.size(0), -1)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
+def test_conversions_never_silently_wrong_view_after_a_converted_conv(groups, learnable):
+    model = _Flatten(groups)
+    x = torch.randn(3, 4, 5, 7)
+    converted = cnn_to_attention(model, learnable=learnable, example_input=x)
+    assert rel(converted(x), model(x)) <= _RTOL[torch.float32]
+
+
+class _Blur(nn.Module):
+    """An anti-aliasing filter (TResNet style): a fixed kernel applied with a functional conv."""
+
+    def __init__(self, channels: int, op: str):
+        super().__init__()
+        self.op = op
+        self.register_buffer("kernel", torch.ones(channels, 1, 3, 3) / 9)
+
+    def forward(self, x):
+        if self.op == "conv2d":
+            return F.conv2d(x, self.kernel, padding=1, groups=x.shape[1])
+        if self.op == "torch.conv2d":
+            return torch.conv2d(x, self.kernel, padding=1, groups=x.shape[1])
+        if self.op == "conv_transpose2d":
+            return F.conv_transpose2d(x, self.kernel, padding=1, groups=x.shape[1])
+        if self.op == "conv1d":  # rows as sequences
+            b, c, h, w = x.shape
+            rows = x.permute(0, 2, 1, 3).reshape(b * h, c, w)
+            out = F.conv1d(rows, self.kernel[:, :, 0], padding=1, groups=c)
+            return out.reshape(b, h, c, w).permute(0, 2, 1, 3)
+        if self.op == "conv3d":
+            return F.conv3d(x.unsqueeze(2), self.kernel.unsqueeze(2), padding=(0, 1, 1), groups=x.shape[1]).squeeze(2)
+        raise AssertionError(self.op)
+
+
+def _blurred(op: str) -> nn.Module:
+    """conv -> BN -> Blur, and a nested Sequential(ReLU, Blur): two modules that call a conv op."""
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), _Blur(4, op),
+                         nn.Sequential(nn.ReLU(), _Blur(4, op)))
+
+
+_FUNCTIONAL = ["conv2d", "torch.conv2d", "conv_transpose2d", "conv1d", "conv3d"]
+
+
+@pytest.mark.parametrize("op", _FUNCTIONAL)
+def test_conversions_never_silently_wrong_functional_convs_found_with_an_example_input(op):
+    model = _blurred(op).train()
+    x = torch.randn(2, 2, 6, 5)
+    with pytest.raises(AttnconvError, match=r"2 modules still run a convolution.*strict=False") as err:
+        cnn_to_attention(model, example_input=x)
+    assert r"2 (_Blur), 3.1 (_Blur): its own forward calls a convolution op" in str(err.value)
+    with pytest.warns(UserWarning, match=r"kept a convolution in 2 \(_Blur\), 3\.1 \(_Blur\)"):
+        converted = cnn_to_attention(model, strict=False, example_input=x)
+    # the check pass changed nothing: training modes and BatchNorm statistics as the copy had them
+    assert converted.training and converted[1].training
+    assert torch.equal(converted[1].running_mean, model[1].running_mean)
+    assert converted[1].num_batches_tracked.item() == 0
+    assert not converted._forward_hooks and not converted._forward_pre_hooks
+    assert rel(converted.eval()(x), model.eval()(x)) <= _RTOL[torch.float32]
+
+
+@pytest.mark.parametrize("op", _FUNCTIONAL)
+def test_conversions_never_silently_wrong_functional_convs_found_at_the_first_forward(op):
+    model = _blurred(op).eval()
+    x = torch.randn(2, 2, 6, 5)
+    converted = cnn_to_attention(model)
+    for _ in range(2):  # strict: the first forward raises, and every later one
+        with pytest.raises(AttnconvError, match=r"2 \(_Blur\), 3\.1 \(_Blur\): its own forward calls"):
+            converted(x)
+    lenient = cnn_to_attention(model, strict=False)
+    with pytest.warns(UserWarning, match=r"kept a convolution in 2 \(_Blur\), 3\.1 \(_Blur\)"):
+        out = lenient(x)
+    assert rel(out, model(x)) <= _RTOL[torch.float32]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the check is gone after the first forward
+        lenient(x)
+    assert not lenient._forward_hooks and not lenient._forward_pre_hooks
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in lenient.modules())
+
+
+def test_conversions_never_silently_wrong_a_clean_network_passes_and_keeps_no_hooks():
+    model = _Flatten(1)
+    x = torch.randn(2, 4, 5, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checked = cnn_to_attention(model, example_input=x)
+        later = cnn_to_attention(model)
+        assert rel(later(x), model(x)) <= _RTOL[torch.float32]  # the first forward: checked, no warning
+    for converted in (checked, later):
+        assert not any(m._forward_hooks or m._forward_pre_hooks for m in converted.modules())
+
+
+def test_conversions_never_silently_wrong_the_check_waits_while_traced():
+    """torch.jit.trace runs the forward on traced values: the check waits for an eager forward."""
+    converted = cnn_to_attention(_blurred("conv2d").eval())
+    x = torch.randn(1, 2, 6, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's own warnings
+        torch.jit.trace(converted, x, check_trace=False)
+    with pytest.raises(AttnconvError, match="still run a convolution"):
+        converted(x)
+
+
+def test_conversions_never_silently_wrong_a_bad_example_input_is_named():
+    with pytest.raises(AttnconvError, match="example_input must be a tensor"):
+        cnn_to_attention(nn.Conv2d(1, 1, 3), example_input="image")
+    with pytest.raises(AttnconvError, match=r"failed on example_input \(.*give an input the network accepts"):
+        cnn_to_attention(nn.Conv2d(1, 1, 3), example_input=torch.randn(1, 2, 5, 5))
+
+
+def test_conversions_never_silently_wrong_strict_refusal_is_grouped_and_readable():
+    """EfficientNet's 81 static-padding convs once gave 16 KB on one line: now a line per reason."""
+    blocks = [nn.Sequential(_StaticSamePadding(4, 4, 3), nn.ReLU()) for _ in range(30)]
+    model = nn.Sequential(*blocks, nn.ConvTranspose2d(4, 4, 3), nn.Conv2d(4, 4, 1), nn.ConvTranspose2d(4, 4, 1))
+    with pytest.raises(AttnconvError) as err:
+        cnn_to_attention(model)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("cnn_to_attention: 32 modules cannot be converted exactly; pass strict=False")
+    assert len(lines) == 3 and max(len(line) for line in lines) < 1000
+    assert lines[1].startswith("  0.0 (_StaticSamePadding), 1.0 (_StaticSamePadding), ")
+    assert "... and 22 more (30 in all): _StaticSamePadding subclasses Conv2d" in lines[1]
+    assert lines[2] == "  30 (ConvTranspose2d), 32 (ConvTranspose2d): " + (
+        "ConvTranspose2d is a transposed convolution, which conv_to_attention does not construct; "
+        "replace it by an upsampling + Conv, or keep it")
+    with pytest.warns(UserWarning) as caught:  # strict=False: one warning per reason, every path in it
+        converted = cnn_to_attention(model, strict=False)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and all(f"{i}.0 (_StaticSamePadding)" in messages[0] for i in range(30))
+    assert isinstance(converted[31], ConvAttention)

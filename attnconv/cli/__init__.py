@@ -15,8 +15,9 @@ import math
 import os
 import re
 import sys
+import warnings
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.options import FieldError
 
 # Subcommand modules, in the order `attnconv --help` lists them.
@@ -127,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
         check_ranges(args, parser)
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args) or 0)
     except FieldError as err:  # the library names the field (epochs); the command line, its flag (--epochs)
         print(f"error: {err.as_flag()}", file=sys.stderr)
         return 2
@@ -153,6 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
         print(str(err) or "interrupted", file=sys.stderr)
         return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """AttnconvWarnings as one `warning:` line on stderr; any other warning as Python shows it."""
+    if issubclass(category, AttnconvWarning):
+        print(f"warning: {message}", file=sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
 
 
 def _out_of_memory(err: BaseException) -> bool:

@@ -14,12 +14,13 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load
 from torch import nn
 
 from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
 from attnconv.construct.geometry import MAX_DENSE
 from attnconv.errors import AttnconvError
+from attnconv.fileio import read_regular
 from attnconv.limits import check_memory
 from attnconv.plots import check_out, conv_heads_figure, save_figure
 
@@ -125,7 +126,9 @@ def _load_weights(
     if not path.is_file():
         raise AttnconvError(f"weights file {path} is not a regular file")
     try:
-        tensors = load_file(str(path))
+        tensors = load(read_regular(path, "give a safetensors file"))
+    except AttnconvError:
+        raise
     except Exception as err:  # safetensors raises its own error types for corrupt headers
         raise AttnconvError(f"cannot read {path} as a safetensors file ({type(err).__name__}: {err})") from None
     unknown = sorted(set(tensors) - {"weight", "bias"})

@@ -30,6 +30,7 @@ def image_files(args: list[str]) -> list[Path]:
     """The files named, and the image files of the folders named, sorted; one clear error for a missing path."""
     from attnconv.data.decode import IMAGE_EXTENSIONS
     from attnconv.errors import AttnconvError
+    from attnconv.fileio import file_kind
 
     files: list[Path] = []
     for arg in args:
@@ -42,6 +43,8 @@ def image_files(args: list[str]) -> list[Path]:
             files += found
         elif path.is_file():
             files.append(path)
+        elif path.exists():  # a named pipe would block the command, a device never end
+            raise AttnconvError(f"{path} is {file_kind(path.stat().st_mode)}, not an image file; give an image file")
         else:
             raise AttnconvError(f"{path}: no such file or folder")
     return files

@@ -21,7 +21,7 @@ Submodules (each imports its siblings directly, never this package):
     bound           leakage_bound, default_alpha
     conv_attention  ConvAttention
     learnable       LearnableConvAttention (trainable centers/widths, content attention), check_key_dim
-    factory         conv_to_attention
+    factory         conv_to_attention, unconvertible_reason (what has no exact attention layer)
     kernels         EffectiveKernel, effective_kernel, ConvLikeness, conv_likeness
 
 Conventions: tokens are pixels in row-major order over the spatial axes (for 2-D,
@@ -30,7 +30,7 @@ q = i * W + j); `size` is always the *input* spatial size (unpadded).
 
 from attnconv.construct.bound import default_alpha, leakage_bound
 from attnconv.construct.conv_attention import ConvAttention
-from attnconv.construct.factory import conv_to_attention
+from attnconv.construct.factory import conv_to_attention, unconvertible_reason
 from attnconv.construct.kernels import (
     ConvLikeness,
     EffectiveKernel,
@@ -50,4 +50,5 @@ __all__ = [
     "default_alpha",
     "effective_kernel",
     "leakage_bound",
+    "unconvertible_reason",
 ]

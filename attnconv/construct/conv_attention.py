@@ -407,7 +407,21 @@ class ConvAttention(nn.Module):
         y = y.reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
+        y = self._conv_layout(y, x)
         return y.squeeze(0) if unbatched else y
+
+    @staticmethod
+    def _conv_layout(y: Tensor, x: Tensor) -> Tensor:
+        """y (B, C_out, *S_out) laid out in memory as nn.ConvNd lays out its output for input x.
+
+        The einsums leave y strided as they please; a convolution returns a contiguous tensor
+        (channels-last for a channels-last input), and code after a convolution may rely on that
+        (`.view()`), so the converted layer does too.
+        """
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        if fmt is not None and x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride():
+            return y.contiguous(memory_format=fmt)
+        return y.contiguous()
 
     def extra_repr(self) -> str:
         return (

@@ -4,13 +4,52 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from attnconv.construct.bound import default_alpha
 from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.learnable import LearnableConvAttention, check_key_dim
 from attnconv.errors import AttnconvError
 
-__all__ = ["conv_to_attention"]
+__all__ = ["conv_to_attention", "unconvertible_reason"]
+
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def unconvertible_reason(module: nn.Module) -> str | None:
+    """Why `module` has no exact Theorem 1 attention layer, with the fix; None if it has one.
+
+    The one rule `conv_to_attention` and `cnn_to_attention` apply: a plain `nn.Conv1d/2d/3d`
+    (a subclass only if it keeps their `forward` and `_conv_forward`: its own would compute
+    something the attention layer does not reproduce, e.g. static 'same' padding), initialized,
+    with floating-point weights and no forward hooks (whose effect would be lost).
+    """
+    name = type(module).__name__
+    if isinstance(module, _ConvTransposeNd):
+        return (
+            f"{name} is a transposed convolution, which conv_to_attention does not construct; "
+            "replace it by an upsampling + Conv, or keep it"
+        )
+    base = next((c for c in _CONVS if isinstance(module, c)), None)
+    if base is None:
+        return f"{name} is not an nn.Conv1d/2d/3d"
+    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+        return f"{name} is lazy and uninitialized; run the model once on an input before converting"
+    if type(module).forward is not base.forward or type(module)._conv_forward is not base._conv_forward:
+        return (
+            f"{name} subclasses {base.__name__} with its own forward, which the attention layer would not "
+            f"reproduce; replace it by a plain nn.{base.__name__} computing the same function (e.g. explicit "
+            "padding, or an nn.ZeroPad before it) and convert that"
+        )
+    if not module.weight.is_floating_point():
+        return f"{name} has {module.weight.dtype} weights; the attention layer needs floating point"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return (
+            f"{name} has forward hooks (e.g. weight_norm or spectral_norm) whose effect the attention "
+            "layer would lose; remove them first (e.g. torch.nn.utils.remove_weight_norm)"
+        )
+    return None
 
 
 def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -43,19 +82,23 @@ def conv_to_attention(
     for gradients that can move the centers (see `LearnableConvAttention`). `key_dim` > 0
     (learnable layers only) adds content attention with that query/key width per head,
     starting at zero, so the layer still starts as the convolution.
+
+    Refused (AttnconvError, with the fix), by the rule `cnn_to_attention` applies too
+    (`unconvertible_reason`): a subclass with its own `forward` or `_conv_forward` (whatever
+    it computes, it is not the plain convolution the attention layer reproduces), a lazy
+    uninitialized conv, integer weights, and forward hooks or pre-hooks.
     """
-    if not isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+    if not isinstance(conv, _ConvNd) or isinstance(conv, _ConvTransposeNd):
         raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")
-    if isinstance(conv.weight, nn.parameter.UninitializedParameter):
-        raise AttnconvError("the convolution is lazy and uninitialized; run it once on an input first")
+    reason = unconvertible_reason(conv)
+    if reason is not None:
+        raise AttnconvError(f"conv_to_attention: {reason}")
     if conv.in_channels < 1 or conv.out_channels < 1:
         raise AttnconvError(
             f"conv_to_attention needs at least one input and one output channel, got {type(conv).__name__} with "
             f"in_channels={conv.in_channels}, out_channels={conv.out_channels}; build the conv with both >= 1"
         )
     weight = conv.weight.detach()  # (C_out, C_in / groups, *K)
-    if not weight.is_floating_point():
-        raise AttnconvError(f"conv weights must be floating point, got {weight.dtype}")
     ndim = weight.dim() - 2
     check_key_dim(key_dim, learnable)
     extra = {"key_dim": key_dim} if learnable else {}

@@ -297,6 +297,7 @@ class LearnableConvAttention(ConvAttention):
         y = torch.einsum("bhgct,hgoc->bgot", z, w).reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
+        y = self._conv_layout(y, x)
         return y.squeeze(0) if unbatched else y
 
     def extra_repr(self) -> str:

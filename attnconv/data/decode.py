@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from attnconv.errors import AttnconvError
+from attnconv.fileio import open_regular
 
 # What torchvision's ImageFolder accepts, plus GIF (first frame).
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
@@ -63,7 +64,7 @@ def _opened(path: Path):
     """The image at ``path``, open, with warnings silenced and every decoding failure as one AttnconvError."""
     Image, _ = _pil()
     try:
-        with quiet(), Image.open(path) as img:
+        with quiet(), open_regular(path, "give an image file") as f, Image.open(f) as img:
             _check_mode(img, path)
             yield img
     except AttnconvError:

@@ -16,12 +16,14 @@ import errno
 import hashlib
 import json
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnconv.data.decode import IMAGE_EXTENSIONS
 from attnconv.errors import AttnconvError
+from attnconv.fileio import file_kind, open_regular
 
 TEST_SPLITS = ("test", "val")
 LAYOUT_HELP = "expected PATH/train/<class>/<images> and PATH/test/<class>/<images> (or PATH/val/...)"
@@ -64,7 +66,7 @@ class FolderLayout:
 def _file_hash(path: Path) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "remove it from the folder") as f:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     except OSError as e:
@@ -171,6 +173,9 @@ def scan_folder(root: Path) -> FolderLayout:
                     st = path.stat()
                 except OSError as e:  # e.g. a symlink to nowhere
                     raise AttnconvError(f"{path}: cannot read ({e.strerror}); fix or remove it") from e
+                if not stat.S_ISREG(st.st_mode):  # a named pipe would block the scan forever, a device never end
+                    raise AttnconvError(f"{path} is {file_kind(st.st_mode)}, not an image file; remove it from the "
+                                        "folder")
                 items.append((rel, label[cls]))
                 stamps.append((rel, st.st_size, st.st_mtime_ns))
     return FolderLayout(

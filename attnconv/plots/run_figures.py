@@ -82,6 +82,9 @@ def plot_centers(
 
 def _history(run: Run) -> list[dict]:
     """The run's heads.jsonl snapshots; one clear error when it has none."""
+    if not run.heads and (run.path / HEADS_FILE).exists():  # every line damaged (each skipped with a warning)
+        raise AttnconvError(f"{run.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it); restore it "
+                            "from a copy, or delete it and draw the final heads with `attnconv plot centers RUN`")
     if not run.heads:
         raise AttnconvError(
             f"{run.path}: no {HEADS_FILE} (the heads recorded during training); only attention classifiers "

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention
@@ -20,9 +20,11 @@ from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     current_umask,
+    read_regular,
 )
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
+from attnconv.runs.data import run_info
 from attnconv.runs.files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -63,23 +65,52 @@ def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False) -> None:
-    """Load a safetensors file into `model`; one AttnconvError naming the file if that fails,
-    or if a floating-point tensor holds NaN or inf (unless `allow_nonfinite`)."""
-    if not path.exists():
-        raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)")
+    """Load a safetensors file into `model`; one AttnconvError naming the file if that fails.
+
+    Refused: a path that is no regular file (a named pipe would block), a file safetensors cannot
+    read, a tensor the model lacks or lacks of it, one of another dtype (load_state_dict would
+    cast an int32, bool or float8 tensor silently) or shape (`weights_problem`), and, unless
+    `allow_nonfinite`, a floating-point tensor holding NaN or inf.
+    """
+    fix = "restore it from a copy of the run, or train the run again"
     try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise AttnconvError(f"{path}: corrupt weights file ({err})") from None
+        tensors = load(read_regular(path, fix))
+    except FileNotFoundError:
+        raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the weights ({err.strerror or err}); {fix}") from None
+    except (SafetensorError, ValueError) as err:
+        raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
+    problem = weights_problem(tensors, model.state_dict())
+    if problem is not None:
+        raise AttnconvError(f"{path}: weights do not fit model {what!r} ({problem}); {fix}")
     bad = None if allow_nonfinite else nonfinite_tensor(tensors)
     if bad is not None:
         raise AttnconvError(f"{path}: the run's weights hold NaN/inf (parameter {bad}); the run diverged: "
                             "retrain it with a lower --lr")
-    try:
-        model.load_state_dict(tensors)
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0]
-        raise AttnconvError(f"{path}: weights do not fit model {what!r} ({first})") from None
+    model.load_state_dict(tensors)
+
+
+def weights_problem(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:
+    """What keeps `tensors` (a weights file) from being `expected` (a state_dict) exactly, naming the
+    first tensor at fault, or None: names, then each tensor's dtype and shape."""
+    missing = [k for k in expected if k not in tensors]
+    extra = [k for k in tensors if k not in expected]
+    for names, what in ((missing, "is missing"), (extra, "is not one of the model's")):
+        if names:
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            return f"tensor {names[0]} {what}{more}"
+    for name, want in expected.items():
+        got = tensors[name]
+        if got.dtype != want.dtype:
+            return f"tensor {name} is {_dtype(got)}, the model's is {_dtype(want)}"
+        if got.shape != want.shape:
+            return f"tensor {name} has shape {tuple(got.shape)}, the model's {tuple(want.shape)}"
+    return None
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 def nonfinite_tensor(tensors: dict[str, torch.Tensor]) -> str | None:
     """The name of the first floating-point tensor holding NaN or inf, or None."""
@@ -139,8 +170,10 @@ def convert_run(
     meta = read_config(run_dir)
     if "converted" in meta:
         raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")
-    model, _ = load_run(run_dir)
-    converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha)
+    model, config = load_run(run_dir)
+    info = run_info(config, recorded=meta.get("data"))
+    example = torch.zeros(1, info.channels, info.size, info.size)  # finds convolutions the forward calls itself
+    converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha, example_input=example)
     if not any(isinstance(m, ConvAttention) for m in converted.modules()):
         raise AttnconvError(f"{run_dir}: model {meta['config']['model']!r} has no convolution to convert")
     meta = {k: v for k, v in meta.items() if k != "params"}

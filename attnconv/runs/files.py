@@ -22,6 +22,9 @@ from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
+    file_kind,
+    open_regular,
+    read_regular,
     write_bytes,
 )
 from attnconv.limits import format_bytes
@@ -80,9 +83,11 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     fix = "delete it to restart the run from scratch, or resume from another copy of the run"
     try:
-        with warnings.catch_warnings():  # e.g. torch's note on the pickle protocol of a foreign file
-            warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
+            warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file
+            state = torch.load(f, map_location="cpu", weights_only=True)
+    except AttnconvError:
+        raise
     except FileNotFoundError:
         raise AttnconvError(f"{path}: no training state here (the run has not checkpointed yet)") from None
     except IsADirectoryError:
@@ -174,15 +179,15 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
     fix = "restore it from a copy, or train the run again"
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt run config (not a regular file); {fix}")
+        raise AttnconvError(f"{path}: corrupt run config (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > _MAX_CONFIG_BYTES:
         raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
                             f"few KiB); {fix}")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta = json_loads(read_regular(path, fix).decode("utf-8"))
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
-    except json.JSONDecodeError as err:
+    except ValueError as err:  # not JSON, or nested too deeply
         raise AttnconvError(f"{path}: corrupt run config (not JSON: {err}); {fix}") from None
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the run config ({err.strerror or err}); {fix}") from None
@@ -192,9 +197,65 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         config = TrainConfig.from_dict(meta["config"])
         if config.model not in list_models():
             raise AttnconvError(f"unknown model {config.model!r}")
+        problem = data_problem(meta["data"]) if "data" in meta else None
+        if problem is None and "converted" in meta:
+            problem = converted_problem(meta["converted"])
+        if problem is not None:
+            raise AttnconvError(problem)
     except AttnconvError as err:
         raise AttnconvError(f"{path}: corrupt run config ({err}); {fix}") from None
     return meta
+
+def _kind(path: Path) -> str:
+    try:
+        return file_kind(path.stat().st_mode)
+    except OSError:
+        return "a broken link"
+
+
+def data_problem(data: Any) -> str | None:
+    """What is wrong with config.json's "data" block (`runs.data_fingerprint`: what the run's dataset
+    was), or None: classes a list of distinct names, image counts whole numbers >= 0, channels 1 or
+    3, size 1..65536, mean and std one finite number per channel, std > 0. Other keys are ignored."""
+    if not isinstance(data, dict):
+        return f'"data" is {_short(data)}, not an object'
+    missing = [k for k in ("classes", "train_size", "test_size", "channels", "size", "mean", "std") if k not in data]
+    if missing:
+        return f'"data" has no {", ".join(missing)}'
+    classes = data["classes"]
+    if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
+            and len(set(classes)) == len(classes)):
+        return f'"data" classes {_short(classes)} is not a list of distinct class names'
+    for key in ("train_size", "test_size"):
+        if not (_whole(data[key]) and data[key] >= 0):
+            return f'"data" {key} {_short(data[key])} is not a whole number >= 0'
+    if data["channels"] not in (1, 3) or isinstance(data["channels"], bool) or not _whole(data["channels"]):
+        return f'"data" channels {_short(data["channels"])} is not 1 or 3'
+    if not (_whole(data["size"]) and 1 <= data["size"] <= 65536):
+        return f'"data" size {_short(data["size"])} is not a whole number from 1 to 65536'
+    for key in ("mean", "std"):
+        values = data[key]
+        if not (isinstance(values, list) and len(values) == data["channels"] and all(_finite(v) for v in values)
+                and (key == "mean" or all(v > 0 for v in values))):
+            what = "finite number" if key == "mean" else "finite number > 0"
+            return f'"data" {key} {_short(values)} is not one {what} per channel ({data["channels"]})'
+    return None
+
+
+def converted_problem(converted: Any) -> str | None:
+    """What is wrong with config.json's "converted" block (written by `attnconv convert`), or None:
+    "from" a path, "fold_bn" true or false, "alpha" null or a finite number > 0."""
+    if not isinstance(converted, dict):
+        return f'"converted" is {_short(converted)}, not an object'
+    if not isinstance(converted.get("from", ""), str):
+        return f'"converted" from {_short(converted["from"])} is not a path'
+    if not isinstance(converted.get("fold_bn", False), bool):
+        return f'"converted" fold_bn {_short(converted["fold_bn"])} is not true or false'
+    alpha = converted.get("alpha")
+    if alpha is not None and not (_finite(alpha) and alpha > 0):
+        return f'"converted" alpha {_short(alpha)} is not null or a finite number > 0'
+    return None
+
 
 _MAX_CONFIG_BYTES = 2**24  # 16 MiB
 
@@ -224,11 +285,11 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if not path.exists():
         return []
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt {what} (not a regular file); {fix}")
+        raise AttnconvError(f"{path}: corrupt {what} (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > max_bytes:
         raise AttnconvError(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB); {fix}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, fix).decode("utf-8")
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
     except OSError as err:
@@ -256,36 +317,124 @@ def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dic
     "inverse_covariance"}, ...per head], ...per layer]} (`attnconv.analysis.head_snapshot`),
     written by `train` at initialization (epoch 0, step 0) and after every epoch. A last line
     without its newline was cut short by a crash and is skipped; anything else that is not
-    such a record is one AttnconvError naming the file.
+    such a record (`snapshot_problem`) is one AttnconvError naming the file and the line.
     """
-    path = Path(run_dir) / HEADS_FILE
+    return _read_heads(Path(run_dir), limit, skip_bad=False)[0]
+
+
+def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
+    """heads.jsonl's sound snapshots, and the numbers of the lines skipped as damaged.
+
+    For what needs only some snapshots (figures, the report, the explorer): a line that
+    `read_heads` would refuse is left out instead. The file itself (missing, unreadable, too
+    large, binary) is checked as `read_heads` checks it."""
+    return _read_heads(Path(run_dir), None, skip_bad=True)
+
+
+def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[dict[str, Any]], list[int]]:
+    path = run_dir / HEADS_FILE
     if not path.exists():
-        return []
+        return [], []
     fix = "restore it from a copy, or delete it (the heads' history is then unknown)"
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt heads file (not a regular file); {fix}")
+        raise AttnconvError(f"{path}: corrupt heads file (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > _MAX_HEADS_BYTES:
         raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+        lines = read_regular(path, fix).decode("utf-8").split("\n")[:-1]
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the heads file ({err.strerror or err}); {fix}") from None
-    records = []
+    records: list[dict[str, Any]] = []
+    skipped: list[int] = []
     for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
         try:
-            record = json.loads(line)
-            ok = (isinstance(record, dict) and isinstance(record.get("epoch"), (int, float))
-                  and isinstance(record.get("step"), int) and isinstance(record.get("layers"), list)
-                  and all(isinstance(layer, list) and all(isinstance(h, dict) and "center" in h for h in layer)
-                          for layer in record["layers"]))
-        except json.JSONDecodeError:
-            ok = False
-        if not ok:
-            raise AttnconvError(f"{path}: corrupt heads file (line {number} is not a snapshot of the heads); {fix}")
-        records.append(record)
-    return records
+            record = json_loads(line)
+            problem = snapshot_problem(record, records[0] if records else None)
+        except ValueError as err:
+            problem = str(err)
+        if problem is None:
+            records.append(record)
+        elif skip_bad:
+            skipped.append(number)
+        else:
+            raise AttnconvError(f"{path}: corrupt heads file (line {number}: {problem}); {fix}")
+    return records, skipped
+
+
+_MAX_EPOCH = 10**6
+
+
+def snapshot_problem(record: Any, like: dict[str, Any] | None = None) -> str | None:
+    """What keeps `record` from being a snapshot of the heads (a line of heads.jsonl), or None.
+
+    epoch a whole number 0..10^6, step a whole number >= 0, layers a list of lists of heads,
+    each head a center of 2 finite numbers, a finite attention_distance >= 0, and a finite
+    alpha > 0 or a 2x2 inverse_covariance of finite numbers where present; with `like` (the
+    file's first snapshot), the same number of layers and of heads in each.
+    """
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    epoch, step, layers = record.get("epoch"), record.get("step"), record.get("layers")
+    if not (_number(epoch) and float(epoch).is_integer() and 0 <= epoch <= _MAX_EPOCH):
+        return f"epoch {_short(epoch)} is not a whole number from 0 to {_MAX_EPOCH}"
+    if not (_whole(step) and step >= 0):
+        return f"step {_short(step)} is not a whole number >= 0"
+    if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
+        return "layers is not a list of layers"
+    for i, layer in enumerate(layers, 1):
+        for j, head in enumerate(layer, 1):
+            problem = _head_problem(head)
+            if problem is not None:
+                return f"layer {i} head {j}: {problem}"
+    if like is not None and [len(layer) for layer in layers] != [len(layer) for layer in like["layers"]]:
+        return "its layers and heads differ from the first snapshot's"
+    return None
+
+
+def _head_problem(head: Any) -> str | None:
+    if not isinstance(head, dict):
+        return "not a JSON object"
+    center = head.get("center")
+    if not (isinstance(center, list) and len(center) == 2 and all(_finite(c) for c in center)):
+        return f"center {_short(center)} is not 2 finite numbers"
+    distance = head.get("attention_distance")
+    if not (_finite(distance) and distance >= 0):
+        return f"attention_distance {_short(distance)} is not a finite number >= 0"
+    if "alpha" in head and not (_finite(head["alpha"]) and head["alpha"] > 0):
+        return f"alpha {_short(head['alpha'])} is not a finite number > 0"
+    cov = head.get("inverse_covariance")
+    if "inverse_covariance" in head and not (
+            isinstance(cov, list) and len(cov) == 2
+            and all(isinstance(row, list) and len(row) == 2 and all(_finite(v) for v in row) for row in cov)):
+        return f"inverse_covariance {_short(cov)} is not 2x2 finite numbers"
+    return None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(v: Any) -> bool:
+    return _number(v) and math.isfinite(v)
+
+
+def _short(v: Any) -> str:
+    try:
+        text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    except (RecursionError, ValueError, TypeError):
+        text = f"(a deeply nested {type(v).__name__})"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def json_loads(text: str) -> Any:
+    """json.loads, with nesting too deep for the parser as a ValueError (not a RecursionError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to be read") from None
+
 
 def heads_line(record: dict[str, Any]) -> str:
     """One snapshot as the line of heads.jsonl that `read_heads` reads back."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,14 @@ import torch.nn as nn
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.data import data_fingerprint, run_info, run_test_set, sample_across_classes
 from attnconv.runs.files import (
+    HEADS_FILE,
     read_config,
-    read_heads,
+    read_heads_skipping,
     read_metrics,
 )
 
@@ -71,8 +73,17 @@ class Run:
 
     @functools.cached_property
     def heads(self) -> list[dict[str, Any]]:
-        """heads.jsonl's snapshots ([] for CNNs and runs trained before heads were recorded)."""
-        return read_heads(self.path)
+        """heads.jsonl's sound snapshots ([] for CNNs and runs trained before heads were recorded).
+
+        What reads a Run (figures, report, explorer, analyze) needs only some of them: damaged lines
+        are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many."""
+        records, skipped = read_heads_skipping(self.path)
+        if skipped:
+            shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+            warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
+                          f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}",
+                          AttnconvWarning, stacklevel=2)
+        return records
 
     @functools.cached_property
     def info(self) -> D.DatasetInfo:

@@ -297,6 +297,12 @@ class _Trainer:
     # ---------------------------------------------------------------- checkpoints
 
     def _restore(self, state: dict[str, Any]) -> None:
+        expected = self.model.state_dict()
+        cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
+        if cast is not None:  # load_state_dict would cast it silently
+            raise AttnconvError(
+                f"{self.out / STATE_FILE}: tensor {cast} is {state['model'][cast].dtype}, the model's is "
+                f"{expected[cast].dtype}: not a checkpoint of this run; resume from another copy of the run")
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
