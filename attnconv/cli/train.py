@@ -153,6 +153,13 @@ def run(args: argparse.Namespace) -> int:
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
         print(f"next: attnconv eval {out}  |  attnconv report {out}  |  attnconv explore {out}", file=sys.stderr)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A rank of a clean run ends here, its files written and its process group destroyed. gloo's
+        # worker threads can still abort the interpreter's finalization under load ("terminate called
+        # without an active exception", exit -6, and torchrun reports the run failed): skip it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -216,10 +216,19 @@ class _Trainer:
             self.device = torch.device("cuda", d.local_rank if d.active else torch.device(config.device).index or 0)
         else:
             self.device = torch.device("cpu")
-
         check_amp(config.amp, self.device)  # before any file or data: --amp where bf16 is emulated
         # Cheap checks first: a bad --out fails before the data is read.
         d.agree(self._check_out() if d.main else None)
+        self._load_data(dataset)
+        self._plan_steps()
+        self._build()
+
+    # ---------------------------------------------------------------- setup
+
+    def _load_data(self, dataset) -> None:
+        """The train and test sets (checked against the batch and the ranks) and the config resolved for them;
+        every rank fails alike, before any file is written."""
+        config, d = self.config, self.d
         self.info = run_info(config)
         try:
             self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
@@ -239,14 +248,21 @@ class _Trainer:
         self.config = config
         d.agree(self._check_existing_config() if d.main else None)
 
+    def _plan_steps(self) -> None:
+        """Steps per epoch, steps in all (--max-steps may cut them) and the epochs that will run."""
+        config = self.config
         self.steps_per_epoch = len(self.train_set) // config.batch_size
         self.total_steps = config.epochs * self.steps_per_epoch
         if config.max_steps is not None:
             self.total_steps = min(self.total_steps, config.max_steps)
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)  # the epochs that will run (--max-steps)
 
+    def _build(self) -> None:
+        """Model, optimizer and counters (restored from the checkpoint on --resume), then the DDP, compile
+        and autocast wrappers."""
+        config, d, out = self.config, self.d, self.out
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every resume
-        has_state = resume and (out / STATE_FILE).exists()
+        has_state = self.resume and (out / STATE_FILE).exists()
         error = None
         try:
             self.model = build_run_model(config, source_weights=not has_state).to(self.device)
@@ -429,6 +445,16 @@ class _Trainer:
         self.progress.snapshots += 1
 
     def _epoch(self) -> dict[str, float]:
+        """One epoch (or what is left of it): its steps, then the test evaluation, the logs and a checkpoint."""
+        lr, bar = self._steps()
+        row = self._evaluate_epoch(lr, bar)
+        self._log_epoch(row)
+        self._checkpoint()
+        return row
+
+    def _steps(self) -> tuple[float, ProgressLog]:
+        """The epoch's training steps from where it stands, with checkpoints and syncs on the way; the last
+        learning rate and the epoch's (closed) progress log, which the epoch's summary line goes to."""
         cfg, p, d = self.config, self.progress, self.d
         batches = D.iterate_batches(
             self.train_set, self.info, cfg.batch_size, seed=cfg.seed, epoch=p.epoch, train=True,
@@ -478,8 +504,11 @@ class _Trainer:
                     self._checkpoint()
                 tick = time.perf_counter()
         bar.close()
+        return lr, bar
 
-        # End of the epoch (or of the run, at --max-steps): evaluate, log, checkpoint.
+    def _evaluate_epoch(self, lr: float, bar: ProgressLog) -> dict[str, float]:
+        """The epoch's metrics.csv row: training sums over all ranks, the test set's loss and accuracy."""
+        p, d = self.progress, self.d
         p.loss_sum, p.correct, p.seen = d.sum([p.loss_sum, p.correct, p.seen], self.device)
         test_loss, test_acc = self._evaluate()
         row = {
@@ -494,6 +523,12 @@ class _Trainer:
                 f"{p.seconds:.1f} s  {row['images_per_s']:.0f} img/s  "
                 f"ETA {eta(self.total_steps, p.step, self._seconds_per_step())}"
             )
+        return row
+
+    def _log_epoch(self, row: dict[str, float]) -> None:
+        """Close the epoch's counters and write its logs: metrics.csv, TensorBoard, heads.jsonl."""
+        p, d = self.progress, self.d
+        test_loss, test_acc = row["test_loss"], row["test_acc"]
         p.finished = p.step >= self.total_steps
         if p.batch == self.steps_per_epoch:
             p.epoch, p.batch = p.epoch + 1, 0
@@ -508,8 +543,6 @@ class _Trainer:
             self._record_heads(epoch=row["epoch"])
         p.run_seconds += p.seconds
         p.loss_sum = p.correct = p.seen = p.seconds = 0.0
-        self._checkpoint()
-        return row
 
     def _sync(self, sums: torch.Tensor, first_bad: torch.Tensor, bar: ProgressLog, lr: float) -> None:
         """Move the device-side sums into `progress`, and stop on a non-finite loss (on every rank)."""
