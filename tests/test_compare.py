@@ -63,6 +63,9 @@ def test_displacement_grid_and_accuracy_over_seeds(tmp_path):
     # after epoch 1 nothing has moved yet; the accuracy is that epoch's
     (early,) = compare_groups([groups], epoch=1)
     assert early["test_acc"] == pytest.approx(0.5) and all(layer["moved_max"] == 0 for layer in early["layers"])
+    (init,) = compare_groups([groups], epoch=0)  # initialization: heads, no accuracy yet
+    assert init["test_acc"] is None and all(layer["moved_max"] == 0 for layer in init["layers"])
+    assert "| - |" in format_comparison([init], markdown=True)
     history = displacement_history(groups)
     assert history["epochs"] == [0, 1, 2] and history["moved_mean"][1] == [0.0, 0.0]
     assert history["moved_mean"][2][1] == pytest.approx(0.25) and history["moved_max"][2][0] == l1["moved_max"]

@@ -88,10 +88,11 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
         if not metrics:
             raise AttnconvError(f"{run}: metrics.csv has no finished epoch yet")
         row = metrics[-1] if epoch is None else next((m for m in metrics if int(m["epoch"]) == epoch), None)
-        if row is None:
+        if row is None and epoch != 0:  # epoch 0 (initialization) has heads but no metrics row
             raise AttnconvError(f"{run}: metrics.csv has no row for epoch {epoch} (it has {len(metrics)})")
-        accs.append(row["test_acc"])
-        epochs.append(int(row["epoch"]))
+        if row is not None:
+            accs.append(row["test_acc"])
+        epochs.append(0 if row is None else int(row["epoch"]))
         snaps = read_heads(run)
         if not snaps:
             continue  # a CNN, or a run without heads.jsonl: accuracy only
@@ -115,7 +116,7 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
                 m = match_to_grid(_centers(layer), kernel, tol)
                 cell.setdefault(f"within{kernel}", []).append(m["within"])
                 cell.setdefault(f"matched{kernel}", []).append(m["mean_distance"])
-    acc_mean, acc_std = _mean_std(accs)
+    acc_mean, acc_std = _mean_std(accs) if accs else (None, None)
     out_layers = []
     for cell in per_layer:
         entry: dict[str, Any] = {
@@ -171,7 +172,8 @@ def format_comparison(rows: list[dict[str, Any]], *, kernels: tuple[int, ...] = 
     headers.append("attn distance")
     table = []
     for row in rows:
-        acc = f"{row['test_acc']:.4f}" + (f" ± {row['test_acc_std']:.4f}" if row["test_acc_std"] is not None else "")
+        acc = "-" if row["test_acc"] is None else \
+            f"{row['test_acc']:.4f}" + (f" ± {row['test_acc_std']:.4f}" if row["test_acc_std"] is not None else "")
         head = [row["group"], str(row["seeds"]), str(row["epoch"]), acc]
         if not row["layers"]:
             table.append(head + ["-"] * (len(headers) - len(head)))
