@@ -9,24 +9,70 @@
     records = capture_attention(vit, images)                          # the attention of any model, per call
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from attnconv.analysis import analyze_captured, analyze_layer, analyze_run, head_snapshot
-from attnconv.attention import SelfAttention2d
-from attnconv.config import PRESETS, TrainConfig, make_config
-from attnconv.construct import ConvAttention, LearnableConvAttention, conv_likeness, conv_to_attention, effective_kernel
-from attnconv.convert import cnn_to_attention
-from attnconv.errors import AttnconvError
-from attnconv.models import build_model, list_models, register_model
-from attnconv.models.capture import CapturedAttention, capture_attention
-from attnconv.models.sites import AttentionLayer, AttentionSite, attention_sites, captured_sites
-from attnconv.runs import Run, load_run
-from attnconv.training import train
+import importlib
+from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("attnconv")  # one home: pyproject.toml
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+# The public names and their homes. They are imported on first use (PEP 562 `__getattr__`), so that
+# `import attnconv.cli` (the `attnconv` command, `python -m attnconv`) costs no torch import until the
+# command's own code runs: Ctrl-C while torch loads is then the command's one `interrupted` line.
+_HOMES = {
+    "analyze_captured": "attnconv.analysis", "analyze_layer": "attnconv.analysis",
+    "analyze_run": "attnconv.analysis", "head_snapshot": "attnconv.analysis",
+    "SelfAttention2d": "attnconv.attention",
+    "PRESETS": "attnconv.config", "TrainConfig": "attnconv.config", "make_config": "attnconv.config",
+    "ConvAttention": "attnconv.construct", "LearnableConvAttention": "attnconv.construct",
+    "conv_likeness": "attnconv.construct", "conv_to_attention": "attnconv.construct",
+    "effective_kernel": "attnconv.construct",
+    "cnn_to_attention": "attnconv.convert",
+    "AttnconvError": "attnconv.errors",
+    "build_model": "attnconv.models", "list_models": "attnconv.models", "register_model": "attnconv.models",
+    "CapturedAttention": "attnconv.models.capture", "capture_attention": "attnconv.models.capture",
+    "AttentionLayer": "attnconv.models.sites", "AttentionSite": "attnconv.models.sites",
+    "attention_sites": "attnconv.models.sites", "captured_sites": "attnconv.models.sites",
+    "Run": "attnconv.runs", "load_run": "attnconv.runs",
+    "train": "attnconv.training",
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from attnconv.analysis import analyze_captured, analyze_layer, analyze_run, head_snapshot
+    from attnconv.attention import SelfAttention2d
+    from attnconv.config import PRESETS, TrainConfig, make_config
+    from attnconv.construct import ConvAttention, LearnableConvAttention, conv_likeness, conv_to_attention, effective_kernel
+    from attnconv.convert import cnn_to_attention
+    from attnconv.errors import AttnconvError
+    from attnconv.models import build_model, list_models, register_model
+    from attnconv.models.capture import CapturedAttention, capture_attention
+    from attnconv.models.sites import AttentionLayer, AttentionSite, attention_sites, captured_sites
+    from attnconv.runs import Run, load_run
+    from attnconv.training import train
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its home on first use and kept; `__version__` from the package metadata."""
+    if name == "__version__":
+        globals()[name] = _version()
+        return globals()[name]
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'attnconv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES) | {"__version__"})
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnconv")  # one home: pyproject.toml
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
 
 __all__ = [
     "PRESETS",

@@ -1,4 +1,5 @@
-"""`python -m attnconv`: the command line; Ctrl-C while the heavy imports load is a quiet exit too."""
+"""`python -m attnconv`: the command line. Ctrl-C before `main` runs (it imports the heavy modules itself) is a
+quiet exit too."""
 
 import sys
 

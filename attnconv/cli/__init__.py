@@ -14,8 +14,11 @@ import importlib
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
+from collections.abc import Callable
 
 from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.options import FieldError
@@ -123,9 +126,59 @@ def join_negative_values(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the command in `argv` (default sys.argv[1:]); the exit status. Errors are one line on
     stderr: AttnconvError (a bad input, named with its fix) and, as a last resort, running out of
-    memory or an operating-system error on a file, exit 2."""
+    memory or an operating-system error on a file, exit 2. Ctrl-C at any moment is one line and exit
+    130: the commands' modules (and torch) are imported in here, and when `main` is the process's
+    command (no `argv`, as `attnconv` and `python -m attnconv` call it), a Ctrl-C after it returns,
+    while the interpreter shuts down, exits at once with the same line."""
+    process = argv is None
     try:
+        try:
+            return _run(argv, process)
+        except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
+            print(str(err) or "interrupted", file=sys.stderr)
+            return 130
+    finally:
+        if process:
+            _exit_on_interrupt()
+
+
+def _exit_on_interrupt() -> Callable | None:
+    """From now on SIGINT ends the process at once with `interrupted`, exit 130, and no Python code of
+    the process runs again; the handler it replaces, or None where it left SIGINT alone: ignored (a
+    background job), handled by someone else, or this is not the main thread.
+
+    Used where a KeyboardInterrupt cannot be relied on: while torch and numpy import (torch's
+    extension imports numpy from C and discards an exception raised meanwhile, leaving numpy half
+    imported and the command going on to fail later with an AttributeError), and after the command,
+    while the interpreter shuts down (threads joined, atexit functions). Neither writes a file."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return None
+    signal.signal(signal.SIGINT, _interrupted_exit)
+    return previous
+
+
+def _interrupted_exit(signum: int, frame: object) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or the reader left
+            pass
+    os.write(2, b"interrupted\n")
+    os._exit(130)
+
+
+def _run(argv: list[str] | None, process: bool) -> int:
+    try:
+        previous = _exit_on_interrupt() if process else None
+        import numpy  # noqa: F401  (see _exit_on_interrupt: the imports that must not be interrupted)
+        import torch  # noqa: F401
+
         parser = build_parser()
+        if previous is not None:  # the command's own code: Ctrl-C is a KeyboardInterrupt it may clean up after
+            signal.signal(signal.SIGINT, previous)
         args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
         check_ranges(args, parser)
         with warnings.catch_warnings():
@@ -153,9 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: out of memory; give smaller sizes (see the command's --help for the options that set them)",
               file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
-        print(str(err) or "interrupted", file=sys.stderr)
-        return 130
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

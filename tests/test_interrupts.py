@@ -1,0 +1,130 @@
+"""Ctrl-C at any moment of a command is one line and exit 130 (docs/failure-model.md, "Interrupts"):
+for the `attnconv` console script and `python -m attnconv`, while numpy and torch import, while the
+command sets up, while it trains, and after it has returned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fixtures_data import write_random_fashion
+
+from attnconv.cli import main
+
+SCRIPT = Path(sys.executable).parent / "attnconv"
+ENTRIES = {"script": [str(SCRIPT)], "module": [sys.executable, "-m", "attnconv"]}
+TINY = ["--model", "sa-quadratic", "--dataset", "fashion-mnist", "--hidden", "8", "--layers", "2", "--heads", "4",
+        "--intermediate", "8", "--downsample", "4", "--batch-size", "16", "--workers", "1", "--no-progress"]
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="moments are found in /proc/PID/maps")
+
+
+def _as_in_a_terminal() -> None:
+    # A background job (as pytest may be) inherits SIGINT ignored, and Python keeps it ignored; a
+    # terminal's child has the default, which Python turns into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class _Command:
+    """A command in a subprocess, its stdout read as it comes."""
+
+    def __init__(self, argv: list[str]):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line as it is printed
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=_as_in_a_terminal)
+        self.stdout: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.stdout.extend(iter(self.proc.stdout.readline, "")))
+        self._reader.start()
+
+    def mapped(self, name: str) -> bool:
+        try:
+            return name in Path(f"/proc/{self.proc.pid}/maps").read_text()
+        except OSError:  # already gone
+            return True
+
+    def wait_for(self, moment, what: str) -> None:
+        deadline = time.monotonic() + 300  # a busy machine
+        while not moment(self):
+            if self.proc.poll() is not None:
+                pytest.fail(f"the command ended before {what}: {self.proc.stderr.read()[-3000:]}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail(f"no {what} within 300 s")
+            time.sleep(0.002)
+
+    def interrupt(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail("the command did not stop within 60 s of SIGINT")
+        self._reader.join()
+        return self.proc.returncode, err
+
+
+# (name, condition on the running command, seconds after it): the moments Ctrl-C is pressed at.
+MOMENTS = [
+    ("numpy importing", lambda c: c.mapped("_multiarray_umath"), 0.0),  # main runs: numpy is its first import
+    ("torch importing", lambda c: c.mapped("libtorch_cpu"), 0.0),
+    ("torch importing, later", lambda c: c.mapped("libtorch_cpu"), 0.15),
+    ("the commands importing", lambda c: c.mapped("libtorch_cpu"), 0.4),
+    ("setting up", lambda c: any(line.startswith("preset:") for line in c.stdout), 0.0),
+    ("training", lambda c: any(line.startswith("epoch 2/") for line in c.stdout), 0.0),
+]
+
+SOME = ("numpy importing", "torch importing, later", "training")  # python -m attnconv: the same code past its start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(entry, tmp_path):
+    if entry == "script" and not SCRIPT.exists():
+        pytest.skip("the console script is not installed next to this Python")
+    (tmp_path / "data").mkdir()
+    data = write_random_fashion(tmp_path / "data", 32, 8)
+    results: dict[str, tuple[int, str]] = {}
+
+    def press(k: int, name: str, moment, after: float) -> None:
+        command = _Command([*ENTRIES[entry], "train", *TINY, "--epochs", "2000", "--data-dir", str(data),
+                            "--out", str(tmp_path / f"run{k}")])
+        command.wait_for(moment, name)
+        time.sleep(after)
+        results[name] = command.interrupt()
+
+    moments = MOMENTS if entry == "script" else [m for m in MOMENTS if m[0] in SOME]
+    threads = [threading.Thread(target=press, args=(k, *m)) for k, m in enumerate(moments)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results) == {m[0] for m in moments}, "a moment failed (see above)"
+    for name, (code, err) in results.items():
+        lines = err.strip().splitlines()
+        assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted"), (name, code, err[-3000:])
+        assert "Traceback" not in err
+    assert results["training"][1].startswith("interrupted at step "), results["training"]
+
+
+def test_ctrl_c_after_the_command_returned_is_one_line(tmp_path):
+    """Once main has returned (the interpreter shutting down: threads, atexit), SIGINT exits at once."""
+    code = ("import sys, time; sys.argv = ['attnconv', 'eval', 'no-such-run']; from attnconv.cli import main; "
+            "print('returned', main(), flush=True); time.sleep(60)")
+    command = _Command([sys.executable, "-c", code])
+    command.wait_for(lambda c: any(line.startswith("returned") for line in c.stdout), "main's return")
+    rc, err = command.interrupt()
+    assert command.stdout == ["returned 2\n"]
+    assert rc == 130 and err.splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert err.splitlines()[0].startswith("error: ") and len(err.splitlines()) == 2
+
+
+def test_main_called_in_process_leaves_sigint_alone():
+    before = signal.getsignal(signal.SIGINT)
+    assert main(["eval", "no-such-run"]) == 2
+    assert signal.getsignal(signal.SIGINT) is before
