@@ -32,15 +32,22 @@ def _as_in_a_terminal() -> None:
 
 
 class _Command:
-    """A command in a subprocess, its stdout read as it comes."""
+    """A command in a subprocess, its stdout and stderr read line by line as they come (the progress
+    and preset lines go to stderr; an unread pipe would also fill up and stall the command)."""
 
     def __init__(self, argv: list[str]):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line as it is printed
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      preexec_fn=_as_in_a_terminal)
-        self.stdout: list[str] = []
-        self._reader = threading.Thread(target=lambda: self.stdout.extend(iter(self.proc.stdout.readline, "")))
-        self._reader.start()
+        self.stdout: list[str] = []  # both streams' lines, in the order each stream gave them
+        self.stderr: list[str] = []
+        self._readers = [threading.Thread(target=lambda s=stream, out=lines: out.extend(iter(s.readline, "")))
+                         for stream, lines in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        for reader in self._readers:
+            reader.start()
+
+    def lines(self) -> list[str]:
+        return self.stdout + self.stderr
 
     def mapped(self, name: str) -> bool:
         try:
@@ -52,21 +59,24 @@ class _Command:
         deadline = time.monotonic() + 300  # a busy machine
         while not moment(self):
             if self.proc.poll() is not None:
-                pytest.fail(f"the command ended before {what}: {self.proc.stderr.read()[-3000:]}")
+                pytest.fail(f"the command ended before {what}: {''.join(self.stderr)[-3000:]}")
             if time.monotonic() > deadline:
                 self.proc.kill()
                 pytest.fail(f"no {what} within 300 s")
             time.sleep(0.002)
 
     def interrupt(self) -> tuple[int, str]:
+        """Send SIGINT; the exit status and what the command wrote to stderr after it."""
+        before = len(self.stderr)
         self.proc.send_signal(signal.SIGINT)
         try:
-            _, err = self.proc.communicate(timeout=60)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             pytest.fail("the command did not stop within 60 s of SIGINT")
-        self._reader.join()
-        return self.proc.returncode, err
+        for reader in self._readers:
+            reader.join()
+        return self.proc.returncode, "".join(self.stderr[before:])
 
 
 # (name, condition on the running command, seconds after it): the moments Ctrl-C is pressed at.
@@ -75,8 +85,8 @@ MOMENTS = [
     ("torch importing", lambda c: c.mapped("libtorch_cpu"), 0.0),
     ("torch importing, later", lambda c: c.mapped("libtorch_cpu"), 0.15),
     ("the commands importing", lambda c: c.mapped("libtorch_cpu"), 0.4),
-    ("setting up", lambda c: any(line.startswith("preset:") for line in c.stdout), 0.0),
-    ("training", lambda c: any(line.startswith("epoch 2/") for line in c.stdout), 0.0),
+    ("setting up", lambda c: any(line.startswith("preset:") for line in c.lines()), 0.0),
+    ("training", lambda c: any(line.startswith("epoch 2/") for line in c.lines()), 0.0),
 ]
 
 SOME = ("numpy importing", "torch importing, later", "training")  # python -m attnconv: the same code past its start
@@ -118,9 +128,10 @@ def test_ctrl_c_after_the_command_returned_is_one_line(tmp_path):
             "print('returned', main(), flush=True); time.sleep(60)")
     command = _Command([sys.executable, "-c", code])
     command.wait_for(lambda c: any(line.startswith("returned") for line in c.stdout), "main's return")
-    rc, err = command.interrupt()
+    rc, after = command.interrupt()
+    err = "".join(command.stderr)
     assert command.stdout == ["returned 2\n"]
-    assert rc == 130 and err.splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert rc == 130 and after == "interrupted\n" and "Traceback" not in err
     assert err.splitlines()[0].startswith("error: ") and len(err.splitlines()) == 2
 
 
