@@ -222,6 +222,10 @@ def _paper(model: str, schedule: str) -> TrainConfig:
     )
 
 
+# The Fashion-MNIST attention presets' model: the paper's block, narrower, on 7x7 tokens, no dropout.
+_FMNIST_ATTENTION = {"hidden": 96, "layers": 4, "heads": 9, "intermediate": 192, "downsample": 4,
+                     "dropout": 0.0, "attn_dropout": 0.0}
+
 PRESETS: dict[str, TrainConfig] = {
     "paper-cifar10-resnet18": _paper("resnet18", "multistep"),
     "paper-cifar10-sa-quadratic": _paper("sa-quadratic", "warmup-cosine"),
@@ -236,8 +240,7 @@ PRESETS: dict[str, TrainConfig] = {
     # pilots behind these choices: benchmarks/RESULTS.md.
     "fmnist-sa-quadratic": TrainConfig(
         model="sa-quadratic", dataset="fashion-mnist",
-        model_overrides={"hidden": 96, "layers": 4, "heads": 9, "intermediate": 192, "downsample": 4,
-                         "dropout": 0.0, "attn_dropout": 0.0},
+        model_overrides=dict(_FMNIST_ATTENTION),
         epochs=12, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05,
         schedule="warmup-cosine", warmup=0.05, augment=False,
     ),
@@ -247,8 +250,7 @@ PRESETS: dict[str, TrainConfig] = {
     # Differs from the paper in data, length (12 epochs, not 300) and no crop/flip.
     "fmnist-sa-quadratic-sgd": TrainConfig(
         model="sa-quadratic", dataset="fashion-mnist",
-        model_overrides={"hidden": 96, "layers": 4, "heads": 9, "intermediate": 192, "downsample": 4,
-                         "dropout": 0.0, "attn_dropout": 0.0},
+        model_overrides=dict(_FMNIST_ATTENTION),
         epochs=12, batch_size=100, optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4,
         schedule="warmup-cosine", warmup=0.05, augment=False,
     ),

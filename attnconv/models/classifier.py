@@ -23,12 +23,11 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from attnconv.attention import SelfAttention2d
 from attnconv.attention.select import IMPLS
 from attnconv.errors import AttnconvError
-from attnconv.models.registry import ImageModelConfig, register_model
+from attnconv.models.registry import ImageModelConfig, register_model, run_blocks
 from attnconv.options import FieldError, check_fields, option
 from attnconv.positional import ENCODINGS, POS_INITS
 
@@ -154,15 +153,9 @@ class AttentionClassifier(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, hidden) pooled features."""
-        h = self.tokens(x)
-        for block in self.layers:
-            if self.config.checkpoint and self.training and torch.is_grad_enabled():
-                # Keeps one (B, H, W, hidden) tensor per block instead of its (B, T, heads*hidden)
-                # head outputs and intermediates; backward runs each block's forward again.
-                h = checkpoint(block, h, use_reentrant=False)
-            else:
-                h = block(h)
-        return h.mean(dim=(1, 2))
+        # Checkpointed: one (B, H, W, hidden) tensor per block instead of its (B, T, heads*hidden) head outputs.
+        checkpointed = self.config.checkpoint and self.training and torch.is_grad_enabled()
+        return run_blocks(self.layers, self.tokens(x), checkpointed).mean(dim=(1, 2))
 
     def forward_head(self, features: Tensor) -> Tensor:
         return self.head(features)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.nn as nn
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from attnconv.errors import AttnconvError
 from attnconv.options import option
@@ -39,6 +41,14 @@ def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[.
         return fn
 
     return wrap
+
+
+def run_blocks(blocks: nn.ModuleList, h: Tensor, checkpointed: bool) -> Tensor:
+    """h through each block in turn; with `checkpointed` (training with gradients) each block's forward
+    runs again in backward instead of storing its intermediates (one activation kept per block)."""
+    for block in blocks:
+        h = checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
+    return h
 
 
 def list_models() -> list[str]:

@@ -26,10 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from attnconv.errors import AttnconvError
-from attnconv.models.registry import ImageModelConfig, register_model
+from attnconv.models.registry import ImageModelConfig, register_model, run_blocks
 from attnconv.options import FieldError, check_fields, option
 
 LAYER_NORM_EPS = 1e-6  # timm's ViT
@@ -161,13 +160,8 @@ class ViT(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, hidden): the class token's features after the last block."""
-        h = self.tokens(x)
-        for block in self.blocks:
-            if self.config.checkpoint and self.training and torch.is_grad_enabled():
-                h = checkpoint(block, h, use_reentrant=False)  # keeps one (B, N, hidden) tensor per block
-            else:
-                h = block(h)
-        return self.norm(h)[:, 0]
+        checkpointed = self.config.checkpoint and self.training and torch.is_grad_enabled()
+        return self.norm(run_blocks(self.blocks, self.tokens(x), checkpointed))[:, 0]
 
     def forward_head(self, features: Tensor) -> Tensor:
         return self.head(features)

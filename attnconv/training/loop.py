@@ -40,7 +40,6 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +89,7 @@ from attnconv.runs import (
 )
 from attnconv.training.checks import check_data, check_resumable, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
-from attnconv.training.progress import ProgressLog, eta
+from attnconv.training.progress import ProgressLog, RunProgress, eta
 from attnconv.training.schedule import learning_rate, make_optimizer
 from attnconv.training.step import train_step
 
@@ -98,28 +97,6 @@ from attnconv.training.step import train_step
 _SYNC_EVERY = 10
 # After this many steps of a run (fresh or resumed) one line estimates the time the rest will take.
 ESTIMATE_AFTER = 5
-
-
-@dataclass
-class _Progress:
-    """Counters that a checkpoint saves; sums are global (all ranks) when saved."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # epoch in progress (0-based)
-    batch: int = 0  # batches of `epoch` done
-    rows: int = 0  # rows in metrics.csv
-    snapshots: int = 0  # lines in heads.jsonl
-    step_rows: int = 0  # rows in steps.csv
-    finished: bool = False
-    loss_sum: float = 0.0  # this epoch's training loss, summed over samples
-    correct: float = 0.0
-    seen: float = 0.0
-    seconds: float = 0.0  # training time of this epoch so far (no eval, no checkpoint writes)
-    run_seconds: float = 0.0  # training time of the finished epochs
-    row_loss: float = 0.0  # the same sums since the last steps.csv row (they may span an epoch's end)
-    row_correct: float = 0.0
-    row_seen: float = 0.0
-    row_seconds: float = 0.0
 
 
 def train(
@@ -275,7 +252,7 @@ class _Trainer:
         # Attention classifiers and models whose attention is captured (the ViT) record their heads
         # (heads.jsonl); CNNs and converted networks do not.
         self.watch_heads = d.main and records_heads(self.model)
-        self.progress = _Progress()
+        self.progress = RunProgress()
         if has_state:
             self._restore(load_state(out / STATE_FILE))
             if self.progress.batch >= self.steps_per_epoch:  # --allow-data-change: the epochs got shorter
@@ -322,7 +299,7 @@ class _Trainer:
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-            self.progress = _Progress(**state["progress"])
+            self.progress = RunProgress(**state["progress"])
         except (KeyError, RuntimeError, ValueError, TypeError) as err:
             # torch's first line is "Error(s) in loading state_dict for X:"; the next says what differs.
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]

@@ -8,12 +8,13 @@ printed every `log_every` steps, each flushed:
 
 Epoch summaries are printed in both cases (`ProgressLog.write`). The ETA is the time left for the
 whole run (`eta`), and the counts are those that will run: with --max-steps, its steps and the
-epochs they reach.
+epochs they reach. `RunProgress` holds the counters where a run stands, which checkpoints save.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import TextIO
 
 from tqdm import tqdm
@@ -87,3 +88,25 @@ class ProgressLog:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+@dataclass
+class RunProgress:
+    """Counters that a checkpoint saves; sums are global (all ranks) when saved."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epoch in progress (0-based)
+    batch: int = 0  # batches of `epoch` done
+    rows: int = 0  # rows in metrics.csv
+    snapshots: int = 0  # lines in heads.jsonl
+    step_rows: int = 0  # rows in steps.csv
+    finished: bool = False
+    loss_sum: float = 0.0  # this epoch's training loss, summed over samples
+    correct: float = 0.0
+    seen: float = 0.0
+    seconds: float = 0.0  # training time of this epoch so far (no eval, no checkpoint writes)
+    run_seconds: float = 0.0  # training time of the finished epochs
+    row_loss: float = 0.0  # the same sums since the last steps.csv row (they may span an epoch's end)
+    row_correct: float = 0.0
+    row_seen: float = 0.0
+    row_seconds: float = 0.0
