@@ -7,12 +7,13 @@
 #   adamw-als100 --preset fmnist-sa-quadratic --attention-lr-scale 100
 #   R-h16        recipe R with --heads 16 (the paper's appendix; 4x4 offsets)
 #   R-48ep       recipe R for 48 epochs
+#   vit          --preset fmnist-vit (the ViT asked the paper's question; model vit)
 # The AdamW preset itself at 12 epochs is benchmarks/table1.
 # Runs are resumable: every run checkpoints every 100 steps and is resumed where it stopped, so the
 # script can be killed and started again at any time (finished runs are skipped).
 #   nohup nice -n 19 benchmarks/recipes/run_all.sh > runs/recipes/log.txt 2>&1 &
 # Each run goes to $RUNS/<recipe>/<model>/seed<k>/; config.json, metrics.csv and heads.jsonl are copied
-# to $DEST/<recipe>/<model>/seed<k>/ when it finishes. `attnconv recipes benchmarks/recipes` compares them.
+# to $DEST/<recipe>/<model>/seed<k>/ when it finishes. `attnconv compare benchmarks/recipes/*/sa-quadratic` compares them.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -30,6 +31,7 @@ flags() {  # flags RECIPE: the train flags of a recipe, and its epochs on the la
     sgd) echo "--preset fmnist-sa-quadratic-sgd $extra" ;;
     adamw-als10) echo "--preset fmnist-sa-quadratic --attention-lr-scale 10 $extra" ;;
     adamw-als100) echo "--preset fmnist-sa-quadratic --attention-lr-scale 100 $extra" ;;
+    vit) echo "--preset fmnist-vit $extra" ;;
     *) echo "unknown recipe $recipe" >&2; return 1 ;;
   esac
   echo "$epochs"
@@ -57,9 +59,11 @@ export -f job flags
 export PY RUNS DEST THREADS
 
 # RUN_LIST ("recipe model seed" per line) replaces this list: the first SGD seed and the
-# dose-response first, then the further seeds and models.
+# dose-response first, then the ViT, the further seeds and models, the 16 heads and the long run
+# (the last two with adamw-als100, the recipe that moved the centers most).
 RUN_LIST=${RUN_LIST:-$(printf '%s\n' \
   "sgd sa-quadratic 0" "adamw-als100 sa-quadratic 0" "adamw-als10 sa-quadratic 0" "sgd sa-quadratic 1" \
-  "sgd sa-quadratic 2" "sgd sa-quadratic-aniso 0" "sgd sa-learned 0")}
+  "vit vit 0" "vit vit 1" "sgd sa-quadratic 2" "adamw-als100-h16 sa-quadratic 0" \
+  "sgd sa-quadratic-aniso 0" "sgd sa-learned 0" "adamw-als100-48ep sa-quadratic 0")}
 printf '%s\n' "$RUN_LIST" | xargs -P "$JOBS" -I{} bash -c 'job {}'
 echo "$(date -u +%H:%M:%S) all done"
