@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.options import option_fields
     from attnconv.runs import CONFIG_FILE, read_config
     from attnconv.training import train
-    from attnconv.training.loop import summary_writer_class
+    from attnconv.training.board import summary_writer_class
 
     if args.tensorboard:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
