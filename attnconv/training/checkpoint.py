@@ -55,7 +55,6 @@ class Checkpointer:
     def __init__(self, out: Path, d: Dist, device: torch.device, model_name: str):
         self.out, self.d, self.device, self.model_name = out, d, device, model_name
         self.path = out / STATE_FILE
-        self.saves = 0  # checkpoints written by this process
 
     def exists(self) -> bool:
         """Whether the run has a checkpoint to resume from."""
@@ -88,7 +87,6 @@ class Checkpointer:
             "rng": {"torch": rng_torch, "cuda": rng_cuda},
         }
         save_state(state, self.path)
-        self.saves += 1
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Every rank's CPU (and CUDA) generator state, in rank order (a collective under DDP)."""

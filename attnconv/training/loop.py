@@ -148,31 +148,36 @@ def train(
 
 
 def _stopped(err: BaseException, out: Path, trainer: _Trainer | None) -> Exception | None:
-    """The one-line error for a run stopped by `err` (Ctrl-C, a failed write, out of memory), saying where
-    the run directory stands (`_where_it_stands`); None to let `err` itself through."""
-    stands = _where_it_stands(out, trainer)
+    """After any failure, the run --overwrite set aside is put back if the new run has no checkpoint yet.
+    Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
+    the run directory holds now; None to let `err` itself through (an AttnconvError says it already)."""
+    restored = _restore_set_aside(out, trainer)
+    if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
+        return None
+    stands = RESTORED if restored else _last_checkpoint(out)
     where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
     if isinstance(err, KeyboardInterrupt):  # Ctrl-C: say where the run stands and how to go on
         return Interrupted(f"interrupted{where}; {stands}")
     if isinstance(err, OSError):  # disk full or the folder gone while writing: one line, the last checkpoint kept
         what = f" {err.filename}" if err.filename else ""
         return AttnconvError(f"--out {out}: could not write{what} ({describe_os_error(err)}); {stands}")
-    if out_of_memory(err):
-        return AttnconvError(f"out of memory{where}; give smaller sizes (--batch-size, the model's); {stands}")
-    return None
+    return AttnconvError(f"out of memory{where}; give smaller sizes (--batch-size, the model's); {stands}")
 
 
-def _where_it_stands(out: Path, trainer: _Trainer | None) -> str:
-    """After a failure: put back the run --overwrite set aside, if the new one has no checkpoint yet, and say
-    what the run directory holds now (the old run restored, the last good checkpoint, or nothing)."""
-    if trainer is not None and trainer.set_aside.pending:
-        try:
-            trainer.set_aside.restore()
-        except OSError as err:
-            raise AttnconvError(f"--out {out}: the new run failed before its first checkpoint, and the run it was "
-                                f"replacing could not be put back ({describe_os_error(err)}); its files are in "
-                                f"{trainer.set_aside.folder}: move them back into {out}") from None
-        return RESTORED
+def _restore_set_aside(out: Path, trainer: _Trainer | None) -> bool:
+    """Put back the run --overwrite set aside, if the new run has no checkpoint yet; whether it did."""
+    if trainer is None or not trainer.set_aside.pending:
+        return False
+    try:
+        trainer.set_aside.restore()
+    except OSError as err:
+        raise AttnconvError(f"--out {out}: the new run failed before its first checkpoint, and the run it was "
+                            f"replacing could not be put back ({describe_os_error(err)}); its files are in "
+                            f"{trainer.set_aside.folder}: move them back into {out}") from None
+    return True
+
+
+def _last_checkpoint(out: Path) -> str:
     try:
         step = load_state(out / STATE_FILE)["progress"]["step"]
     except AttnconvError:
