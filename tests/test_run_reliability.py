@@ -70,21 +70,28 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_nan_restores_the_o
     assert tree(out) == before  # every file of the old run, the user's files, nothing set aside left
 
 
-@pytest.mark.parametrize("failure", ["out of memory", "ctrl-c"])
+@pytest.mark.parametrize("failure", ["out of memory", "ctrl-c", "a bug"])
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_failure_at_step_1(
         run_with_user_files, data_dir, capsys, monkeypatch, failure):  # noqa: F811
     out = run_with_user_files
     before = tree(out)
+    raised = {"ctrl-c": KeyboardInterrupt(), "a bug": ZeroDivisionError("a bug"),
+              "out of memory": RuntimeError("DefaultCPUAllocator: can't allocate memory")}[failure]
     calls = []
 
     def fail(*args):
         calls.append(1)
-        raise KeyboardInterrupt if failure == "ctrl-c" else RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        raise raised
 
     monkeypatch.setattr(loop, "train_step", fail)
     capsys.readouterr()
-    assert main(tiny_args(out, data_dir, "--overwrite", "--tensorboard", "--seed", "3")) == (
-        130 if failure == "ctrl-c" else 2)
+    args = tiny_args(out, data_dir, "--overwrite", "--tensorboard", "--seed", "3")
+    if failure == "a bug":  # a bug keeps its traceback; the old run comes back all the same
+        with pytest.raises(ZeroDivisionError):
+            main(args)
+        assert calls == [1] and tree(out) == before
+        return
+    assert main(args) == (130 if failure == "ctrl-c" else 2)
     err = capsys.readouterr().err.strip().splitlines()
     assert calls == [1] and any("it is kept aside until the new run's first checkpoint" in line for line in err)
     assert err[-1].startswith("interrupted at step 0 of 16; " if failure == "ctrl-c" else
