@@ -34,7 +34,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.flops import count_flops
-from attnconv.runs import Run, data_changes, data_fingerprint, nonfinite_tensor, parameter_count
+from attnconv.runs import Run, data_changes, data_fingerprint, nonfinite_tensor, parameter_count, split_digest
 from attnconv.tables import format_table
 
 __all__ = [
@@ -170,6 +170,7 @@ def describe_run(
     data_dir: str | None = None,
     dataset: str | None = None,
     batch_size: int = 500,
+    allow_data_change: bool = False,
 ) -> dict[str, Any]:
     """Summary of a run directory: model, dataset, accuracy, parameters, FLOPs, time.
 
@@ -188,6 +189,11 @@ def describe_run(
     run's classes (`--dataset folder:PATH`, `runs.data.other_test_set`); the summary then says
     so in "test_dataset" and "test_images". A run whose data is gone is one AttnconvError
     naming the stored path and the flag that points at the data.
+
+    The run's own test data (no `dataset`) must be what the run recorded (config.json "data": classes,
+    counts, normalization, and the test split's content, `runs.split_digest`): data that changed is one
+    AttnconvError saying what changed, unless `allow_data_change`, which measures it anyway and says
+    what changed in "warning".
 
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
@@ -222,10 +228,15 @@ def describe_run(
             summary["warning"] = (f"{run_dir}: the run's weights hold NaN/inf (parameter {bad}); the run diverged, "
                                   "so its accuracy means nothing: retrain it with a lower --lr")
         test = run.test_set
-        changes = [] if run.dataset is not None else data_changes(meta.get("data"), data_fingerprint(info))
+        changes = [] if run.dataset is not None else data_changes(
+            meta.get("data"), {**data_fingerprint(info), "digest": {"test": split_digest(test)}})
         if run.dataset is not None:
             summary["test_dataset"] = D.canonical_name(run.dataset)
         summary["test_images"] = len(test)
+        if changes and not allow_data_change:
+            raise AttnconvError(f"{run_dir}: the dataset changed since training ({'; '.join(changes)}), so the "
+                                "accuracy would not be the run's; restore the data it was trained on, or pass "
+                                "--allow-data-change to measure the data as it is now")
         if changes:
             note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "
                     "on the data as it is now")

@@ -40,6 +40,13 @@ def physical_memory() -> int:
     return pages * size if pages > 0 and size > 0 else _FALLBACK_MEMORY
 
 
+def out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is running out of memory: MemoryError, torch's OutOfMemoryError (CUDA), or the CPU
+    allocator's failure (a RuntimeError saying it can't allocate memory)."""
+    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err)))
+
+
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB', 3.2e12 -> '2.9 TiB'."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):

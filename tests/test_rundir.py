@@ -12,6 +12,7 @@ import pytest
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 
 import attnconv.runs as runs
+import attnconv.training.checkpoint as checkpoint
 import attnconv.training.loop as loop
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
@@ -146,7 +147,7 @@ def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoin
         tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
     out = tmp_path / "run"
     calls = {"n": 0}
-    real = loop.save_state
+    real = checkpoint.save_state
 
     def fill_up(state, path):
         calls["n"] += 1
@@ -154,14 +155,14 @@ def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoin
             raise OSError(errno.ENOSPC, "No space left on device")
         real(state, path)
 
-    monkeypatch.setattr(loop, "save_state", fill_up)
+    monkeypatch.setattr(checkpoint, "save_state", fill_up)
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 2
     err = [line for line in capsys.readouterr().err.splitlines()
            if not line.startswith(("epoch ", "preset: ", "estimated time: "))]
     assert len(err) == 1 and "no space left on the device" in err[0] and "checkpoint (step 5) is intact" in err[0]
     assert load_state(out / "state.pt")["progress"]["step"] == 5
     assert not any(p.name.endswith(TMP_SUFFIX) for p in out.iterdir())
-    monkeypatch.setattr(loop, "save_state", real)
+    monkeypatch.setattr(checkpoint, "save_state", real)
     assert main(tiny_args(out, data_dir, "--resume", "--checkpoint-every", "5")) == 0
 
 
@@ -328,12 +329,16 @@ def test_a_run_records_its_dataset_and_eval_says_when_a_class_was_added(tmp_path
     assert main(["report", str(out)]) == 0  # a position-only model's report reads no test images
 
 
-def test_eval_on_a_test_set_that_grew_warns_in_one_line(tmp_path, monkeypatch, capsys):
+def test_eval_on_a_test_set_that_grew_is_refused_or_warns_in_one_line(tmp_path, monkeypatch, capsys):
     out, args = _folder_run(tmp_path, monkeypatch)
     assert main([*args, "--epochs", "1"]) == 0
     _add_image(tmp_path / "imgs" / "test" / "cat", "new.png")
     capsys.readouterr()
-    assert main(["eval", str(out)]) == 0
+    assert main(["eval", str(out)]) == 2  # the accuracy would not be the run's
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "test images 4 -> 5" in err
+    assert "--allow-data-change" in err
+    assert main(["eval", str(out), "--allow-data-change"]) == 0
     captured = capsys.readouterr()
     assert captured.err.startswith("warning: ") and captured.err.count("\n") == 1
     assert "the dataset changed since training (test images 4 -> 5)" in captured.err and "test acc" in captured.out

@@ -220,6 +220,7 @@ _python_show_warning = warnings.showwarning
 
 
 def _out_of_memory(err: BaseException) -> bool:
-    """MemoryError, torch's OutOfMemoryError (CUDA), or the CPU allocator's failure (a RuntimeError)."""
-    return (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
-            or "can't allocate memory" in str(err))
+    """MemoryError, torch's OutOfMemoryError (CUDA), or the CPU allocator's failure (`limits.out_of_memory`)."""
+    from attnconv.limits import out_of_memory
+
+    return out_of_memory(err)

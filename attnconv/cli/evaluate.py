@@ -11,6 +11,11 @@ each class's accuracy and image count, and the confusion matrix (rows: true clas
 predicted; column names abbreviated). --json holds the same as "classes", "per_class"
 (class name -> accuracy, null for a class with no test images) and "confusion".
 
+The run's own test data must be the data it recorded when it was trained (config.json "data": classes,
+image counts, normalization, and a digest of the test images' pixels and labels): data that changed
+since (an image replaced, labels swapped, images added) is one error saying what changed, unless
+--allow-data-change, which measures it anyway with a warning line.
+
 --dataset folder:PATH measures the run on another image folder's test split (PATH/test/ or
 PATH/val/, in the ImageFolder layout, PATH/train/ naming the classes): its classes must be the
 run's, the same names, else one error listing both. The images are decoded at the run's size
@@ -50,6 +55,11 @@ DATASET_HELP = ("take the test images from this dataset instead of the run's (e.
                 "where it is now, or another folder with the same classes)")
 
 
+ALLOW_HELP = ("measure the run although its test data changed since it was trained (refused by default: another "
+              "class or image count, normalization, or test images whose pixels or labels differ); a warning says "
+              "what changed")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "eval", help="test accuracy, parameters and FLOPs of a run", description=__doc__,
@@ -61,6 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--dataset", metavar="folder:PATH", help=DATASET_HELP)
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--batch-size", type=int, default=500)
+    p.add_argument("--allow-data-change", action="store_true", help=ALLOW_HELP)
     p.set_defaults(func=run_eval)
 
     t = subparsers.add_parser(
@@ -76,6 +87,7 @@ def register(subparsers) -> None:
     t.add_argument("--dataset", metavar="folder:PATH", help="with --recompute: " + DATASET_HELP)
     t.add_argument("--device", default="cpu", help="with --recompute: cpu or cuda")
     t.add_argument("--batch-size", type=int, default=500, help="with --recompute: images per forward pass")
+    t.add_argument("--allow-data-change", action="store_true", help="with --recompute: " + ALLOW_HELP)
     t.set_defaults(func=run_table)
 
     c = subparsers.add_parser(
@@ -95,7 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from attnconv.evaluate import describe_run
 
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
-                     dataset=args.dataset, batch_size=args.batch_size)
+                     dataset=args.dataset, batch_size=args.batch_size, allow_data_change=args.allow_data_change)
     if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
         print(f"warning: {s['warning']}", file=sys.stderr)
     if args.json:
@@ -169,7 +181,8 @@ def run_table(args: argparse.Namespace) -> int:
 
         raise AttnconvError("--dataset applies with --recompute only (without it the accuracy is metrics.csv's)")
     summaries = [describe_run(d, recompute=args.recompute, device=args.device, data_dir=args.data_dir,
-                              dataset=args.dataset, batch_size=args.batch_size) for d in args.run_dirs]
+                              dataset=args.dataset, batch_size=args.batch_size,
+                              allow_data_change=args.allow_data_change) for d in args.run_dirs]
     for s in summaries:
         if "warning" in s:
             print(f"warning: {s['warning']}", file=sys.stderr)

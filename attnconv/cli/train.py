@@ -80,10 +80,12 @@ def register(subparsers) -> None:
                    help="continue from RUN_DIR's last checkpoint (starts fresh if there is none)")
     p.add_argument("--allow-data-change", action="store_true",
                    help="with --resume: continue although the dataset changed since the run started (refused "
-                        "by default: another class count, image count or normalization)")
+                        "by default: another class count, image count or normalization, or images whose pixels or "
+                        "labels differ)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in RUN_DIR (its config, logs, weights, state and tensorboard/ folder; "
-                        "other files stay)")
+                   help="replace the run in RUN_DIR (its config, logs, weights, state and tensorboard/ event files; "
+                        "other files stay). The old run is kept aside until the new run's first checkpoint, and put "
+                        "back if the new run fails before it")
     i = p.add_argument_group("starting from a trained CNN")
     i.add_argument("--init-from", metavar="CNN_RUN", help="a trained CNN run: train it further as attention")
     add_field_flags(i, InitFrom, ("alpha", "fold_bn", "content"))
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.options import option_fields
     from attnconv.runs import CONFIG_FILE, read_config
     from attnconv.training import train
-    from attnconv.training.loop import summary_writer_class
+    from attnconv.training.board import summary_writer_class
 
     if args.tensorboard:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work

@@ -15,7 +15,8 @@ A run directory holds:
 
 `Run(path)` reads one lazily (run.py). The modules: files.py (names, reading and writing
 each file), data.py (the run's dataset), build.py (its network: `load_run`, `convert_run`),
-directory.py (the run directory contract of `attnconv train`: what it may write and replace).
+directory.py (the run directory contract of `attnconv train`: what it may write, what --overwrite
+sets aside until the new run's first checkpoint, the logs a resumed run keeps).
 Every file is written atomically through `attnconv.fileio.atomic_write`.
 """
 
@@ -23,6 +24,7 @@ from attnconv.runs.build import build_run_architecture, build_run_model, convert
 from attnconv.runs.data import (
     SAMPLE_SEED,
     data_changes,
+    data_digest,
     data_fingerprint,
     other_test_set,
     recorded_info,
@@ -31,8 +33,9 @@ from attnconv.runs.data import (
     run_info,
     run_test_set,
     sample_across_classes,
+    split_digest,
 )
-from attnconv.runs.directory import claim_run_dir, replace_run_files, trim_logs
+from attnconv.runs.directory import SetAside, claim_run_dir, event_files, recover_set_aside, trim_logs
 from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
@@ -57,7 +60,6 @@ from attnconv.runs.files import (
     read_steps,
     save_state,
     save_weights,
-    trim_steps,
     write_config,
 )
 from attnconv.runs.run import Run, as_run
@@ -83,7 +85,6 @@ __all__ = [
     "read_heads_skipping",
     "read_steps",
     "append_rows",
-    "trim_steps",
     "heads_line",
     "metrics_text",
     "write_config",
@@ -98,6 +99,8 @@ __all__ = [
     "SAMPLE_SEED",
     "data_fingerprint",
     "data_changes",
+    "data_digest",
+    "split_digest",
     "load_run",
     "build_run_architecture",
     "load_weights",
@@ -105,7 +108,9 @@ __all__ = [
     "build_run_model",
     "convert_run",
     "claim_run_dir",
-    "replace_run_files",
+    "SetAside",
+    "event_files",
+    "recover_set_aside",
     "trim_logs",
     "Run",
     "as_run",

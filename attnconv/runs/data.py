@@ -12,6 +12,7 @@ data: `--dataset folder:PATH` for folders, `--data-dir DIR` for the built-in dat
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Sequence
@@ -187,13 +188,39 @@ def sample_across_classes(labels: torch.Tensor | Sequence[int], count: int, seed
 
 
 def data_fingerprint(info: D.DatasetInfo) -> dict[str, Any]:
-    """What a run records of its dataset (config.json "data"): classes, sizes, shape, normalization."""
+    """What a run records of its dataset (config.json "data"): classes, sizes, shape, normalization.
+    `train` adds the content of both splits ("digest": `data_digest`)."""
     return {"classes": list(info.classes), "train_size": info.train_size, "test_size": info.test_size,
             "channels": info.channels, "size": info.size, "mean": list(info.mean), "std": list(info.std)}
 
+
+_DIGEST_CHUNK = 1 << 26  # bytes of images hashed at a time: a memory-mapped set is never copied whole
+
+
+def split_digest(images: D.ImageSet) -> str:
+    """The content of one split as 32 hex digits: a blake2b hash of its shape, every image's pixels and every
+    label, in order. Another image, a changed pixel, labels swapped between two images or a new order all
+    change it; the file names and times do not (a copy of the data has the same digest)."""
+    h = hashlib.blake2b(digest_size=16)
+    pixels, labels = images.images.cpu(), images.labels.cpu()
+    h.update(repr(tuple(pixels.shape)).encode())
+    step = max(1, _DIGEST_CHUNK // max(1, pixels[0].numel() if len(pixels) else 1))
+    for start in range(0, len(pixels), step):
+        h.update(pixels[start:start + step].contiguous().numpy())
+    h.update(labels.contiguous().numpy().astype("<i8"))
+    return h.hexdigest()
+
+
+def data_digest(train_set: D.ImageSet, test_set: D.ImageSet) -> dict[str, str]:
+    """What a run records of its data's content (config.json "data" "digest"): `split_digest` of each split,
+    compared on `train --resume` (both) and by `eval` (the test split)."""
+    return {"train": split_digest(train_set), "test": split_digest(test_set)}
+
+
 def data_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
-    """What differs between a run's recorded dataset and `now` (`data_fingerprint`), in words; [] if
-    nothing does, or if the run recorded none (written before runs recorded their data)."""
+    """What differs between a run's recorded dataset and `now` (`data_fingerprint`, with the "digest" of the
+    splits at hand, if any), in words; [] if nothing does, or if the run recorded none (written before runs
+    recorded their data). Content is compared where both recorded a split's digest and its count is the same."""
     if not isinstance(saved, dict):
         return []
     changes = []
@@ -210,4 +237,10 @@ def data_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]
     if not all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for key in ("mean", "std")
                for a, b in zip(saved.get(key) or [], now[key])):
         changes.append("normalization (per-channel mean/std of the training images)")
+    before, after = saved.get("digest"), now.get("digest")
+    if isinstance(before, dict) and isinstance(after, dict):
+        for split, count, what in (("train", "train_size", "training"), ("test", "test_size", "test")):
+            if split in after and split in before and before[split] != after[split] \
+                    and saved.get(count) == now[count]:
+                changes.append(f"the {what} images' content: an image or a label differs")
     return changes

@@ -3,17 +3,21 @@ and the logs a resumed run keeps (docs/failure-model.md)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     LOCK_FILE,
+    TMP_SUFFIX,
     DirectoryLock,
     atomic_write,
     describe_os_error,
+    fsync_dir,
     is_temporary,
     write_bytes,
 )
@@ -22,14 +26,24 @@ from attnconv.runs.files import (
     HEADS_FILE,
     METRICS_FILE,
     RUN_FILES,
+    STEPS_COLUMNS,
+    STEPS_FILE,
     TENSORBOARD_DIR,
     heads_line,
     metrics_text,
     read_config,
     read_heads,
     read_metrics,
-    trim_steps,
+    read_steps,
 )
+
+# --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
+# (`SetAside`); renamed to DISCARDED before it is deleted, so a half-deleted one is never restored.
+SET_ASIDE = ".replaced-run" + TMP_SUFFIX
+DISCARDED = ".replaced-run.done" + TMP_SUFFIX
+_MANIFEST = "manifest.json"
+# What `train --tensorboard` writes into tensorboard/ (torch's SummaryWriter): only these files there are ours.
+EVENTS_PREFIX = "events.out.tfevents."
 
 
 def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bool) -> list[str]:
@@ -37,9 +51,11 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
 
     `out` is created if missing and locked (`lock`, one writer); it must then be empty, or hold
     an attnconv run (a config.json that `read_config` accepts) that `resume` continues or
-    `overwrite` replaces. Returns the run's files (and its tensorboard/ folder) that `overwrite` will replace; nothing is
-    removed here (`replace_run_files` does, once every other check has passed). A folder holding
-    anything else, or a run without `resume` / `overwrite`, is one AttnconvError, and is left as it was.
+    `overwrite` replaces. Returns the files (relative paths) that `overwrite` will replace: the run's
+    files and the event files in its tensorboard/ folder, nothing else there. Nothing is moved here
+    (`SetAside` does, once every other check has passed). An old run that an interrupted --overwrite
+    had set aside is first put back (`recover_set_aside`). A folder holding anything else, or a run
+    without `resume` / `overwrite`, is one AttnconvError, and is left as it was.
     """
     if out.exists() and not out.is_dir():
         raise AttnconvError(f"--out {out} is a file; give a directory")
@@ -51,6 +67,7 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
             from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise AttnconvError(f"--out {out}: not writable; choose another directory")
+    recover_set_aside(out)
     names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
     if not (out / CONFIG_FILE).exists() and not (out / CONFIG_FILE).is_symlink():
         if names:
@@ -75,32 +92,129 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
         if path.is_symlink() or not path.is_file():
             raise AttnconvError(f"--out {out}: {name} is not a regular file (a folder or a link), so it is not a file "
                                 "attnconv wrote; move it away, or choose another --out")
+    return replaced + event_files(out)
+
+
+def event_files(out: Path) -> list[str]:
+    """The TensorBoard event files `train --tensorboard` wrote into out/tensorboard/ (as relative paths):
+    regular files named events.out.tfevents.* directly in a real folder. Anything else there (a user's
+    notes, sub-folders, a link) is not the run's."""
     board = out / TENSORBOARD_DIR
-    if board.is_symlink() or board.exists():
-        if board.is_symlink() or not board.is_dir():
-            raise AttnconvError(f"--out {out}: {TENSORBOARD_DIR} is not a folder (a file or a link), so it is not the "
-                                "one `train --tensorboard` wrote; move it away, or choose another --out")
-        replaced.append(TENSORBOARD_DIR)
-    return replaced
+    if board.is_symlink() or not board.is_dir():
+        return []
+    return sorted(f"{TENSORBOARD_DIR}/{p.name}" for p in board.iterdir()
+                  if p.name.startswith(EVENTS_PREFIX) and not p.is_symlink() and p.is_file())
 
-def replace_run_files(out: Path, names: list[str]) -> None:
-    """--overwrite, once every check has passed: remove the old run's files (`claim_run_dir` named them)."""
-    if not names:
-        return
-    sys.stderr.write(f"--overwrite: replacing the run in {out} ({', '.join(names)}); other files stay\n")
-    sys.stderr.flush()
+
+class SetAside:
+    """--overwrite's old run, kept until the new run has something to replace it with.
+
+    `move()` (once every check has passed) moves the old run's files (`claim_run_dir` named them) into
+    out/.replaced-run.attnconv-tmp/, with a manifest written first; `discard()` deletes them once the new
+    run has written its first checkpoint; `restore()` puts them back, removing what the new run wrote
+    (its run files and event files, nothing else), when the command fails before then. A process killed
+    meanwhile leaves the folder for the next `train` into `out` to restore (`recover_set_aside`).
+    """
+
+    def __init__(self, out: Path, names: list[str]):
+        self.out, self.names = out, list(names)
+        self.folder = out / SET_ASIDE
+        self.pending = False  # moved, neither discarded nor restored yet
+
+    def move(self) -> None:
+        if not self.names:
+            return
+        board = self.out / TENSORBOARD_DIR
+        manifest = {"files": self.names, "board": board.is_dir() and not board.is_symlink()}
+        self.folder.mkdir()
+        self.pending = True
+        atomic_write(self.folder / _MANIFEST, write_bytes(json.dumps(manifest).encode()))
+        for name in self.names:
+            (self.folder / name).parent.mkdir(exist_ok=True)
+            os.replace(self.out / name, self.folder / name)
+        if manifest["board"] and not any(board.iterdir()):
+            board.rmdir()  # it held the old run's event files only (`restore` makes it again)
+        fsync_dir(self.folder)
+        fsync_dir(self.out)
+
+    def discard(self) -> None:
+        """The new run's first checkpoint is written: the old run goes for good."""
+        if self.pending:
+            os.replace(self.folder, self.out / DISCARDED)
+            self.pending = False
+            shutil.rmtree(self.out / DISCARDED, ignore_errors=True)
+
+    def restore(self) -> None:
+        """The command failed before the new run's first checkpoint: the old run comes back as it was."""
+        if self.pending:
+            _restore(self.out, self.folder)
+            self.pending = False
+
+
+def recover_set_aside(out: Path) -> None:
+    """Put back an old run that an --overwrite killed before its new run's first checkpoint left set aside
+    (one line on stderr says so), and delete one whose new run had checkpointed. Called with the lock held:
+    no live process is using either folder."""
+    shutil.rmtree(out / DISCARDED, ignore_errors=True)
+    if (out / SET_ASIDE).is_dir() and not (out / SET_ASIDE).is_symlink():
+        if _restore(out, out / SET_ASIDE):
+            sys.stderr.write(f"--out {out}: restored the run that an interrupted --overwrite had set aside "
+                             "(the new run never reached its first checkpoint)\n")
+            sys.stderr.flush()
+
+
+def _restore(out: Path, folder: Path) -> bool:
+    """Move the files set aside in `folder` back into `out`, after removing the files of the new run (run
+    files and event files the old run did not have); False if nothing had been moved (no manifest)."""
+    try:
+        manifest = json.loads((folder / _MANIFEST).read_text())
+        names, had_board = list(manifest["files"]), bool(manifest["board"])
+    except (OSError, ValueError, KeyError, TypeError):  # killed before anything was moved
+        shutil.rmtree(folder, ignore_errors=True)
+        return False
+    for name in [*RUN_FILES, *event_files(out)]:
+        path = out / name
+        if name not in names and path.is_file() and not path.is_symlink():
+            path.unlink()  # the new run's
     for name in names:
-        if name == TENSORBOARD_DIR:  # the run's own folder of event files (`claim_run_dir` checked it is one)
-            shutil.rmtree(out / name)
-        else:
-            (out / name).unlink()
+        if (folder / name).exists():  # else never moved: still in place
+            (out / name).parent.mkdir(exist_ok=True)
+            os.replace(folder / name, out / name)
+    board = out / TENSORBOARD_DIR
+    if not had_board and board.is_dir() and not board.is_symlink() and not any(board.iterdir()):
+        board.rmdir()  # the new run's empty folder
+    fsync_dir(out)
+    shutil.rmtree(folder)
+    return True
 
-def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0) -> None:
+
+def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *, step: int | None = None) -> None:
     """Keep exactly the metrics rows, steps.csv rows (and heads.jsonl lines, unless `snapshots` is None)
-    a checkpoint knows of: what was logged after the last checkpoint is replayed, and must not be logged twice."""
-    kept = read_metrics(out, limit=rows)
-    atomic_write(out / METRICS_FILE, write_bytes(metrics_text(kept).encode()))
-    trim_steps(out, step_rows)
-    if snapshots is not None:
-        lines = read_heads(out, limit=snapshots)
-        atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, lines)).encode()))
+    a checkpoint knows of: what was logged after the last checkpoint is replayed, and must not be logged twice.
+
+    Logs that lost what the checkpoint counts (rows or lines deleted by hand, a file restored from an older
+    copy) are one AttnconvError naming the file, before any file is changed: fewer rows than counted, or,
+    with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted)."""
+    metrics = _kept(out / METRICS_FILE, read_metrics(out, limit=rows), rows, "rows", step)
+    steps = _kept(out / STEPS_FILE, read_steps(out, limit=step_rows), step_rows, "rows", step)
+    heads = None if snapshots is None else _kept(out / HEADS_FILE, read_heads(out, limit=snapshots), snapshots,
+                                                 "lines", step)
+    atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
+    atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
+    if heads is not None:
+        atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, heads)).encode()))
+
+
+def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:
+    """`records` (a log's first `count`), checked against the checkpoint that counts `count` of them."""
+    fix = ("restore the file from a copy of the run, or train into a new --out; resuming would lose them "
+           "for good")
+    if len(records) < count:
+        held = f"{len(records)} {unit if len(records) != 1 else unit[:-1]}"
+        raise AttnconvError(f"{path}: holds {held}, the checkpoint counts {count} (some were deleted or cut after "
+                            f"they were written); {fix}")
+    late = next((i for i, r in enumerate(records, 1) if step is not None and r["step"] > step), None)
+    if late is not None:
+        raise AttnconvError(f"{path}: {unit[:-1]} {late} is of step {int(records[late - 1]['step'])}, after the "
+                            f"checkpoint's step {step}, so {unit} before it were deleted; {fix}")
+    return records

@@ -216,7 +216,8 @@ def _kind(path: Path) -> str:
 def data_problem(data: Any) -> str | None:
     """What is wrong with config.json's "data" block (`runs.data_fingerprint`: what the run's dataset
     was), or None: classes a list of distinct names, image counts whole numbers >= 0, channels 1 or
-    3, size 1..65536, mean and std one finite number per channel, std > 0. Other keys are ignored."""
+    3, size 1..65536, mean and std one finite number per channel, std > 0, the content's "digest" (where
+    present) 32 hex digits for each split. Other keys are ignored."""
     if not isinstance(data, dict):
         return f'"data" is {_short(data)}, not an object'
     missing = [k for k in ("classes", "train_size", "test_size", "channels", "size", "mean", "std") if k not in data]
@@ -239,6 +240,10 @@ def data_problem(data: Any) -> str | None:
                 and (key == "mean" or all(v > 0 for v in values))):
             what = "finite number" if key == "mean" else "finite number > 0"
             return f'"data" {key} {_short(values)} is not one {what} per channel ({data["channels"]})'
+    digest = data.get("digest")
+    if "digest" in data and not (isinstance(digest, dict) and all(
+            isinstance(digest.get(k), str) and re.fullmatch(r"[0-9a-f]{32}", digest[k]) for k in ("train", "test"))):
+        return f'"data" digest {_short(digest)} is not {{"train": ..., "test": ...}} of 32 hex digits each'
     return None
 
 
@@ -456,12 +461,6 @@ def append_rows(path: Path, rows: list[dict[str, float]], columns: tuple[str, ..
         f.write(metrics_text(rows, columns).split("\n", 1)[1])
         f.flush()
         os.fsync(f.fileno())
-
-def trim_steps(run_dir: str | os.PathLike, rows: int) -> None:
-    """Keep the first `rows` rows of steps.csv (those the last checkpoint knows of; header only for
-    0): rows logged after the checkpoint are logged again by the resumed run, and must not be twice."""
-    path = Path(run_dir) / STEPS_FILE
-    atomic_write(path, write_bytes(metrics_text(read_steps(run_dir, limit=rows), STEPS_COLUMNS).encode()))
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))

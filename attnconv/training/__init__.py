@@ -4,9 +4,11 @@
     from attnconv.config import make_config
     train(make_config(preset="fmnist-sa-quadratic", epochs=2), "runs/sa")
 
-`train.loop` is the loop (checks, epochs, checkpoints, resume), `train.schedule` the learning
-rate and optimizer groups, `train.distributed` torchrun, `train.progress` the logs. The
-config lives in `attnconv.config`, the run directory in `attnconv.runs`.
+`training.loop` is the loop (set-up, epochs, logs, what a failure says), `training.checkpoint` the
+checkpoint format and the resume replay, `training.checks` what is checked before anything is
+written, `training.schedule` the learning rate and optimizer groups, `training.distributed`
+torchrun, `training.progress` the progress lines, `training.board` --tensorboard's event files.
+The config lives in `attnconv.config`, the run directory in `attnconv.runs`.
 """
 
 from attnconv.training.loop import train

@@ -50,12 +50,14 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
     return config
 
 
-def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, *, allow_data_change: bool) -> None:
+def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,
+                    allow_data_change: bool) -> None:
     """A run in `out` that --resume continues: its saved config matches `config` except for
-    `RESUMABLE_CHANGES`, and its recorded dataset matches `info` (unless `allow_data_change`)."""
+    `RESUMABLE_CHANGES`, and its recorded dataset matches `info` and the content `digest` of the
+    data at hand (`runs.data_digest`) (unless `allow_data_change`)."""
     meta = read_config(out)
     saved = TrainConfig.from_dict(meta["config"]).to_dict()
-    changes = data_changes(meta.get("data"), data_fingerprint(info))
+    changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:
         raise AttnconvError(f"--out {out}: the dataset changed since this run started ({'; '.join(changes)}); "
                             "resuming would continue on other data: restore the data, train into a new --out, or "

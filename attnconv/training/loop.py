@@ -3,21 +3,12 @@
     from attnconv import make_config, train
     train(make_config(preset="fmnist-sa-quadratic", epochs=2), "runs/sa")
 
-Checkpoints. Each file is written atomically (temporary file in the same
-directory, flush, fsync, os.replace, fsync of the directory), so a reader sees
-either the old or the new file, never half of one, even after `kill -9` or a power
-loss. Two files cannot be swapped together, so `state.pt` carries its own copy of
-the weights: it alone is the resume point and is always self-consistent.
-`model.safetensors` is written first, so it is never older than `state.pt`; after
-a crash between the two renames it may be one checkpoint newer, which is still a
-consistent set of weights (its metadata records the step).
-
-Resume. Batches are a pure function of (seed, epoch, batch index) (see
-`attnconv.data.Batches`) and the learning rate a pure function of the step, so a
-checkpoint needs only the step counters, the optimizer state and the torch RNG
-state (for dropout) to continue exactly where the run stopped, mid-epoch too. On
-the CPU the resumed run reaches bit-identical weights (tests/test_train.py kills a
-real subprocess with SIGKILL to check it).
+Checkpoints and resume (`training.checkpoint.Checkpointer`, which owns the format). state.pt
+carries its own copy of the weights, so it alone is the resume point. Batches are a pure function
+of (seed, epoch, batch index) (see `attnconv.data.Batches`) and the learning rate a pure function of
+the step, so a checkpoint needs only the step counters, the optimizer state and the RNG states (for
+dropout) to continue exactly where the run stopped, mid-epoch too. On the CPU the resumed run reaches
+bit-identical weights (tests/test_train.py kills a real subprocess with SIGKILL to check it).
 
 Several processes. Under `torchrun`, every rank takes a contiguous shard of each
 *global* batch (`batch_size` is global) and DDP averages the per-shard mean
@@ -34,14 +25,12 @@ aside). With `tensorboard=True` the same scalars also go to RUN_DIR/tensorboard/
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +47,7 @@ from attnconv.fileio import (
     describe_os_error,
     remove_temporaries,
 )
+from attnconv.limits import out_of_memory
 from attnconv.models.sites import attention_sites, needs_inputs, records_heads
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
@@ -67,26 +57,25 @@ from attnconv.runs import (
     METRICS_FILE,
     RUN_FILES,
     STATE_FILE,
-    STATE_FORMAT,
     STEPS_COLUMNS,
     STEPS_FILE,
     TENSORBOARD_DIR,
-    WEIGHTS_FILE,
+    SetAside,
     append_rows,
     build_run_model,
     claim_run_dir,
+    data_digest,
     data_fingerprint,
     heads_line,
     load_state,
+    nonfinite_tensor,
     read_metrics,
-    replace_run_files,
     run_image_size,
     run_info,
-    save_state,
-    save_weights,
-    trim_logs,
     write_config,
 )
+from attnconv.training.board import TensorBoardLog, check_board_folder, summary_writer_class
+from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.checks import check_data, check_resumable, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.progress import ProgressLog, RunProgress, eta
@@ -139,16 +128,16 @@ def train(
     lock = DirectoryLock(out, "--out") if d.main else None
     trainer = None
     try:
-        trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change)
-        row = trainer.run(announce, writer_class)
+        trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change,
+                           writer_class)
+        row = trainer.run(announce)
         d.barrier()  # rank 0 writes the last files after the last collective: every rank leaves together
         return row
-    except KeyboardInterrupt:  # Ctrl-C: say where the run stands and how to go on
-        where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
-        raise Interrupted(f"interrupted{where}; {_last_checkpoint(out)}") from None
-    except OSError as err:  # disk full or the folder gone while writing: one line, the last checkpoint kept
-        raise AttnconvError(f"--out {out}: could not write ({describe_os_error(err)}); {_last_checkpoint(out)}")\
-            from None
+    except BaseException as err:
+        stopped = _stopped(err, out, trainer)  # --overwrite before the first checkpoint: the old run comes back
+        if stopped is None:
+            raise
+        raise stopped from None
     finally:
         if lock is not None:
             lock.release()
@@ -158,14 +147,34 @@ def train(
         d.shutdown()
 
 
-def summary_writer_class():
-    """torch's TensorBoard SummaryWriter, or one AttnconvError if the `tensorboard` package is missing."""
+def _stopped(err: BaseException, out: Path, trainer: _Trainer | None) -> Exception | None:
+    """After any failure, the run --overwrite set aside is put back if the new run has no checkpoint yet.
+    Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
+    the run directory holds now; None to let `err` itself through (an AttnconvError says it already)."""
+    restored = _restore_set_aside(out, trainer)
+    if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
+        return None
+    stands = RESTORED if restored else _last_checkpoint(out)
+    where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
+    if isinstance(err, KeyboardInterrupt):  # Ctrl-C: say where the run stands and how to go on
+        return Interrupted(f"interrupted{where}; {stands}")
+    if isinstance(err, OSError):  # disk full or the folder gone while writing: one line, the last checkpoint kept
+        what = f" {err.filename}" if err.filename else ""
+        return AttnconvError(f"--out {out}: could not write{what} ({describe_os_error(err)}); {stands}")
+    return AttnconvError(f"out of memory{where}; give smaller sizes (--batch-size, the model's); {stands}")
+
+
+def _restore_set_aside(out: Path, trainer: _Trainer | None) -> bool:
+    """Put back the run --overwrite set aside, if the new run has no checkpoint yet; whether it did."""
+    if trainer is None or not trainer.set_aside.pending:
+        return False
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise AttnconvError("--tensorboard: the tensorboard package is not installed; pip install tensorboard, "
-                            "or drop --tensorboard") from None
-    return SummaryWriter
+        trainer.set_aside.restore()
+    except OSError as err:
+        raise AttnconvError(f"--out {out}: the new run failed before its first checkpoint, and the run it was "
+                            f"replacing could not be put back ({describe_os_error(err)}); its files are in "
+                            f"{trainer.set_aside.folder}: move them back into {out}") from None
+    return True
 
 
 def _last_checkpoint(out: Path) -> str:
@@ -176,17 +185,22 @@ def _last_checkpoint(out: Path) -> str:
     return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
 
 
+# What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
+RESTORED = "the run that --overwrite was replacing is restored as it was (the new run had no checkpoint yet)"
+
+
 class _Trainer:
     def __init__(self, config, out: Path, resume: bool, overwrite: bool, dataset, progress: bool, log_every: int,
-                 d: Dist, lock: DirectoryLock | None, allow_data_change: bool = False):
+                 d: Dist, lock: DirectoryLock | None, allow_data_change: bool = False, writer_class=None):
         self.config, self.out, self.resume, self.overwrite, self.d, self.lock = config, out, resume, overwrite, d, lock
-        self.replaced: list[str] = []  # --overwrite: the old run's files, removed after every check
+        self.set_aside = SetAside(out, [])  # --overwrite: the old run, kept until the first checkpoint
         self.allow_data_change = allow_data_change
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
         self.log_every = log_every
         self._estimate_at: int | None = None  # the step after which run() estimates the time left
-        self.board = None  # the SummaryWriter of --tensorboard (rank 0), while `run` runs
+        self.writer_class = writer_class if d.main else None  # --tensorboard: torch's SummaryWriter
+        self.board: TensorBoardLog | None = None  # its event files (rank 0), while `run` runs
         if config.workers is not None:
             torch.set_num_threads(config.workers)
         if config.device.startswith("cuda"):
@@ -194,6 +208,7 @@ class _Trainer:
         else:
             self.device = torch.device("cpu")
         check_amp(config.amp, self.device)  # before any file or data: --amp where bf16 is emulated
+        self.checkpoint = Checkpointer(out, d, self.device, config.model)
         # Cheap checks first: a bad --out fails before the data is read.
         d.agree(self._check_out() if d.main else None)
         self._load_data(dataset)
@@ -214,6 +229,8 @@ class _Trainer:
         except AttnconvError as err:
             d.agree(str(err))  # every rank fails the same way here; agree keeps them in step anyway
         d.agree(None)
+        # What the data holds (config.json "data" "digest"): --resume must see the same. Rank 0 alone writes it.
+        self.digest = data_digest(self.train_set, self.test_set) if d.main else None
         if self.device.type == "cuda":  # the uint8 sets live on the GPU: batches never cross PCIe
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
         error = None
@@ -237,9 +254,9 @@ class _Trainer:
     def _build(self) -> None:
         """Model, optimizer and counters (restored from the checkpoint on --resume), then the DDP, compile
         and autocast wrappers."""
-        config, d, out = self.config, self.d, self.out
+        config, d = self.config, self.d
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every resume
-        has_state = self.resume and (out / STATE_FILE).exists()
+        has_state = self.resume and self.checkpoint.exists()
         error = None
         try:
             self.model = build_run_model(config, source_weights=not has_state).to(self.device)
@@ -254,7 +271,7 @@ class _Trainer:
         self.watch_heads = d.main and records_heads(self.model)
         self.progress = RunProgress()
         if has_state:
-            self._restore(load_state(out / STATE_FILE))
+            self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed)
             if self.progress.batch >= self.steps_per_epoch:  # --allow-data-change: the epochs got shorter
                 self.progress.epoch, self.progress.batch = self.progress.epoch + 1, 0
 
@@ -272,7 +289,10 @@ class _Trainer:
     def _check_out(self) -> str | None:
         """Rank 0: take the run directory (`runs.claim_run_dir`); the error, if any, for every rank."""
         try:
-            self.replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
+            replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
+            self.set_aside = SetAside(self.out, replaced)
+            if self.writer_class is not None:
+                check_board_folder(self.out)
         except AttnconvError as err:
             return str(err)
         return None
@@ -282,88 +302,36 @@ class _Trainer:
         if self.overwrite or not (self.out / CONFIG_FILE).exists():
             return None
         try:
-            check_resumable(self.out, self.config, self.info, allow_data_change=self.allow_data_change)
+            check_resumable(self.out, self.config, self.info, self.digest, allow_data_change=self.allow_data_change)
         except AttnconvError as err:
             return str(err)
         return None
 
     # ---------------------------------------------------------------- checkpoints
 
-    def _restore(self, state: dict[str, Any]) -> None:
-        expected = self.model.state_dict()
-        cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
-        if cast is not None:  # load_state_dict would cast it silently
-            raise AttnconvError(
-                f"{self.out / STATE_FILE}: tensor {cast} is {state['model'][cast].dtype}, the model's is "
-                f"{expected[cast].dtype}: not a checkpoint of this run; resume from another copy of the run")
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.progress = RunProgress(**state["progress"])
-        except (KeyError, RuntimeError, ValueError, TypeError) as err:
-            # torch's first line is "Error(s) in loading state_dict for X:"; the next says what differs.
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
-            raise AttnconvError(
-                f"{self.out / STATE_FILE} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
-                f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
-        if not self.d.main:  # rank 0 carries the sums so far; the others start from 0
-            p = self.progress
-            p.loss_sum = p.correct = p.seen = p.row_loss = p.row_correct = p.row_seen = 0.0
-        rng = state["rng"]
-        if len(rng["torch"]) == self.d.world_size:
-            torch.set_rng_state(rng["torch"][self.d.rank])
-            if self.device.type == "cuda" and rng["cuda"] is not None:
-                torch.cuda.set_rng_state(rng["cuda"][self.d.rank], self.device)
-        else:  # a different number of processes: continue, but dropout streams start anew
-            torch.manual_seed(self.config.seed + self.d.rank + 7919 * self.progress.step)
-
     def _checkpoint(self) -> None:
-        """Write model.safetensors, then state.pt (collective: gathers every rank's RNG state)."""
-        p = dataclasses.replace(self.progress)
-        p.loss_sum, p.correct, p.seen, p.row_loss, p.row_correct, p.row_seen = self.d.sum(
-            [p.loss_sum, p.correct, p.seen, p.row_loss, p.row_correct, p.row_seen], self.device)
-        rng_torch = [torch.get_rng_state()]
-        rng_cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None
-        if self.d.active:
-            gathered: list[Any] = [None] * self.d.world_size
-            dist.all_gather_object(gathered, (rng_torch[0], rng_cuda[0] if rng_cuda else None))
-            rng_torch = [g[0] for g in gathered]
-            rng_cuda = [g[1] for g in gathered] if rng_cuda else None
-        # Checked on every rank (the weights are the same everywhere), so all stop together.
-        bad = [n for n, t in self.model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()]
-        if bad:
-            raise AttnconvError(self._nan_message(f"weights became non-finite ({bad[0]})", p.step))
-        if not self.d.main:
-            return
-        metadata = {"model": self.config.model, "step": str(p.step), "epoch": str(p.epoch)}
-        save_weights(self.model, self.out / WEIGHTS_FILE, metadata)
-        state = {
-            "format": STATE_FORMAT,
-            "progress": dataclasses.asdict(p),
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "rng": {"torch": rng_torch, "cuda": rng_cuda},
-        }
-        save_state(state, self.out / STATE_FILE)
+        """A checkpoint of where the run stands (`Checkpointer.save`), never of non-finite weights: those
+        stop the run on every rank (the weights are the same everywhere), the last good checkpoint kept."""
+        bad = nonfinite_tensor(self.model.state_dict())
+        if bad is not None:
+            raise AttnconvError(self._nan_message(f"weights became non-finite ({bad})", self.progress.step))
+        self.checkpoint.save(self.model, self.optimizer, self.progress)
+        self.set_aside.discard()  # the new run can stand on its own: --overwrite's old run goes for good
 
     def _nan_message(self, what: str, step: int) -> str:
-        state = self.out / STATE_FILE
-        if state.exists():
-            good = load_state(state)["progress"]["step"]
-            last = f"the last good checkpoint (step {good}) is intact in {self.out}"
-        else:
-            last = "no checkpoint was written yet"
+        good = self.checkpoint.last_step()
+        last = RESTORED if self.set_aside.pending else "no checkpoint was written yet" if good is None else \
+            f"the last good checkpoint (step {good}) is intact in {self.out}"
         return (f"{what} at step {step} (lr {learning_rate(self.config, step - 1, self.total_steps):.3g}); "
                 f"{last}; lower --lr or raise --warmup and train into a new --out")
 
     # ---------------------------------------------------------------- loop
 
-    def run(self, announce: str | None = None, writer_class=None) -> dict[str, float]:
-        """Train to the end; `writer_class`: the SummaryWriter of --tensorboard, or None."""
+    def run(self, announce: str | None = None) -> dict[str, float]:
+        """Train to the end; the last metrics row."""
         p, d = self.progress, self.d
         if d.main:
-            replace_run_files(self.out, self.replaced)  # every check has passed: only now does an old run go
+            self._set_aside_old_run()  # every check has passed: only now does an old run move
             self._prepare_files()
             if announce and not p.finished:
                 _write_line(announce)
@@ -375,17 +343,30 @@ class _Trainer:
             print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
         row: dict[str, float] = {}
         self._estimate_at = p.step + ESTIMATE_AFTER if p.step + ESTIMATE_AFTER < self.total_steps else None
-        if writer_class is not None and d.main:
+        if self.writer_class is not None:
             # Events after the checkpoint's step are dropped by TensorBoard's readers: the resumed run logs them anew.
-            self.board = writer_class(str(self.out / TENSORBOARD_DIR), purge_step=p.step + 1 if p.step else None)
+            self.board = TensorBoardLog(self.writer_class, self.out, purge_step=p.step + 1 if p.step else None)
+        done = False
         try:
             while not p.finished:
                 row = self._epoch()
+            done = True
         finally:
             if self.board is not None:
-                self.board.close()
-                self.board = None
+                board, self.board = self.board, None
+                board.close(quiet=not done)  # a failure already on its way is the one to report
         return row
+
+    def _set_aside_old_run(self) -> None:
+        """--overwrite: move the old run's files aside (named on stderr), until the first checkpoint."""
+        names = self.set_aside.names
+        if names:
+            board = [n for n in names if n.startswith(TENSORBOARD_DIR + "/")]
+            shown = [n for n in names if n not in board] + ([f"{len(board)} event file{'s' if len(board) > 1 else ''}"
+                                                              f" in {TENSORBOARD_DIR}/"] if board else [])
+            _write_line(f"--overwrite: replacing the run in {self.out} ({', '.join(shown)}); it is kept aside until "
+                        "the new run's first checkpoint, other files stay")
+        self.set_aside.move()
 
     def _prepare_files(self) -> None:
         out, cfg = self.out, self.config
@@ -397,15 +378,14 @@ class _Trainer:
                 "steps_per_epoch": self.steps_per_epoch,
                 "total_steps": self.total_steps,
                 "world_size": self.d.world_size,
-                "data": data_fingerprint(self.info),
+                "data": {**data_fingerprint(self.info), "digest": self.digest},
                 "precision": precision_name(cfg.amp),
                 "torch": torch.__version__,
                 "attnconv": attnconv.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             write_config(out, meta)
-        trim_logs(out, self.progress.rows, self.progress.snapshots if self.watch_heads else None,
-                  self.progress.step_rows)
+        self.checkpoint.replay_logs(self.progress, heads=self.watch_heads)
         if self.watch_heads and self.progress.step == 0 and self.progress.snapshots == 0:
             self._record_heads(epoch=0)  # the heads at initialization
 
@@ -513,8 +493,7 @@ class _Trainer:
         if d.main:
             append_rows(self.out / METRICS_FILE, [row], METRICS_COLUMNS)
             if self.board is not None:
-                self.board.add_scalar("test/loss", test_loss, p.step)
-                self.board.add_scalar("test/accuracy", test_acc, p.step)
+                self.board.scalars({"test/loss": test_loss, "test/accuracy": test_acc}, p.step)
                 self.board.flush()
         if self.watch_heads:
             self._record_heads(epoch=row["epoch"])
@@ -563,9 +542,7 @@ class _Trainer:
                    "seconds": p.run_seconds + p.seconds}
             append_rows(self.out / STEPS_FILE, [row], STEPS_COLUMNS)
             if self.board is not None:
-                self.board.add_scalar("train/loss", row["loss"], p.step)
-                self.board.add_scalar("train/accuracy", row["accuracy"], p.step)
-                self.board.add_scalar("lr", lr, p.step)
+                self.board.scalars({"train/loss": row["loss"], "train/accuracy": row["accuracy"], "lr": lr}, p.step)
         p.row_loss = p.row_correct = p.row_seen = p.row_seconds = 0.0
 
     def _seconds_per_step(self) -> float:

@@ -1,0 +1,143 @@
+"""A run's checkpoint: what model.safetensors and state.pt hold, how they are written and read back,
+and how a resumed run replays from them (`Checkpointer`).
+
+    state.pt           {"format": STATE_FORMAT,
+                        "progress": RunProgress as a dict (the sums over every rank),
+                        "model": the weights (CPU tensors; a copy, so state.pt alone is a resume point),
+                        "optimizer": the optimizer's state_dict,
+                        "rng": {"torch": [CPU generator state per rank], "cuda": [per rank] or None}}
+    model.safetensors  the same weights, metadata {"model", "step", "epoch"}; written first, so it is
+                       never older than state.pt (after a crash between the two renames it may be one
+                       checkpoint newer, which is still a consistent set of weights)
+
+Both are written atomically (`runs.save_weights`, `runs.save_state`: temporary, fsync, rename), and
+state.pt is read with `runs.load_state` (weights_only, structure checked). A resumed run replays
+exactly: batches and the learning rate are pure functions of the counters, dropout draws come from
+the restored RNG states, and the logs are cut back to what the checkpoint knows of
+(`runs.trim_logs`, which refuses logs that lost rows the checkpoint counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from attnconv.errors import AttnconvError
+from attnconv.runs import (
+    CONFIG_FILE,
+    STATE_FILE,
+    STATE_FORMAT,
+    WEIGHTS_FILE,
+    load_state,
+    save_state,
+    save_weights,
+    trim_logs,
+)
+from attnconv.training.distributed import Dist
+from attnconv.training.progress import RunProgress
+
+# The sums a checkpoint adds over the ranks (rank 0 carries them on resume; the others start from 0).
+_SUMS = ("loss_sum", "correct", "seen", "row_loss", "row_correct", "row_seen")
+
+
+class Checkpointer:
+    """The checkpoint files of the run directory `out`: `save` (collective under DDP; rank 0 writes),
+    `restore` (every rank reads), `replay_logs` (rank 0) and `last_step` (for messages).
+
+    `model_name` goes into model.safetensors' metadata; `device` is where the CUDA RNG state lives.
+    """
+
+    def __init__(self, out: Path, d: Dist, device: torch.device, model_name: str):
+        self.out, self.d, self.device, self.model_name = out, d, device, model_name
+        self.path = out / STATE_FILE
+
+    def exists(self) -> bool:
+        """Whether the run has a checkpoint to resume from."""
+        return self.path.exists()
+
+    def last_step(self) -> int | None:
+        """The step of the checkpoint on disk, or None when there is none (or none that reads)."""
+        try:
+            return load_state(self.path)["progress"]["step"]
+        except AttnconvError:
+            return None
+
+    def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, progress: RunProgress) -> None:
+        """Write model.safetensors, then state.pt. Collective: the sums are added over the ranks and every
+        rank's RNG state is gathered; rank 0 writes."""
+        p = dataclasses.replace(progress)
+        totals = self.d.sum([getattr(p, k) for k in _SUMS], self.device)
+        for key, value in zip(_SUMS, totals):
+            setattr(p, key, value)
+        rng_torch, rng_cuda = self._rng_states()
+        if not self.d.main:
+            return
+        save_weights(model, self.out / WEIGHTS_FILE, {"model": self.model_name, "step": str(p.step),
+                                                        "epoch": str(p.epoch)})
+        state = {
+            "format": STATE_FORMAT,
+            "progress": dataclasses.asdict(p),
+            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            "rng": {"torch": rng_torch, "cuda": rng_cuda},
+        }
+        save_state(state, self.path)
+
+    def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Every rank's CPU (and CUDA) generator state, in rank order (a collective under DDP)."""
+        rng_torch = [torch.get_rng_state()]
+        rng_cuda = [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None
+        if self.d.active:
+            gathered: list[Any] = [None] * self.d.world_size
+            dist.all_gather_object(gathered, (rng_torch[0], rng_cuda[0] if rng_cuda else None))
+            rng_torch = [g[0] for g in gathered]
+            rng_cuda = [g[1] for g in gathered] if rng_cuda else None
+        return rng_torch, rng_cuda
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> RunProgress:
+        """Load state.pt into `model` and `optimizer` and set this rank's RNG state; the counters it saved.
+
+        Weights of another dtype are refused (load_state_dict would cast them); weights that do not fit
+        the model are blamed on an edited config.json, never on the checkpoint. With another number of
+        processes than the run had, dropout streams start anew from `seed` and the step."""
+        state = load_state(self.path)
+        expected = model.state_dict()
+        cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
+        if cast is not None:
+            raise AttnconvError(
+                f"{self.path}: tensor {cast} is {state['model'][cast].dtype}, the model's is "
+                f"{expected[cast].dtype}: not a checkpoint of this run; resume from another copy of the run")
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            progress = RunProgress(**state["progress"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as err:
+            # torch's first line is "Error(s) in loading state_dict for X:"; the next says what differs.
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+            raise AttnconvError(
+                f"{self.path} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
+                f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
+        if not self.d.main:
+            for key in _SUMS:
+                setattr(progress, key, 0.0)
+        rng = state["rng"]
+        if len(rng["torch"]) == self.d.world_size:
+            torch.set_rng_state(rng["torch"][self.d.rank])
+            if self.device.type == "cuda" and rng["cuda"] is not None:
+                torch.cuda.set_rng_state(rng["cuda"][self.d.rank], self.device)
+        else:
+            torch.manual_seed(seed + self.d.rank + 7919 * progress.step)
+        return progress
+
+    def replay_logs(self, progress: RunProgress, heads: bool) -> None:
+        """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to
+        the rows `progress` counts, so what was logged after the checkpoint is logged once, when replayed.
+        Logs that lost rows the checkpoint counted are refused (`runs.trim_logs`)."""
+        trim_logs(self.out, progress.rows, progress.snapshots if heads else None, progress.step_rows,
+                  step=progress.step)

@@ -1,0 +1,289 @@
+"""Failures no check can foresee, and data that changed under a run (docs/failure-model.md):
+
+- class 2, `--overwrite` replaces a run only when the new one has something to replace it with
+  (`test_overwrite_replaces_only_*`);
+- class 7, a run knows its data by content, and its logs by the checkpoint (`test_run_knows_its_data_*`);
+- class 4, background writers (TensorBoard) fail as one line (`test_background_writers_fail_as_one_line_*`).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_train import REPO, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
+
+import attnconv.training.loop as loop
+from attnconv.cli import main
+from attnconv.errors import AttnconvError
+from attnconv.runs import SetAside, claim_run_dir, load_state, read_config, read_steps
+from attnconv.runs.directory import SET_ASIDE
+
+ONE_EPOCH = ("--epochs", "1", "--log-every", "3", "--checkpoint-every", "5")  # 8 steps, checkpoints at 5 and 8
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every file (bytes) and folder (None) under `folder`, by relative path."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):  # noqa: F811
+    """A finished one-epoch run (checkpoint at step 8; steps.csv rows of steps 3 and 6; heads at epochs 0, 1)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH)) == 0
+    return out
+
+
+@pytest.fixture
+def run_with_user_files(finished, tmp_path):
+    """A copy of the finished run with an earlier --tensorboard's event file and a user's files beside it,
+    in tensorboard/ too."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "notes.txt").write_text("keep me")
+    board = out / "tensorboard"
+    (board / "mine").mkdir(parents=True)
+    (board / "NOTES.txt").write_text("my notes")
+    (board / "mine" / "events.out.tfevents.9.mine").write_bytes(b"my own events")
+    (board / "events.out.tfevents.1.host").write_bytes(b"the old run's events")
+    return out
+
+
+# ---------------------------------------------------------------------------------- class 2: --overwrite
+
+
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_nan_restores_the_old_run(
+        run_with_user_files, data_dir, capsys):  # noqa: F811
+    out = run_with_user_files
+    before = tree(out)
+    capsys.readouterr()
+    assert main(tiny_args(out, data_dir, "--overwrite", "--lr", "1e30", "--max-steps", "3")) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "non-finite" in errors[0], err
+    assert "restored as it was" in errors[0] and "no checkpoint was written yet" not in errors[0]
+    assert tree(out) == before  # every file of the old run, the user's files, nothing set aside left
+
+
+@pytest.mark.parametrize("failure", ["out of memory", "ctrl-c", "a bug"])
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_failure_at_step_1(
+        run_with_user_files, data_dir, capsys, monkeypatch, failure):  # noqa: F811
+    out = run_with_user_files
+    before = tree(out)
+    raised = {"ctrl-c": KeyboardInterrupt(), "a bug": ZeroDivisionError("a bug"),
+              "out of memory": RuntimeError("DefaultCPUAllocator: can't allocate memory")}[failure]
+    calls = []
+
+    def fail(*args):
+        calls.append(1)
+        raise raised
+
+    monkeypatch.setattr(loop, "train_step", fail)
+    capsys.readouterr()
+    args = tiny_args(out, data_dir, "--overwrite", "--tensorboard", "--seed", "3")
+    if failure == "a bug":  # a bug keeps its traceback; the old run comes back all the same
+        with pytest.raises(ZeroDivisionError):
+            main(args)
+        assert calls == [1] and tree(out) == before
+        return
+    assert main(args) == (130 if failure == "ctrl-c" else 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert calls == [1] and any("it is kept aside until the new run's first checkpoint" in line for line in err)
+    assert err[-1].startswith("interrupted at step 0 of 16; " if failure == "ctrl-c" else
+                              "error: out of memory at step 0 of 16; ")
+    assert err[-1].endswith("the run that --overwrite was replacing is restored as it was (the new run had no "
+                            "checkpoint yet)")
+    assert tree(out) == before  # the new run's config.json, logs and event file are gone, the old ones back
+
+
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_then_only_attnconv_files_go(
+        run_with_user_files, data_dir, capsys, monkeypatch):  # noqa: F811
+    out = run_with_user_files
+    seen = {}
+    original = loop._Trainer._checkpoint
+
+    def look_then_checkpoint(self):  # the old run is kept aside until the first checkpoint is written
+        seen.setdefault("before", (out / SET_ASIDE / "state.pt").is_file())
+        original(self)
+        seen.setdefault("after", (out / SET_ASIDE).exists())
+
+    monkeypatch.setattr(loop._Trainer, "_checkpoint", look_then_checkpoint)
+    assert main(tiny_args(out, data_dir, "--overwrite", "--seed", "3", "--max-steps", "2")) == 0
+    assert seen == {"before": True, "after": False}
+    assert read_config(out)["config"]["seed"] == 3 and load_state(out / "state.pt")["progress"]["step"] == 2
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert sorted(str(p.relative_to(out)) for p in (out / "tensorboard").rglob("*")) == [
+        "tensorboard/NOTES.txt", "tensorboard/mine", "tensorboard/mine/events.out.tfevents.9.mine"]
+    assert not any(p.name.startswith(".") for p in out.iterdir())  # nothing set aside is left
+
+
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_even_after_kill_9(run_with_user_files, capsys):
+    """A process killed between setting the old run aside and the new run's first checkpoint: the next
+    `train` into the folder puts the old run back before anything else (here, a --resume of it)."""
+    out = run_with_user_files
+    before = tree(out)
+    lock = loop.DirectoryLock(out)
+    names = claim_run_dir(out, lock, resume=False, overwrite=True)
+    lock.release()
+    assert "tensorboard/events.out.tfevents.1.host" in names and "tensorboard/NOTES.txt" not in names
+    SetAside(out, names).move()
+    (out / "config.json").write_text(json.dumps({"config": {}}))  # the new run's files, as a kill left them
+    (out / "metrics.csv").write_text("epoch\n")
+    (out / "tensorboard" / "events.out.tfevents.2.new").write_bytes(b"new")
+    assert not (out / "state.pt").exists() and (out / SET_ASIDE).is_dir()
+    capsys.readouterr()
+    lock = loop.DirectoryLock(out)
+    assert claim_run_dir(out, lock, resume=True, overwrite=False) == []
+    lock.release()
+    assert "restored the run that an interrupted --overwrite had set aside" in capsys.readouterr().err
+    assert tree(out) == before
+
+
+# ---------------------------------------------------------------------------------- class 7: data by content
+
+
+def _folder_run(tmp_path, monkeypatch):
+    from fixtures_data import write_image_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_image_folder(tmp_path / "imgs")
+    out = tmp_path / "run"
+    args = ["train", "--model", "sa-quadratic", "--dataset", f"folder:{tmp_path / 'imgs'}", "--hidden", "8",
+            "--layers", "1", "--heads", "4", "--intermediate", "8", "--batch-size", "4", "--workers", "1",
+            "--no-progress", "--epochs", "1", "--out", str(out)]
+    assert main(args) == 0
+    return out, args
+
+
+def _one_error(capsys, *pieces):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and all(p in err for p in pieces), err
+
+
+def test_run_knows_its_data_by_content_labels_swapped_refuse_resume(tmp_path, monkeypatch, capsys):
+    out, args = _folder_run(tmp_path, monkeypatch)
+    digest = read_config(out)["data"]["digest"]
+    assert sorted(digest) == ["test", "train"] and all(len(v) == 32 for v in digest.values())
+    train = tmp_path / "imgs" / "train"
+    os.rename(train / "cat" / "cat0.png", train / "dog" / "cat0.png")  # two images change class: same counts,
+    os.rename(train / "dog" / "dog0.png", train / "cat" / "dog0.png")  # same pixels, same normalization
+    before = tree(out)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    _one_error(capsys, "the dataset changed since this run started (the training images' content: an image or a "
+                       "label differs)", "--allow-data-change")
+    assert tree(out) == before
+    assert main([*args, "--resume", "--allow-data-change"]) == 0  # asked for: the (finished) run goes on
+
+
+def test_run_knows_its_data_by_content_a_replaced_test_image_stops_eval(tmp_path, monkeypatch, capsys):
+    from PIL import Image
+
+    out, _ = _folder_run(tmp_path, monkeypatch)
+    image = tmp_path / "imgs" / "test" / "cat" / "cat0.png"
+    size = Image.open(image).size
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(image)
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 2
+    _one_error(capsys, "the dataset changed since training (the test images' content: an image or a label "
+                       "differs)", "--allow-data-change")
+    assert main(["eval", str(out), "--allow-data-change"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("warning: ") and captured.err.count("\n") == 1 and "test acc" in captured.out
+    assert "the test images' content" in captured.err
+
+
+def test_run_knows_its_data_by_content_a_digest_that_is_no_digest_is_a_corrupt_config(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    meta = json.loads((out / "config.json").read_text())
+    meta["data"]["digest"] = {"train": "x", "test": meta["data"]["digest"]["test"]}
+    (out / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(AttnconvError, match='"data" digest .* is not'):
+        read_config(out)
+
+
+def _drop_line(path: Path, number: int) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    del lines[number]
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("log,line,expected", [
+    ("metrics.csv", 1, "metrics.csv: holds 0 rows, the checkpoint counts 1"),
+    ("steps.csv", 2, "steps.csv: holds 1 row, the checkpoint counts 2"),
+    ("heads.jsonl", 0, "heads.jsonl: holds 1 line, the checkpoint counts 2"),
+    ("steps.csv", 1, "steps.csv: row 2 is of step 9, after the checkpoint's step 8"),
+])
+def test_run_knows_its_data_by_content_logs_that_lost_rows_are_refused_on_resume(
+        finished, tmp_path, data_dir, capsys, log, line, expected):  # noqa: F811
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    if "after the checkpoint" in expected:  # a row logged after the checkpoint (a kill left it), one before it gone
+        with open(out / "steps.csv", "a") as f:
+            f.write("9,2,1.0,0.5,0.001,100,1.0\n")
+        assert [r["step"] for r in read_steps(out)] == [3, 6, 9]
+    _drop_line(out / log, line)
+    before = tree(out)
+    capsys.readouterr()
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--resume")) == 2
+    _one_error(capsys, expected, "restore the file from a copy of the run")
+    assert tree(out) == before
+
+
+# ---------------------------------------------------------------------------------- class 4: TensorBoard
+
+
+def test_background_writers_fail_as_one_line_a_file_where_the_folder_should_be(  # noqa: F811
+        finished, tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "tensorboard").write_text("a file of mine")
+    before = tree(out)
+    capsys.readouterr()
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--resume", "--tensorboard")) == 2
+    _one_error(capsys, "--tensorboard: ", "tensorboard is a file, not a folder")
+    assert tree(out) == before
+    assert main(tiny_args(out, data_dir, "--overwrite", "--max-steps", "1")) == 0  # without --tensorboard: not ours
+    assert (out / "tensorboard").read_text() == "a file of mine"
+
+
+FAILING_WRITES = """
+import errno, sys
+from tensorboard.summary.writer import record_writer
+from attnconv.cli import main
+
+real, calls = record_writer.RecordWriter.write, []
+
+def write(self, data):  # the event file's first records go through, then the disk is full
+    calls.append(1)
+    if len(calls) > 10:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real(self, data)
+
+record_writer.RecordWriter.write = write
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_background_writers_fail_as_one_line_when_the_event_file_cannot_be_written(tmp_path, data_dir):  # noqa: F811
+    """The writer's thread fails (a full disk): no "Exception in thread" traceback, one error line naming the
+    folder and the last good checkpoint, exit 2; the run's checkpoint is intact and resumable."""
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    args = tiny_args(out, data_dir, "--tensorboard", "--log-every", "1", "--checkpoint-every", "2")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", FAILING_WRITES, *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    err = [line for line in proc.stderr.splitlines() if not line.startswith(("epoch ", "preset: ", "estimated time: "))]
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr
+    assert len(err) == 1 and err[0].startswith(f"error: --out {out}: could not write {out / 'tensorboard'} "
+                                               "(no space left on the device"), proc.stderr
+    step = load_state(out / "state.pt")["progress"]["step"]
+    assert f"the last good checkpoint (step {step}) is intact" in err[0] and step > 0
