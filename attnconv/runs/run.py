@@ -155,7 +155,9 @@ class Run:
         else:
             if not images:
                 raise AttnconvError("give at least one image file")
-            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size) for p in images]))
+            budget = D.decode_budget()  # an image too large to decode is refused from its header
+            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget)
+                                             for p in images]))
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
                                 f"{raw.dtype} {tuple(raw.shape)}")
