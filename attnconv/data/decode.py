@@ -103,8 +103,10 @@ def probe_grey(path: Path) -> bool:
         return img.mode in _GREY_MODES
 
 
-# What decoding one image may allocate unless the caller gives a budget (`decode_image(budget=)`).
+# What decoding one image may allocate unless the caller gives a budget (`decode_image(budget=)`), and the least
+# a budget made from the free memory allows (`folder.decode_budget`).
 MAX_DECODE_BYTES = 1 << 30
+MIN_DECODE_BYTES = 64 << 20
 _CROPS_BEFORE_BOX = 16  # resize the whole image while it is at most this many crops (or the decoded size)
 
 
@@ -146,7 +148,10 @@ def decode_bytes(mode: str, width: int, height: int, grey: bool, size: int) -> i
 
 
 def _format_bytes(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n} bytes"
 
 
 class DecodeBudget:

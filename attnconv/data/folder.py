@@ -75,8 +75,10 @@ def available_memory() -> int:
 
 def decode_budget() -> decode.DecodeBudget:
     """The memory that decoding images may take at once: ``decode.MAX_DECODE_BYTES``, or half of what
-    is free if that is less (`decode.decode_image` refuses an image that alone needs more)."""
-    return decode.DecodeBudget(min(decode.MAX_DECODE_BYTES, available_memory() // 2))
+    is free if that is less, but never under ``decode.MIN_DECODE_BYTES`` (an ordinary photo always
+    decodes); `decode.decode_image` refuses an image that alone needs more."""
+    half = max(decode.MIN_DECODE_BYTES, available_memory() // 2)
+    return decode.DecodeBudget(min(decode.MAX_DECODE_BYTES, half))
 
 
 def _gib(n: int) -> str:
