@@ -5,24 +5,42 @@
 
 Every format takes normalized images (B, C, H, W) at the run's image size, any batch size, and
 returns logits (B, classes); `Run.transform` (or `attnconv predict`) does the preprocessing.
-Each file is loaded back after writing and its output compared with the model's.
+
+One file, written once. The export is made in memory, loaded back from those bytes and its
+output compared with the model's, and only then written (`fileio.atomic_write`: a temporary
+beside it, renamed over the target), so a failure at any point (a full disk included) leaves
+the earlier file as it was and no temporary, and what lands on disk is exactly what was
+checked. ONNX keeps its weights inside the file (no external-data file beside it), which
+protobuf allows up to 2 GB; larger models are refused before exporting. Each file says that
+attnconv wrote it (`EXPORT_MARK`: an `attnconv.json` record in the .pt2 and .ts archives, the
+ONNX model's doc_string and a "generator" metadata entry), so `fileio.written_by_attnconv`
+recognises it and a rerun replaces it, while a user's file of the same name is refused
+without --overwrite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
+import json
+import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+import attnconv
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, check_output_file
+from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
+from attnconv.limits import format_bytes
 from attnconv.runs import Run, as_run
 
 FORMATS = {"exported": ".pt2", "torchscript": ".ts", "onnx": ".onnx"}
 TOLERANCE = 1e-4  # max |logits difference| between the file and the model, float32
+ONNX_LIMIT = (2 << 30) - (16 << 20)  # protobuf's 2 GB for one message, less room for the graph
 
 
 def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | os.PathLike | None = None, *,
@@ -32,7 +50,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     exported: `torch.export` (load with `torch.export.load(path).module()`); torchscript:
     `torch.jit.trace` (load with `torch.jit.load`); onnx: `torch.onnx.export` (needs the `onnx`
     and `onnxscript` packages; checked with onnxruntime when it is installed). The batch size is
-    free in every format.
+    free in every format. An existing `out` is replaced if attnconv wrote it (or with `overwrite`).
     """
     if fmt not in FORMATS:
         raise AttnconvError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -45,39 +63,79 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "--out", (suffix,),
                             overwrite=overwrite)
     model, info = run.model.eval(), run.info
+    if fmt == "onnx":
+        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        if weights > ONNX_LIMIT:
+            raise AttnconvError(f"{run.path}: the model's weights take {format_bytes(weights)}, more than one ONNX "
+                                "file holds (2 GB); export it with --format exported or torchscript instead")
     example = torch.randn(2, info.channels, info.size, info.size, device=next(model.parameters()).device)
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tracer and exporter notes about shape checks, not errors
-        if fmt == "exported":
-            program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
-            atomic_write(out, lambda tmp: torch.export.save(program, str(tmp)))
-        elif fmt == "torchscript":
-            traced = torch.jit.trace(model, example, check_trace=False)
-            atomic_write(out, lambda tmp: traced.save(str(tmp)))
-        else:
-            atomic_write(out, lambda tmp: torch.onnx.export(model, (example,), str(tmp), dynamo=True,
-                                                            dynamic_shapes={"x": {0: batch}}, verbose=False))
-        _check(out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
+    record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
+              "model": run.config.model, "format": fmt}
+    with torch.no_grad(), _quiet():
+        data = _serialize(fmt, model, example, record)
+        _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
+    try:
+        atomic_write(out, write_bytes(data))
+    except OSError as err:
+        raise AttnconvError(f"{out}: could not write the export ({describe_os_error(err)}); nothing was written "
+                            "(an earlier file of that name is as it was)") from None
     return out
 
 
-def _check(path: Path, fmt: str, model: torch.nn.Module, x: torch.Tensor) -> None:
-    """Load the written file and compare its logits with the model's on x (a batch size it was not traced at)."""
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The tracers' and exporters' notes silenced: their warnings (shape checks) and their log lines (the ONNX
+    exporter's "torchvision is not installed" at WARNING); errors still raise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        before = logging.root.manager.disable
+        logging.disable(max(before, logging.WARNING))
+        try:
+            yield
+        finally:
+            logging.disable(before)
+
+
+def _serialize(fmt: str, model: torch.nn.Module, example: torch.Tensor, record: dict[str, str]) -> bytes:
+    """The export as the bytes of its file, made in memory (nothing on disk yet), marked as attnconv's."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    buffer = io.BytesIO()
+    if fmt == "exported":
+        program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
+        torch.export.save(program, buffer, extra_files={EXPORT_MARK: json.dumps(record)})
+        return buffer.getvalue()
+    if fmt == "torchscript":
+        traced = torch.jit.trace(model, example, check_trace=False)
+        torch.jit.save(traced, buffer, _extra_files={EXPORT_MARK: json.dumps(record)})
+        return buffer.getvalue()
+    program = torch.onnx.export(model, (example,), dynamo=True, dynamic_shapes={"x": {0: batch}}, verbose=False)
+    proto = program.model_proto  # the weights inside, as initializers with their data
+    proto.doc_string = f"{record['generator']}: {record['model']} from {record['run']}"
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "generator", record["generator"]
+    try:
+        return proto.SerializeToString()
+    except ValueError as err:  # over protobuf's 2 GB after all
+        raise AttnconvError(f"the ONNX model does not fit in one file ({err}); export it with --format exported "
+                            "or torchscript instead") from None
+
+
+def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Load the export from its bytes and compare its logits with the model's on x (a batch size it was not
+    traced at); an export that differs is refused before anything is written."""
     want = model(x)
     if fmt == "exported":
-        got = torch.export.load(str(path)).module()(x)
+        got = torch.export.load(io.BytesIO(data)).module()(x)
     elif fmt == "torchscript":
-        got = torch.jit.load(str(path))(x)
+        got = torch.jit.load(io.BytesIO(data), map_location=x.device)(x)
     else:
         if importlib.util.find_spec("onnxruntime") is None:
             return  # written, not checked: onnxruntime is optional
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(str(path))
+        session = onnxruntime.InferenceSession(data)
         got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})[0])
     diff = float((got.to(want) - want).abs().max())
     if not diff <= TOLERANCE:
-        path.unlink(missing_ok=True)
-        raise AttnconvError(f"{path}: the exported model's logits differ from the run's by {diff:.3g}; "
-                            "nothing was kept (please report this)")
+        raise AttnconvError(f"{out}: the exported model's logits differ from the run's by {diff:.3g}; "
+                            "nothing was written (please report this)")

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import stat
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -167,6 +169,8 @@ def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str,
 RUN_FILE_NAMES = ("config.json", "metrics.csv", "model.safetensors", "state.pt", "heads.jsonl", "steps.csv")
 # What attnconv writes into the files it makes, so that it can tell its own files from a user's.
 SIGNATURE = "attnconv"
+# The record `attnconv export` puts into its .pt2 and .ts archives (an extra file: {"generator": "attnconv ..."}).
+EXPORT_MARK = "attnconv.json"
 
 
 def written_by_attnconv(path: str | os.PathLike) -> bool:
@@ -174,10 +178,14 @@ def written_by_attnconv(path: str | os.PathLike) -> bool:
 
     Reports carry `<meta name="generator" content="attnconv">`, PNG figures a "Software"
     text chunk, SVG and PDF figures a "Creator" entry, benchmark output the `attnconv bench`
-    command line, other JSON a "generator" key; anything else (a user's notes, a run's
-    weights) is not ours.
+    command line, other JSON a "generator" key, exports (`attnconv export`) an `EXPORT_MARK`
+    record in their archive (.pt2, .ts) or an ONNX doc_string starting "attnconv "; anything
+    else (a user's notes, a run's weights) is not ours.
     """
     path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".pt2", ".ts"):
+        return _archive_marked(path)
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
@@ -185,8 +193,9 @@ def written_by_attnconv(path: str | os.PathLike) -> bool:
             tail = f.read()
     except OSError:
         return False
-    suffix = path.suffix.lower()
     sig = SIGNATURE.encode()
+    if suffix == ".onnx":
+        return _onnx_doc_string(head).startswith(sig + b" ")
     if suffix in (".html", ".htm"):
         return b'<meta name="generator" content="' + sig in head
     if suffix == ".png":
@@ -198,6 +207,56 @@ def written_by_attnconv(path: str | os.PathLike) -> bool:
     if suffix in (".json", ".md"):
         return b"attnconv bench" in head or b'"generator": "' + sig in head
     return False
+
+
+def _archive_marked(path: Path) -> bool:
+    """Whether the zip archive `path` (a torch.export or TorchScript file) holds attnconv's export record."""
+    try:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
+            names = [n for n in archive.namelist() if n.rsplit("/", 1)[-1] == EXPORT_MARK]
+            if not names or archive.getinfo(names[0]).file_size > 1 << 16:
+                return False
+            record = json.loads(archive.read(names[0]))
+    except (OSError, zipfile.BadZipFile, ValueError, KeyError):
+        return False
+    return isinstance(record, dict) and str(record.get("generator", "")).startswith(SIGNATURE + " ")
+
+
+def _onnx_doc_string(head: bytes) -> bytes:
+    """The doc_string of an ONNX ModelProto from the file's first bytes, or b"" (not ONNX, or none).
+
+    The top-level fields are read in the order protobuf writes them (by number): ir_version (1),
+    producer name and version, domain, model version, doc_string (6), then the graph (7), where we stop."""
+    pos, first = 0, True
+    while pos < len(head):
+        tag, pos = _varint(head, pos)
+        field, wire = tag >> 3, tag & 7
+        if tag < 0 or field >= 7 or (first and (field, wire) != (1, 0)):  # ONNX starts with its ir_version
+            return b""
+        first = False
+        if wire == 0:
+            _, pos = _varint(head, pos)
+        elif wire == 2:
+            size, pos = _varint(head, pos)
+            if field == 6:
+                return head[pos : pos + size]
+            pos += size
+        else:
+            return b""
+    return b""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at `pos`: (value, the position after it); (-1, len) when cut short."""
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+    return -1, len(data)
 
 
 def check_output_file(path: str | os.PathLike, flag: str, suffixes: tuple[str, ...], *,

@@ -13,13 +13,19 @@ style sheet is inline, so the file can be mailed, archived or opened offline. Se
     test            the test set measured anew with the weights (`evaluate.predict_all`, one
                     pass): accuracy per class, the confusion matrix figure, and 16
                     misclassified test images sampled across their true classes; a run
-                    whose data cannot be found gets a note here instead (saying where the
-                    data was and how to point at it)
+                    whose data cannot be found (`runs.DataNotFound`) gets a note here instead
+                    (saying where the data was and how to point at it)
     attention       attention classifiers only: the centers figure (Fig. 4/12/14), the maps
                     figure around the middle query (Fig. 5/6) and the `analyze` numbers per
                     layer and head. CNN runs say they have no attention and skip it; runs
                     written by `attnconv convert` (ConvAttention layers inside a CNN) get a
                     note saying why the analysis does not apply.
+
+Errors are never buried in the page. A section is left out only when the run itself cannot
+have it (its data is not on this machine; attention the analysis cannot take): the page says
+so in a note and `write_report` warns (`AttnconvWarning`: one `warning:` line from the CLI).
+Anything else that makes a section impossible (a `--dataset` that does not fit the run, data
+that changed since training, a corrupt file) fails the whole report with its one error.
 
 Content-attention models are averaged over `images` test images sampled across the
 classes (`Run.test_images`, a fixed seed), as in `attnconv plot` and `attnconv analyze`.
@@ -39,6 +45,7 @@ import base64
 import html
 import json
 import os
+import warnings
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -47,13 +54,14 @@ import torch
 
 import attnconv
 from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
+from attnconv.models.sites import needs_inputs
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import figure_png
 from attnconv.plots.results import confusion_figure, curves_figure, misclassified_figure
-from attnconv.runs import Run, sample_across_classes
+from attnconv.runs import DataNotFound, Run, sample_across_classes
 from attnconv.tables import significant
 
 __all__ = ["build_report", "write_report"]
@@ -104,6 +112,11 @@ def _e(value: Any) -> str:
 def _img(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<img src="data:image/png;base64,{data}" alt="{_e(alt)}">'
+
+
+def _missing(section: str, err: AttnconvError) -> None:
+    """Say on stderr (one `warning:` line from the CLI) that the page leaves out `section`, and why."""
+    warnings.warn(f"report: {section} is left out: {err}", AttnconvWarning, stacklevel=3)
 
 
 def _note(text: str) -> str:
@@ -200,9 +213,10 @@ def _test_section(run: Run) -> str:
     head = '<section id="test"><h2>Test set</h2>'
     try:
         test = run.test_set
-        result = predict_all(run.model, test, run.info, device=run.device)
-    except AttnconvError as err:  # the data is gone, or changed shape since training
+    except DataNotFound as err:  # the run's data is not on this machine: the one section that can do without it
+        _missing("the test set section (per-class accuracy, confusion matrix, misclassified images)", err)
         return head + _note(f"the test set could not be read, so there are no per-class results: {err}") + "</section>"
+    result = predict_all(run.model, test, run.info, device=run.device)
     classes = list(run.info.classes)
     labels, predicted = test.labels.cpu(), result["predictions"]
     confusion = confusion_matrix(labels, predicted, len(classes))
@@ -278,11 +292,23 @@ def _attention_section(run: Run, *, images: int) -> str:
     config = run.config
     try:
         sites = run.sites
-        probs, n = run.site_probs(images)
-    except AttnconvError as err:  # a CNN; or content attention and no test images to average over
+    except AttnconvError as err:  # a CNN; or attention the per-head analysis cannot take
         if "no attention layers" in str(err) and not run.converted:
             return head + _note(f"{config.model} has no attention layers (a convolutional network): the attention "
                                 "figures and analysis are skipped.") + "</section>"
+        _missing("the attention section", err)
+        return head + _note(f"the attention analysis could not run on this model: {err}") + "</section>"
+    if needs_inputs(sites):
+        try:
+            run.test_set  # noqa: B018 (content attention averages over test images)
+        except DataNotFound as err:
+            _missing("the attention section (content attention is averaged over test images)", err)
+            return head + _note(f"content attention depends on the input and the test images could not be "
+                                f"read: {err}") + "</section>"
+    try:
+        probs, n = run.site_probs(images)  # the test images, if any, were read above: what fails here is the model
+    except AttnconvError as err:
+        _missing("the attention section", err)
         return head + _note(f"the attention analysis could not run on this model: {err}") + "</section>"
     how = f"mean over {n} test images (content attention)" if n else "position-only: the same for every input"
     sizes = sorted({site.size for site in sites})

@@ -39,9 +39,9 @@ def count_decodes(monkeypatch) -> list[Path]:
     calls: list[Path] = []
     real = decode.decode_image
 
-    def counted(path, grey, size):
+    def counted(path, grey, size, **kwargs):
         calls.append(path)
-        return real(path, grey, size)
+        return real(path, grey, size, **kwargs)
 
     monkeypatch.setattr(decode, "decode_image", counted)
     return calls

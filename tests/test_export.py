@@ -52,8 +52,10 @@ def test_the_command_line_writes_next_to_the_run_and_never_over_a_users_file(tin
     target.unlink(missing_ok=True)
     assert main(["export", str(run_dir), "--format", "torchscript"]) == 0
     assert capsys.readouterr().out.strip() == str(target) and target.exists()
-    assert main(["export", str(run_dir), "--format", "torchscript"]) == 2  # exists: refused without --overwrite
-    assert "--overwrite" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--format", "torchscript"]) == 0  # attnconv's own export: replaced
+    target.write_text("my notes\n")  # a user's file of that name: refused without --overwrite
+    assert main(["export", str(run_dir), "--format", "torchscript"]) == 2
+    assert "--overwrite" in capsys.readouterr().err and target.read_text() == "my notes\n"
     assert main(["export", str(run_dir), "--format", "torchscript", "--overwrite"]) == 0
     assert main(["export", str(run_dir), "--format", "exported", "--out", str(run_dir / "x.onnx")]) == 2
     assert "ending in .pt2" in capsys.readouterr().err

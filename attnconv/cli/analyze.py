@@ -166,6 +166,12 @@ def run_centers(args: argparse.Namespace) -> int:
     from attnconv.plots import plot_centers, plot_centers_history
 
     if args.layer is not None or args.epochs is not None:
+        from attnconv.errors import AttnconvError
+
+        given = [flag for flag, value in (("--dataset", args.dataset), ("--data-dir", args.data_dir)) if value]
+        if given:  # the figure over training reads heads.jsonl only: a data flag would be silently ignored
+            raise AttnconvError(f"{' and '.join(given)}: centers over training (--layer, --epochs) come from "
+                                "RUN_DIR/heads.jsonl and read no images; leave them out")
         epochs = _epochs(args.epochs)
         layer = 1 if args.layer is None else args.layer
         print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs, overwrite=args.overwrite))

@@ -35,6 +35,7 @@ from attnconv.data.folder import (
     FOLDER_PREFIX,
     available_memory,
     check_image_size,
+    decode_budget,
     folder_path,
 )
 from attnconv.data.imageset import ImageSet, channel_stats
@@ -64,6 +65,7 @@ __all__ = [
     "check_image_size",
     "crop_flip",
     "dataset_info",
+    "decode_budget",
     "download",
     "draw_crop_flip",
     "folder_path",

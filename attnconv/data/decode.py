@@ -1,15 +1,26 @@
-"""Decoding one image file with Pillow into a fixed-size uint8 array (folder datasets).
+"""Decoding one image file with Pillow into a fixed-size uint8 array (folder datasets, `predict`).
 
 The recipe is torchvision's ``Resize(S)`` + ``CenterCrop(S)`` on a PIL image: the shorter
 side is resized to S (bilinear, antialiased), the longer one to ``int(S * long / short)``,
 then the center S x S is cut (top-left at ``round((side - S) / 2)``). Before that the
 EXIF orientation is applied (a photo is used the way viewers show it), and JPEGs are
 decoded at the smallest 1/2, 1/4 or 1/8 scale that still covers S (``Image.draft``).
+
+Memory. Decoding is refused, in one line naming the file, when what it will allocate
+(``decode_bytes``: the decoded pixels as Pillow stores them, a rotated copy, the conversion
+to L or RGB, the resize) exceeds the budget (``MAX_DECODE_BYTES``, or what the caller can
+spare); the header alone says so, before any pixel is decoded. Resizing the whole image
+and then cropping can cost far more than the image itself: a 1 x 2,000,000 strip resized
+to a shorter side of 32 is 32 x 64,000,000 pixels. So when the resized image would be larger
+than both the decoded one and 16 crops, only the region the crop keeps is resized (Pillow's
+``resize(box=...)``: the same sample positions and filter, the result within 1 of 255 of the
+full recipe); otherwise the full recipe runs, pixel for pixel torchvision's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -92,25 +103,121 @@ def probe_grey(path: Path) -> bool:
         return img.mode in _GREY_MODES
 
 
-def decode_image(path: Path, grey: bool, size: int) -> np.ndarray:
-    """The image at ``path`` as uint8 (C, size, size), C = 1 when ``grey`` else 3 (RGB)."""
+# What decoding one image may allocate unless the caller gives a budget (`decode_image(budget=)`), and the least
+# a budget made from the free memory allows (`folder.decode_budget`).
+MAX_DECODE_BYTES = 1 << 30
+MIN_DECODE_BYTES = 64 << 20
+_CROPS_BEFORE_BOX = 16  # resize the whole image while it is at most this many crops (or the decoded size)
+
+
+def _pixel_bytes(mode: str) -> int:
+    """Bytes Pillow keeps per pixel in `mode` (it stores RGB, LA, CMYK... in 4)."""
+    return 1 if mode in ("1", "L", "P") else 2 if mode in _SIXTEEN_BIT else 4
+
+
+def _resized(w: int, h: int, size: int) -> tuple[int, int]:
+    """(width, height) after torchvision's Resize(size): the shorter side to size."""
+    return (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+
+
+def _crop_first(w: int, h: int, size: int) -> bool:
+    """Whether resizing the whole image would allocate more than decoding it did and 16 crops: then only the
+    region the crop keeps is resized."""
+    nw, nh = _resized(w, h, size)
+    return nw * nh > max(w * h, _CROPS_BEFORE_BOX * size * size)
+
+
+def decode_bytes(mode: str, width: int, height: int, grey: bool, size: int) -> int:
+    """What `decode_image` allocates at its peak for a `mode` image of width x height (after `Image.draft`):
+    the decoded pixels as Pillow stores them, a rotated copy (EXIF orientation: counted always, since
+    reading a PNG's EXIF decodes its pixels), the 16-bit -> 8-bit arrays, the conversion to L or RGB,
+    and the resize with its intermediate."""
+    pixels = width * height
+    decoded = pixels * _pixel_bytes(mode)
+    target = 1 if grey else 4
+    steps = decoded  # exif_transpose: a new image, then the old one goes
+    if mode in _SIXTEEN_BIT:
+        steps = max(steps, pixels * (2 + 2 + 1 + 1))  # uint16 array, shifted, uint8, the L image
+    steps = max(steps, pixels * target)  # convert(mode)
+    if _crop_first(width, height, size):
+        resize = 2 * size * (size + 4) * target  # the crop's rows, then the crop
+    else:
+        nw, nh = _resized(width, height, size)
+        resize = (nw * height + nw * nh) * target  # horizontal pass, then the vertical one
+    return decoded + steps + pixels * target + resize
+
+
+def _format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n} bytes"
+
+
+class DecodeBudget:
+    """Bytes that decoding may hold at once, shared by the threads decoding a folder.
+
+    Each image reserves what it will allocate (`decode_bytes`) before its pixels are decoded and
+    gives it back when done; while the others hold too much it waits. An image that alone needs
+    more than the whole budget is refused: one AttnconvError naming the file.
+    """
+
+    def __init__(self, total: int | None = None):
+        self.total, self.held = int(MAX_DECODE_BYTES if total is None else total), 0
+        self._free = threading.Condition()
+
+    @contextlib.contextmanager
+    def reserve(self, need: int, path: Path, what: str) -> Iterator[None]:
+        if need > self.total:
+            raise AttnconvError(f"{path}: decoding this {what} image needs about {_format_bytes(need)} of memory, "
+                                f"over the {_format_bytes(self.total)} allowed for one image; shrink it, or remove "
+                                "it from the folder")
+        with self._free:
+            self._free.wait_for(lambda: self.held + need <= self.total)
+            self.held += need
+        try:
+            yield
+        finally:
+            with self._free:
+                self.held -= need
+                self._free.notify_all()
+
+
+def decode_image(path: Path, grey: bool, size: int, *, budget: DecodeBudget | None = None) -> np.ndarray:
+    """The image at ``path`` as uint8 (C, size, size), C = 1 when ``grey`` else 3 (RGB).
+
+    budget: the memory decoding may take (`DecodeBudget`, shared by threads; default one image of
+    ``MAX_DECODE_BYTES``): an image that needs more (`decode_bytes`) is one AttnconvError naming the
+    file, raised from its header, before its pixels are decoded."""
+    with _opened(path) as img:
+        w, h = img.size
+        if min(w, h) == 0:
+            raise _fail(path, ValueError("the image is empty (0 pixels wide or high)"))
+        img.draft("L" if grey else "RGB", (size, size))  # JPEG: decode at the smallest scale still >= size
+        need = decode_bytes(img.mode, *img.size, grey, size)
+        with (budget or DecodeBudget()).reserve(need, path, f"{w}x{h} {img.mode}"):
+            return _decode(img, grey, size)
+
+
+def _decode(img, grey: bool, size: int) -> np.ndarray:
+    """Load, orient, convert, resize and crop the opened image (see the module docstring)."""
     Image, ImageOps = _pil()
     mode = "L" if grey else "RGB"
-    with _opened(path) as img:
-        img.draft(mode, (size, size))  # JPEG: decode at the smallest scale that is still >= size
-        img.load()
-        ImageOps.exif_transpose(img, in_place=True)
-        if img.mode in _SIXTEEN_BIT:  # 16-bit grey: keep the high byte (convert("L") would clip)
-            img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
-        img = img.convert(mode)
-        w, h = img.size
-        short = min(w, h)
-        if short == 0:
-            raise ValueError("the image is empty (0 pixels wide or high)")
-        nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
-        if (nw, nh) != (w, h):
-            img = img.resize((nw, nh), Image.Resampling.BILINEAR)
-        top, left = round((nh - size) / 2), round((nw - size) / 2)  # as torchvision's CenterCrop
+    img.load()
+    ImageOps.exif_transpose(img, in_place=True)
+    if img.mode in _SIXTEEN_BIT:  # 16-bit grey: keep the high byte (convert("L") would clip)
+        img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
+    img = img.convert(mode)
+    w, h = img.size
+    nw, nh = _resized(w, h, size)
+    top, left = round((nh - size) / 2), round((nw - size) / 2)  # as torchvision's CenterCrop
+    if (nw, nh) == (w, h):
         img = img.crop((left, top, left + size, top + size))
-        pixels = np.asarray(img, dtype=np.uint8)  # (S, S) or (S, S, 3)
+    elif _crop_first(w, h, size):  # the crop's region of the source, resized alone
+        sx, sy = w / nw, h / nh
+        img = img.resize((size, size), Image.Resampling.BILINEAR,
+                         box=(left * sx, top * sy, (left + size) * sx, (top + size) * sy))
+    else:
+        img = img.resize((nw, nh), Image.Resampling.BILINEAR).crop((left, top, left + size, top + size))
+    pixels = np.asarray(img, dtype=np.uint8)  # (S, S) or (S, S, 3)
     return pixels[None] if grey else pixels.transpose(2, 0, 1)

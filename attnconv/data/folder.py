@@ -73,6 +73,14 @@ def available_memory() -> int:
     return available
 
 
+def decode_budget() -> decode.DecodeBudget:
+    """The memory that decoding images may take at once: ``decode.MAX_DECODE_BYTES``, or half of what
+    is free if that is less, but never under ``decode.MIN_DECODE_BYTES`` (an ordinary photo always
+    decodes); `decode.decode_image` refuses an image that alone needs more."""
+    half = max(decode.MIN_DECODE_BYTES, available_memory() // 2)
+    return decode.DecodeBudget(min(decode.MAX_DECODE_BYTES, half))
+
+
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
@@ -101,10 +109,15 @@ def _decode_all(layout: FolderLayout, grey: bool, size: int, images: np.ndarray)
     hist = np.zeros((channels, 256), dtype=np.int64)
     paths = [layout.root / rel for rel, _ in layout.files]
     n_train = len(layout.train)
+    budget = decode_budget()  # what the decoding threads may hold at once; each image reserves its share
+
+    def one(path: Path) -> np.ndarray:
+        return decode.decode_image(path, grey, size, budget=budget)
+
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:  # Pillow decodes without the GIL
         for start in range(0, len(paths), _CHUNK):
             chunk = paths[start : start + _CHUNK]
-            for i, pixels in enumerate(pool.map(decode.decode_image, chunk, [grey] * len(chunk), [size] * len(chunk))):
+            for i, pixels in enumerate(pool.map(one, chunk)):
                 images[start + i] = pixels
             train_part = images[start : min(start + _CHUNK, n_train)]  # (b, C, S, S)
             for c in range(channels):

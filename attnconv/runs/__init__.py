@@ -23,6 +23,8 @@ Every file is written atomically through `attnconv.fileio.atomic_write`.
 from attnconv.runs.build import build_run_architecture, build_run_model, convert_run, load_run, load_weights, nonfinite_tensor
 from attnconv.runs.data import (
     SAMPLE_SEED,
+    DataNotFound,
+    check_other_dataset,
     data_changes,
     data_digest,
     data_fingerprint,
@@ -94,6 +96,8 @@ __all__ = [
     "run_info",
     "run_test_set",
     "other_test_set",
+    "check_other_dataset",
+    "DataNotFound",
     "recorded_info",
     "sample_across_classes",
     "SAMPLE_SEED",

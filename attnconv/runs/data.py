@@ -2,12 +2,15 @@
 
     run_info(config, recorded=meta.get("data"))     the run's DatasetInfo (a moved folder: what it recorded)
     run_test_set(config, data_dir, dataset=...)     its test split, or another dataset's with the same classes
+    check_other_dataset(config, dataset, recorded)   refuse a `--dataset` that cannot stand for it, before any work
     sample_across_classes(labels, count)            the test images commands show: a few of every class
 
 When the data a run was trained on is gone (a `folder:PATH` dataset whose folder was moved
 or deleted, or a built-in dataset's `--data-dir` that no longer exists and is nowhere else),
 reading its test set is one error naming the stored path and the flag that points at the
-data: `--dataset folder:PATH` for folders, `--data-dir DIR` for the built-in datasets.
+data: `--dataset folder:PATH` for folders, `--data-dir DIR` for the built-in datasets. That
+error is a `DataNotFound`, so a command that can do without the test images (a report's
+per-class section) can tell "the data is not here" from "the data does not fit the run".
 """
 
 from __future__ import annotations
@@ -24,11 +27,16 @@ import torch
 
 from attnconv import data as D
 from attnconv.config import TrainConfig
+from attnconv.data.folder_layout import scan_folder
 from attnconv.errors import AttnconvError
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
 SAMPLE_SEED = 0
 _RECORDED = ("classes", "train_size", "test_size", "channels", "size", "mean", "std")
+
+
+class DataNotFound(AttnconvError):
+    """The data a run was trained on is not where it was, nor anywhere else attnconv looks."""
 
 
 def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None) -> str | None:
@@ -90,7 +98,7 @@ def run_info(config: TrainConfig, *, recorded: dict[str, Any] | None = None) -> 
     if gone is not None:
         known = recorded_info(config, recorded)
         if known is None:
-            raise AttnconvError(_gone_message(config, gone))
+            raise DataNotFound(_gone_message(config, gone))
         return known
     return D.dataset_info(config.dataset, image_size=run_image_size(config))
 
@@ -110,14 +118,14 @@ def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None,
         return other_test_set(config, dataset, info if info is not None else run_info(config), data_dir)
     gone = _folder_gone(config)
     if gone is not None:
-        raise AttnconvError(_gone_message(config, gone))
+        raise DataNotFound(_gone_message(config, gone))
     found = run_data_dir(config, data_dir)
     try:
         test = D.load_dataset(config.dataset, found, download=True, image_size=run_image_size(config))[1]
     except AttnconvError as err:
         stored = config.data_dir
         if data_dir is None and stored is not None and not Path(stored).expanduser().is_dir():
-            raise AttnconvError(
+            raise DataNotFound(
                 f"{config.dataset}: the run's data folder {stored} no longer exists and the dataset is not in "
                 f"the usual places either; point at it with --data-dir DIR ({err})") from None
         raise
@@ -134,6 +142,37 @@ def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None,
 def _names(classes: Sequence[str], limit: int = 20) -> str:
     shown = ", ".join(str(c) for c in classes[:limit])
     return shown + (f", ... ({len(classes)} in all)" if len(classes) > limit else "")
+
+
+def check_other_dataset(config: TrainConfig, dataset: str, recorded: dict[str, Any] | None = None) -> None:
+    """Refuse `dataset` (`--dataset`) at once when it cannot stand for the run's test data: a folder that
+    does not exist or is no image folder, an unknown name, or classes other than the run's (the same
+    names in the same order). Reads no image: a folder's layout is listed, nothing decoded (its
+    channels are checked when its images are read, `other_test_set`). Every command taking `--dataset`
+    checks it this way (`Run`), also those that end up not needing test images, so a wrong `--dataset`
+    is never silently ignored. `recorded`: config.json "data" (the run's classes without reading its data).
+    """
+    folder = D.folder_path(dataset)
+    if folder is not None:
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise AttnconvError(f"--dataset {dataset}: {folder} {what}; give the image folder holding test "
+                                "images of the run's classes (PATH/train/CLASS/... and PATH/test/CLASS/...)")
+        try:
+            classes: Sequence[str] = scan_folder(folder).classes
+        except AttnconvError as err:
+            raise AttnconvError(f"--dataset {dataset}: {err}") from None
+    else:
+        try:
+            classes = D.dataset_info(dataset).classes
+        except AttnconvError as err:
+            raise AttnconvError(f"--dataset {dataset}: {err}") from None
+    known = recorded_info(config, recorded)
+    ours = (known if known is not None else run_info(config, recorded=recorded)).classes
+    if tuple(classes) != tuple(ours):
+        raise AttnconvError(
+            f"--dataset {dataset}: its classes ({_names(classes)}) are not the run's ({_names(ours)}); "
+            "give a dataset with the same classes (folder:PATH: the same sub-folder names under train/)")
 
 
 def other_test_set(config: TrainConfig, dataset: str, info: D.DatasetInfo,

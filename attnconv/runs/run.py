@@ -19,7 +19,7 @@ from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
-from attnconv.runs.data import data_fingerprint, run_info, run_test_set, sample_across_classes
+from attnconv.runs.data import check_other_dataset, data_fingerprint, run_info, run_test_set, sample_across_classes
 from attnconv.runs.files import (
     HEADS_FILE,
     read_config,
@@ -45,7 +45,9 @@ class Run:
     dataset to take the test images from (`--dataset folder:PATH`), with the run's classes
     (`runs.data.other_test_set`); `info` stays the run's (its classes and normalization).
     A run whose image folder is gone still has `info` from what it recorded; `test_set` is
-    then one error naming the stored path and `--dataset folder:PATH`.
+    then one error naming the stored path and `--dataset folder:PATH` (a `DataNotFound`).
+    A `dataset` that cannot stand for the run's data (no such folder, other classes) is refused
+    here, at once (`runs.data.check_other_dataset`), whether or not the test images are read later.
     """
 
     def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -58,6 +60,8 @@ class Run:
         self.data_dir = data_dir
         self.dataset = dataset
         self.allow_nonfinite = allow_nonfinite
+        if dataset is not None:
+            check_other_dataset(self.config, dataset, self.meta.get("data"))
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}: {self.config.model} on {self.config.dataset})"
@@ -155,7 +159,9 @@ class Run:
         else:
             if not images:
                 raise AttnconvError("give at least one image file")
-            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size) for p in images]))
+            budget = D.decode_budget()  # an image too large to decode is refused from its header
+            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget)
+                                             for p in images]))
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
                                 f"{raw.dtype} {tuple(raw.shape)}")

@@ -1,0 +1,218 @@
+"""Images decoded within a memory budget (docs/failure-model.md, "Memory when decoding images").
+
+A 1 x 2,000,000 pixel PNG compresses to a few KB; resizing it whole to a shorter side of 32
+before cropping would allocate 32 x 64,000,000 pixels (2 GB grey, 8 GB RGB). Decoding resizes
+only the region the crop keeps, so `predict` and a folder dataset holding such a strip stay
+within a few times the decoded strip; an image whose decoding alone needs more than the budget
+is refused from its header, in one line naming it. Peak memory is measured in a subprocess
+(its peak resident size, reset before each step), so nothing here allocates gigabytes even if it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from attnconv.cli import main
+from attnconv.data import decode, load_dataset
+from attnconv.errors import AttnconvError
+
+STRIP = 2_000_000
+
+
+def _strip(path: Path, mode: str, wide: bool) -> Path:
+    """A 1 x 2,000,000 (or 2,000,000 x 1) PNG: 0 up to the middle pixel, 255 from the one after it."""
+    values = np.zeros(STRIP, np.uint8)
+    values[STRIP // 2:] = 255
+    pixels = values[None, :] if wide else values[:, None]
+    image = Image.fromarray(pixels, "L").convert(mode)
+    image.save(path)
+    assert path.stat().st_size < 64 * 1024  # a few KB on disk
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from fixtures_runs import TINY, train_tiny_runs
+
+    return train_tiny_runs(tmp_path_factory.mktemp("memory"), [("sa-quadratic", TINY)], epochs=1, max_steps=1)
+
+
+_MEASURE = r"""
+import json, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from attnconv.cli import main
+from attnconv.data import decode, load_dataset
+from attnconv.errors import AttnconvError
+
+def status(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+def start():
+    "Reset the peak resident size to the current one (Linux: clear_refs 5); the resident size now."
+    Path("/proc/self/clear_refs").write_text("5")
+    return status("VmRSS")
+
+run, small, folder, strips = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+assert main(["predict", run, small]) == 0  # the model loaded, torch warmed up
+grown = {}
+for strip in strips:
+    before = start()
+    assert main(["predict", run, strip]) == 0
+    for grey in (True, False):
+        pixels = decode.decode_image(Path(strip), grey, 32)
+        assert pixels.shape == ((1 if grey else 3), 32, 32)
+    grown[strip] = status("VmHWM") - before
+before = start()
+train, test = load_dataset("folder:" + folder, image_size=32)
+grown["folder"] = status("VmHWM") - before
+print(json.dumps(grown))
+"""
+
+
+def test_memory_a_long_strip_decodes_without_resizing_it_whole(tiny_run, tmp_path):
+    strips = [_strip(tmp_path / f"{mode}-{'wide' if wide else 'tall'}.png", mode, wide)
+              for mode in ("L", "RGB") for wide in (True, False)]
+    small = tmp_path / "small.png"
+    Image.new("L", (28, 28), 128).save(small)
+    folder = tmp_path / "imgs"
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (folder / split / cls).mkdir(parents=True)
+            Image.new("RGB", (40, 30), (10, 20, 30)).save(folder / split / cls / "plain.png")
+    _strip(folder / "train" / "a" / "strip.png", "RGB", wide=True)
+    _strip(folder / "test" / "b" / "strip.png", "RGB", wide=False)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", _MEASURE, str(tiny_run["sa-quadratic"]), str(small), str(folder),
+                           *map(str, strips)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grown = json.loads(done.stdout.strip().splitlines()[-1])
+    # the decoded strip is 2 MB grey, 8 MB RGB (Pillow keeps RGB in 4 bytes); resized whole it was 2-8 GB
+    assert all(extra < 96 * 2**20 for extra in grown.values()), grown
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_memory_a_strip_is_the_center_crop_of_the_resized_image(tmp_path, wide):
+    """Resized to a shorter side of 32 (1 -> 32: bilinear between the two middle pixels), the center 32 pixels of
+    the long side are a ramp from near 0 to near 255, the same in every row (or column)."""
+    path = _strip(tmp_path / "strip.png", "L", wide)
+    pixels = decode.decode_image(path, True, 32)[0].astype(int)
+    line = pixels[0] if wide else pixels[:, 0]
+    ramp = np.clip(np.round(255 * (np.arange(32) + 0.5) / 32), 0, 255)  # centers of 32 sub-pixels of two pixels
+    assert np.abs(line - ramp).max() <= 1, line
+    assert (pixels == (line[None, :] if wide else line[:, None])).all()
+
+
+def _recipe(image: Image.Image, size: int) -> np.ndarray:
+    """torchvision's Resize(size) + CenterCrop(size) on a PIL image, written out (the reference)."""
+    w, h = image.size
+    nw, nh = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+    if (nw, nh) != (w, h):
+        image = image.resize((nw, nh), Image.Resampling.BILINEAR)
+    top, left = round((nh - size) / 2), round((nw - size) / 2)
+    return np.asarray(image.crop((left, top, left + size, top + size)), dtype=np.uint8)
+
+
+def test_memory_decoding_is_the_torchvision_recipe(tmp_path):
+    """Random shapes and sizes: pixel for pixel the full recipe wherever resizing whole costs no more than decoding
+    (and 16 crops); within 1 of 255 where only the crop's region is resized (long strips)."""
+    rng = np.random.default_rng(0)
+    exact = boxed = 0
+    for trial in range(60):
+        size = int(rng.integers(1, 24))
+        w, h = (int(v) for v in rng.integers(1, 90, 2))
+        if trial % 4 == 0:  # a strip: the crop's region alone is resized
+            w, h = (int(rng.integers(1, 4)), int(rng.integers(40 * size, 60 * size)))[:: 1 if trial % 8 else -1]
+        grey = trial % 2 == 0
+        array = rng.integers(0, 256, (h, w) if grey else (h, w, 3), dtype=np.uint8)
+        image = Image.fromarray(array, "L" if grey else "RGB")
+        image.save(tmp_path / "x.png")
+        got = decode.decode_image(tmp_path / "x.png", grey, size)
+        want = _recipe(image, size)
+        want = want[None] if grey else want.transpose(2, 0, 1)
+        assert got.shape == want.shape == ((1 if grey else 3), size, size)
+        if decode._crop_first(w, h, size):
+            boxed += 1
+            assert np.abs(got.astype(int) - want).max() <= 1, (w, h, size)
+        else:
+            exact += 1
+            assert np.array_equal(got, want), (w, h, size)
+    assert exact > 20 and boxed > 10
+
+
+def test_memory_the_estimate_counts_what_decoding_allocates():
+    # Pillow keeps RGB in 4 bytes a pixel: a 1000x1000 RGB PNG is 4 MB decoded, 4 MB rotated, 4 MB converted
+    assert decode.decode_bytes("RGB", 1000, 1000, False, 32) >= 3 * 4 * 10**6
+    assert decode.decode_bytes("L", 1000, 1000, True, 32) < decode.decode_bytes("RGB", 1000, 1000, False, 32)
+    assert decode.decode_bytes("I;16", 1000, 1000, True, 32) > decode.decode_bytes("L", 1000, 1000, True, 32)
+    # a strip: what its pixels take, not its resized whole (32 x 64,000,000)
+    assert decode.decode_bytes("L", STRIP, 1, True, 32) < 16 * STRIP
+    assert decode.decode_bytes("L", 1, STRIP, True, 32) < 16 * STRIP
+
+
+def test_memory_an_image_over_the_budget_is_one_line_naming_it(tiny_run, tmp_path, capsys, monkeypatch):
+    """Refused from the header: the pixels are never decoded (Image.load is not reached)."""
+    big = tmp_path / "big.png"
+    Image.new("RGB", (600, 500), (1, 2, 3)).save(big)
+    monkeypatch.setattr(decode, "MAX_DECODE_BYTES", 2 * 2**20)
+
+    def load(*args, **kwargs):
+        raise AssertionError("the pixels were decoded before the budget was checked")
+
+    monkeypatch.setattr(Image.Image, "load", load)
+    with pytest.raises(AttnconvError, match="over the 2.0 MiB allowed for one image"):
+        decode.decode_image(big, False, 32)
+    capsys.readouterr()
+    assert main(["predict", str(tiny_run["sa-quadratic"]), str(big)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: {big}: decoding this 600x500 RGB image needs about ")
+    assert "shrink it" in lines[0]
+    # a folder dataset holding it: the same line, nothing cached
+    folder = tmp_path / "imgs"
+    for split in ("train", "test"):
+        (folder / split / "a").mkdir(parents=True)
+    big.rename(folder / "train" / "a" / "big.png")
+    monkeypatch.undo()
+    monkeypatch.setattr(decode, "MAX_DECODE_BYTES", 2 * 2**20)
+    Image.new("RGB", (8, 8)).save(folder / "test" / "a" / "small.png")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(AttnconvError, match=r"big\.png: decoding this 600x500 RGB image needs about"):
+        load_dataset(f"folder:{folder}", image_size=8)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # nothing half-built is kept
+
+
+def test_memory_threads_share_the_budget(tmp_path):
+    """Each image reserves what it needs; a thread waits while the others hold the rest, and gives it back."""
+    import threading
+
+    budget = decode.DecodeBudget(100)
+    order = []
+
+    def second():
+        with budget.reserve(50, tmp_path, "y"):
+            order.append(("in", budget.held))
+
+    with budget.reserve(70, tmp_path, "x"):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive() and order == [] and budget.held == 70  # 70 + 50 > 100: it waits
+        order.append(("out", budget.held))
+    waiter.join(10)
+    assert order == [("out", 70), ("in", 50)] and budget.held == 0
+    with pytest.raises(AttnconvError, match="allowed for one image"), budget.reserve(101, tmp_path, "z"):
+        pass
+    assert budget.held == 0
