@@ -127,7 +127,10 @@ def test_ctrl_c_after_the_command_returned_is_one_line(tmp_path):
     code = ("import sys, time; sys.argv = ['attnconv', 'eval', 'no-such-run']; from attnconv.cli import main; "
             "print('returned', main(), flush=True); time.sleep(60)")
     command = _Command([sys.executable, "-c", code])
-    command.wait_for(lambda c: any(line.startswith("returned") for line in c.stdout), "main's return")
+    # stdout and stderr are read by two threads: wait for main's error line too, so that it is not
+    # counted as written after the interrupt
+    command.wait_for(lambda c: any(line.startswith("returned") for line in c.stdout)
+                     and any(line.startswith("error: ") for line in c.stderr), "main's return")
     rc, after = command.interrupt()
     err = "".join(command.stderr)
     assert command.stdout == ["returned 2\n"]
