@@ -26,6 +26,7 @@ from attnconv.construct.geometry import (
     source_index,
 )
 from attnconv.errors import AttnconvError
+from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
 __all__ = ["ConvAttention"]
 
@@ -224,10 +225,10 @@ class ConvAttention(nn.Module):
             lo, hi = self.padding[a]
             k = torch.arange(size[a] + lo + hi, device=device)  # (P_a,) padded positions
             centers, alpha = self._axis_heads(a)  # (G,), and a float or (G,)
-            diff = (k[None, :] - q.to(device)[:, None]).to(work) - centers.to(device, work)[:, None, None]
+            delta = (k[None, :] - q.to(device)[:, None]).to(work)  # (n_a, P_a): key minus query
             if isinstance(alpha, Tensor):
-                alpha = alpha.to(device, work)[:, None, None]
-            logits.append(-alpha * diff.square())  # (G, n_a, P_a)
+                alpha = alpha.to(device, work)
+            logits.append(quadratic_axis_scores(delta, centers.to(device, work), alpha))  # (G, n_a, P_a)
         return logits
 
     def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
@@ -237,7 +238,7 @@ class ConvAttention(nn.Module):
         query of output index o attends to padded position i, for the heads whose tap
         along axis a is t. Head h = (t_1, ..., t_n) has P_h = (x)_a factors[a][t_a].
         """
-        return [torch.softmax(l, dim=-1).to(self.out_weight.dtype) for l in self.axis_logits(size)]
+        return [p.to(self.out_weight.dtype) for p in factor_softmax(self.axis_logits(size))]
 
     def _padded_query_axes(self, size: Sequence[int], out: Sequence[int] | None = None) -> list[Tensor]:
         """Per axis, the padded-grid position of each output index's query: o * stride + dilation * anchor."""
