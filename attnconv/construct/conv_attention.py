@@ -275,12 +275,12 @@ class ConvAttention(nn.Module):
         """
         return self.axis_offsets(a), self.alpha
 
-    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
+    def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
         """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
 
-        `size` is the input spatial size (or pass an input tensor `x`, or the size as the
-        first argument). `term`: "combined" or "position", the same here (no content term).
+        `size` is the input spatial size (or pass an input tensor `x`, whose size is taken; the
+        `AttentionLayer` signature). `term`: "combined" or "position", the same here (no content term).
         The padded grid is folded back onto the input pixels: a zero
         padding key drops out, a reflect/replicate/circular padding key adds its probability
         to the input pixel it copies. Hence the layer is exactly
@@ -290,12 +290,9 @@ class ConvAttention(nn.Module):
         if term not in ("combined", "position"):
             raise AttnconvError(f"term {term!r}: a position-only layer has the terms 'combined' and 'position'")
         if size is None:
-            if isinstance(x, Tensor):
-                size = x.shape[-self.ndim :]
-            elif x is not None:
-                size = x
-            else:
-                raise AttnconvError("attention_probs needs the input size (or an input tensor)")
+            if not isinstance(x, Tensor):
+                raise AttnconvError("attention_probs needs the input x or size=(the input's spatial size)")
+            size = x.shape[-self.ndim :]
         size = tuple(int(s) for s in size)
         out = self.output_size(size)
         if self.heads * math.prod(out) * math.prod(size) > MAX_DENSE:

@@ -245,7 +245,7 @@ class LearnableConvAttention(ConvAttention):
                 f"{x.shape[0] * self.heads * t_out * padded} entries; pass fewer inputs at a time"
             )
 
-    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
+    def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
         """Probabilities from input pixels to output pixels, (1 or B, heads, T_out, T_in) (see ConvAttention).
 
