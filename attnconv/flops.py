@@ -12,7 +12,8 @@ per image, at batch size 1:
   elementwise (the quadratic encoding's -alpha ||delta - Delta||^2). They are
   O(elements), small next to the products for these models, and left out.
 - ``linear_only``: the paper's convention, 2 x in_features x out_features per token
-  for every nn.Linear call (counted with forward hooks), nothing else. It reproduces
+  for every nn.Linear call (counted with forward hooks, plus the Linears a module's
+  `folded_linears(x)` says its forward applied without calling them), nothing else. It reproduces
   the paper's 6.2B for the quadratic attention model. For ResNet-18 it is almost
   nothing (one 512 x 10 layer): the paper's 0.56B for ResNet-18 counts the
   convolutions' multiply-adds (0.56 G MACs = ``total`` / 2).
@@ -125,7 +126,14 @@ def count_flops(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, Any
         tokens = inputs[0].numel() // module.in_features
         linear += 2 * tokens * module.in_features * module.out_features
 
+    def count_folded(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        nonlocal linear
+        for layer, tokens in module.folded_linears(inputs[0]):
+            linear += 2 * tokens * layer.in_features * layer.out_features
+
     hooks = [m.register_forward_hook(count_linear) for m in model.modules() if isinstance(m, nn.Linear)]
+    # a module that applies a Linear child inside its own products (the fused attention path) names it
+    hooks += [m.register_forward_hook(count_folded) for m in model.modules() if hasattr(m, "folded_linears")]
     was_training = model.training
     model.eval()
     try:

@@ -41,31 +41,22 @@ import torch.nn as nn
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
+from attnconv.ops.autocast import at_least_float32
+from attnconv.ops.scores import (
+    content_position_scores,
+    learned_relative_factors,
+    outer_sum,
+    quadratic_axis_scores,
+    quadratic_full_scores,
+    relative_offsets,
+)
 
 POS_INITS = ("authors", "bert")
-
-
-def at_least_float32(t: Tensor) -> Tensor:
-    """t in float32 if it is narrower (float16, bfloat16); float32 and float64 unchanged."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 def check_pos_init(init: str) -> None:
     if init not in POS_INITS:
         raise AttnconvError(f"unknown pos_init {init!r}; choose one of: {', '.join(POS_INITS)}")
-
-
-def relative_offsets(n: int, device=None, dtype=torch.float32) -> Tensor:
-    """(n, n) tensor with [q, k] = k - q along one axis."""
-    r = torch.arange(n, device=device, dtype=dtype)
-    return r[None, :] - r[:, None]
-
-
-def _outer_sum(row: Tensor, col: Tensor) -> Tensor:
-    """(..., H, H) and (..., W, W) -> (..., H*W, H*W) with [(i,j),(k,l)] = row[i,k] + col[j,l]."""
-    H, W = row.shape[-1], col.shape[-1]
-    full = row[..., :, None, :, None] + col[..., None, :, None, :]  # (..., H, W, H, W)
-    return full.reshape(*row.shape[:-2], H * W, H * W)
 
 
 class QuadraticEncoding(nn.Module):
@@ -154,21 +145,15 @@ class QuadraticEncoding(nn.Module):
         centers = at_least_float32(self.centers)
         d1 = relative_offsets(H, centers.device, centers.dtype)
         d2 = relative_offsets(W, centers.device, centers.dtype)
-        row = -0.5 * s1[:, None, None] * (d1[None] - centers[:, 0, None, None]) ** 2
-        col = -0.5 * s2[:, None, None] * (d2[None] - centers[:, 1, None, None]) ** 2
-        return row, col
+        return quadratic_axis_scores(d1, centers[:, 0], 0.5 * s1), quadratic_axis_scores(d2, centers[:, 1], 0.5 * s2)
 
     def logits(self, H: int, W: int) -> Tensor:
         if self.separable:
-            return _outer_sum(*self.factors(H, W))
+            return outer_sum(*self.factors(H, W))
         centers = at_least_float32(self.centers)
         d1 = relative_offsets(H, centers.device, centers.dtype)  # (H, H)
         d2 = relative_offsets(W, centers.device, centers.dtype)  # (W, W)
-        e1 = d1[None, :, None, :, None] - centers[:, 0, None, None, None, None]  # (heads, H, 1, H, 1)
-        e2 = d2[None, None, :, None, :] - centers[:, 1, None, None, None, None]  # (heads, 1, W, 1, W)
-        S = self.inverse_covariance()[:, :, :, None, None, None, None]  # (heads, 2, 2, 1, 1, 1, 1)
-        quad = S[:, 0, 0] * e1**2 + 2 * S[:, 0, 1] * e1 * e2 + S[:, 1, 1] * e2**2  # (heads, H, W, H, W)
-        return (-0.5 * quad).reshape(self.heads, H * W, H * W)
+        return quadratic_full_scores(d1, d2, centers, self.inverse_covariance())
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, kind={self.kind!r}"
@@ -217,12 +202,11 @@ class LearnedRelativeEncoding(nn.Module):
     def factors(self, H: int, W: int) -> tuple[Tensor, Tensor]:
         _check_size(H, W, self.max_size)
         wide = at_least_float32
-        row_scores = wide(self.row_keys) @ wide(self.row_embeddings).T  # (heads, 2S-1): score per row shift
-        col_scores = wide(self.col_keys) @ wide(self.col_embeddings).T  # (heads, 2S-1)
-        return _gather_shifts(row_scores, H, self.max_size), _gather_shifts(col_scores, W, self.max_size)
+        return learned_relative_factors(wide(self.row_keys), wide(self.row_embeddings), wide(self.col_keys),
+                                        wide(self.col_embeddings), H, W, self.max_size)
 
     def logits(self, H: int, W: int) -> Tensor:
-        return _outer_sum(*self.factors(H, W))
+        return outer_sum(*self.factors(H, W))
 
     def extra_repr(self) -> str:
         return f"heads={self.heads}, dim={self.dim}, max_size={self.max_size}"
@@ -267,21 +251,9 @@ class LearnedContentEncoding(nn.Module):
     def position_logits(self, q: Tensor, H: int, W: int) -> Tensor:
         """q: (B, heads, H*W, D_k) queries -> (B, heads, H*W, H*W) positional scores, in q's dtype."""
         _check_size(H, W, self.max_size)
-        B, heads = q.shape[:2]
-        q = q.reshape(B, heads, H, W, self.key_dim)
-        S = self.max_size
         # the tables follow the queries' dtype: a half layer's scores are computed from widened queries
-        # split, not slicing: a slice's backward fills a zero tensor of q's size per half
-        q_row, q_col = q.split([self.row_dim, self.key_dim - self.row_dim], dim=-1)
-        row_scores = q_row @ self.row_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
-        col_scores = q_col @ self.col_embeddings.to(q.dtype).T  # (B, heads, H, W, 2S-1)
-        # score of key row k for query row i sits at shift index k - i + S - 1
-        row_idx = relative_offsets(H, q.device, torch.long) + S - 1  # (H_q, H_k)
-        col_idx = relative_offsets(W, q.device, torch.long) + S - 1  # (W_q, W_k)
-        row = torch.gather(row_scores, -1, row_idx[:, None, :].expand(B, heads, H, W, H))  # (B, h, H, W, H_k)
-        col = torch.gather(col_scores, -1, col_idx[None, :, :].expand(B, heads, H, W, W))  # (B, h, H, W, W_k)
-        full = row[..., :, None] + col[..., None, :]  # (B, h, H, W, H_k, W_k)
-        return full.reshape(B, heads, H * W, H * W)
+        return content_position_scores(q, self.row_embeddings.to(q.dtype), self.col_embeddings.to(q.dtype), H, W,
+                                       self.max_size)
 
     def extra_repr(self) -> str:
         return f"key_dim={self.key_dim}, max_size={self.max_size}"
@@ -293,12 +265,6 @@ def _check_size(H: int, W: int, max_size: int) -> None:
             f"image of {H}x{W} tokens is larger than the learned encoding's max_size={max_size}; "
             f"build the layer with max_size >= {max(H, W)}"
         )
-
-
-def _gather_shifts(scores: Tensor, n: int, max_size: int) -> Tensor:
-    """scores (heads, 2S-1) per shift -> (heads, n, n) with [h, q, k] = scores[h, k - q + S - 1]."""
-    idx = relative_offsets(n, scores.device, torch.long) + max_size - 1  # (n, n)
-    return scores[:, idx]
 
 
 ENCODINGS = ("quadratic", "quadratic-diag", "quadratic-aniso", "learned", "learned-content")
@@ -333,9 +299,7 @@ __all__ = [
     "LearnedContentEncoding",
     "LearnedRelativeEncoding",
     "QuadraticEncoding",
-    "at_least_float32",
     "build_encoding",
     "check_pos_init",
-    "relative_offsets",
 ]
 

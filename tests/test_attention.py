@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from attnconv.attention import SelfAttention2d, paths
+from attnconv import ops
+from attnconv.attention import SelfAttention2d
+from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
 from attnconv.positional import ENCODINGS
 
@@ -181,13 +183,12 @@ def test_attention_scores_split_content_and_position_terms():
 
 
 @pytest.mark.parametrize("impl", ["dense", "separable", "stacked", "fused", "sdpa"])
-def test_position_probabilities_are_computed_once_per_forward(impl, monkeypatch):
-    layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl=impl)
-    calls = []
-    factors = layer.encoding.factors  # every path (dense logits too) goes through the factors once
-    monkeypatch.setattr(layer.encoding, "factors", lambda *a: calls.append(a) or factors(*a))
-    layer(torch.randn(16, 4, 5, 5))
-    assert len(calls) == 1  # once per forward, not once per sample
+def test_a_batch_gives_each_image_what_it_gives_alone(impl):
+    layer = _randomize(SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl=impl)).double()
+    x = torch.randn(5, 4, 5, 6, dtype=torch.float64)
+    y = layer(x)
+    for b in range(5):
+        assert _rel(y[b:b + 1], layer(x[b:b + 1])) < 1e-12
 
 
 def test_eval_dropout_is_identity_and_train_dropout_is_unbiased():
@@ -261,10 +262,10 @@ def test_auto_runs_a_path_the_layer_accepts_with_the_dense_paths_output_and_grad
         SelfAttention2d(4, value="project", impl="stacked")
 
 
-def test_fused_path_keeps_per_sample_dropout_masks_and_hooks_on_the_projection():
+def test_fused_path_keeps_per_sample_dropout_masks_and_reports_its_projection():
     # The fused factors are one pair for the batch: a layer asked for per-sample masks must still give
-    # two copies of one image different masks; with a shared mask, the copies get the same one. A
-    # hook on the output projection sees it run (FLOP counters count nn.Linear through such hooks).
+    # two copies of one image different masks; with a shared mask, the copies get the same one. The
+    # output projection runs inside the fused products, which the layer reports (FLOP counters).
     layer = SelfAttention2d(4, 4, heads=2, encoding="quadratic", impl="fused", attn_dropout=0.5).train()
     x = torch.randn(1, 4, 5, 5).expand(2, 4, 5, 5)
     torch.manual_seed(1)
@@ -273,135 +274,95 @@ def test_fused_path_keeps_per_sample_dropout_masks_and_hooks_on_the_projection()
     layer.attn_dropout_mask = "shared"
     y = layer(x)
     torch.testing.assert_close(y[0], y[1])
-    seen = []
-    handle = layer.out.register_forward_hook(lambda m, args, out: seen.append(out.shape))
-    layer.eval()(x)
-    handle.remove()
-    assert seen == [(2, 5, 5, 4)]
+    assert layer.eval().folded_linears(x) == [(layer.out, 2 * 5 * 5)]
+    layer.impl = "separable"
+    assert layer.folded_linears(x) == []
     for kwargs in ({"encoding": "quadratic-aniso"}, {"encoding": "learned-content"}, {"value": "project"}):
         with pytest.raises(AttnconvError, match="impl='fused' needs a separable encoding"):
             SelfAttention2d(4, impl="fused", **kwargs)
 
 
-# The fused path runs a batch in tiles of images when gradients are recorded (a custom backward).
+# The fused op runs a batch in tiles of images when gradients are recorded (a written-out backward);
+# whatever the tile, it computes the same function and gradients.
 _TILE_SWEEP = []
 for _i in range(12):
     _r = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=_g))  # noqa: E731
     _B = _r(2, 5)
-    _TILE_SWEEP.append(dict(encoding=("quadratic", "quadratic-diag", "learned")[_i % 3], heads=_r(1, 9),
-                            cin=_r(1, 8), cout=_r(1, 8), B=_B, H=_r(1, 8), W=_r(1, 8), tile=_r(1, _B - 1),
-                            bias=bool(_i % 2)))
+    _TILE_SWEEP.append(dict(heads=_r(1, 9), cin=_r(1, 8), cout=_r(1, 8), B=_B, H=_r(1, 8), W=_r(1, 8),
+                            tile=_r(1, _B - 1), bias=bool(_i % 2)))
 
 
-def _tiles(monkeypatch, tile):
-    """Make the fused path run tiles of `tile` images whatever their size."""
-    monkeypatch.setattr(paths, "FUSED_TILE_BYTES", 1)
-    monkeypatch.setattr(paths, "FUSED_MIN_TILE", tile)
+def _fused_operands(heads, cin, cout, B, H, W, bias=True, dtype=torch.float64, seed=0):
+    """Random probability factors, input, projection weight and bias for `ops.fused`, all requiring grad."""
+    g = torch.Generator().manual_seed(seed)
+    row = torch.randn(heads, H, H, generator=g, dtype=dtype).softmax(-1).requires_grad_()
+    col = torch.randn(heads, W, W, generator=g, dtype=dtype).softmax(-1).requires_grad_()
+    x = torch.randn(B, H, W, cin, generator=g, dtype=dtype, requires_grad=True)
+    weight = torch.randn(cout, heads * cin, generator=g, dtype=dtype, requires_grad=True)
+    b = torch.randn(cout, generator=g, dtype=dtype, requires_grad=True) if bias else None
+    return row, col, x, weight, b
 
 
-@pytest.mark.parametrize("cfg", _TILE_SWEEP, ids=lambda c: "{encoding}-h{heads}-B{B}-{H}x{W}-tile{tile}".format(**c))
-def test_fused_path_in_tiles_matches_the_equations_forward_and_backward(cfg, monkeypatch):
-    """float64: the tiled forward against Eq. (1)-(3) head by head, and every gradient (input, encoding,
-    projection) against the dense path's autograd, with a last tile smaller than the others."""
-    layer = _randomize(SelfAttention2d(cfg["cin"], cfg["cout"], heads=cfg["heads"], encoding=cfg["encoding"],
-                                       bias=cfg["bias"], max_size=9)).double()
-    x = torch.randn(cfg["B"], cfg["cin"], cfg["H"], cfg["W"], dtype=torch.float64)
-    upstream = torch.randn(cfg["B"], cfg["cout"], cfg["H"], cfg["W"], dtype=torch.float64)
-    ran = []
-    monkeypatch.setattr(paths._FusedTiles, "forward", _spy(paths._FusedTiles.forward, ran))
-    results = {}
-    for impl in ("dense", "fused"):
-        with monkeypatch.context() as m:
-            if impl == "fused":
-                _tiles(m, cfg["tile"])
-            layer.impl = impl
-            layer.zero_grad()
-            xi = x.clone().requires_grad_()
-            y = layer(xi)
-            (y * upstream).sum().backward()
-            results[impl] = (y.detach(), xi.grad, {n: p.grad.clone() for n, p in layer.named_parameters()})
-    assert ran == [cfg["tile"]]  # the tiled function ran, once, with the tile asked for
-    assert _rel(results["fused"][0], reference_mhsa(layer, x)) < 1e-12
-    (y0, gx0, gp0), (y1, gx1, gp1) = results["dense"], results["fused"]
-    assert _rel(y1, y0) < 1e-12 and _rel(gx1, gx0) < 1e-12
-    for n in gp0:
-        assert (gp1[n] - gp0[n]).norm() <= 1e-10 * max(1.0, gp0[n].norm()), n
+def _fused_reference(row, col, x, weight, bias):
+    """The fused op's function written out: every head's P_h = row_h (x) col_h on x, concatenated, projected."""
+    heads_out = torch.einsum("hik,hjl,bklc->bijhc", row, col, x).flatten(3)
+    out = heads_out @ weight.T
+    return out if bias is None else out + bias
 
 
-def _spy(forward, seen):
-    def spy(ctx, row, col, x, weight, tile):
-        seen.append(tile)
-        return forward(ctx, row, col, x, weight, tile)
-    return staticmethod(spy).__func__
+@pytest.mark.parametrize("cfg", _TILE_SWEEP, ids=lambda c: "h{heads}-B{B}-{H}x{W}-tile{tile}".format(**c))
+def test_fused_op_in_tiles_matches_the_equations_forward_and_backward(cfg):
+    """float64: the fused op at the sweep's tile (a last tile smaller than the others) and as one tile,
+    against the products written out: the output and the gradients of every operand."""
+    operands = _fused_operands(**{k: v for k, v in cfg.items() if k != "tile"})
+    upstream = torch.randn(cfg["B"], cfg["H"], cfg["W"], cfg["cout"], dtype=torch.float64)
+    want = None
+    for compute in (_fused_reference, lambda *a: ops.fused(*a, tile=cfg["tile"]),
+                    lambda *a: ops.fused(*a, tile=cfg["B"])):
+        y = compute(*operands)
+        wanted = [t for t in operands if t is not None]
+        got = (y.detach(), *torch.autograd.grad(y, wanted, upstream))
+        if want is None:
+            want = got
+            continue
+        for a, b in zip(got, want):
+            assert (a - b).norm() <= 1e-12 * max(1.0, b.norm())
 
 
-@pytest.mark.parametrize("frozen", ["input", "encoding", "projection"])
-def test_fused_tiles_give_the_gradients_asked_for(frozen, monkeypatch):
-    """An input or parameters without requires_grad get none, and the others are unchanged."""
-    _tiles(monkeypatch, 2)
-    torch.manual_seed(3)
-    layer = _randomize(SelfAttention2d(3, 4, heads=2, encoding="quadratic", impl="fused")).double()
-    x = torch.randn(5, 3, 4, 6, dtype=torch.float64)
-    want = {}
-    layer(x.clone().requires_grad_()).square().sum().backward()
-    want = {n: p.grad.clone() for n, p in layer.named_parameters()}
-    layer.zero_grad()
-    for n, p in layer.named_parameters():
-        p.requires_grad_(not n.startswith({"encoding": "encoding.", "projection": "out."}.get(frozen, "-")))
-    xi = x.clone().requires_grad_(frozen != "input")
-    y = layer(xi)
-    assert y.requires_grad
+@pytest.mark.parametrize("frozen", [0, 1, 2, 3])
+def test_fused_tiles_give_the_gradients_asked_for(frozen):
+    """An operand without requires_grad gets none, and the others are unchanged."""
+    operands = _fused_operands(2, 3, 4, 5, 4, 6, bias=False)[:4]
+    want = torch.autograd.grad(ops.fused(*operands, tile=2).square().sum(), operands)
+    frozen_ops = [t.detach().requires_grad_(i != frozen) for i, t in enumerate(operands)]
+    y = ops.fused(*frozen_ops, tile=2)
     y.square().sum().backward()
-    for n, p in layer.named_parameters():
-        if p.requires_grad:
-            assert _rel(p.grad, want[n]) < 1e-12, n
-        else:
-            assert p.grad is None, n
-    assert (xi.grad is None) == (frozen == "input")
+    for i, (t, w) in enumerate(zip(frozen_ops, want)):
+        assert (t.grad is None) == (i == frozen)
+        if t.grad is not None:
+            assert _rel(t.grad, w) < 1e-12, i
 
 
-def test_fused_tiles_under_bf16_autocast_and_with_a_shared_dropout_mask(monkeypatch):
-    layer = SelfAttention2d(6, 6, heads=3, encoding="learned", impl="fused", attn_dropout=0.3,
-                            attn_dropout_mask="shared").train()
-    x = torch.randn(5, 6, 7, 7)
+def test_fused_tiles_under_bf16_autocast_and_with_a_shared_dropout_mask():
+    row, col, x, weight, bias = _fused_operands(3, 6, 6, 5, 7, 7, dtype=torch.float32)
     outs = []
     for tile in (5, 2):  # one tile (the untiled products) and tiles of 2
-        with monkeypatch.context() as m:
-            _tiles(m, tile)
-            layer.zero_grad()
-            torch.manual_seed(0)  # the same dropout masks
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                y = layer(x)
-            assert y.dtype == torch.bfloat16
-            y.float().square().sum().backward()
-            outs.append((y.float(), {n: p.grad.clone() for n, p in layer.named_parameters()}))
+        torch.manual_seed(0)  # the same dropout masks
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = ops.fused(row, col, x, weight, bias, dropout_p=0.3, tile=tile)
+        assert y.dtype == torch.bfloat16
+        outs.append((y.float(), torch.autograd.grad(y.float().square().sum(), (row, col, x, weight))))
     (y0, g0), (y1, g1) = outs
     assert _rel(y1, y0) < 1e-2
-    for n in g0:
-        assert _rel(g1[n], g0[n]) < 3e-2, n
+    for a, b in zip(g1, g0):
+        assert _rel(a, b) < 3e-2
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_fused_tile_size_rule(seed):
-    # The rule's promises, whatever its constants: between one image (or the batch, if smaller than the
-    # minimum) and the batch; within the byte budget unless at the minimum; more images for narrower
-    # intermediates; never more images for a larger image.
-    g = torch.Generator().manual_seed(seed)
-    batch, H, W, C, heads = (int(torch.randint(1, hi, (1,), generator=g)) for hi in (300, 40, 40, 512, 16))
-    tile = paths.fused_tile(batch, H, W, C, heads, 4)
-    assert min(batch, paths.FUSED_MIN_TILE) <= tile <= batch
-    assert tile * heads * H * W * C * 4 <= paths.FUSED_TILE_BYTES or tile <= paths.FUSED_MIN_TILE
-    assert paths.fused_tile(batch, H, W, C, heads, 2) >= tile
-    assert paths.fused_tile(batch, H + 1, W, C, heads, 4) <= tile
-
-
-def test_fused_path_without_gradients_runs_one_tile(monkeypatch):
-    """Inference (and torch.compile, tracing) see the plain products: no custom autograd function."""
-    _tiles(monkeypatch, 1)
-    monkeypatch.setattr(paths._FusedTiles, "apply", lambda *a: pytest.fail("tiled under no_grad"))
-    layer = SelfAttention2d(4, 4, heads=2, impl="fused")
+def test_fused_op_without_gradients_matches_with_gradients():
+    operands = _fused_operands(2, 4, 3, 6, 5, 5, dtype=torch.float32)
     with torch.no_grad():
-        layer(torch.randn(3, 4, 9, 9))
+        y0 = ops.fused(*operands, tile=1)
+    assert _rel(ops.fused(*operands, tile=1).detach(), y0) < 1e-6
 
 
 def test_separable_path_never_forms_the_token_by_token_matrix(monkeypatch):
@@ -541,129 +502,94 @@ def test_pos_init_changes_values_not_names(encoding):
     assert torch.equal(a(x), b(x))
 
 
-# ------------------------------------------------------------------ a following Linear folded into the output projection
-
-
-@pytest.mark.parametrize("impl", ["separable", "stacked", "fused", "dense"])
-@pytest.mark.parametrize("bias,then_bias", [(True, True), (False, True), (True, False), (False, False)])
-def test_a_following_linear_is_folded_with_the_same_function_and_gradients(impl, bias, then_bias):
-    torch.manual_seed(6)
-    layer = _randomize(SelfAttention2d(5, 6, heads=3, encoding="quadratic", impl=impl, bias=bias), scale=0.5)
-    then = nn.Linear(6, 4, bias=then_bias)
-    x = torch.randn(4, 5, 3, 3).permute(0, 2, 3, 1)  # 36 tokens > heads * C_in = 15: folded
-    upstream = torch.randn(4, 3, 3, 4)
-    results = []
-    for fold in (True, False):
-        layer.zero_grad()
-        then.zero_grad()
-        xi = x.clone().requires_grad_()
-        y = layer.forward_tokens(xi, then=then) if fold else then(layer.forward_tokens(xi))
-        (y * upstream).sum().backward()
-        grads = {n: p.grad.clone() for n, p in [*layer.named_parameters(), *then.named_parameters(prefix="then")]}
-        results.append((y.detach(), xi.grad, grads))
-    (y0, gx0, g0), (y1, gx1, g1) = results
-    assert _rel(y0, y1) < 1e-6 and _rel(gx0, gx1) < 1e-6
-    for n in g0:
-        assert _rel(g0[n], g1[n]) < 1e-5, n
-
-
-def test_without_gradients_the_output_linears_run_as_modules():
-    """FLOP counters count Linear layers with forward hooks; under no_grad nothing is folded."""
-    layer = SelfAttention2d(4, 4, heads=2)
-    then = nn.Linear(4, 4)
-    seen = []
-    for module in (layer.out, then):
-        module.register_forward_hook(lambda m, args, out: seen.append(m))
-    x = torch.randn(8, 6, 6, 4)
-    with torch.no_grad():
-        y = layer.forward_tokens(x, then=then)
-    assert seen == [layer.out, then]
-    assert _rel(y, then(layer.forward_tokens(x)).detach()) < 1e-6
-    seen.clear()
-    layer.forward_tokens(x, then=then)  # 288 tokens > 8: folded in training
-    assert seen == []
+# ------------------------------------------------------------------ the fused op under FLOP counters and transforms
 
 
 def test_fused_tiles_count_the_untiled_flops_plus_the_recomputed_row_factor():
     """FLOP counters see the tiled backward's in-place accumulating products (addmm_, baddbmm_); the
-    tiles add exactly one row-factor product per image (z, recomputed for the weight's gradient).
-    Called on the path itself: a FlopCounterMode's module hooks make the layer take `separable`."""
+    tiles add exactly one row-factor product per image (z, recomputed for the weight's gradient)."""
     from attnconv.flops import flop_counter
 
     B, H, W, C, c_out, heads = 7, 5, 4, 6, 3, 3
-    g = torch.Generator().manual_seed(0)
-    row = torch.randn(heads, H, H, generator=g).softmax(-1).requires_grad_()
-    col = torch.randn(heads, W, W, generator=g).softmax(-1).requires_grad_()
-    x = torch.randn(B, H, W, C, generator=g, requires_grad=True)
-    weight = torch.randn(c_out, heads * C, generator=g, requires_grad=True)
+    row, col, x, weight, _ = _fused_operands(heads, C, c_out, B, H, W, bias=False, dtype=torch.float32)
     counts = []
     for tile in (B, 2):
         with flop_counter() as counter:
-            paths.fused(row, col, x, weight, tile=tile).sum().backward()
+            ops.fused(row, col, x, weight, tile=tile).sum().backward()
         counts.append(counter.get_total_flops())
     assert counts[1] - counts[0] == 2 * H * heads * H * W * B * C > 0
 
 
-def test_fused_tiles_under_torch_func_transforms_and_inplace_changes_after_the_forward(monkeypatch):
-    """torch.func.grad / vmap see the untiled products (the tiled function has no rules for them);
-    an input changed in place after the forward does not change the backward (saved copies)."""
-    _tiles(monkeypatch, 1)
-    torch.manual_seed(4)
-    layer = _randomize(SelfAttention2d(3, 2, heads=1, impl="fused")).double()
-    x = torch.randn(3, 3, 4, 5, dtype=torch.float64)
-    want = torch.autograd.grad(layer(x.clone().requires_grad_()).square().sum(), layer.out.weight)[0]
-    grad_x = torch.func.grad(lambda xx: layer(xx).square().sum())(x)
+def test_fused_tiles_under_torch_func_transforms_and_inplace_changes_after_the_forward():
+    """torch.func.grad / vmap give what autograd gives; an input changed in place after the forward
+    does not change the backward."""
+    row, col, x, weight, _ = (t.detach() if t is not None else None for t in _fused_operands(1, 3, 2, 3, 4, 5))
+    weight.requires_grad_()
+    fused = lambda xx: ops.fused(row, col, xx, weight, tile=1)  # noqa: E731
+    want = torch.autograd.grad(fused(x.clone().requires_grad_()).square().sum(), weight)[0]
+    grad_x = torch.func.grad(lambda xx: fused(xx).square().sum())(x)
     xr = x.clone().requires_grad_()
-    assert _rel(grad_x, torch.autograd.grad(layer(xr).square().sum(), xr)[0]) < 1e-12
-    batched = torch.func.vmap(layer)(torch.stack([x, 2 * x]))  # batches of 3 inside: tiles of 1 without the check
-    assert _rel(batched[1], layer(2 * x)) < 1e-12
+    assert _rel(grad_x, torch.autograd.grad(fused(xr).square().sum(), xr)[0]) < 1e-12
+    batched = torch.func.vmap(fused)(torch.stack([x, 2 * x]))
+    assert _rel(batched[1], fused(2 * x)) < 1e-12
     xi = x.clone().requires_grad_()
     y = xi * 1
-    out = layer(y)
+    out = fused(y)
     with torch.no_grad():
-        y.mul_(3)  # after the forward: the saved tiles keep what the forward saw
-    got = torch.autograd.grad(out.square().sum(), layer.out.weight)[0]
+        y.mul_(3)  # after the forward: the backward uses what the forward saw
+    got = torch.autograd.grad(out.square().sum(), weight)[0]
     assert _rel(got, want) < 1e-12
 
 
-def test_fused_tiles_have_a_double_backward(monkeypatch):
-    """create_graph=True through the tiled path: gradgradcheck in float64, and a gradient penalty
-    (the input gradient's norm, differentiated for the parameters) equal to the dense path's."""
-    _tiles(monkeypatch, 2)
-    g = torch.Generator().manual_seed(5)
-    B, H, W, C, c_out, heads = 5, 3, 4, 2, 3, 2
-    row = torch.randn(heads, H, H, generator=g, dtype=torch.float64).softmax(-1).requires_grad_()
-    col = torch.randn(heads, W, W, generator=g, dtype=torch.float64).softmax(-1).requires_grad_()
-    x = torch.randn(B, H, W, C, generator=g, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(c_out, heads * C, generator=g, dtype=torch.float64, requires_grad=True)
-    ran = []
-    monkeypatch.setattr(paths._FusedTiles, "forward", _spy(paths._FusedTiles.forward, ran))
-    assert torch.autograd.gradgradcheck(lambda *a: paths.fused(*a), (row, col, x, weight))
-    assert ran and set(ran) == {2}  # every call took the tiles
-
-    calls_before = len(ran)
-    torch.manual_seed(6)
-    layer = _randomize(SelfAttention2d(3, 4, heads=3, encoding="quadratic", max_size=6)).double()
-    xs = torch.randn(5, 3, 4, 5, dtype=torch.float64)
-    penalties = {}
-    for impl in ("dense", "fused"):
-        layer.impl = impl
-        layer.zero_grad()
-        xi = xs.clone().requires_grad_()
-        (gx,) = torch.autograd.grad(layer(xi).sin().sum(), xi, create_graph=True)
-        gx.square().sum().backward()
-        penalties[impl] = {n: p.grad.clone() for n, p in layer.named_parameters()}
-    assert len(ran) > calls_before  # the layer's fused run took the tiles
-    for n, want in penalties["dense"].items():
-        assert _rel(penalties["fused"][n], want) < 1e-10, n
+def test_fused_tiles_have_a_double_backward():
+    """create_graph=True through the tiles: gradgradcheck in float64, and a gradient penalty (the input
+    gradient's norm, differentiated for the operands) equal to the untiled products'."""
+    row, col, x, weight, _ = _fused_operands(2, 2, 3, 5, 3, 4, bias=False, seed=5)
+    assert torch.autograd.gradgradcheck(lambda *a: ops.fused(*a, tile=2), (row, col, x, weight))
+    penalties = []
+    for tile in (2, 5):
+        (gx,) = torch.autograd.grad(ops.fused(row, col, x, weight, tile=tile).sin().sum(), x, create_graph=True)
+        penalties.append(torch.autograd.grad(gx.square().sum(), (row, col, weight)))
+    for a, b in zip(*penalties):
+        assert _rel(a, b) < 1e-10
 
 
-def test_fused_tiles_double_backward_after_an_inplace_change_names_the_input(monkeypatch):
-    _tiles(monkeypatch, 1)
-    layer = SelfAttention2d(3, 2, heads=1, impl="fused").double()
-    y = torch.randn(3, 3, 4, 5, dtype=torch.float64, requires_grad=True) * 1
-    out = layer(y)
+def test_fused_tiles_double_backward_after_an_inplace_change_names_the_input():
+    row, col, x, weight, _ = _fused_operands(1, 3, 2, 3, 4, 5, bias=False)
+    y = x * 1
+    out = ops.fused(row, col, y, weight, tile=1)
     with torch.no_grad():
         y.mul_(3)
     with pytest.raises(RuntimeError, match="the input of an attention layer was changed in place"):
-        torch.autograd.grad(out.sum(), layer.out.weight, create_graph=True)
+        torch.autograd.grad(out.sum(), weight, create_graph=True)
+
+
+# ------------------------------------------------------------------ the path choice, and the layer as a module
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_resolve_impl_returns_a_path_the_layer_accepts_with_a_reason(seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(20):
+        flag = lambda: bool(torch.randint(0, 2, (1,), generator=g))  # noqa: E731
+        encoding = ENCODINGS[int(torch.randint(0, len(ENCODINGS), (1,), generator=g))]
+        value = ("shared", "project")[int(flag())]
+        size = tuple(int(n) for n in torch.randint(1, 40, (2,), generator=g))
+        layer = SelfAttention2d(4, heads=2, encoding=encoding, value=value, max_size=40)
+        impl, why = resolve_impl("auto", size, shared_values=layer.stackable, position_only=layer.position_only,
+                                 separable=layer.separable, on_cpu=flag(), shared_dropout=flag() and layer.position_only,
+                                 per_sample_dropout=flag(), explain=True)
+        layer.impl = impl  # a path this layer accepts by name
+        assert isinstance(why, str) and why and "\n" not in why
+        assert layer.resolved_impl(size) in IMPLS[1:]
+
+
+def test_hooks_on_the_layer_fire_with_its_input_and_output():
+    torch.manual_seed(7)
+    layer = SelfAttention2d(4, 3, heads=2, stride=2)
+    x = torch.randn(2, 4, 5, 6, requires_grad=True)
+    seen = {}
+    layer.register_forward_pre_hook(lambda m, args: seen.setdefault("in", args[0]))
+    layer.register_forward_hook(lambda m, args, out: seen.setdefault("out", out))
+    y = layer(x)
+    assert seen["in"] is x and seen["out"] is y and y.shape == (2, 3, 3, 3)

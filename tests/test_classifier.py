@@ -199,17 +199,18 @@ def test_new_options_are_checked():
         build_model("sa-learned", attn_dropout_mask="per-batch")
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "training"])
 @pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned-content"])
-def test_hooks_on_a_classifiers_attention_layers_fire_and_see_the_layers_input(name):
+def test_hooks_on_a_classifiers_attention_layers_fire_with_the_layers_input_and_output(name, grad):
     model = build_model(name, hidden=12, heads=4, layers=2, intermediate=8, image_size=8, dropout=0.0,
-                        attn_dropout=0.0).eval()
+                        attn_dropout=0.0).train(grad)
     seen = []
     handles = [layer.register_forward_pre_hook(lambda m, args, kwargs: seen.append(("pre", m, args[0])), with_kwargs=True)
                for layer in model.attention_layers]
     handles += [layer.register_forward_hook(lambda m, args, out: seen.append(("post", m, out)))
                 for layer in model.attention_layers]
     x = torch.randn(3, 3, 8, 8)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         model(x)
     for h in handles:
         h.remove()
@@ -217,6 +218,28 @@ def test_hooks_on_a_classifiers_attention_layers_fire_and_see_the_layers_input(n
     first = seen[0][2]
     assert first.shape == (3, 12, 4, 4)  # (B, C, H, W) on the 4x4 token grid
     torch.testing.assert_close(first, model.tokens(x).permute(0, 3, 1, 2))
-    block = model.layers[0]  # the hook's output is the block's attention term: attention_out(attention(x))
-    torch.testing.assert_close(seen[1][2], block.attention_out(block.attention(first).permute(0, 2, 3, 1))
-                               .permute(0, 3, 1, 2), atol=1e-5, rtol=1e-5)
+    for (_, layer, inp), (_, _, out) in zip(seen[::2], seen[1::2]):
+        torch.testing.assert_close(out, layer(inp))  # what the layer itself gives
+
+
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned", "sa-learned-content"])
+def test_folding_attention_out_into_the_projection_changes_no_number(name):
+    """In training the block folds attention_out into the layer's output projection; with a hook on the layer
+    (which must see the layer's output) it runs both: the same outputs and gradients in float64."""
+    torch.manual_seed(1)
+    model = build_model(name, hidden=8, heads=3, layers=2, intermediate=8, image_size=12, dropout=0.0,
+                        attn_dropout=0.0).double().train()
+    x = torch.randn(2, 3, 12, 12, dtype=torch.float64)
+    results = []
+    for watched in (False, True):
+        handles = [layer.register_forward_hook(lambda *a: None) for layer in model.attention_layers if watched]
+        model.zero_grad()
+        y = model(x)
+        y.square().sum().backward()
+        results.append((y.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        for h in handles:
+            h.remove()
+    (y0, g0), (y1, g1) = results
+    torch.testing.assert_close(y0, y1, rtol=1e-12, atol=1e-12)
+    for n in g0:
+        torch.testing.assert_close(g0[n], g1[n], rtol=1e-10, atol=1e-12, msg=n)

@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnconv"
 LAYERS = [
     ["attnconv.errors", "attnconv.fileio", "attnconv.tables", "attnconv.limits", "attnconv.options"],
     ["attnconv.precision", "attnconv.flops"],
+    ["attnconv.ops"],
     ["attnconv.positional"],
     ["attnconv.attention"],
     ["attnconv.construct"],

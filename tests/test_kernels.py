@@ -57,7 +57,7 @@ def test_replicated_padding_keys_fold_onto_the_edge_pixel():
     probs = conv_to_attention(conv).attention_probs(size=(4,))[0]  # (3, 4, 4)
     torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4, dtype=torch.float64))  # nothing drops out
     assert probs[0, 0, 0] == pytest.approx(1.0)  # head -1 at query 0 reads the copy of pixel 0
-    zeros = conv_to_attention(nn.Conv1d(1, 1, 3, padding=1, dtype=torch.float64)).attention_probs((4,))[0]
+    zeros = conv_to_attention(nn.Conv1d(1, 1, 3, padding=1, dtype=torch.float64)).attention_probs(size=(4,))[0]
     assert float(zeros[0, 0].sum()) < 1e-15  # ... while a zero padding key drops out
 
 

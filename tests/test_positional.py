@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from attnconv.errors import AttnconvError
+from attnconv.ops.scores import relative_offsets
 from attnconv.positional import (
     LearnedContentEncoding,
     LearnedRelativeEncoding,
     QuadraticEncoding,
-    relative_offsets,
 )
 
 

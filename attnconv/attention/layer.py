@@ -1,7 +1,7 @@
 """SelfAttention2d: multi-head self-attention over pixels, a drop-in for nn.Conv2d.
 
-The layer holds the parameters and the argument checks; the computation paths are functions in
-`paths`, and `select.resolve_impl` picks the one a forward runs.
+The layer holds the parameters and the argument checks; the computation is the functional ops of
+`attnconv.ops` (one module per backend), and `select.resolve_impl` picks the backend a forward runs.
 
 Value modes:
   - "shared" (the paper's models): W_val^h = I, every head averages the whole
@@ -30,11 +30,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnconv.attention import paths
-from attnconv.attention.autocast import float32_scores
+from attnconv import ops
 from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
-from attnconv.positional import ENCODINGS, at_least_float32, build_encoding, check_pos_init
+from attnconv.ops.autocast import at_least_float32, float32_scores
+from attnconv.positional import ENCODINGS, build_encoding, check_pos_init
 
 VALUE_MODES = ("shared", "project")
 DROPOUT_MASKS = ("per-sample", "shared")
@@ -54,7 +54,7 @@ class SelfAttention2d(nn.Module):
             "quadratic-diag" (axis-aligned), "quadratic-aniso" (full 2x2 inverse
             covariance), "learned" (row/column tables, no content), or
             "learned-content" (q.k plus q.r).
-        impl: "auto", "dense", "separable", "stacked", "fused" or "sdpa" (see `attnconv.attention.paths`;
+        impl: "auto", "dense", "separable", "stacked", "fused" or "sdpa" (see `attnconv.ops`;
             "auto": `attnconv.attention.select.resolve_impl`).
         value: "shared" (W_val = I, the paper's) or "project" (per-head values of size head_dim).
         head_dim: per-head value width for value="project" (default ceil(C_out / heads)).
@@ -73,7 +73,7 @@ class SelfAttention2d(nn.Module):
             itself is computed over every query, then subsampled.
 
     Shapes: forward (B, C_in, H, W) -> (B, C_out, H, W); `forward_tokens` does the
-    same on channels-last (B, H, W, C_in) -> (B, H, W, C_out) without transposes.
+    same on channels-last (B, H, W, C_in) -> (B, H, W, C_out) without transposes (no stride).
     """
 
     def __init__(
@@ -203,17 +203,17 @@ class SelfAttention2d(nn.Module):
         )
 
     # ---------------------------------------------------------------- forward
-    def forward(self, x: Tensor, then: nn.Linear | None = None) -> Tensor:
-        """(B, C_in, H, W) -> (B, C_out, H, W), or then(...) of it (see `forward_tokens`).
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, C_in, H, W) -> (B, C_out, H', W') (H' = ceil(H / stride)).
 
         A channels-last tensor seen through `.permute(0, 3, 1, 2)` goes in and comes out without a
-        copy: blocks that keep (B, H, W, C) call the layer this way, so its hooks fire.
+        copy: blocks that keep (B, H, W, C) call the layer this way, as a module.
         """
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise AttnconvError(
                 f"SelfAttention2d expects input (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
             )
-        y = self.forward_tokens(x.permute(0, 2, 3, 1), then)  # (B, H, W, C_out)
+        y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
         if self.stride != 1:
             y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
         return y.permute(0, 3, 1, 2)
@@ -228,74 +228,72 @@ class SelfAttention2d(nn.Module):
         cols = torch.arange(0, size[1], self.stride)
         return torch.cartesian_prod(rows, cols)
 
-    def forward_tokens(self, x: Tensor, then: nn.Linear | None = None) -> Tensor:
-        """Channels-last forward: (B, H, W, C_in) -> (B, H, W, C_out), or then(...) of it.
-
-        `then`, a Linear on the output (the classifier's `attention_out`), is folded into the
-        output projection where that saves work: y = a W_out^T W_then^T + (b_out W_then^T + b_then)
-        costs one (heads * D -> C_then) matmul per token instead of two, plus a weight product
-        per forward. Folded when gradients are being recorded and there are more tokens than
-        heads * D (the product's cost); otherwise `out` and `then` run as modules, so their
-        forward hooks (FLOP counters) see them.
-        """
-        B, H, W, _ = x.shape
-        dropout = self.training and self.attn_dropout > 0
-        impl = self._resolve((H, W), dropout and self.attn_dropout_mask == "shared", dropout and self._per_sample())
-        fold = then is not None and torch.is_grad_enabled() and B * H * W > self.out.in_features
-        if impl == "fused" and _observed(self.out) and not fold:
-            impl = "separable"  # hooks on `out` (FLOP counters) see it run as a module
+    def forward_tokens(self, x: Tensor) -> Tensor:
+        """Channels-last, every query: (B, H, W, C_in) -> (B, H, W, C_out). `forward` without the stride
+        and the transposes; the output projection `out` runs as a module but on the fused path."""
+        impl = self._path(x)
         if impl == "fused":
-            weight, bias = self._projection(then if fold else None)
-            y = self._fused(x, H, W, weight, bias)
-            return y if then is None or fold else then(y)
-        run = getattr(self, f"_{impl}")  # the path's adapter below: the layer's tensors into `paths.<impl>`
-        heads_out = run(x, H, W).reshape(B, H, W, self.heads * self.head_dim)
-        if then is None:
-            return self.out(heads_out)  # (B, H, W, C_out)
-        if fold:
-            return F.linear(heads_out, *self._projection(then))
-        return then(self.out(heads_out))
+            return self._fused(x, self.out.weight, self.out.bias)
+        return self.out(self._heads_output(impl, x))
 
-    def _projection(self, then: nn.Linear | None) -> tuple[Tensor, Tensor | None]:
-        """The output projection's (weight, bias), with `then` folded in when given."""
-        if then is None:
-            return self.out.weight, self.out.bias
-        weight = then.weight @ self.out.weight  # (C_then, heads * D)
-        bias = None if self.out.bias is None else then.weight @ self.out.bias
-        if then.bias is not None:
-            bias = then.bias if bias is None else bias + then.bias
-        return weight, bias
+    def forward_projected(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """`forward_tokens` with the output projection's weight (C, heads * D) and bias in place of `out`'s.
 
-    # Path adapters: x (B, H, W, C_in) -> the path's output, (B, T, heads, D) or a layout that
-    # reshapes to (B, H, W, heads * D) without a copy.
-    def _dense(self, x: Tensor, H: int, W: int) -> Tensor:
-        v = self._values(x)
-        return paths.dense(self._probs(x, H, W), v, self._dropout_p(), self._per_sample())
+        For a block that folds the Linear after the layer into the projection (W_next W_out, one
+        matmul per token instead of two); the fused path takes them between its factors.
+        """
+        impl = self._path(x)
+        if impl == "fused":
+            return self._fused(x, weight, bias)
+        return F.linear(self._heads_output(impl, x), weight, bias)
 
-    def _separable(self, x: Tensor, H: int, W: int) -> Tensor:
-        v = self._values(x)
-        row, col = self._factor_probs(H, W)
-        return paths.separable(row, col, v, self._dropout_p(), self._per_sample())
+    def folded_linears(self, x: Tensor) -> list[tuple[nn.Linear, int]]:
+        """The Linear children a forward on x (B, C_in, H, W) applies without calling them, with the tokens
+        each maps: `out` on the fused path, whose products apply it between the factors (its forward hooks
+        do not fire there). `attnconv.flops.count_flops` counts them."""
+        if self._path(x.permute(0, 2, 3, 1)) != "fused":
+            return []
+        return [(self.out, x.shape[0] * x.shape[2] * x.shape[3])]
 
-    def _fused(self, x: Tensor, H: int, W: int, weight: Tensor, bias: Tensor | None) -> Tensor:
-        row, col = self._factor_probs(H, W)
-        return paths.fused(row, col, x, weight, bias, self._dropout_p())
+    def _path(self, x: Tensor) -> str:
+        """The impl a forward on channels-last x (B, H, W, C_in) runs (`select.resolve_impl`)."""
+        dropout = self.training and self.attn_dropout > 0
+        return self._resolve(tuple(x.shape[1:3]), dropout and self.attn_dropout_mask == "shared",
+                             dropout and self._per_sample())
 
-    def _stacked(self, x: Tensor, H: int, W: int) -> Tensor:
-        if self.position_only:
-            probs = self._position_probs(H, W)  # (heads, T, T), one matrix for the batch
+    def _heads_output(self, impl: str, x: Tensor) -> Tensor:
+        """Every head's attention-weighted values (B, H, W, heads * D), by the backend `impl` (not fused)."""
+        B, H, W, _ = x.shape
+        p, per_sample = self._dropout_p(), self._per_sample()
+        if impl == "dense":
+            v = self._values(x)  # before the probabilities: x's gradient terms sum in a fixed order
+            out = ops.dense(self._probs(x, H, W), v, p, per_sample)
+        elif impl == "separable":
+            v = self._values(x)
+            row, col = self._factor_probs(H, W)
+            out = ops.separable(row, col, v, p, per_sample)
+        elif impl == "stacked":
+            # position-only: one (heads, T, T) matrix for the batch; content: (B, heads, T, T)
+            probs = self._position_probs(H, W) if self.position_only else self._probs(x, H, W)
+            out = ops.stacked(probs, x, p, per_sample)
+        elif impl == "sdpa":
+            out = self._sdpa(x, H, W)
         else:
-            probs = self._probs(x, H, W)  # (B, heads, T, T)
-        return paths.stacked(probs, x, self._dropout_p(), self._per_sample())
+            raise AssertionError(impl)
+        return out.reshape(B, H, W, self.heads * self.head_dim)
+
+    def _fused(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        row, col = self._factor_probs(*x.shape[1:3])
+        return ops.fused(row, col, x, weight, bias, self._dropout_p())
 
     def _sdpa(self, x: Tensor, H: int, W: int) -> Tensor:
-        v = paths.heads_first(self._values(x), self.heads)  # before q, k: x's gradient terms sum in a fixed order
+        v = ops.heads_first(self._values(x), self.heads)  # before q, k: x's gradient terms sum in a fixed order
         if self.position_only:
-            return paths.sdpa(v, self._position_logits(H, W)[None], dropout_p=self._dropout_p())
+            return ops.sdpa(v, self._position_logits(H, W)[None], dropout_p=self._dropout_p())
         q, k = self._queries_keys(x)
         with float32_scores():
             bias = self.encoding.position_logits(at_least_float32(q), H, W)
-        return paths.sdpa(v, bias, q, k, dropout_p=self._dropout_p())
+        return ops.sdpa(v, bias, q, k, dropout_p=self._dropout_p())
 
     def _values(self, x: Tensor) -> Tensor:
         """(B, H, W, C_in) for shared values, else (B, H, W, heads, D)."""
@@ -314,8 +312,8 @@ class SelfAttention2d(nn.Module):
     def _factor_probs(self, H: int, W: int) -> tuple[Tensor, Tensor]:
         """A separable encoding's row and column softmaxes (heads, H, H), (heads, W, W), in at least float32."""
         with float32_scores():
-            row, col = self.encoding.factors(H, W)
-            return row.softmax(-1), col.softmax(-1)
+            row, col = ops.factor_softmax(self.encoding.factors(H, W))
+            return row, col
 
     def _position_probs(self, H: int, W: int) -> Tensor:
         """Position-only probabilities (heads, T, T) in at least float32; separable encodings as the
@@ -323,7 +321,7 @@ class SelfAttention2d(nn.Module):
         if not self.separable:
             with float32_scores():
                 return self._position_logits(H, W).softmax(-1)
-        return paths.kronecker_probs(*self._factor_probs(H, W))
+        return ops.kronecker_probs(*self._factor_probs(H, W))
 
     def _queries_keys(self, x: Tensor) -> tuple[Tensor, Tensor]:
         B, H, W, _ = x.shape
@@ -345,7 +343,7 @@ class SelfAttention2d(nn.Module):
         q, k = self._queries_keys(x)  # projections run under autocast (bf16 on GPU), the scores do not
         with float32_scores():
             q, k = at_least_float32(q), at_least_float32(k)
-            content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)  # (B, heads, T, T)
+            content = ops.content_scores(q, k)  # (B, heads, T, T)
             pos = self.encoding.position_logits(q, H, W)
         return {"content": content, "position": pos, "combined": content + pos}
 
@@ -413,12 +411,6 @@ class SelfAttention2d(nn.Module):
         b_val = self.value.bias.view(self.heads, self.head_dim)
         # attention rows sum to one, so the value bias passes through unchanged
         return maps, bias + torch.einsum("ohd,hd->o", w_out, b_val)
-
-
-def _observed(module: nn.Module) -> bool:
-    """Whether forward hooks watch `module` (its own or global ones): then it must run as a module."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or nn.modules.module._global_forward_hooks
-                or nn.modules.module._global_forward_pre_hooks)
 
 
 def _check_positive_int(name: str, v: object) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
+import torch
+
 IMPLS = ("auto", "dense", "separable", "stacked", "fused", "sdpa")
 # auto: the stacked path up to T = H * W <= STACKED_RATIO * (H + W) tokens (its FLOPs over the
 # separable path's are T / (H + W)); above, the separable path's fewer FLOPs win, run as the
 # fused path (the output projection between the factors) where the values are shared.
 STACKED_RATIO = 4
+
+_log = logging.getLogger(__name__)
 
 
 def resolve_impl(
@@ -19,7 +25,8 @@ def resolve_impl(
     on_cpu: bool,
     shared_dropout: bool = False,
     per_sample_dropout: bool = False,
-) -> str:
+    explain: bool = False,
+) -> str | tuple[str, str]:
     """The path a layer with `impl` runs on an H x W grid `size`: `impl` itself, or for "auto":
 
     with shared values, stacked where it is the cheaper path (crossovers in benchmarks/RESULTS.md,
@@ -31,25 +38,42 @@ def resolve_impl(
     `shared_dropout`: training with one dropout mask for the batch. SDPA draws a mask per sample,
     so "sdpa" then runs the dense path. `per_sample_dropout`: training with a mask per sample,
     which the fused path's batch-wide factors cannot hold: "fused" then runs the separable path.
+
+    `explain=True` returns (path, reason), the reason one line saying why that path runs; the
+    choice is also logged at DEBUG level (logger "attnconv.attention.select").
     """
     if impl == "auto":
-        impl = _auto(size, shared_values=shared_values, position_only=position_only, separable=separable, on_cpu=on_cpu)
-    if impl == "sdpa" and shared_dropout:
-        return "dense"
-    if impl == "fused" and per_sample_dropout:
-        return "separable"
-    return impl
+        chosen, why = _auto(size, shared_values=shared_values, position_only=position_only, separable=separable,
+                            on_cpu=on_cpu)
+    else:
+        chosen, why = impl, f"impl={impl!r} asked for"
+    if chosen == "sdpa" and shared_dropout:
+        chosen, why = "dense", why + "; sdpa draws a dropout mask per sample, the layer wants one for the batch: dense"
+    if chosen == "fused" and per_sample_dropout:
+        chosen, why = "separable", why + "; the fused factors hold one dropout mask for the batch: separable"
+    if not torch.compiler.is_compiling() and _log.isEnabledFor(logging.DEBUG):  # no graph break
+        _log.debug("%s on %dx%d: %s", chosen, size[0], size[1], why)
+    return (chosen, why) if explain else chosen
 
 
-def _auto(size: tuple[int, int], *, shared_values: bool, position_only: bool, separable: bool, on_cpu: bool) -> str:
+def _auto(size: tuple[int, int], *, shared_values: bool, position_only: bool, separable: bool,
+          on_cpu: bool) -> tuple[str, str]:
     H, W = size
+    small = H * W <= STACKED_RATIO * (H + W)
+    grid = f"{H}x{W} = {H * W} tokens {'<=' if small else '>'} {STACKED_RATIO} * (H + W)"
     if shared_values:
-        if position_only and (not separable or H * W <= STACKED_RATIO * (H + W)):
-            return "stacked"
+        if position_only and not separable:
+            return "stacked", "auto: shared values and a non-separable encoding: stacked (dense FLOPs in large matmuls)"
+        if position_only and small:
+            return "stacked", f"auto: shared values, {grid}: stacked is cheaper than the per-axis factors"
         if not position_only and on_cpu:
-            return "stacked"
+            return "stacked", "auto: content attention with shared values on the CPU: stacked (SDPA with a bias " \
+                              "would copy the values per head)"
         if position_only and separable:
-            return "fused"
+            return "fused", f"auto: shared values, a separable encoding, {grid}: fused (per-axis factors with the " \
+                            "output projection between them)"
     if not position_only:
-        return "sdpa"
-    return "separable" if separable else "dense"
+        return "sdpa", "auto: content attention: sdpa"
+    if separable:
+        return "separable", "auto: per-head values and a separable encoding: separable (per-axis factors)"
+    return "dense", "auto: per-head values and a non-separable encoding: dense"

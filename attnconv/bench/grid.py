@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from attnconv.attention import SelfAttention2d
-from attnconv.attention.paths import fused_in_one_tile
 from attnconv.bench.cases import set_impl, taken_impl, training_step
 from attnconv.bench.config import GRID_SIDES, BenchConfig
 from attnconv.bench.presets import ATTENTION_PRESET, RESNET_PRESET, count_step_flops
@@ -34,6 +33,7 @@ from attnconv.bench.results import Section, fmt_timing
 from attnconv.bench.timing import precision_autocast, progress, target_status, time_variants
 from attnconv.config import make_config
 from attnconv.models import build_model
+from attnconv.ops import fused_in_one_tile
 from attnconv.training.schedule import make_optimizer
 
 # (tokens a side, input side, space-to-depth factor)

@@ -26,6 +26,7 @@ from attnconv.construct.geometry import (
     source_index,
 )
 from attnconv.errors import AttnconvError
+from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
 __all__ = ["ConvAttention"]
 
@@ -224,10 +225,10 @@ class ConvAttention(nn.Module):
             lo, hi = self.padding[a]
             k = torch.arange(size[a] + lo + hi, device=device)  # (P_a,) padded positions
             centers, alpha = self._axis_heads(a)  # (G,), and a float or (G,)
-            diff = (k[None, :] - q.to(device)[:, None]).to(work) - centers.to(device, work)[:, None, None]
+            delta = (k[None, :] - q.to(device)[:, None]).to(work)  # (n_a, P_a): key minus query
             if isinstance(alpha, Tensor):
-                alpha = alpha.to(device, work)[:, None, None]
-            logits.append(-alpha * diff.square())  # (G, n_a, P_a)
+                alpha = alpha.to(device, work)
+            logits.append(quadratic_axis_scores(delta, centers.to(device, work), alpha))  # (G, n_a, P_a)
         return logits
 
     def axis_probs(self, size: Sequence[int]) -> list[Tensor]:
@@ -237,7 +238,7 @@ class ConvAttention(nn.Module):
         query of output index o attends to padded position i, for the heads whose tap
         along axis a is t. Head h = (t_1, ..., t_n) has P_h = (x)_a factors[a][t_a].
         """
-        return [torch.softmax(l, dim=-1).to(self.out_weight.dtype) for l in self.axis_logits(size)]
+        return [p.to(self.out_weight.dtype) for p in factor_softmax(self.axis_logits(size))]
 
     def _padded_query_axes(self, size: Sequence[int], out: Sequence[int] | None = None) -> list[Tensor]:
         """Per axis, the padded-grid position of each output index's query: o * stride + dilation * anchor."""
@@ -274,12 +275,12 @@ class ConvAttention(nn.Module):
         """
         return self.axis_offsets(a), self.alpha
 
-    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
+    def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
         """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
 
-        `size` is the input spatial size (or pass an input tensor `x`, or the size as the
-        first argument). `term`: "combined" or "position", the same here (no content term).
+        `size` is the input spatial size (or pass an input tensor `x`, whose size is taken; the
+        `AttentionLayer` signature). `term`: "combined" or "position", the same here (no content term).
         The padded grid is folded back onto the input pixels: a zero
         padding key drops out, a reflect/replicate/circular padding key adds its probability
         to the input pixel it copies. Hence the layer is exactly
@@ -289,12 +290,9 @@ class ConvAttention(nn.Module):
         if term not in ("combined", "position"):
             raise AttnconvError(f"term {term!r}: a position-only layer has the terms 'combined' and 'position'")
         if size is None:
-            if isinstance(x, Tensor):
-                size = x.shape[-self.ndim :]
-            elif x is not None:
-                size = x
-            else:
-                raise AttnconvError("attention_probs needs the input size (or an input tensor)")
+            if not isinstance(x, Tensor):
+                raise AttnconvError("attention_probs needs the input x or size=(the input's spatial size)")
+            size = x.shape[-self.ndim :]
         size = tuple(int(s) for s in size)
         out = self.output_size(size)
         if self.heads * math.prod(out) * math.prod(size) > MAX_DENSE:

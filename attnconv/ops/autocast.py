@@ -1,4 +1,4 @@
-"""Dtypes of the attention computation under autocast: scores and softmax in float32, matmuls in autocast's dtype."""
+"""Dtypes of the attention computation: scores and softmax in at least float32, matmuls in autocast's dtype."""
 
 from __future__ import annotations
 
@@ -30,3 +30,8 @@ def matmul_dtype(x: Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
         return torch.get_autocast_dtype(device)
     return x.dtype
+
+
+def at_least_float32(t: Tensor) -> Tensor:
+    """t in float32 if it is narrower (float16, bfloat16); float32 and float64 unchanged."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
