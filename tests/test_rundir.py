@@ -326,7 +326,11 @@ def test_a_run_records_its_dataset_and_eval_says_when_a_class_was_added(tmp_path
         assert main(cmd) == 2, cmd  # eval was an IndexError traceback
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
-    assert main(["report", str(out)]) == 0  # a position-only model's report reads no test images
+    # report's test-set section reads the folder too: it fails rather than leaving the error in the page
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not (out / "report.html").exists()
 
 
 def test_eval_on_a_test_set_that_grew_is_refused_or_warns_in_one_line(tmp_path, monkeypatch, capsys):
