@@ -186,7 +186,7 @@ def describe_run(
     lists: rows true, columns predicted).
 
     `dataset` (with `recompute`): measure on that dataset's test split instead, one with the
-    run's classes (`--dataset folder:PATH`, `runs.data.other_test_set`); the summary then says
+    run's classes (`--dataset folder:PATH`, `runs.run_data.other_test_set`); the summary then says
     so in "test_dataset" and "test_images". A run whose data is gone is one AttnconvError
     naming the stored path and the flag that points at the data.
 

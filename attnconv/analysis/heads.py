@@ -228,7 +228,7 @@ def analyze_layer(
 
 
 # Test images a content model's snapshot averages its attention over: the FIRST 64 of the test set, as
-# `attnconv train` has always taken them for heads.jsonl. Not `runs.data.sample_across_classes` (which the
+# `attnconv train` has always taken them for heads.jsonl. Not `runs.run_data.sample_across_classes` (which the
 # explorer, report, plot and analyze use): recorded runs' heads.jsonl depend on these images, and a resumed
 # run must append snapshots computed the same way. In an image folder they may all be of one class.
 SNAPSHOT_IMAGES = 64

@@ -14,29 +14,13 @@ A run directory holds:
                        and a copy of the weights (read with torch.load(weights_only=True) only)
 
 `Run(path)` reads one lazily (run.py). The modules: files.py (names, reading and writing
-each file), data.py (the run's dataset), build.py (its network: `load_run`, `convert_run`),
+each file), run_data.py (the run's dataset), build.py (its network: `load_run`, `convert_run`),
 directory.py (the run directory contract of `attnconv train`: what it may write, what --overwrite
 sets aside until the new run's first checkpoint, the logs a resumed run keeps).
 Every file is written atomically through `attnconv.fileio.atomic_write`.
 """
 
 from attnconv.runs.build import build_run_architecture, build_run_model, convert_run, load_run, load_weights, nonfinite_tensor
-from attnconv.runs.data import (
-    SAMPLE_SEED,
-    DataNotFound,
-    check_other_dataset,
-    data_changes,
-    data_digest,
-    data_fingerprint,
-    other_test_set,
-    recorded_info,
-    run_data_dir,
-    run_image_size,
-    run_info,
-    run_test_set,
-    sample_across_classes,
-    split_digest,
-)
 from attnconv.runs.directory import SetAside, claim_run_dir, event_files, recover_set_aside, trim_logs
 from attnconv.runs.files import (
     CONFIG_FILE,
@@ -65,6 +49,22 @@ from attnconv.runs.files import (
     write_config,
 )
 from attnconv.runs.run import Run, as_run
+from attnconv.runs.run_data import (
+    SAMPLE_SEED,
+    DataNotFound,
+    check_other_dataset,
+    data_changes,
+    data_digest,
+    data_fingerprint,
+    other_test_set,
+    recorded_info,
+    run_data_dir,
+    run_image_size,
+    run_info,
+    run_test_set,
+    sample_across_classes,
+    split_digest,
+)
 
 __all__ = [
     "CONFIG_FILE",

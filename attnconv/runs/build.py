@@ -24,7 +24,6 @@ from attnconv.fileio import (
 )
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
-from attnconv.runs.data import run_info
 from attnconv.runs.files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -32,6 +31,7 @@ from attnconv.runs.files import (
     save_weights,
     write_config,
 )
+from attnconv.runs.run_data import run_info
 
 
 def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,

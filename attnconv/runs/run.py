@@ -19,13 +19,13 @@ from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
-from attnconv.runs.data import check_other_dataset, data_fingerprint, run_info, run_test_set, sample_across_classes
 from attnconv.runs.files import (
     HEADS_FILE,
     read_config,
     read_heads_skipping,
     read_metrics,
 )
+from attnconv.runs.run_data import check_other_dataset, data_fingerprint, run_info, run_test_set, sample_across_classes
 
 
 class Run:
@@ -43,11 +43,11 @@ class Run:
 
     data_dir: where the run's (built-in) dataset is, if not where it was. dataset: another
     dataset to take the test images from (`--dataset folder:PATH`), with the run's classes
-    (`runs.data.other_test_set`); `info` stays the run's (its classes and normalization).
+    (`runs.run_data.other_test_set`); `info` stays the run's (its classes and normalization).
     A run whose image folder is gone still has `info` from what it recorded; `test_set` is
     then one error naming the stored path and `--dataset folder:PATH` (a `DataNotFound`).
     A `dataset` that cannot stand for the run's data (no such folder, other classes) is refused
-    here, at once (`runs.data.check_other_dataset`), whether or not the test images are read later.
+    here, at once (`runs.run_data.check_other_dataset`), whether or not the test images are read later.
     """
 
     def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -111,7 +111,7 @@ class Run:
 
     def test_sample(self, count: int) -> list[int]:
         """The indices of the `count` test images the commands show and average over (all if fewer):
-        spread over the classes with a fixed seed (`runs.data.sample_across_classes`), in pick order."""
+        spread over the classes with a fixed seed (`runs.run_data.sample_across_classes`), in pick order."""
         if count < 1:
             raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
         return sample_across_classes(self.test_set.labels, count)
