@@ -24,8 +24,7 @@ _HOMES = {
     "PRESETS": "attnconv.config", "TrainConfig": "attnconv.config", "make_config": "attnconv.config",
     "ConvAttention": "attnconv.construct", "LearnableConvAttention": "attnconv.construct",
     "conv_likeness": "attnconv.construct", "conv_to_attention": "attnconv.construct",
-    "effective_kernel": "attnconv.construct",
-    "cnn_to_attention": "attnconv.convert",
+    "effective_kernel": "attnconv.construct", "cnn_to_attention": "attnconv.construct",
     "AttnconvError": "attnconv.errors",
     "build_model": "attnconv.models", "list_models": "attnconv.models", "register_model": "attnconv.models",
     "CapturedAttention": "attnconv.models.capture", "capture_attention": "attnconv.models.capture",
@@ -39,8 +38,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from attnconv.analysis import analyze_captured, analyze_layer, analyze_run, head_snapshot
     from attnconv.attention import SelfAttention2d
     from attnconv.config import PRESETS, TrainConfig, make_config
-    from attnconv.construct import ConvAttention, LearnableConvAttention, conv_likeness, conv_to_attention, effective_kernel
-    from attnconv.convert import cnn_to_attention
+    from attnconv.construct import (
+        ConvAttention,
+        LearnableConvAttention,
+        cnn_to_attention,
+        conv_likeness,
+        conv_to_attention,
+        effective_kernel,
+    )
     from attnconv.errors import AttnconvError
     from attnconv.models import build_model, list_models, register_model
     from attnconv.models.capture import CapturedAttention, capture_attention

@@ -1,5 +1,6 @@
 """Tests for attnconv.construct: Theorem 1 (conv -> attention), its leakage bound and default alpha.
-(The reverse direction is tested in test_kernels.py, the learnable layer in test_learnable.py.)
+(The reverse direction is tested in test_kernels.py, the learnable layer in test_learnable.py, whole networks in
+test_network.py.)
 
 Relative error throughout: rel(a, b) = ||a - b||_F / max(||b||_F, tiny), b the reference.
 """

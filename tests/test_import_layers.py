@@ -17,7 +17,7 @@ LAYERS = [
     ["attnconv.positional"],
     ["attnconv.attention"],
     ["attnconv.construct"],
-    ["attnconv.models", "attnconv.data", "attnconv.convert"],
+    ["attnconv.models", "attnconv.data"],
     ["attnconv.config"],
     ["attnconv.dataset_presets", "attnconv.runs"],
     ["attnconv.evaluate", "attnconv.training", "attnconv.analysis", "attnconv.bench", "attnconv.export"],

@@ -22,10 +22,10 @@ from attnconv.cli import main
 from attnconv.construct import (
     ConvAttention,
     LearnableConvAttention,
+    cnn_to_attention,
     conv_to_attention,
     effective_kernel,
 )
-from attnconv.convert import cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.models import no_weight_decay
 from attnconv.runs import load_run

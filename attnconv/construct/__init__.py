@@ -1,4 +1,4 @@
-"""Convolution <-> attention: the exact construction of Theorem 1 and its reverse.
+"""Convolution <-> attention: Theorem 1 for one layer and for whole networks, and its reverse.
 
 Forward direction (Theorem 1, via Lemma 1 and Lemma 2): `conv_to_attention` turns an
 `nn.Conv1d/2d/3d` into a `ConvAttention`, a multi-head self-attention layer with one
@@ -9,7 +9,8 @@ head per kernel tap. Head h has the isotropic quadratic positional score of Lemm
 softmax over keys, and value map W_val^h W_out^h = W[:, :, tap_h]^T (Lemma 1, with
 W_val^h = I). As alpha grows each head's softmax becomes a one-hot on the pixel at
 offset Delta_h, so the layer computes the cross-correlation that `nn.ConvNd` computes,
-for finite inputs (a NaN or inf does not stay local; see `ConvAttention`).
+for finite inputs (a NaN or inf does not stay local; see `ConvAttention`). `cnn_to_attention`
+does it for every convolution of a network (optionally folding BatchNorms).
 
 Reverse direction: any position-only attention layer is linear in its input,
 y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias, so `effective_kernel` extracts that
@@ -22,6 +23,7 @@ Submodules (each imports its siblings directly, never this package):
     conv_attention  ConvAttention
     learnable       LearnableConvAttention (trainable centers/widths, content attention), check_key_dim
     factory         conv_to_attention, unconvertible_reason (what has no exact attention layer)
+    network         cnn_to_attention: every convolution of a whole network, BatchNorm folding
     kernels         EffectiveKernel, effective_kernel, ConvLikeness, conv_likeness
 
 Conventions: tokens are pixels in row-major order over the spatial axes (for 2-D,
@@ -38,6 +40,7 @@ from attnconv.construct.kernels import (
     effective_kernel,
 )
 from attnconv.construct.learnable import LearnableConvAttention, check_key_dim
+from attnconv.construct.network import cnn_to_attention
 
 __all__ = [
     "ConvAttention",
@@ -45,6 +48,7 @@ __all__ = [
     "EffectiveKernel",
     "LearnableConvAttention",
     "check_key_dim",
+    "cnn_to_attention",
     "conv_likeness",
     "conv_to_attention",
     "default_alpha",

@@ -15,8 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load
 
 from attnconv.config import TrainConfig
-from attnconv.construct import ConvAttention, LearnableConvAttention
-from attnconv.convert import cnn_to_attention
+from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_attention
 from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     current_umask,

@@ -1,4 +1,4 @@
-"""Tests for attnconv.convert: whole CNNs -> exact attention networks (Theorem 1 per layer).
+"""Tests for attnconv.construct.network: whole CNNs -> exact attention networks (Theorem 1 per layer).
 
 Relative error throughout: rel(a, b) = ||a - b||_F / ||b||_F, b the original network's output.
 """
@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnconv
 from attnconv import data
 from attnconv.construct import ConvAttention
-from attnconv.convert import cnn_to_attention, conversion_report
+from attnconv.construct.network import cnn_to_attention, conversion_report
 from attnconv.errors import AttnconvError
 
 _RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}

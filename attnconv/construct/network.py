@@ -31,7 +31,9 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnconv.construct import ConvAttention, check_key_dim, conv_to_attention, unconvertible_reason
+from attnconv.construct.conv_attention import ConvAttention
+from attnconv.construct.factory import conv_to_attention, unconvertible_reason
+from attnconv.construct.learnable import check_key_dim
 from attnconv.errors import AttnconvError
 
 __all__ = ["ConversionReport", "cnn_to_attention", "conversion_report"]
