@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 import attnconv
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
 from attnconv.limits import format_bytes
 from attnconv.runs import Run, as_run
@@ -53,14 +53,15 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     free in every format. An existing `out` is replaced if attnconv wrote it (or with `overwrite`).
     """
     if fmt not in FORMATS:
-        raise AttnconvError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+        raise ParameterError("fmt", fmt, f": choose one of {', '.join(FORMATS)}", shown=repr(fmt), flags={"fmt": "format"})
     if fmt == "onnx":
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
-            raise AttnconvError(f"--format onnx needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+            raise ParameterError("fmt", fmt, f"needs {' and '.join(missing)}: pip install {' '.join(missing)}",
+                                 flags={"fmt": "format"})
     run = as_run(run)
     suffix = FORMATS[fmt]
-    out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "--out", (suffix,),
+    out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
                             overwrite=overwrite)
     model, info = run.model.eval(), run.info
     if fmt == "onnx":

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 
 TMP_SUFFIX = ".attnconv-tmp"
 LOCK_FILE = ".attnconv.lock"  # the lock file of earlier versions (the lock is now on the directory)
@@ -138,29 +138,34 @@ def remove_temporaries(directory: str | os.PathLike, names: tuple[str, ...]) -> 
             leftover.unlink(missing_ok=True)
 
 
-def check_writable_file(path: str | os.PathLike, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
+def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str, ...] = (), *,
+                        flag: str | None = None) -> Path:
     """Check, before any long work, that the file `path` can be written; raise one clear error if not.
 
-    The parent folder is created if missing. `suffixes`: the allowed file name endings.
+    The parent folder is created if missing. `suffixes`: the allowed file name endings. Errors are
+    ParameterErrors naming the parameter `name` (the CLI's flag: `flag`, default the name with dashes).
     """
     path = Path(path).expanduser()
+
+    def bad(rest: str) -> ParameterError:
+        return ParameterError(name, path, rest, flags={name: flag} if flag else None)
+
     if suffixes and path.suffix.lower() not in suffixes:
-        raise AttnconvError(f"{flag} {path}: give a file name ending in {', '.join(suffixes)}")
+        raise bad(f": give a file name ending in {', '.join(suffixes)}")
     if path.is_dir():
-        raise AttnconvError(f"{flag} {path} is a directory; give a file name inside it")
+        raise bad("is a directory; give a file name inside it")
     parent = path.parent
     blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
     if blocking is not None and not blocking.is_dir():
-        raise AttnconvError(f"{flag} {path}: {blocking} is a file, not a folder; choose another location")
+        raise bad(f": {blocking} is a file, not a folder; choose another location")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise AttnconvError(f"{flag} {path}: cannot create {parent} ({err.strerror or err}); "
-                            "choose another location") from None
+        raise bad(f": cannot create {parent} ({err.strerror or err}); choose another location") from None
     if not parent.is_dir():
-        raise AttnconvError(f"{flag} {path}: {parent} is not a directory; choose another location")
+        raise bad(f": {parent} is not a directory; choose another location")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise AttnconvError(f"{flag} {path}: not writable; choose another location")
+        raise bad(": not writable; choose another location")
     return path
 
 
@@ -259,24 +264,26 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return -1, len(data)
 
 
-def check_output_file(path: str | os.PathLike, flag: str, suffixes: tuple[str, ...], *,
-                      overwrite: bool = False) -> Path:
+def check_output_file(path: str | os.PathLike, name: str, suffixes: tuple[str, ...], *,
+                      overwrite: bool = False, flag: str | None = None) -> Path:
     """`check_writable_file`, and never clobber what is not ours: checked before any long work.
 
     A run's own files (`RUN_FILE_NAMES` next to a config.json) are refused always; an existing
     file that attnconv did not write (`written_by_attnconv`), or that is a link or not a regular
-    file, only with `overwrite` (the command's --overwrite).
+    file, only with `overwrite` (the command's --overwrite). Errors name the parameter `name`.
     """
-    path = check_writable_file(path, flag, suffixes)
+    path = check_writable_file(path, name, suffixes, flag=flag)
+
+    def bad(rest: str) -> ParameterError:
+        return ParameterError(name, path, rest, mentions=("overwrite",), flags={name: flag} if flag else None)
+
     if path.name in RUN_FILE_NAMES and (path.parent / RUN_FILE_NAMES[0]).is_file():
-        raise AttnconvError(f"{flag} {path} is a file of the attnconv run in {path.parent}; write somewhere else")
+        raise bad(f"is a file of the attnconv run in {path.parent}; write somewhere else")
     if (path.exists() or path.is_symlink()) and not overwrite:
         if path.is_symlink() or not path.is_file():
-            raise AttnconvError(f"{flag} {path} exists and is not a regular file; choose another name "
-                                "(or pass --overwrite to replace it)")
+            raise bad("exists and is not a regular file; choose another name (or pass {overwrite} to replace it)")
         if not written_by_attnconv(path):
-            raise AttnconvError(f"{flag} {path} exists and attnconv did not write it; choose another name, "
-                                "or pass --overwrite to replace it")
+            raise bad("exists and attnconv did not write it; choose another name, or pass {overwrite} to replace it")
     return path
 
 

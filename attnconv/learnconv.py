@@ -189,7 +189,7 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
     source = data.source
     if out is not None:  # before the training, not after it
         for name in ("learn-conv.json", "learn-conv.png"):
-            check_output_file(Path(out) / name, "--out", (Path(name).suffix,), overwrite=overwrite)
+            check_output_file(Path(out) / name, "out", (Path(name).suffix,), overwrite=overwrite)
     held_out = data.batch(_EVAL_IMAGES, held_out=True)
     pad = kernel // 2
     opt = torch.optim.Adam(student.parameters(), lr=lr)

@@ -21,20 +21,16 @@ import typing
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import ParameterError
 
 
-class FieldError(AttnconvError):
-    """A config field with a bad value: names the field; the CLI shows it as the flag that sets it."""
+class FieldError(ParameterError):
+    """A config field with a bad value: `epochs 0 is invalid: ...`; the CLI shows it as the flag that sets
+    it (`as_flag`: `--epochs 0 is invalid: ...`)."""
 
     def __init__(self, field: str, value: Any, fix: str, *, flag: str | None = None):
-        self.field, self.value, self.fix = field, value, fix
-        self.flag = flag or field.replace("_", "-")
-        super().__init__(f"{field} {_shown(value)} is invalid: {fix}")
-
-    def as_flag(self) -> str:
-        """The message as the command line says it: `--epochs 0 is invalid: ...`."""
-        return f"--{self.flag} {_shown(self.value)} is invalid: {self.fix}"
+        self.field, self.fix = field, fix
+        super().__init__(field, value, f"is invalid: {fix}", shown=_shown(value), flags={field: flag} if flag else None)
 
 
 def _shown(value: Any) -> str:

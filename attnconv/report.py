@@ -54,7 +54,7 @@ import torch
 
 import attnconv
 from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
-from attnconv.errors import AttnconvError, AttnconvWarning
+from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.models.sites import needs_inputs
@@ -401,7 +401,7 @@ def build_report(
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
     if not isinstance(images, int) or images < 1:
-        raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
+        raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
@@ -457,9 +457,9 @@ def write_report(
     not write (unless `overwrite`)."""
     out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
     if out.is_dir():
-        raise AttnconvError(f"--out {out} is a directory; give a file name such as {out / REPORT_FILE}")
+        raise ParameterError("out", out, f"is a directory; give a file name such as {out / REPORT_FILE}")
     if Path(run_dir).is_dir():  # else build_report names the missing run directory
-        out = check_output_file(out, "--out", (".html", ".htm"), overwrite=overwrite)
+        out = check_output_file(out, "out", (".html", ".htm"), overwrite=overwrite)
     text = build_report(run_dir, images=images, data_dir=data_dir, dataset=dataset, device=device)
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return out

@@ -558,7 +558,7 @@ def test_no_command_writes_over_a_runs_files_or_a_users_file(tmp_path, capsys):
         assert err.count("\n") == 1 and ("attnconv did not write it" in err or "a file of the attnconv run" in err
                                          or "is not a regular file" in err), (args, err)
     with pytest.raises(AttnconvError, match="a file of the attnconv run"):
-        check_output_file(run / "heads.jsonl", "--out", (), overwrite=True)  # never, even when asked
+        check_output_file(run / "heads.jsonl", "out", (), overwrite=True)  # never, even when asked
     assert {p: p.read_bytes() for p in [*run.iterdir(), *user.iterdir()]} == before
 
 

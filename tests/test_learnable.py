@@ -472,14 +472,14 @@ def test_init_from_needs_a_cnn_run(cnn_run, data_dir, tmp_path, capsys):
     assert main(["convert", str(cnn_run), "--out", str(converted), "--data-dir", str(data_dir)]) == 0
     capsys.readouterr()
     assert main(["train", "--init-from", str(converted), "--max-steps", "1", *_common(data_dir, out)]) == 2
-    assert "already an attention network" in capsys.readouterr().err
+    assert f"error: --init-from {converted}: is already an attention network" in capsys.readouterr().err
     sa = tmp_path / "sa"
     assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4",
                  "--intermediate", "8", "--downsample", "4", "--dataset", "fashion-mnist", "--max-steps", "1",
                  *_common(data_dir, sa)]) == 0
     capsys.readouterr()
     assert main(["train", "--init-from", str(sa), "--max-steps", "1", *_common(data_dir, out)]) == 2
-    assert "no convolution to start from" in capsys.readouterr().err
+    assert f"error: --init-from {sa}: model 'sa-quadratic' has no convolution to start from" in capsys.readouterr().err
     assert main(["train", "--model", "resnet18", "--dataset", "fashion-mnist", "--init-alpha", "2",
                  *_common(data_dir, out)]) == 2
     assert "go with --init-from" in capsys.readouterr().err

@@ -92,7 +92,7 @@ def test_save_figure_replaces_its_own_figures_and_refuses_other_files(tmp_path, 
     fig.subplots().plot([0, 1], [1, 0])
     path = tmp_path / f"f{suffix}"
     path.write_bytes(b"a user's file")
-    with pytest.raises(AttnconvError, match="exists and attnconv did not write it; .* --overwrite"):
+    with pytest.raises(AttnconvError, match="^out .* exists and attnconv did not write it; .* pass overwrite to"):
         save_figure(fig, path)
     assert path.read_bytes() == b"a user's file"
     save_figure(fig, path, overwrite=True)  # asked for: replaced

@@ -93,12 +93,17 @@ def test_spread_epochs_is_dense_early_and_ends_at_the_last():
     assert spread_epochs(range(101))[-1] == 100 and len(spread_epochs(range(101))) == 5
 
 
-def test_bad_requests_are_one_clear_error(runs, tmp_path):
+def test_bad_requests_are_one_clear_error(runs, tmp_path, capsys):
     run = runs["sa-quadratic"]
-    with pytest.raises(AttnconvError, match=r"--layer 3 is invalid: the run has layers 1..2"):
+    with pytest.raises(AttnconvError, match=r"^layer 3 is invalid: the run has layers 1..2"):
         plot_centers_history(run, tmp_path / "x.png", layer=3)
-    with pytest.raises(AttnconvError, match=r"--epochs 7: not recorded; the run's heads.jsonl has epochs 0-4"):
+    with pytest.raises(AttnconvError, match=r"^epochs 7: not recorded; the run's heads.jsonl has epochs 0-4"):
         plot_centers_history(run, tmp_path / "x.png", epochs=[0, 7])
+    # the command line says the same with its flags
+    assert main(["plot", "centers", str(run), "--layer", "3", "--out", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err == "error: --layer 3 is invalid: the run has layers 1..2\n"
+    assert main(["plot", "centers", str(run), "--epochs", "0,7", "--out", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err.startswith("error: --epochs 7: not recorded; the run's heads.jsonl has epochs 0-4")
     old = tmp_path / "old"
     shutil.copytree(run, old)
     (old / "heads.jsonl").unlink()  # a run trained before heads were recorded

@@ -20,8 +20,7 @@ import threading
 import warnings
 from collections.abc import Callable
 
-from attnconv.errors import AttnconvError, AttnconvWarning
-from attnconv.options import FieldError
+from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
@@ -186,7 +185,7 @@ def _run(argv: list[str] | None, process: bool) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)
-    except FieldError as err:  # the library names the field (epochs); the command line, its flag (--epochs)
+    except ParameterError as err:  # the library names the parameter (epochs); the command line, its flag (--epochs)
         print(f"error: {err.as_flag()}", file=sys.stderr)
         return 2
     except AttnconvError as err:

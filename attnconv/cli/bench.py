@@ -179,7 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     # Before any benchmark runs: an output that cannot be written fails now, not after the whole run.
-    outputs = {flag: check_output_file(path, flag, (), overwrite=args.overwrite)
+    outputs = {flag: check_output_file(path, flag[2:], (), overwrite=args.overwrite)
                for flag, path in (("--markdown", args.markdown), ("--json", args.json)) if path}
     command = command_line(args)
     print(command, flush=True)

@@ -194,7 +194,7 @@ def _build_conv(args: argparse.Namespace) -> nn.Module:
 
 
 def _plot_heads(attn: ConvAttention, size: tuple[int, ...], path: Path) -> None:
-    save_figure(conv_heads_figure(attn, size), path, dpi=120, flag="--plot", overwrite=True)  # checked in run
+    save_figure(conv_heads_figure(attn, size), path, dpi=120, name="plot", overwrite=True)  # checked in run
 
 
 def _check_memory(args: argparse.Namespace, size: tuple[int, ...]) -> None:
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None and args.dim != 2:
         raise AttnconvError(f"--plot draws 2-D attention maps only; got --dim {args.dim} (drop --plot or use --dim 2)")
     if args.plot is not None:
-        args.plot = check_out(args.plot, "--plot", overwrite=args.overwrite)
+        args.plot = check_out(args.plot, "plot", overwrite=args.overwrite)
     size = _per_axis("size", args.size, args.dim)
     _check_memory(args, size)
     torch.manual_seed(args.seed)

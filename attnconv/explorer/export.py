@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 import attnconv
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.explorer.server import Explorer
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.limits import format_bytes
@@ -68,9 +68,10 @@ def export_data(explorer: Explorer) -> dict[str, Any]:
     sets = n if per_image else 1
     size = sets * layers * heads * T * (T + 4) * 4 / 3  # uint8 fractions and float32 maxima, as base64
     if size > EXPORT_LIMIT:
-        raise AttnconvError(f"--images {n}: the page would hold {format_bytes(size)} of attention maps "
-                            f"({sets} map sets of {layers} layers x {heads} heads x {T}x{T} queries and keys), "
-                            f"more than the {format_bytes(EXPORT_LIMIT)} limit; give fewer --images")
+        raise ParameterError("images", n, f": the page would hold {format_bytes(size)} of attention maps "
+                             f"({sets} map sets of {layers} layers x {heads} heads x {T}x{T} queries and keys), "
+                             f"more than the {format_bytes(EXPORT_LIMIT)} limit; give fewer {{images}}",
+                             mentions=("images",))
     info = explorer.info()
     images = []
     for k in range(n):
@@ -144,7 +145,7 @@ def write_export(
     `out` is checked before the model is loaded: an .html name, its folder writable, and not an
     existing file that attnconv did not write (unless `overwrite`)."""
     if Path(run_dir).is_dir():  # else Explorer names the missing run directory
-        out = check_output_file(out, "--export", (".html", ".htm"), overwrite=overwrite)
+        out = check_output_file(out, "out", (".html", ".htm"), overwrite=overwrite, flag="export")
     text = build_export(Explorer(run_dir, images=images, data_dir=data_dir, dataset=dataset, device=device))
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     return Path(out)

@@ -65,7 +65,7 @@ from urllib.parse import parse_qs
 
 import torch
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.models.sites import query_on_site, site_inputs, site_scores
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
@@ -105,7 +105,7 @@ class Explorer:
         device: str = "cpu",
     ):
         if not isinstance(images, int) or images < 1:
-            raise AttnconvError(f"--images {images} is invalid: give a number of test images >= 1")
+            raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
         self.run_dir = Path(run_dir)
         if not self.run_dir.is_dir():
             raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
@@ -488,7 +488,7 @@ def make_server(explorer: Explorer, port: int = 0) -> ThreadingHTTPServer:
     It answers requests whose Host header is a loopback name (127.0.0.1, localhost, [::1],
     with or without its port) and GET/HEAD only; see `_Handler`."""
     if not 0 <= port <= 65535:
-        raise AttnconvError(f"--port {port} is invalid: give a TCP port in 0..65535 (0 picks a free one)")
+        raise ParameterError("port", port, "is invalid: give a TCP port in 0..65535 (0 picks a free one)")
     handler = type("Handler", (_Handler,), {"explorer": explorer})
     try:
         server = ThreadingHTTPServer(("127.0.0.1", port), handler)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.tables import significant
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
@@ -28,31 +28,32 @@ FORMATS = (".png", ".svg", ".pdf")
 # ----------------------------------------------------------------------------------------
 
 
-def check_out(path: str | os.PathLike, flag: str = "--out", *, overwrite: bool = False) -> Path:
+def check_out(path: str | os.PathLike, name: str = "out", *, overwrite: bool = False) -> Path:
     """The figure's path, checked before any work: a .png/.svg/.pdf name whose folder can be written,
-    and not a file attnconv did not write unless `overwrite` (`fileio.check_output_file`)."""
+    and not a file attnconv did not write unless `overwrite` (`fileio.check_output_file`). Errors
+    name the parameter `name` (the CLI: its flag)."""
     from attnconv.fileio import check_output_file
 
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise AttnconvError(f"{flag} {path}: give a file name ending in {', '.join(FORMATS)}")
+        raise ParameterError(name, path, f": give a file name ending in {', '.join(FORMATS)}")
     if path.exists() and path.is_dir():
-        raise AttnconvError(f"{flag} {path} is a directory; give a file name such as {path / 'figure.png'}")
-    return check_output_file(path, flag, FORMATS, overwrite=overwrite)
+        raise ParameterError(name, path, f"is a directory; give a file name such as {path / 'figure.png'}")
+    return check_output_file(path, name, FORMATS, overwrite=overwrite)
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, flag: str = "--out", overwrite: bool = False
+def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, name: str = "out", overwrite: bool = False
                 ) -> Path:
     """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders.
 
     The file carries attnconv's name (PNG "Software", SVG/PDF "Creator"), so a later command
-    knows it may replace it (`fileio.written_by_attnconv`).
+    knows it may replace it (`fileio.written_by_attnconv`). A bad `path` is a ParameterError naming `name`.
     """
     import matplotlib
 
     from attnconv.fileio import SIGNATURE, atomic_write
 
-    path = check_out(path, flag, overwrite=overwrite)
+    path = check_out(path, name, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = path.suffix[1:].lower()
     name = f"{SIGNATURE} (matplotlib {matplotlib.__version__})"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from attnconv.analysis import head_geometry
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.models.sites import query_on_site, site_probs
 from attnconv.plots.figures import (
     centers_figure,
@@ -113,14 +113,14 @@ def plot_centers_history(
     snapshots = _history(run)
     n_layers = len(snapshots[0]["layers"])
     if not isinstance(layer, int) or not 1 <= layer <= n_layers:
-        raise AttnconvError(f"--layer {layer} is invalid: the run has layers 1..{n_layers}")
+        raise ParameterError("layer", layer, f"is invalid: the run has layers 1..{n_layers}")
     by_epoch = {s["epoch"]: s for s in snapshots}  # a replayed epoch: the last record wins
     if epochs is None:
         epochs = spread_epochs(list(by_epoch))
     missing = [e for e in epochs if e not in by_epoch]
     if missing:
-        raise AttnconvError(f"--epochs {','.join(map(str, missing))}: not recorded; the run's heads.jsonl has epochs "
-                            f"{_ranges(sorted(by_epoch))}")
+        raise ParameterError("epochs", missing, f": not recorded; the run's heads.jsonl has epochs "
+                             f"{_ranges(sorted(by_epoch))}", shown=",".join(map(str, missing)))
     geometry = [snapshot_geometry(by_epoch[e]["layers"][layer - 1]) for e in epochs]
     grid = run.architecture.config.grid  # fresh weights: only the shape is read
     title = f"{run.config.model}: layer {layer} head centers over training ({grid}x{grid} token grid)"
@@ -157,9 +157,10 @@ def _parse_query(query: Sequence[int] | None, size: tuple[int, int]) -> tuple[in
         return size[0] // 2, size[1] // 2
     query = tuple(int(v) for v in query)
     if len(query) != 2 or not (0 <= query[0] < size[0] and 0 <= query[1] < size[1]):
-        raise AttnconvError(
-            f"--query {','.join(map(str, query))} is outside the {size[0]}x{size[1]} token grid "
-            f"(rows 0..{size[0] - 1}, columns 0..{size[1] - 1}; coordinates are after downsampling)"
+        raise ParameterError(
+            "query", query, f"is outside the {size[0]}x{size[1]} token grid "
+            f"(rows 0..{size[0] - 1}, columns 0..{size[1] - 1}; coordinates are after downsampling)",
+            shown=",".join(map(str, query)),
         )
     return query
 
@@ -215,7 +216,7 @@ def plot_maps(
     RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
     """
     if zoom is not None and (not isinstance(zoom, int) or zoom < 1):
-        raise AttnconvError(f"--zoom {zoom} is invalid: give the window side in tokens, >= 1")
+        raise ParameterError("zoom", zoom, "is invalid: give the window side in tokens, >= 1")
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = check_out(_folder(run) / default if out is None else out, overwrite=overwrite)
     run = _run(run, device, data_dir, dataset)

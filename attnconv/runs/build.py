@@ -16,7 +16,7 @@ from safetensors.torch import load
 
 from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_attention
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import (
     current_umask,
     read_regular,
@@ -139,12 +139,12 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
         run = Path(src.run)
         meta = read_config(run)
         if "converted" in meta or meta["config"].get("init_from"):
-            raise AttnconvError(f"--init-from {run}: is already an attention network; give the run of a CNN")
+            raise ParameterError("init_from", run, ": is already an attention network; give the run of a CNN")
         load_weights(model, run / WEIGHTS_FILE, config.model)
     model = cnn_to_attention(model.eval(), fold_bn=src.fold_bn, alpha=float(src.alpha), learnable=True,
                              key_dim=src.content)
     if not any(isinstance(m, LearnableConvAttention) for m in model.modules()):
-        raise AttnconvError(f"--init-from {src.run}: model {config.model!r} has no convolution to start from")
+        raise ParameterError("init_from", src.run, f": model {config.model!r} has no convolution to start from")
     return model.train()
 
 def convert_run(
@@ -165,7 +165,7 @@ def convert_run(
     """
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
-        raise AttnconvError(f"--out {out} already exists; choose a new directory for the converted run")
+        raise ParameterError("out", out, "already exists; choose a new directory for the converted run")
     meta = read_config(run_dir)
     if "converted" in meta:
         raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")
@@ -183,15 +183,15 @@ def convert_run(
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".attnconv-tmp", dir=out.parent))
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the run is a folder like any other
     except OSError as err:
-        raise AttnconvError(f"--out {out}: cannot write there ({err.strerror or err}); choose another directory") \
+        raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another directory") \
             from None
     try:
         save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir)})
         write_config(tmp, meta)
         os.replace(tmp, out)  # the run directory appears whole or not at all
     except OSError as err:
-        raise AttnconvError(f"--out {out}: could not write the converted run ({err.strerror or err}); "
-                            "nothing was written") from None
+        raise ParameterError("out", out, f": could not write the converted run ({err.strerror or err}); "
+                             "nothing was written") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import (
     LOCK_FILE,
     TMP_SUFFIX,
@@ -58,40 +58,40 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     without `resume` / `overwrite`, is one AttnconvError, and is left as it was.
     """
     if out.exists() and not out.is_dir():
-        raise AttnconvError(f"--out {out} is a file; give a directory")
+        raise ParameterError("out", out, "is a file; give a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()
     except OSError as err:
-        raise AttnconvError(f"--out {out}: cannot write there ({describe_os_error(err)}); choose another directory")\
+        raise ParameterError("out", out, f": cannot write there ({describe_os_error(err)}); choose another directory")\
             from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise AttnconvError(f"--out {out}: not writable; choose another directory")
+        raise ParameterError("out", out, ": not writable; choose another directory")
     recover_set_aside(out)
     names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
     if not (out / CONFIG_FILE).exists() and not (out / CONFIG_FILE).is_symlink():
         if names:
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            raise AttnconvError(f"--out {out} is not empty and holds no attnconv run ({shown}); "
-                                "choose a new or empty directory")
+            raise ParameterError("out", out, f"is not empty and holds no attnconv run ({shown}); "
+                                 "choose a new or empty directory")
         return []
     try:  # only a config.json that attnconv wrote makes the folder a run to resume or replace
         read_config(out)
     except AttnconvError as err:
-        raise AttnconvError(f"--out {out} is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
-                            f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty "
-                            "directory") from None
+        raise ParameterError("out", out, f"is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
+                             f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty "
+                             "directory") from None
     if resume:
         return []
     if not overwrite:
-        raise AttnconvError(f"--out {out} already holds an attnconv run; pass --resume to continue it, --overwrite "
-                            "to replace it, or choose a new --out")
+        raise ParameterError("out", out, "already holds an attnconv run; pass {resume} to continue it, {overwrite} "
+                             "to replace it, or choose a new {out}", mentions=("resume", "overwrite", "out"))
     replaced = [n for n in names if n in RUN_FILES]
     for name in replaced:
         path = out / name
         if path.is_symlink() or not path.is_file():
-            raise AttnconvError(f"--out {out}: {name} is not a regular file (a folder or a link), so it is not a file "
-                                "attnconv wrote; move it away, or choose another --out")
+            raise ParameterError("out", out, f": {name} is not a regular file (a folder or a link), so it is not a "
+                                 "file attnconv wrote; move it away, or choose another {out}", mentions=("out",))
     return replaced + event_files(out)
 
 

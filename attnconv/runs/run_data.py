@@ -28,7 +28,7 @@ import torch
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.folder_layout import scan_folder
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
 SAMPLE_SEED = 0
@@ -46,7 +46,7 @@ def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None)
     if data_dir is not None:
         if not Path(data_dir).expanduser().is_dir():
             why = "it is a file" if Path(data_dir).expanduser().exists() else "no such directory"
-            raise AttnconvError(f"--data-dir {data_dir}: {why}; give the folder holding the dataset's files")
+            raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding the dataset's files")
         return str(data_dir)
     if config.data_dir is not None and Path(config.data_dir).expanduser().is_dir():
         return config.data_dir
@@ -156,22 +156,22 @@ def check_other_dataset(config: TrainConfig, dataset: str, recorded: dict[str, A
     if folder is not None:
         if not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
-            raise AttnconvError(f"--dataset {dataset}: {folder} {what}; give the image folder holding test "
-                                "images of the run's classes (PATH/train/CLASS/... and PATH/test/CLASS/...)")
+            raise ParameterError("dataset", dataset, f": {folder} {what}; give the image folder holding test "
+                                 "images of the run's classes (PATH/train/CLASS/... and PATH/test/CLASS/...)")
         try:
             classes: Sequence[str] = scan_folder(folder).classes
         except AttnconvError as err:
-            raise AttnconvError(f"--dataset {dataset}: {err}") from None
+            raise ParameterError("dataset", dataset, f": {err}") from None
     else:
         try:
             classes = D.dataset_info(dataset).classes
         except AttnconvError as err:
-            raise AttnconvError(f"--dataset {dataset}: {err}") from None
+            raise ParameterError("dataset", dataset, f": {err}") from None
     known = recorded_info(config, recorded)
     ours = (known if known is not None else run_info(config, recorded=recorded)).classes
     if tuple(classes) != tuple(ours):
-        raise AttnconvError(
-            f"--dataset {dataset}: its classes ({_names(classes)}) are not the run's ({_names(ours)}); "
+        raise ParameterError(
+            "dataset", dataset, f": its classes ({_names(classes)}) are not the run's ({_names(ours)}); "
             "give a dataset with the same classes (folder:PATH: the same sub-folder names under train/)")
 
 
@@ -186,19 +186,19 @@ def other_test_set(config: TrainConfig, dataset: str, info: D.DatasetInfo,
     size = info.size if folder else None
     other = D.dataset_info(dataset, image_size=size)
     if tuple(other.classes) != tuple(info.classes):
-        raise AttnconvError(
-            f"--dataset {dataset}: its classes ({_names(other.classes)}) are not the run's ({_names(info.classes)}); "
+        raise ParameterError(
+            "dataset", dataset, f": its classes ({_names(other.classes)}) are not the run's ({_names(info.classes)}); "
             "give a dataset with the same classes (folder:PATH: the same sub-folder names under train/)")
     if other.size != info.size:
-        raise AttnconvError(f"--dataset {dataset}: its images are {other.size}x{other.size}, the run's "
-                            f"{info.size}x{info.size}; give a folder:PATH dataset (decoded at the run's size)")
+        raise ParameterError("dataset", dataset, f": its images are {other.size}x{other.size}, the run's "
+                             f"{info.size}x{info.size}; give a folder:PATH dataset (decoded at the run's size)")
     if data_dir is not None and not folder and not Path(data_dir).expanduser().is_dir():
-        raise AttnconvError(f"--data-dir {data_dir}: no such directory; give the folder holding {dataset}'s files")
+        raise ParameterError("data_dir", data_dir, f": no such directory; give the folder holding {dataset}'s files")
     test = D.load_dataset(dataset, None if folder else data_dir, download=True, image_size=size)[1]
     if other.channels != info.channels:
         if (other.channels, info.channels) != (1, 3):
-            raise AttnconvError(f"--dataset {dataset}: its images have {other.channels} channels, the run's "
-                                f"{info.channels}; give images of the run's kind (colour or grey)")
+            raise ParameterError("dataset", dataset, f": its images have {other.channels} channels, the run's "
+                                 f"{info.channels}; give images of the run's kind (colour or grey)")
         test = D.ImageSet(test.images.expand(-1, 3, -1, -1).contiguous(), test.labels)
     return test
 

@@ -34,14 +34,15 @@ class Dist:
     def main(self) -> bool:
         return self.rank == 0
 
-    def agree(self, error: str | None) -> None:
-        """Raise on every rank if any rank failed, so no rank waits forever in a collective."""
+    def agree(self, error: AttnconvError | str | None) -> None:
+        """Raise on every rank if any rank failed, so no rank waits forever in a collective. An error
+        is raised as it is (a ParameterError still names its parameter, or its flag in the CLI)."""
         if self.active:
-            errors: list[str | None] = [None] * self.world_size
+            errors: list[AttnconvError | str | None] = [None] * self.world_size
             dist.all_gather_object(errors, error)
             error = next((e for e in errors if e), None)
         if error:
-            raise AttnconvError(error)
+            raise error if isinstance(error, AttnconvError) else AttnconvError(error)
 
     def barrier(self) -> None:
         if self.active:

@@ -227,7 +227,7 @@ class _Trainer:
                 config.dataset, config.data_dir, download=True, image_size=run_image_size(config))
             check_data(self.info, self.train_set, self.test_set, config.batch_size, d.world_size)
         except AttnconvError as err:
-            d.agree(str(err))  # every rank fails the same way here; agree keeps them in step anyway
+            d.agree(err)  # every rank fails the same way here; agree keeps them in step anyway
         d.agree(None)
         # What the data holds (config.json "data" "digest"): --resume must see the same. Rank 0 alone writes it.
         self.digest = data_digest(self.train_set, self.test_set) if d.main else None
@@ -237,7 +237,7 @@ class _Trainer:
         try:  # bad overrides fail here, before any file is written; too large ones before allocating
             config = resolve_overrides(config, self.info)
         except AttnconvError as err:
-            error = str(err)
+            error = err
         d.agree(error)
         self.config = config
         d.agree(self._check_existing_config() if d.main else None)
@@ -261,7 +261,7 @@ class _Trainer:
         try:
             self.model = build_run_model(config, source_weights=not has_state).to(self.device)
         except AttnconvError as err:
-            error = str(err)
+            error = err
         d.agree(error)
         # Dropout streams differ per rank (the shards are different samples anyway).
         torch.manual_seed(config.seed + d.rank)
@@ -286,7 +286,7 @@ class _Trainer:
 
     # ---------------------------------------------------------------- setup checks
 
-    def _check_out(self) -> str | None:
+    def _check_out(self) -> AttnconvError | None:
         """Rank 0: take the run directory (`runs.claim_run_dir`); the error, if any, for every rank."""
         try:
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
@@ -294,17 +294,17 @@ class _Trainer:
             if self.writer_class is not None:
                 check_board_folder(self.out)
         except AttnconvError as err:
-            return str(err)
+            return err
         return None
 
-    def _check_existing_config(self) -> str | None:
+    def _check_existing_config(self) -> AttnconvError | None:
         """Rank 0: on --resume, the saved run must be this config on this data (`checks.check_resumable`)."""
         if self.overwrite or not (self.out / CONFIG_FILE).exists():
             return None
         try:
             check_resumable(self.out, self.config, self.info, self.digest, allow_data_change=self.allow_data_change)
         except AttnconvError as err:
-            return str(err)
+            return err
         return None
 
     # ---------------------------------------------------------------- checkpoints

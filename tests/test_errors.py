@@ -1,0 +1,89 @@
+"""ParameterError: the library names a bad argument by its parameter, the command line by its flag."""
+
+import pickle
+import re
+
+import pytest
+
+from attnconv.cli import main
+from attnconv.errors import AttnconvError, ParameterError
+from attnconv.options import FieldError
+
+
+def test_a_parameter_error_says_the_parameter_from_python_and_the_flag_from_the_command_line():
+    err = ParameterError("out", "/x", "already holds a run; pass {resume} to continue it, or choose a new {out}",
+                         mentions=("resume", "out"), flags={"out": "export"})
+    assert str(err) == "out /x already holds a run; pass resume to continue it, or choose a new out"
+    assert err.as_flag() == "--export /x already holds a run; pass --resume to continue it, or choose a new --export"
+    assert isinstance(err, AttnconvError) and err.flag == "export"
+    # punctuation right after the value; a value left out; braces not mentioned stay text (a path may hold them)
+    assert ParameterError("data_dir", "/d{out}", ": no such directory").as_flag() == "--data-dir /d{out}: no such directory"
+    assert ParameterError("port", None, "is busy", shown="").as_flag() == "--port is busy"
+    assert str(ParameterError("out", "/x", "holds {resume}")) == "out /x holds {resume}"
+
+
+def test_errors_survive_pickling_as_the_ranks_of_a_distributed_run_gather_them():
+    for err in (ParameterError("out", "/x", "is a file; {out}", mentions=("out",)),
+                FieldError("alpha", -1.0, "give a positive number", flag="init-alpha")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.as_flag() == err.as_flag()
+    assert FieldError("alpha", -1.0, "x").field == "alpha"
+
+
+def _config():
+    from attnconv.config import make_config
+
+    return make_config(preset="fmnist-sa-quadratic")
+
+
+def _calls(tmp_path):
+    """(call, what Python says, what the command line says) for library functions given a bad argument."""
+    from attnconv.explorer.export import write_export
+    from attnconv.explorer.server import make_server
+    from attnconv.export import export_run
+    from attnconv.fileio import DirectoryLock
+    from attnconv.plots import plot_maps
+    from attnconv.report import build_report, write_report
+    from attnconv.runs import check_other_dataset, claim_run_dir, convert_run, run_data_dir
+
+    run, a_file, taken = tmp_path / "run", tmp_path / "file", tmp_path / "taken"
+    run.mkdir(), a_file.write_text("x"), taken.mkdir()
+    return [
+        (lambda: build_report(run, images=0), "images 0 is invalid: give a number of test images >= 1", "--images 0"),
+        (lambda: make_server(None, port=-1), "port -1 is invalid: give a TCP port", "--port -1 is invalid"),
+        (lambda: write_report(run, tmp_path / "r.txt"), f"out {tmp_path / 'r.txt'}: give a file name ending in .html",
+         f"--out {tmp_path / 'r.txt'}:"),
+        (lambda: write_export(run, tmp_path / "p.png"), f"out {tmp_path / 'p.png'}: give a file name ending in .html",
+         f"--export {tmp_path / 'p.png'}:"),
+        (lambda: export_run(run, "jpeg"), "fmt 'jpeg': choose one of exported, torchscript, onnx", "--format 'jpeg':"),
+        (lambda: plot_maps(run, zoom=0), "zoom 0 is invalid", "--zoom 0 is invalid"),
+        (lambda: claim_run_dir(a_file, DirectoryLock(a_file), resume=False, overwrite=False),
+         f"out {a_file} is a file; give a directory", f"--out {a_file} is a file"),
+        (lambda: convert_run(run, taken), f"out {taken} already exists", f"--out {taken} already exists"),
+        (lambda: run_data_dir(_config(), tmp_path / "nope"), f"data_dir {tmp_path / 'nope'}: no such directory",
+         f"--data-dir {tmp_path / 'nope'}: no such directory"),
+        (lambda: check_other_dataset(_config(), f"folder:{tmp_path / 'gone'}"),
+         f"dataset folder:{tmp_path / 'gone'}: {tmp_path / 'gone'} does not exist", f"--dataset folder:{tmp_path / 'gone'}:"),
+    ]
+
+
+def test_library_errors_name_the_parameter_and_the_command_line_its_flag(tmp_path):
+    for call, said, flagged in _calls(tmp_path):
+        with pytest.raises(ParameterError, match="^" + re.escape(said)) as info:
+            call()
+        assert "--" not in str(info.value), str(info.value)
+        assert info.value.as_flag().startswith(flagged), info.value.as_flag()
+
+
+def test_the_command_line_prints_the_flag(tmp_path, capsys):
+    a_file, run = tmp_path / "file", tmp_path / "run"
+    a_file.write_text("x")
+    run.mkdir()
+    # train: the run directory is claimed inside the trainer, whose ranks agree on the error before it is raised
+    assert main(["train", "--preset", "fmnist-sa-quadratic", "--out", str(a_file)]) == 2
+    assert capsys.readouterr().err == f"error: --out {a_file} is a file; give a directory\n"
+    assert main(["explore", str(run), "--export", str(tmp_path / "p.png")]) == 2
+    assert capsys.readouterr().err == f"error: --export {tmp_path / 'p.png'}: give a file name ending in .html, .htm\n"
+    assert main(["report", str(run), "--out", str(tmp_path / "r.txt")]) == 2
+    assert capsys.readouterr().err == f"error: --out {tmp_path / 'r.txt'}: give a file name ending in .html, .htm\n"
+    assert not (tmp_path / "p.png").exists() and not (tmp_path / "r.txt").exists()
