@@ -6,11 +6,13 @@ import torch
 
 from attnconv import bench
 from attnconv.attention import SelfAttention2d
+from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.bench.cases import set_impl
 from attnconv.bench.config import EPOCH_STEPS, FULLSIZE_UTILIZATION_TARGET, LAYER_ENCODINGS, PRESET_TARGET
 from attnconv.bench.conv import RelativeBiasAttention, swin_heads
 from attnconv.bench.estimates import estimate_layer_bytes, fit_batch
 from attnconv.bench.flex import FlexContentAttention, flex_unavailable
+from attnconv.bench.grid import ONE_TILE, RUNNERS_UP
 from attnconv.bench.results import fmt_bytes, fmt_seconds
 from attnconv.bench.timing import Timing, interleaved_order, rel_diff, speedup, target_status, time_variants
 from attnconv.cli import main
@@ -110,12 +112,30 @@ def test_flex_attention_computes_the_content_layer():
     assert rel_diff(out, layer(x).detach()) < 1e-5
 
 
-def test_impl_of_every_layer_is_set_without_changing_parameters():
-    model = build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense")
+def test_impl_of_every_layer_is_set_without_changing_parameters_or_outputs():
+    """set_impl changes the path, not the network: the same parameters, outputs and gradients on auto's path as on
+    the dense one, and auto's path is one the layer takes by name, with a reason."""
+    torch.manual_seed(0)
+    model = build_model("sa-learned", hidden=8, heads=2, layers=2, intermediate=8, impl="dense").double().eval()
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    set_impl(model, "auto")
-    assert [m.resolved_impl() for m in model.attention_layers] == ["fused", "fused"]
+    y_dense = model(x)
+    g_dense = torch.autograd.grad(y_dense.square().sum(), list(model.parameters()))
+    assert set_impl(model, "auto") is model
+    assert [m.impl for m in model.attention_layers] == ["auto", "auto"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    y_auto = model(x)
+    g_auto = torch.autograd.grad(y_auto.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(y_auto, y_dense, rtol=1e-10, atol=1e-12)
+    for a, b in zip(g_auto, g_dense):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    for m in model.attention_layers:
+        chosen = m.resolved_impl()
+        assert chosen in IMPLS[1:]
+        m.impl = chosen  # a path the layer takes by name
+        impl, why = resolve_impl("auto", (m.max_size, m.max_size), shared_values=m.stackable,
+                                 position_only=m.position_only, separable=m.separable, on_cpu=True, explain=True)
+        assert impl == chosen and isinstance(why, str) and why
 
 
 # ------------------------------------------------------------------ the command
@@ -269,25 +289,33 @@ def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, 
                  "--json", str(out_json)]) == 0
     assert "--only grid --grids 7,14" in capsys.readouterr().out.splitlines()[0]
     rows = json.loads(out_json.read_text())["sections"][0]["data"]
-    assert [(r["kind"], r["grid"], r["name"], r["impl"]) for r in rows] == [
-        ("model", 7, "sa-quadratic", "stacked"), ("model", 7, "sa-quadratic", "fused"),
-        ("model", 7, "resnet18 (width 16)", "-"),
-        ("layer", 7, "SelfAttention2d", "stacked"), ("layer", 7, "SelfAttention2d", "fused"),
-        ("model", 14, "sa-quadratic", "fused"), ("model", 14, "sa-quadratic", "fused, one tile"),
-        ("model", 14, "sa-quadratic", "separable"), ("model", 14, "resnet18 (width 16)", "-"),
-        ("layer", 14, "SelfAttention2d", "fused"), ("layer", 14, "SelfAttention2d", "fused, one tile"),
-        ("layer", 14, "SelfAttention2d", "separable")]
+    # Per grid and kind: auto's path first (a valid path, whichever the heuristic takes), then its runners-up;
+    # one ResNet row per grid after the attention model's rows.
+    seen = [(r["kind"], r["grid"]) for r in rows]
+    assert sorted(set(seen)) == [("layer", 7), ("layer", 14), ("model", 7), ("model", 14)]
+    for kind, grid in set(seen):
+        mine = [r for r in rows if (r["kind"], r["grid"]) == (kind, grid) and not r["name"].startswith("resnet")]
+        auto = mine[0]
+        assert auto["auto"] and auto["impl"] in IMPLS[1:] and not any(r["auto"] for r in mine[1:])
+        assert [r["impl"] for r in mine[1:]] == RUNNERS_UP.get(auto["impl"], [])
+        assert {r["name"] for r in mine} == {"sa-quadratic" if kind == "model" else "SelfAttention2d"}
+        tiled = [r["flops"] for r in mine if r["impl"] in ("fused", "fused" + ONE_TILE, "separable")]
+        assert len(set(tiled)) <= 1  # the same products, ordered or tiled differently
+        by_impl = {r["impl"]: r for r in mine}
+        if "stacked" in by_impl and "fused" in by_impl:
+            assert by_impl["fused"]["flops"] < by_impl["stacked"]["flops"]  # fused forms no dense probabilities
+    assert [r["grid"] for r in rows if r["name"].startswith("resnet")] == [7, 14]
     for r in rows:
         assert r["images_per_s"] > 0 and r["flops"] > 0 and r["gflops_per_s"] > 0
         if r["name"] != "resnet18 (width 16)":
             base = next(b for b in rows if b["kind"] == r["kind"] and b["grid"] == 7)
             assert r["vs_7x7"] == pytest.approx(r["images_per_s"] / base["images_per_s"])
-    fused, one_tile, separable = rows[5], rows[6], rows[7]
-    assert fused["flops"] == one_tile["flops"] == separable["flops"]  # the same products, ordered or tiled differently
-    assert rows[1]["flops"] < rows[0]["flops"]  # at 7x7 too: fused does fewer FLOPs than stacked's dense ones
-    assert fused["target"] == 0.25 and fused["target_value"] == fused["vs_7x7"] and "target" not in separable
-    assert "target" not in one_tile
-    assert fused["vs_resnet"] == pytest.approx(fused["images_per_s"] / rows[8]["images_per_s"])
+        # the targets are on auto's rows: the 14x14 model's images/s against the 7x7 preset's
+        assert ("target" in r) == (r["auto"] and r["kind"] == "model" and r["grid"] == 14)
+    model14 = next(r for r in rows if r["auto"] and r["kind"] == "model" and r["grid"] == 14)
+    resnet14 = next(r for r in rows if r["name"].startswith("resnet") and r["grid"] == 14)
+    assert model14["target"] == 0.25 and model14["target_value"] == model14["vs_7x7"]
+    assert model14["vs_resnet"] == pytest.approx(model14["images_per_s"] / resnet14["images_per_s"])
 
 
 def test_grids_flag_names_the_grids_it_knows(capsys):

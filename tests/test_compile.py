@@ -50,8 +50,8 @@ def test_compiled_attention_model_matches_eager_forward_and_backward():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned"])
 def test_the_fused_path_traces_as_one_graph(name):
-    """impl='fused' (auto's path above 8x8 tokens) reads the output projection's hooks to decide whether
-    to run: that check must not break the graph."""
+    """impl='fused' (the output projection computed inside the fused products, in tiles of images when
+    training) traces as one graph: its tiled autograd Function and path choice break nothing."""
     model = build_model(name, **_SMALL, impl="fused").train()
     assert {m.resolved_impl((8, 8)) for m in model.attention_layers} == {"fused"}
     dynamo.reset()

@@ -304,9 +304,29 @@ def test_alphas_are_each_heads_alpha_itself_not_the_encodings_widths():
     attn = conv_to_attention(nn.Conv2d(1, 1, 3, padding=1, dtype=torch.float64), alpha=3.5)
     assert torch.equal(attn.alphas, torch.full((9,), 3.5, dtype=torch.float64))
     assert not hasattr(attn, "widths")
-    scores = attn.query_scores((3, 3), 4)  # middle query, heads on the 3x3 taps
-    torch.testing.assert_close(scores[0, 0], torch.tensor(-3.5 * 0.0, dtype=torch.float64))  # head (-1,-1) at (0,0)
-    torch.testing.assert_close(scores[0, 8], torch.tensor(-3.5 * 8.0, dtype=torch.float64))  # 2^2 + 2^2 away
+    scores = attn.attention_scores(size=(3, 3))["position"][0, :, 4]  # middle query: (heads, 9 pixels)
+    # Lemma 2's -alpha ||k - q - Delta_h||^2: head h (tap h) scores 0 on the pixel of its tap, 8 alpha on the far corner
+    taps = torch.tensor([(r, c) for r in range(3) for c in range(3)], dtype=torch.float64)
+    want = -3.5 * (taps[None, :] - taps[:, None]).square().sum(-1)  # [head, key]
+    torch.testing.assert_close(scores, want)
+    assert scores.argmax(-1).tolist() == list(range(9))  # every head sits on its kernel tap
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+@pytest.mark.parametrize("learnable", [False, True], ids=["fixed", "learnable"])
+def test_scores_are_the_probabilities_before_the_softmax_on_every_axis_count(dim, learnable):
+    """Without padding every key is a pixel, so attention_probs is the softmax of attention_scores; the learnable
+    layer at its start has the fixed layer's scores (its heads in the same tap order)."""
+    conv = _CONVS[dim](2, 3, (3, 2, 3)[:dim], stride=(2, 1, 1)[:dim], dilation=(1, 2, 1)[:dim], dtype=torch.float64)
+    size = (7, 6, 5)[:dim]
+    attn = conv_to_attention(conv, alpha=0.7, learnable=learnable)
+    scores = attn.attention_scores(size=size)
+    assert set(scores) == {"combined", "position"} and scores["combined"].shape == attn.attention_probs(size=size).shape
+    torch.testing.assert_close(scores["combined"].softmax(-1), attn.attention_probs(size=size))
+    x = torch.randn(1, 2, *size, dtype=torch.float64)
+    torch.testing.assert_close(attn.attention_scores(x)["position"], scores["position"])  # x gives its size
+    fixed = conv_to_attention(conv, alpha=0.7).attention_scores(size=size)["position"]
+    torch.testing.assert_close(scores["position"], fixed)
 
 
 # ---------------------------------------------------------------- non-finite inputs (documented, not local)

@@ -517,7 +517,7 @@ def test_a_converted_cnn_is_explored_layer_by_layer_in_chromium(runs, tmp_path):
     # image pixel (20, 9) -> each layer's nearest output pixel; its probabilities over the input grid
     result = explorer.attention(1, 20, 9)
     model, _ = load_run(run)
-    for n, (path, layer, size) in enumerate((site.path, site.layer, site.size) for site in explorer.converted):
+    for n, (path, layer, size) in enumerate((site.path, site.layer, site.size) for site in explorer.sites):
         oh, ow = layer.output_size(size)
         q = min(oh - 1, 20 * oh // 28) * ow + min(ow - 1, 9 * ow // 28)
         expected = dict(model.named_modules())[path].attention_probs(size=size)[0, :, q]

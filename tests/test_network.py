@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnconv
 from attnconv import data
 from attnconv.construct import ConvAttention
-from attnconv.construct.network import cnn_to_attention, conversion_report
+from attnconv.construct.network import cnn_to_attention
 from attnconv.errors import AttnconvError
 
 _RTOL = {torch.float32: 1e-4, torch.float64: 1e-10}
@@ -111,6 +111,21 @@ def test_resnet18_random_weights_matches_on_real_fashion_mnist(fashion, resnet, 
     assert _has(converted, nn.BatchNorm2d) != fold_bn  # fold_bn folds every BN of a ResNet
 
 
+def _conversion(original: nn.Module, converted: nn.Module) -> dict:
+    """What `cnn_to_attention` did, by module path of the original: convs converted or kept, BatchNorms folded
+    (now nn.Identity) or kept, and the converted layers' heads."""
+    after = dict(converted.named_modules())
+    out = {"converted": [], "kept_convs": [], "folded_bn": [], "kept_bn": [], "heads": 0}
+    for path, module in original.named_modules():
+        new = after.get(path)
+        if isinstance(module, nn.modules.conv._ConvNd):
+            out["converted" if isinstance(new, ConvAttention) else "kept_convs"].append(path)
+            out["heads"] += new.heads if isinstance(new, ConvAttention) else 0
+        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+            out["folded_bn" if isinstance(new, nn.Identity) else "kept_bn"].append(path)
+    return out
+
+
 def test_resnet18_matches_on_random_images_and_fold_bn_removes_every_batchnorm(resnet):
     """Always runs (no dataset needed): the same equivalence on random 16x16 images."""
     model, _, plain, folded = resnet
@@ -120,10 +135,10 @@ def test_resnet18_matches_on_random_images_and_fold_bn_removes_every_batchnorm(r
         assert rel(plain(x), ref) <= _RTOL[torch.float32]
         assert rel(folded(x), ref) <= _RTOL[torch.float32]
     assert not _has(folded, nn.modules.batchnorm._BatchNorm) and not _has(folded, nn.Conv2d)
-    report = conversion_report(model, folded)
-    assert len(report.converted) == 20 and len(report.folded_bn) == 20  # 17 convs + 3 shortcuts, each with a BN
-    assert report.kept_convs == [] and report.kept_bn == []
-    assert report.heads == 17 * 9 + 3  # one head per kernel tap: 3x3 convs and 1x1 shortcuts
+    report = _conversion(model, folded)
+    assert len(report["converted"]) == 20 and len(report["folded_bn"]) == 20  # 17 convs + 3 shortcuts, each with a BN
+    assert report["kept_convs"] == [] and report["kept_bn"] == []
+    assert report["heads"] == 17 * 9 + 3  # one head per kernel tap: 3x3 convs and 1x1 shortcuts
     assert isinstance(folded.stages[1][0].shortcut[0], ConvAttention)
     assert isinstance(folded.stages[1][0].bn1, nn.Identity)
 
@@ -415,8 +430,8 @@ def test_strict_false_warns_and_keeps_the_layer():
     block = converted.layer3[0]
     assert isinstance(block.conv1, ConvAttention) and isinstance(block.conv2, nn.ConvTranspose2d)
     assert isinstance(model.layer3[0].conv1, nn.Conv2d)  # original untouched
-    report = conversion_report(model, converted)
-    assert report.converted == ["layer3.0.conv1"] and report.kept_convs == ["layer3.0.conv2"]
+    report = _conversion(model, converted)
+    assert report["converted"] == ["layer3.0.conv1"] and report["kept_convs"] == ["layer3.0.conv2"]
     x = torch.randn(1, 4, 5, 5)
     assert rel(converted(x), model(x)) <= _RTOL[torch.float32]
 

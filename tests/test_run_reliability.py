@@ -22,6 +22,7 @@ from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.runs import SetAside, claim_run_dir, load_state, read_config, read_steps
 from attnconv.runs.directory import SET_ASIDE
+from attnconv.training.checkpoint import Checkpointer
 
 ONE_EPOCH = ("--epochs", "1", "--log-every", "3", "--checkpoint-every", "5")  # 8 steps, checkpoints at 5 and 8
 
@@ -105,16 +106,21 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_then_only_attnconv
         run_with_user_files, data_dir, capsys, monkeypatch):  # noqa: F811
     out = run_with_user_files
     seen = {}
-    original = loop._Trainer._checkpoint
+    save, discard = Checkpointer.save, SetAside.discard
 
-    def look_then_checkpoint(self):  # the old run is kept aside until the first checkpoint is written
+    def look_then_save(self, model, optimizer, progress):  # the old run is kept aside until the first checkpoint
         seen.setdefault("before", (out / SET_ASIDE / "state.pt").is_file())
-        original(self)
+        save(self, model, optimizer, progress)
+
+    def look_then_discard(self):  # ... and goes once it is written
+        seen.setdefault("checkpointed", load_state(out / "state.pt")["progress"]["step"] if "before" in seen else None)
+        discard(self)
         seen.setdefault("after", (out / SET_ASIDE).exists())
 
-    monkeypatch.setattr(loop._Trainer, "_checkpoint", look_then_checkpoint)
+    monkeypatch.setattr(Checkpointer, "save", look_then_save)
+    monkeypatch.setattr(SetAside, "discard", look_then_discard)
     assert main(tiny_args(out, data_dir, "--overwrite", "--seed", "3", "--max-steps", "2")) == 0
-    assert seen == {"before": True, "after": False}
+    assert seen == {"before": True, "checkpointed": 2, "after": False}
     assert read_config(out)["config"]["seed"] == 3 and load_state(out / "state.pt")["progress"]["step"] == 2
     assert (out / "notes.txt").read_text() == "keep me"
     assert sorted(str(p.relative_to(out)) for p in (out / "tensorboard").rglob("*")) == [

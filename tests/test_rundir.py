@@ -18,6 +18,7 @@ from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.fileio import LOCK_FILE, TMP_SUFFIX, DirectoryLock, atomic_write, is_temporary
 from attnconv.runs import convert_run, load_state
+from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.progress import ProgressLog, format_duration
 
 RUN_FILES = ["config.json", "heads.jsonl", "metrics.csv", "model.safetensors", "state.pt", "steps.csv"]
@@ -351,15 +352,15 @@ def test_eval_on_a_test_set_that_grew_is_refused_or_warns_in_one_line(tmp_path, 
 @pytest.mark.parametrize("change", ["gained images", "lost images"])
 def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, capsys, change):
     out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "3", "--checkpoint-every", "5")
-    original = loop._Trainer._checkpoint
+    original = Checkpointer.save
 
-    def checkpoint_then_die(self):
-        original(self)
-        if self.progress.step == 5:
+    def checkpoint_then_die(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == 5:
             raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(loop._Trainer, "_checkpoint", checkpoint_then_die)
+        m.setattr(Checkpointer, "save", checkpoint_then_die)
         assert main(args) == 130  # interrupted after 5 of 9 steps
     cat = tmp_path / "imgs" / "train" / "cat"
     if change == "gained images":
@@ -406,14 +407,14 @@ def test_a_failed_write_names_the_file_it_was_writing(tmp_path):
 
 
 def test_ctrl_c_says_the_step_the_checkpoint_and_how_to_resume(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
-    original = loop._Trainer._checkpoint
+    original = Checkpointer.save
 
-    def checkpoint_then_ctrl_c(self):
-        original(self)
-        if self.progress.step == 5:
+    def checkpoint_then_ctrl_c(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == 5:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop._Trainer, "_checkpoint", checkpoint_then_ctrl_c)
+    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_ctrl_c)
     out = tmp_path / "run"
     assert main(one_epoch(out, data_dir, "--checkpoint-every", "5")) == 130
     err = capsys.readouterr().err.strip().splitlines()[-1]

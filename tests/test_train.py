@@ -250,16 +250,16 @@ def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch, capsy
         return
     assert main(tiny_args(ref, data_dir, *precision)) == 0
 
-    import attnconv.training.loop as T
+    from attnconv.training.checkpoint import Checkpointer
 
-    original = T._Trainer._checkpoint
+    original = Checkpointer.save
 
-    def checkpoint_then_die(self):
-        original(self)
-        if self.progress.step == 10:
+    def checkpoint_then_die(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == 10:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(T._Trainer, "_checkpoint", checkpoint_then_die)
+    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_die)
     out = tmp_path / "run"
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", *precision)) == 130
     progress = load_state(out / "state.pt")["progress"]

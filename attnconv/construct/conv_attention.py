@@ -22,7 +22,6 @@ from attnconv.construct.bound import leakage_bound
 from attnconv.construct.geometry import (
     MAX_DENSE,
     PADDING_MODES,
-    grid_points,
     source_index,
 )
 from attnconv.errors import AttnconvError
@@ -157,17 +156,6 @@ class ConvAttention(nn.Module):
         LearnableConvAttention). Not `QuadraticEncoding.widths`, which holds a_h with alpha = a_h^2 / 2."""
         return torch.full((self.heads,), self.alpha, dtype=torch.float64)
 
-    def query_scores(self, size: Sequence[int], q: int) -> Tensor:
-        """Lemma 2's scores -alpha_h ||k - p_q - Delta_h||^2 of output query q over the input pixels k.
-
-        (heads, T_in) float64, p_q = `query_positions(size)[q]`; the layer's attention is the
-        softmax of these over the padded grid (padding keys included).
-        """
-        keys = grid_points(size).double()  # (T_in, ndim)
-        pos = self.query_positions(size)[q].double()
-        d = keys[None] - pos - self.centers.detach().double().cpu()[:, None]  # (heads, T_in, ndim)
-        return -self.alphas.detach().double().cpu()[:, None] * d.square().sum(-1)
-
     def output_size(self, size: Sequence[int]) -> tuple[int, ...]:
         """Output spatial size for an input of spatial `size`; AttnconvError where the conv fails."""
         size = tuple(int(s) for s in size)
@@ -275,6 +263,51 @@ class ConvAttention(nn.Module):
         """
         return self.axis_offsets(a), self.alpha
 
+    def padded_position_scores(self, size: Sequence[int]) -> Tensor:
+        """Lemma 2's scores -alpha_h ||k - q - Delta_h||^2 over the padded grid: (heads, T_out, P), the sum over
+        the axes of `axis_logits`, in at least float32."""
+        logits = self.axis_logits(size)
+        scores = logits[0]
+        for axis in logits[1:]:
+            scores = self._outer_sum(scores, axis)
+        return scores
+
+    @staticmethod
+    def _outer_sum(dense: Tensor, axis: Tensor) -> Tensor:
+        """`_outer` for scores: the axes so far (h, Tq, Tk) plus the next axis (K_a, n_a, P_a), heads as their
+        Kronecker product."""
+        h, tq, tk = dense.shape
+        k, o, p = axis.shape
+        return (dense[:, None, :, None, :, None] + axis[None, :, None, :, None, :]).reshape(h * k, tq * o, tk * p)
+
+    def _analysis_size(self, x: Tensor | None, size: Sequence[int] | None) -> tuple[int, ...]:
+        """The input spatial size: `size`, or the size of the input `x` (the `AttentionLayer` signature)."""
+        if size is None:
+            if not isinstance(x, Tensor):
+                raise AttnconvError("give the input x (B, C_in, *S) or size=(its spatial size)")
+            size = x.shape[-self.ndim :]
+        return tuple(int(s) for s in size)
+
+    def _check_position_scores(self, size: Sequence[int]) -> None:
+        """Refuse dense scores too large to hold (one entry per head, query and padded key)."""
+        entries = self.heads * math.prod(self.output_size(size)) * math.prod(
+            n + lo + hi for n, (lo, hi) in zip(size, self.padding))
+        if entries > MAX_DENSE:
+            raise AttnconvError(f"dense scores for input size {tuple(size)} would have {entries} entries; "
+                                "use axis_logits(size)")
+
+    def attention_scores(self, x: Tensor | None = None, size: Sequence[int] | None = None) -> dict[str, Tensor]:
+        """Pre-softmax scores from input pixels to output pixels, {"combined", "position"} (the same here), each
+        (1, heads, T_out, T_in) in at least float32: Lemma 2's score at the input pixels' tokens.
+
+        The padding tokens take part in the softmax but are not pixels, so they are left out here
+        (`attention_probs` folds their probability onto the pixels they copy)."""
+        size = self._analysis_size(x, size)
+        self._check_position_scores(size)
+        inner = self._inner_tokens(size).to(self.out_weight.device)
+        scores = self.padded_position_scores(size)[None][..., inner]
+        return {"combined": scores, "position": scores}
+
     def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
         """Dense attention probabilities from input pixels to output pixels: (1, heads, T_out, T_in).
@@ -289,11 +322,7 @@ class ConvAttention(nn.Module):
         """
         if term not in ("combined", "position"):
             raise AttnconvError(f"term {term!r}: a position-only layer has the terms 'combined' and 'position'")
-        if size is None:
-            if not isinstance(x, Tensor):
-                raise AttnconvError("attention_probs needs the input x or size=(the input's spatial size)")
-            size = x.shape[-self.ndim :]
-        size = tuple(int(s) for s in size)
+        size = self._analysis_size(x, size)
         out = self.output_size(size)
         if self.heads * math.prod(out) * math.prod(size) > MAX_DENSE:
             raise AttnconvError(

@@ -138,6 +138,12 @@ class LearnableConvAttention(ConvAttention):
         h, tq, tk = dense.shape
         return torch.einsum("hqk,hop->hqokp", dense, folded).reshape(h, tq * folded.shape[1], tk * folded.shape[2])
 
+    @staticmethod
+    def _outer_sum(dense: Tensor, axis: Tensor) -> Tensor:
+        """`_outer` for scores: the axes so far (h, Tq, Tk) plus the next axis (h, n_a, P_a), head by head."""
+        h, tq, tk = dense.shape
+        return (dense[:, :, None, :, None] + axis[:, None, :, None, :]).reshape(h, tq * axis.shape[1], tk * axis.shape[2])
+
     def error_bound(self, x: Tensor) -> float:
         """Theorem 1's bound holds only while every head sits on its tap with one alpha; check that first."""
         taps = ConvAttention.centers.fget(self).to(self.centers)
@@ -212,24 +218,24 @@ class LearnableConvAttention(ConvAttention):
         x, _ = self._batched(x)
         self._check_dense(x[:1] if self.position_only else x)
         size = tuple(x.shape[2:])
-        logits = self.axis_logits(size)  # (heads, n_a, P_a) per axis
-        pos = logits[0]
-        for l in logits[1:]:
-            h, tq, tk = pos.shape
-            pos = (pos[:, :, None, :, None] + l[:, None, :, None, :]).reshape(h, tq * l.shape[1], tk * l.shape[2])
-        pos = pos[None]
+        pos = self.padded_position_scores(size)[None]
         if self.position_only:
             return {"position": pos, "combined": pos}
         q, k = self._content_qk(self._pad(x).to(pos.dtype), size)
         content = content_scores(q, k)
         return {"position": pos, "content": content, "combined": pos + content}
 
-    def attention_scores(self, x: Tensor) -> dict[str, Tensor]:
+    def attention_scores(self, x: Tensor | None = None, size: Sequence[int] | None = None) -> dict[str, Tensor]:
         """`padded_scores` at the input pixels' tokens: (1 or B, heads, T_out, T_in) per term.
 
         The padding tokens take part in the softmax but are not pixels, so they are left
-        out here; `attention_probs` folds their probability onto the pixels they copy.
+        out here; `attention_probs` folds their probability onto the pixels they copy. A
+        position-only layer also takes `size` instead of x; a content layer needs x.
         """
+        if self.position_only and not isinstance(x, Tensor):
+            return super().attention_scores(x, size)
+        if not isinstance(x, Tensor):
+            raise AttnconvError("a content-attention layer needs the input x (B, C_in, *S) to compute its attention")
         x, _ = self._batched(x)
         inner = self._inner_tokens(tuple(x.shape[2:])).to(x.device)
         return {name: s[..., inner] for name, s in self.padded_scores(x).items()}

@@ -20,7 +20,6 @@ import copy
 import math
 import re
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ from attnconv.construct.factory import conv_to_attention, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
 from attnconv.errors import AttnconvError
 
-__all__ = ["ConversionReport", "cnn_to_attention", "conversion_report"]
+__all__ = ["cnn_to_attention"]
 
 # BatchNorm forwards we know compute (x - running_mean) / sqrt(running_var + eps) * weight + bias in eval.
 _BN_FORWARDS = (_BatchNorm.forward, nn.SyncBatchNorm.forward)
@@ -463,44 +462,3 @@ class _OpCheck:
             for handle in self.handles:
                 handle.remove()
         _refuse_or_warn(found, self.strict)
-
-
-# ----------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class ConversionReport:
-    """What `cnn_to_attention` did, by module path (paths of the original model)."""
-
-    converted: list[str] = field(default_factory=list)  # convs now ConvAttention
-    folded_bn: list[str] = field(default_factory=list)  # BatchNorms now nn.Identity
-    kept_convs: list[str] = field(default_factory=list)  # conv modules still there (strict=False)
-    kept_bn: list[str] = field(default_factory=list)  # BatchNorms not folded
-    heads: int = 0  # attention heads in all converted layers
-    params_before: int = 0
-    params_after: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-def conversion_report(original: nn.Module, converted: nn.Module) -> ConversionReport:
-    """Compare a model with `cnn_to_attention(model, ...)` path by path."""
-    after = dict(converted.named_modules())
-    report = ConversionReport(
-        params_before=sum(p.numel() for p in original.parameters()),
-        params_after=sum(p.numel() for p in converted.parameters()),
-    )
-    for path, module in original.named_modules():
-        new = after.get(path)
-        if isinstance(module, _ConvNd):
-            if isinstance(new, ConvAttention):
-                report.converted.append(path)
-                report.heads += new.heads
-            else:
-                report.kept_convs.append(path)
-        elif isinstance(module, _BatchNorm):
-            (report.folded_bn if isinstance(new, nn.Identity) else report.kept_bn).append(path)
-    return report

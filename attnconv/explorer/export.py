@@ -23,8 +23,9 @@ What is stored, computed in-process by `Explorer` (the same code that answers /a
                           within 1/510 of its row's maximum, the maximum itself exactly
 
 The page carries a Content-Security-Policy that allows its own inline script and style and
-data: images, nothing else: no request can leave it. A network converted from a CNN (each
-layer on its own grid) is not exported; explore it live.
+data: images, nothing else: no request can leave it. Its maps are on one grid, every layer's;
+a network whose layers have grids of their own (converted from a CNN) is not exported: explore
+it live.
 """
 
 from __future__ import annotations
@@ -57,11 +58,12 @@ EXPORT_LIMIT = 100 * 2**20  # bytes of embedded maps a page may hold: browsers o
 def export_data(explorer: Explorer) -> dict[str, Any]:
     """The data the exported page reads: the API's answers for every offered image and every query.
 
-    Raises AttnconvError for a network converted from a CNN, and for maps larger than
-    `EXPORT_LIMIT` (a content model with many images or a large grid), before computing them."""
-    if explorer.converted:
-        raise AttnconvError(f"{explorer.run_dir}: a network converted from a CNN has a grid per layer, which "
-                            "--export does not write; explore it live (attnconv explore RUN)")
+    Raises AttnconvError for layers on grids of their own (a network converted from a CNN: the page's
+    format holds one grid), and for maps larger than `EXPORT_LIMIT` (a content model with many images
+    or a large grid), before computing them."""
+    if explorer.own_grids:
+        raise AttnconvError(f"{explorer.run_dir}: its layers attend over grids of their own (a network converted "
+                            "from a CNN), which --export does not write; explore it live (attnconv explore RUN)")
     H, W = explorer.grid
     T, layers, heads, n = H * W, len(explorer.layers), explorer.layers[0].heads, len(explorer.raw)
     per_image = not explorer.position_only

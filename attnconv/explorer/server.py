@@ -4,7 +4,7 @@
     attnconv explore runs/sa --port 0 --no-browser
 
 Pick one of N test images (sampled across the classes with a fixed seed, so every class
-shows up: `runs.data.sample_across_classes`), then click (or hover, or move with the arrow
+shows up: `runs.run_data.sample_across_classes`), then click (or hover, or move with the arrow
 keys) a query pixel on it: the page shows, for every layer and head, that query's
 attention over the token grid. Coordinates are token-grid coordinates (the image after
 the model's d x d downsampling, image_size // d tokens a side), (row, column), rows down,
@@ -14,14 +14,19 @@ the grid, or one value everywhere: a converted CNN's 1x1 and 2x2 grids) is drawn
 captioned so (`plots.flat_map_label`'s rules). The page fits its window from 800 pixels
 wide up without scrolling sideways: the maps shrink to fit.
 
-Nothing is precomputed: each request runs the model on the chosen image, captures
-every block's input tokens with forward pre-hooks, and calls each attention layer's
-`attention_scores` on them (`models.sites.site_scores`); a model whose attention is captured
-(the ViT: `models.capture`) gives its scores over the image positions from that one pass, a
-class token left out, with the terms combined and content (q.k). `mode=scores` returns the pre-softmax term (Eq. 6);
-`mode=probs` its softmax over the keys, which for `term=combined` is the layer's
-actual attention. Content models also offer the content (q.k) and positional (q.r)
-terms alone; position-only models have one term (combined = position).
+Nothing is precomputed but what cannot change: each request runs the model on the chosen
+image, captures every attention layer's input with forward pre-hooks, and asks each layer
+for its attention on it (`models.sites.site_maps`: `attention_scores`, and `attention_probs`,
+which for a padded layer folds the padding keys onto the pixels they copy); a model whose
+attention is captured (the ViT: `models.capture`) gives its scores over the image positions
+from that one pass, a class token left out, with the terms combined and content (q.k).
+Position-only layers' probabilities are the same for every image: kept once computed.
+`mode=scores` returns the pre-softmax term (Eq. 6); `mode=probs` its probabilities, which for
+`term=combined` are the layer's actual attention. Content models also offer the content
+(q.k) and positional (q.r) terms alone; position-only models have one term (combined =
+position). Every network goes through this one path: when its layers have grids of their
+own (a network converted from a CNN), the query is an image pixel and each layer answers
+for its nearest output pixel (`query_on_site`), with "grids" and "queries" in the answer.
 
 JSON API (every response is JSON; bad parameters get HTTP 400 and {"error": message}):
 
@@ -66,7 +71,7 @@ from urllib.parse import parse_qs
 import torch
 
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.models.sites import query_on_site, site_inputs, site_scores
+from attnconv.models.sites import query_on_site, site_inputs, site_maps, site_terms
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
 
@@ -90,8 +95,10 @@ class Explorer:
     """A run's model and `images` of its test images (sampled across the classes), answering the explorer's API.
 
     Raises AttnconvError for a run without attention layers (a CNN) or a dataset that
-    cannot be found. A network converted from a CNN (`attnconv convert`, `train
-    --init-from`) is shown layer by layer, each on its own input grid; the query is an
+    cannot be found. Every network is answered the same way (`models.sites`): each layer's
+    maps on its own grid, the query mapped onto it by `query_on_site`. When the layers share
+    one grid (a classifier's tokens) the query is on that grid; when they have grids of their
+    own (a network converted from a CNN: `attnconv convert`, `train --init-from`) it is an
     image pixel, mapped to the nearest output pixel of each (possibly strided) layer.
     """
 
@@ -113,22 +120,22 @@ class Explorer:
         self.model, self.config, self.info_ = run.model, run.config, run.info
         self.sites = run.sites  # refuses CNN runs
         self.layers = [site.layer for site in self.sites]
-        sizes = {site.size for site in self.sites}
-        # A network converted from a CNN (convert, train --init-from): every layer has its own input grid;
-        # the query is an image pixel, placed on each layer's output grid.
-        self.converted = self.sites if len(sizes) > 1 or run.converted or self.config.init_from else []
-        self.grid = (self.info_.size, self.info_.size) if self.converted else next(iter(sizes))
-        self._probs: dict[int, torch.Tensor] = {}
         self.device = device
         # Across the classes (an image folder lists its test images class by class), the same images every time.
         self.indices = run.test_sample(images)  # each offered image's place in the test set
         # uint8 (N, C, H_img, W_img); normalized as trained, kept on the CPU (one image at a time goes to the device)
         self.raw, self.x = run.test_images(images, device="cpu")
         self.labels = run.test_set.labels[self.indices].tolist()
-        self.snapshots = _heads_over_training(run) if not self.converted else []
-        own = {getattr(l, "score_terms", None) for l in self.layers}  # captured attention: combined and content
-        self.terms = ("combined", "position") if all(getattr(l, "position_only", True) for l in self.layers) \
-            else next(iter(own)) if len(own) == 1 and None not in own else TERMS
+        # The query pixel's grid: the one every layer attends over (a classifier's token grid), else the image's
+        # pixels, each mapped to the nearest query of every (possibly strided) layer by query_on_site.
+        shared = _shared_grid(self.sites)
+        self.grid = shared or (int(self.raw.shape[2]), int(self.raw.shape[3]))
+        # Layers on grids of their own (a network converted from a CNN): the page labels each and draws it on its grid.
+        self.own_grids = shared is None
+        self._kept: dict[tuple[int, str], torch.Tensor] = {}  # position-only layers' probabilities: any image
+        self.snapshots = _heads_over_training(run)
+        have = {t for site in self.sites for t in site_terms(site)}
+        self.terms = tuple(t for t in TERMS if t in have)
         self.title = f"{self.run_dir.resolve().name} ({self.config.model} on {self.info_.name})"
         # One request at a time runs the model: the forward hooks below are per call.
         self._lock = threading.Lock()
@@ -137,21 +144,21 @@ class Explorer:
     def info(self) -> dict[str, Any]:
         heads = self.layers[0].heads
         extra = {}
-        if self.converted:  # each layer's name and input grid, for the page's labels and maps
-            extra = {"layer_names": [site.path for site in self.converted],
-                     "layer_grids": [list(site.size) for site in self.converted]}
+        if self.own_grids:  # each layer's name and input grid, for the page's labels and maps
+            extra = {"layer_names": [site.path for site in self.sites],
+                     "layer_grids": [list(site.size) for site in self.sites]}
+        names = list(dict.fromkeys(_encoding_name(layer) for layer in self.layers))
         return {
             "title": self.title,
             "run": self.run_dir.resolve().name,
             "model": self.config.model,
             "dataset": self.info_.name,
-            "encoding": (("converted convolution + content" if "content" in self.terms else "converted convolution")
-                         if self.converted else self.layers[0].encoding_name),
+            "encoding": ", ".join(names),
             "layers": len(self.layers),
             "heads": heads,
             "grid": list(self.grid),
             **extra,
-            "downsample": 1 if self.converted else self.model.config.downsample,
+            "downsample": int(self.raw.shape[2]) // self.grid[0],  # image pixels per query-grid cell a side
             "image_size": [int(self.raw.shape[2]), int(self.raw.shape[3])],
             "channels": int(self.raw.shape[1]),
             "images": len(self.raw),
@@ -207,71 +214,56 @@ class Explorer:
                              "(numbered from 1)")
         self._image_index(image)
         wanted = range(len(self.layers)) if layer is None else [layer - 1]  # positions in self.layers
-        if self.converted:
-            return self._converted_attention(image, i, j, mode, term, list(wanted))
-        q = i * W + j
-        out = [values[:, q].tolist() for values in self._maps(image, mode, term, wanted)]  # (heads, T) over keys
-        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W],
+        out, grids, queries = [], [], []
+        for n, values in zip(wanted, self._maps(image, mode, term, wanted)):
+            q, pos = query_on_site(self.sites[n], self.grid, i, j)  # pos: that query on the layer's input grid
+            out.append(values[:, q].tolist())  # (heads, T_in) over the keys
+            grids.append(list(self.sites[n].size))
+            queries.append(list(pos))
+        where = {"grids": grids, "queries": queries} if self.own_grids else {}
+        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W], **where,
                 "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
 
     @property
     def position_only(self) -> bool:
         """Whether every layer's attention depends on positions alone: the same maps for every image."""
-        return not self.converted and all(getattr(layer, "position_only", False) is True for layer in self.layers)
+        return all(getattr(layer, "position_only", False) is True for layer in self.layers)
 
     def attention_maps(self, image: int, mode: str = "probs", term: str = "combined") -> list[torch.Tensor]:
-        """Every query's attention for offered image `image`, per layer (heads, T queries, T keys), float32
-        on the CPU: what /api/attention answers one query row at a time (q = i * W + j). Not for
-        networks converted from a CNN, whose layers each have their own grid."""
-        if self.converted:
-            raise BadRequest("attention_maps: a network converted from a CNN has a grid per layer; "
-                             "ask attention() one query at a time")
+        """Every query's attention for offered image `image`, per layer (heads, T_out queries, T_in keys), float32
+        on the CPU: what /api/attention answers one query row at a time (the row `query_on_site` names; on a
+        shared grid, q = i * W + j)."""
         self._check_values(mode, term)
         return self._maps(self._image_index(image), mode, term, range(len(self.layers)))
 
     def _maps(self, image: int, mode: str, term: str, wanted) -> list[torch.Tensor]:
-        """Layers `wanted` (positions in self.layers): (heads, T, T) each, from one forward on image `image`."""
-        with self._lock:  # each layer's score terms on this image (captured layers: from one pass of the model)
-            terms = site_scores(self.model, self.sites, self.x[image : image + 1].to(self.device))
-        out = []
-        with torch.no_grad():
-            for n in wanted:
-                scores = terms[n][term][0]  # (heads, T queries, T keys)
-                values = scores.softmax(-1) if mode == "probs" else scores
-                out.append(values.float().cpu())
-        return out
+        """Layers `wanted` (positions in self.layers): (heads, T_out, T_in) each, from one forward on image
+        `image` (`models.sites.site_maps`); NaN for a term a layer does not have. Position-only layers'
+        probabilities do not depend on the image: computed once, kept (their one term, combined = position)."""
+        keys = {n: self._key(n, mode, term) for n in wanted}
+        kept = {n: self._kept.get(keys[n]) for n in wanted}
+        todo = [n for n in wanted if kept[n] is None]
+        if todo:
+            with self._lock:  # captured inputs and hooks are per call: one forward at a time
+                found = site_maps(self.model, [self.sites[n] for n in todo],
+                                  self.x[image : image + 1].to(self.device), mode=mode, term=term)
+            for n, values in zip(todo, found):
+                site = self.sites[n]
+                if values is None:  # no such term in this layer (a position-only layer's content term): null
+                    values = torch.full((site.layer.heads, math.prod(_output_grid(site)), math.prod(site.size)),
+                                        math.nan)
+                kept[n] = values.float().cpu()
+                if keys[n] is not None:
+                    self._kept[keys[n]] = kept[n]
+        return [kept[n] for n in wanted]
 
-    def _converted_attention(self, image: int, i: int, j: int, mode: str, term: str, wanted: list[int]) -> dict:
-        """Converted layers: image pixel (i, j) -> the nearest output pixel of each layer (strided layers
-        have fewer). Position-only layers attend the same way for any image; content layers
-        (`train --init-from --init-content`) are run on test image `image`."""
-        H, W = self.grid
-        out, grids, queries = [], [], []
-        with self._lock, torch.no_grad():
-            inputs = None
-            if any(not self.layers[n].position_only for n in wanted):
-                inputs = site_inputs(self.model, self.sites, self.x[image : image + 1].to(self.device))
-            for n in wanted:
-                layer, size = self.layers[n], self.sites[n].size
-                q, pos = query_on_site(self.sites[n], self.grid, i, j)  # pos: the query on the input grid
-                if not layer.position_only:
-                    if mode == "probs":
-                        values = layer.attention_probs(inputs[n], term=term)[0, :, q]
-                    else:
-                        values = layer.attention_scores(inputs[n])[term][0, :, q]
-                elif term == "content":  # a position-only layer in a content model: no content term (null)
-                    values = torch.full((layer.heads, size[0] * size[1]), math.nan)
-                elif mode == "probs":
-                    if n not in self._probs:
-                        self._probs[n] = layer.attention_probs(size=size)[0].float().cpu()  # (heads, T_out, T_in)
-                    values = self._probs[n][:, q]
-                else:  # Lemma 2's score -alpha_h ||k - q - Delta_h||^2 over the input pixels
-                    values = layer.query_scores(size, q)
-                out.append(values.float().cpu().tolist())
-                grids.append(list(size))
-                queries.append(list(pos))
-        return {"image": image, "i": i, "j": j, "mode": mode, "term": term, "grid": [H, W], "grids": grids,
-                "queries": queries, "layer_numbers": [n + 1 for n in wanted], "layers": _finite(out)}
+    def _key(self, n: int, mode: str, term: str) -> tuple[int, str] | None:
+        """Where layer n's maps are kept: position-only probabilities (one term, combined = position, the same
+        for every image); None for maps that depend on the image, scores (cheap) and terms the layer lacks."""
+        site = self.sites[n]
+        if mode == "probs" and site.position_only and term in site_terms(site):
+            return (n, "combined")
+        return None
 
     # ------------------------------------------------------------------------------ helpers
     def _check_values(self, mode: str, term: str) -> None:
@@ -286,6 +278,27 @@ class Explorer:
             raise BadRequest(f"image {k} is out of range: the explorer offers images 0..{len(self.raw) - 1} "
                              "(sampled from the test set; /api/image/K gives each one's test_index)")
         return k
+
+
+def _output_grid(site) -> tuple[int, int]:
+    """The grid of a site's queries: its input grid, or fewer pixels for a strided layer."""
+    size = site.layer.output_size(site.size) if hasattr(site.layer, "output_size") else site.size
+    return int(size[0]), int(size[1])
+
+
+def _shared_grid(sites) -> tuple[int, int] | None:
+    """The one grid every site's queries and keys lie on, or None when the layers have grids of their own."""
+    grids = {grid for site in sites for grid in (tuple(site.size), _output_grid(site))}
+    return next(iter(grids)) if len(grids) == 1 else None
+
+
+def _encoding_name(layer) -> str:
+    """A layer's encoding as the page names it: its own `encoding_name`, or, for Theorem 1's layers, which have
+    none, the construction (with content attention when the layer has it)."""
+    name = getattr(layer, "encoding_name", None)
+    if name is not None:
+        return name
+    return "converted convolution" if layer.position_only else "converted convolution + content"
 
 
 def _heads_over_training(run: Run) -> list[dict[str, Any]]:

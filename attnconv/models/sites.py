@@ -248,6 +248,49 @@ def site_scores(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> 
     return out
 
 
+def site_terms(site: AttentionSite) -> tuple[str, ...]:
+    """The score terms a site's layer has: its own `score_terms` (captured layers: combined and content), else
+    combined and position, and content for content layers."""
+    own = getattr(site.layer, "score_terms", None)
+    if own is not None:
+        return tuple(own)
+    return TERMS if site.position_only else ("combined", "content", "position")
+
+
+def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mode: str = "probs",
+              term: str = "combined") -> list[Tensor | None]:
+    """Each site's attention for ONE image x (1, C, H, W): (heads, T_out, T_in) float32, None where the layer has
+    no such term (`site_terms`: a position-only layer's content term).
+
+    mode "scores": the pre-softmax term (`site_scores`). "probs": the layer's own probabilities of it, its
+    `attention_probs` (a padded layer folds its padding keys onto the pixels they copy, so these are not always
+    the softmax of the scores over the pixels); captured sites: the softmax of their scores over the image
+    positions. Position-only layers need no forward pass for probabilities.
+    """
+    if mode not in ("probs", "scores"):
+        raise AttnconvError(f"mode must be probs or scores, got {mode!r}")
+    if len(x) != 1:
+        raise AttnconvError(f"site_maps takes one image, got {len(x)}")
+    out: list[Tensor | None] = [None] * len(sites)
+    have = [i for i, site in enumerate(sites) if term in site_terms(site)]
+    captured = set(_captured(sites))
+    own = [i for i in have if mode == "probs" and i not in captured]  # the layer's attention_probs
+    scored = [i for i in have if i not in own]  # from their scores
+    with torch.no_grad():
+        fixed = [i for i in own if sites[i].position_only]
+        for i in fixed:
+            out[i] = sites[i].layer.attention_probs(size=sites[i].size, term=term)[0].float()
+        content = [i for i in own if i not in fixed]
+        if content:
+            for i, inp in zip(content, site_inputs(model, [sites[i] for i in content], x)):
+                out[i] = sites[i].layer.attention_probs(inp, term=term)[0].float()
+        if scored:
+            for i, terms in zip(scored, site_scores(model, [sites[i] for i in scored], x)):
+                values = terms[term][0].float()
+                out[i] = values.softmax(-1) if mode == "probs" else values
+    return out
+
+
 def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) -> dict[nn.Module, Tensor]:
     """What each of `modules` receives when `model` runs on x: {module: its first positional argument}.
 
