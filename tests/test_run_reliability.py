@@ -144,6 +144,21 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_even_after_kill_9(
     assert tree(out) == before
 
 
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_users_folder_of_the_set_aside_name_stays(
+        run_with_user_files, data_dir, capsys):  # noqa: F811
+    """A folder named as --overwrite's set-aside one but without its manifest (a user's, or a copy) is not
+    deleted as a leftover: the command refuses in one line and every file stays."""
+    out = run_with_user_files
+    (out / SET_ASIDE).mkdir()
+    (out / SET_ASIDE / "mine.txt").write_text("keep me")
+    before = tree(out)
+    capsys.readouterr()
+    assert main(tiny_args(out, data_dir, "--overwrite", "--max-steps", "1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{SET_ASIDE} holds files attnconv did not set aside (mine.txt)" in err[0], err
+    assert tree(out) == before
+
+
 # ---------------------------------------------------------------------------------- class 7: data by content
 
 
