@@ -213,6 +213,31 @@ def test_run_knows_its_data_by_content_a_replaced_test_image_stops_eval(tmp_path
     assert "the test images' content" in captured.err
 
 
+def test_run_knows_its_data_by_content_analyses_of_changed_test_data_say_so_in_one_warning(
+        tmp_path, monkeypatch, capsys):
+    """report, plot and explore read the run's test images as they are now: when they are not what the run
+    was trained with, one `warning:` line says so (analysing a run on changed data can be intended: exit 0);
+    on the data the run recorded, nothing is said."""
+    from PIL import Image
+
+    out, _ = _folder_run(tmp_path, monkeypatch)
+    commands = [["report", str(out), "--out", str(tmp_path / "r.html")],
+                ["plot", "maps", str(out), "--image", "0", "--out", str(tmp_path / "m.png")],
+                ["explore", str(out), "--export", str(tmp_path / "e.html"), "--images", "2"]]
+    capsys.readouterr()
+    for argv in commands:  # the data as recorded: no warning
+        assert main(argv) == 0, argv
+        assert capsys.readouterr().err == "", argv
+    image = tmp_path / "imgs" / "test" / "cat" / "cat0.png"
+    size = Image.open(image).size
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(image)
+    for argv in commands:
+        assert main(argv) == 0, argv
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"warning: {out}: the test data differs from the run's (the test images' content: an image "
+                       "or a label differs); what follows is of the data as it is now"], argv
+
+
 def test_run_knows_its_data_by_content_a_digest_that_is_no_digest_is_a_corrupt_config(finished, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
