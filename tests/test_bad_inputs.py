@@ -721,3 +721,16 @@ def test_run_files_read_with_checks_a_byte_order_mark_is_read_as_text(tiny, tmp_
     capsys.readouterr()
     assert main(["plot", "distance", str(run), "--out", str(tmp_path / "d.png")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_run_files_read_with_checks_heads_with_no_sound_line_is_one_error(tiny, tmp_path, capsys):
+    """Every line of heads.jsonl damaged: nothing is left to skip to, so one error line (it was a warning
+    "using the other 0" and then an error, or a warning and exit 0), from every command that reads it."""
+    run = _copy(tmp_path, tiny)
+    path = run / "heads.jsonl"
+    path.write_text(path.read_text().replace('"attention_distance":', '"attention_distance":NaN,"x":'))
+    for argv in (["plot", "distance", str(run), "--out", str(tmp_path / "d.png")], ["analyze", str(run)]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (no sound snapshot in it"), err

@@ -92,8 +92,13 @@ class Run:
         """heads.jsonl's sound snapshots ([] for CNNs and runs trained before heads were recorded).
 
         What reads a Run (figures, report, explorer, analyze) needs only some of them: damaged lines
-        are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many."""
+        are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many; a file with
+        no sound line left is one AttnconvError."""
         records, skipped = read_heads_skipping(self.path)
+        if skipped and not records:  # nothing left to use: one error, not a warning and then an error
+            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
+                                "is damaged); restore it from a copy, or delete it (the heads' history is then "
+                                "unknown; `attnconv plot centers RUN` draws the final heads)")
         if skipped:
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
