@@ -34,7 +34,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.flops import count_flops
-from attnconv.runs import Run, data_changes, data_fingerprint, nonfinite_tensor, parameter_count, split_digest
+from attnconv.runs import Run, nonfinite_tensor, parameter_count
 from attnconv.tables import format_table
 
 __all__ = [
@@ -198,8 +198,8 @@ def describe_run(
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
     """
     if not isinstance(run, Run):
-        run = Run(run, device, data_dir=data_dir, dataset=dataset,
-                  allow_nonfinite=True)  # NaN weights: measured, with a warning
+        run = Run(run, device, data_dir=data_dir, dataset=dataset, allow_nonfinite=True,  # NaN weights: a warning
+                  warn_data_change=False)  # changed data: refused below, or measured with its own warning
     run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics
     model = run.model if recompute else run.architecture
     flops = count_flops(model, (info.channels, info.size, info.size))
@@ -228,8 +228,7 @@ def describe_run(
             summary["warning"] = (f"{run_dir}: the run's weights hold NaN/inf (parameter {bad}); the run diverged, "
                                   "so its accuracy means nothing: retrain it with a lower --lr")
         test = run.test_set
-        changes = [] if run.dataset is not None else data_changes(
-            meta.get("data"), {**data_fingerprint(info), "digest": {"test": split_digest(test)}})
+        changes = run.test_data_changes
         if run.dataset is not None:
             summary["test_dataset"] = D.canonical_name(run.dataset)
         summary["test_images"] = len(test)

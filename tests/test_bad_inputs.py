@@ -253,6 +253,44 @@ def config_nested_200000(tmp, tiny):
     return {"run": run}
 
 
+def _edit_text(name: str, edit):
+    """A builder: the run's `name` (text) replaced by `edit(text)`."""
+
+    def build(tmp, tiny):
+        run = _copy(tmp, tiny)
+        (run / name).write_text(edit((run / name).read_text()))
+        return {"run": run}
+
+    return build
+
+
+def _first_value(column: str, value: str):
+    """An edit of metrics.csv: `column` of its first row set to `value`."""
+
+    def edit(text: str) -> str:
+        header, row, *rest = text.split("\n")
+        cells = row.split(",")
+        cells[header.split(",").index(column)] = value
+        return "\n".join([header, ",".join(cells), *rest])
+
+    return edit
+
+
+def config_count(key: str, value):
+    return lambda tmp, tiny: _edit_meta(tmp, tiny, lambda meta: meta.update({key: value}))
+
+
+def override_unknown(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta["config"]["model_overrides"].update(colour=3))
+
+
+def config_5000_digits(tmp, tiny):
+    run = _copy(tmp, tiny)
+    text = (run / "config.json").read_text()
+    (run / "config.json").write_text(text.replace('"seed": 0', '"seed": ' + "9" * 5000, 1))
+    return {"run": run}
+
+
 # ---------------------------------------------------------------------------------------- table
 
 TRAIN = ["--max-steps", "1", "--batch-size", "16", "--workers", "1", "--no-progress"]
@@ -377,6 +415,23 @@ CASES = [
      '"converted" alpha "big" is not null or a finite number > 0', None),
     ("eval-config-nested-200000", config_nested_200000, ["eval", "{run}"],
      "corrupt run config (not JSON: nested too deeply to be read)", None),
+    # The checked readers, one level further: metrics.csv's counts, config.json's counts and overrides, long numbers.
+    ("table-metrics-epoch-1e999", _edit_text("metrics.csv", _first_value("epoch", "1e999")), ["table", "{run}"],
+     "metrics.csv: corrupt metrics file (line 2: epoch inf is not a whole number >= 0)", None),
+    ("table-metrics-epoch-minus-1", _edit_text("metrics.csv", _first_value("epoch", "-1")), ["table", "{run}"],
+     "metrics.csv: corrupt metrics file (line 2: epoch -1.0 is not a whole number >= 0)", None),
+    ("report-metrics-step-2.5", _edit_text("metrics.csv", _first_value("step", "2.5")),
+     ["report", "{run}", "--out", "{tmp}/r.html"], "(line 2: step 2.5 is not a whole number >= 0)", None),
+    ("table-config-parameters-abc", config_count("parameters", "abc"), ["table", "{run}"],
+     'corrupt run config (parameters "abc" is not a whole number >= 0)', None),
+    ("report-config-steps-per-epoch-minus-1", config_count("steps_per_epoch", -1),
+     ["report", "{run}", "--out", "{tmp}/r.html"], "corrupt run config (steps_per_epoch -1 is not a whole number", None),
+    ("eval-config-world-size-x", config_count("world_size", "x"), ["eval", "{run}"],
+     'corrupt run config (world_size "x" is not a whole number >= 1)', None),
+    ("eval-config-unknown-override", override_unknown, ["eval", "{run}"],
+     "config.json: model 'sa-quadratic' has no option 'colour'; leave it out", None),
+    ("eval-config-5000-digits", config_5000_digits, ["eval", "{run}"],
+     "corrupt run config (not JSON: a number of 5000 digits)", None),
 ]
 
 
@@ -464,6 +519,8 @@ def test_hangs_a_file_that_is_no_regular_file_is_one_error_line(tiny, tmp_path, 
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     assert message.format(**names) in lines[0]
+    parts = [part.strip("() ") for part in lines[0].split(";")]
+    assert len(parts) == len(set(parts)), f"a part of the message is repeated: {lines[0]}"
 
 
 def test_open_regular_refuses_a_fifo_swapped_in_after_the_check(tmp_path, monkeypatch, no_hang):
@@ -647,3 +704,33 @@ def test_run_files_read_with_checks_analyze_report_and_explorer_skip_damaged_hea
     snapshots = explorer.heads()["snapshots"]  # the page's epoch slider: the two sound snapshots
     assert [s["epoch"] for s in snapshots] == [json.loads(line)["epoch"] for line in
                                                (tiny["sa-quadratic"] / "heads.jsonl").read_text().splitlines()]
+
+
+def test_run_files_read_with_checks_a_byte_order_mark_is_read_as_text(tiny, tmp_path, capsys):
+    """An editor on Windows saves UTF-8 with a byte-order mark: config.json, metrics.csv and heads.jsonl read
+    the same with one (it was "not JSON", "no epoch column" and a skipped first snapshot)."""
+    from attnconv.runs import read_config, read_heads, read_metrics
+
+    run = _copy(tmp_path, tiny)
+    for name in ("config.json", "metrics.csv", "heads.jsonl"):
+        (run / name).write_bytes(b"\xef\xbb\xbf" + (run / name).read_bytes())
+    original = tiny["sa-quadratic"]
+    assert read_config(run) == read_config(original)
+    assert read_metrics(run) == read_metrics(original)
+    assert read_heads(run) == read_heads(original) != []
+    capsys.readouterr()
+    assert main(["plot", "distance", str(run), "--out", str(tmp_path / "d.png")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_run_files_read_with_checks_heads_with_no_sound_line_is_one_error(tiny, tmp_path, capsys):
+    """Every line of heads.jsonl damaged: nothing is left to skip to, so one error line (it was a warning
+    "using the other 0" and then an error, or a warning and exit 0), from every command that reads it."""
+    run = _copy(tmp_path, tiny)
+    path = run / "heads.jsonl"
+    path.write_text(path.read_text().replace('"attention_distance":', '"attention_distance":NaN,"x":'))
+    for argv in (["plot", "distance", str(run), "--out", str(tmp_path / "d.png")], ["analyze", str(run)]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (no sound snapshot in it"), err

@@ -216,3 +216,15 @@ def test_memory_threads_share_the_budget(tmp_path):
     with pytest.raises(AttnconvError, match="allowed for one image"), budget.reserve(101, tmp_path, "z"):
         pass
     assert budget.held == 0
+
+
+@pytest.mark.parametrize("content, why", [(b"", "an empty file"), (b"hello, I am text\n", "not in an image format")])
+def test_memory_a_file_that_is_no_image_is_named_in_words(tmp_path, content, why):
+    """Pillow's own text for a file it cannot identify names its file object (`<_io.BufferedReader name=3>`),
+    not the file: the line says what the file is instead."""
+    path = tmp_path / "photo.png"
+    path.write_bytes(content)
+    with pytest.raises(AttnconvError) as info:
+        decode.decode_image(path, False, 8)
+    assert str(info.value) == (f"{path}: cannot decode the image ({why}{'' if content == b'' else ' Pillow reads'}); "
+                               "replace the file or remove it from the folder")

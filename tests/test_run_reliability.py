@@ -150,6 +150,21 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_even_after_kill_9(
     assert tree(out) == before
 
 
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_users_folder_of_the_set_aside_name_stays(
+        run_with_user_files, data_dir, capsys):  # noqa: F811
+    """A folder named as --overwrite's set-aside one but without its manifest (a user's, or a copy) is not
+    deleted as a leftover: the command refuses in one line and every file stays."""
+    out = run_with_user_files
+    (out / SET_ASIDE).mkdir()
+    (out / SET_ASIDE / "mine.txt").write_text("keep me")
+    before = tree(out)
+    capsys.readouterr()
+    assert main(tiny_args(out, data_dir, "--overwrite", "--max-steps", "1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{SET_ASIDE} holds files attnconv did not set aside (mine.txt)" in err[0], err
+    assert tree(out) == before
+
+
 # ---------------------------------------------------------------------------------- class 7: data by content
 
 
@@ -202,6 +217,31 @@ def test_run_knows_its_data_by_content_a_replaced_test_image_stops_eval(tmp_path
     captured = capsys.readouterr()
     assert captured.err.startswith("warning: ") and captured.err.count("\n") == 1 and "test acc" in captured.out
     assert "the test images' content" in captured.err
+
+
+def test_run_knows_its_data_by_content_analyses_of_changed_test_data_say_so_in_one_warning(
+        tmp_path, monkeypatch, capsys):
+    """report, plot and explore read the run's test images as they are now: when they are not what the run
+    was trained with, one `warning:` line says so (analysing a run on changed data can be intended: exit 0);
+    on the data the run recorded, nothing is said."""
+    from PIL import Image
+
+    out, _ = _folder_run(tmp_path, monkeypatch)
+    commands = [["report", str(out), "--out", str(tmp_path / "r.html")],
+                ["plot", "maps", str(out), "--image", "0", "--out", str(tmp_path / "m.png")],
+                ["explore", str(out), "--export", str(tmp_path / "e.html"), "--images", "2"]]
+    capsys.readouterr()
+    for argv in commands:  # the data as recorded: no warning
+        assert main(argv) == 0, argv
+        assert capsys.readouterr().err == "", argv
+    image = tmp_path / "imgs" / "test" / "cat" / "cat0.png"
+    size = Image.open(image).size
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(image)
+    for argv in commands:
+        assert main(argv) == 0, argv
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"warning: {out}: the test data differs from the run's (the test images' content: an image "
+                       "or a label differs); what follows is of the data as it is now"], argv
 
 
 def test_run_knows_its_data_by_content_a_digest_that_is_no_digest_is_a_corrupt_config(finished, tmp_path):

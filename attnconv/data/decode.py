@@ -63,7 +63,14 @@ def _too_large(path: Path, e: BaseException) -> AttnconvError:
 
 
 def _fail(path: Path, e: BaseException) -> AttnconvError:
-    what = " ".join(f"{type(e).__name__}: {e}".split())  # one line
+    if type(e).__name__ == "UnidentifiedImageError":  # Pillow's text names its file object, not the file
+        try:
+            empty = path.stat().st_size == 0
+        except OSError:
+            empty = False
+        what = "an empty file" if empty else "not in an image format Pillow reads"
+    else:
+        what = " ".join(f"{type(e).__name__}: {e}".split())  # one line
     return AttnconvError(f"{path}: cannot decode the image ({what}); replace the file or remove it from the folder")
 
 

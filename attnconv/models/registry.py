@@ -7,6 +7,7 @@ imports them, so `build_model` sees every model once `attnconv.models` is import
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,12 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
         return REGISTRY[name](**overrides)
-    except TypeError as err:  # an override this model does not take
-        raise AttnconvError(f"model {name!r}: {err}") from None
+    except TypeError as err:  # an override this model does not take: name it, not the constructor
+        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        if unknown is None:
+            raise AttnconvError(f"model {name!r}: {err}") from None
+        raise AttnconvError(f"model {name!r} has no option {unknown.group(1)!r}; leave it out (`attnconv train "
+                            "--help` lists the model options)") from None
 
 
 def no_weight_decay(model: nn.Module) -> set[str]:

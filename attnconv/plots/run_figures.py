@@ -82,10 +82,7 @@ def plot_centers(
 
 def _history(run: Run) -> list[dict]:
     """The run's heads.jsonl snapshots; one clear error when it has none."""
-    if not run.heads and (run.path / HEADS_FILE).exists():  # every line damaged (each skipped with a warning)
-        raise AttnconvError(f"{run.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it); restore it "
-                            "from a copy, or delete it and draw the final heads with `attnconv plot centers RUN`")
-    if not run.heads:
+    if not run.heads:  # (a file whose every line is damaged is Run.heads' error)
         raise AttnconvError(
             f"{run.path}: no {HEADS_FILE} (the heads recorded during training); only attention classifiers "
             f"trained by this version record them ({run.config.model} run). Train the run again to record them, "

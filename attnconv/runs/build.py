@@ -74,6 +74,8 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
     fix = "restore it from a copy of the run, or train the run again"
     try:
         tensors = load(read_regular(path, fix))
+    except AttnconvError:  # no regular file: the message names it and the fix already
+        raise
     except FileNotFoundError:
         raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)") from None
     except OSError as err:

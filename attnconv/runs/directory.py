@@ -170,6 +170,11 @@ def _restore(out: Path, folder: Path) -> bool:
         manifest = json.loads((folder / _MANIFEST).read_text())
         names, had_board = list(manifest["files"]), bool(manifest["board"])
     except (OSError, ValueError, KeyError, TypeError):  # killed before anything was moved
+        # Then the folder holds at most the manifest's temporary; anything else is not attnconv's to delete.
+        foreign = sorted(p.name for p in folder.iterdir() if not is_temporary(p.name, (_MANIFEST,)))
+        if foreign:
+            raise AttnconvError(f"--out {out}: {folder.name} holds files attnconv did not set aside "
+                                f"({', '.join(foreign[:3])}); move it away, or choose another --out") from None
         shutil.rmtree(folder, ignore_errors=True)
         return False
     for name in [*RUN_FILES, *event_files(out)]:

@@ -184,7 +184,7 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
                             f"few KiB); {fix}")
     try:
-        meta = json_loads(read_regular(path, fix).decode("utf-8"))
+        meta = json_loads(_text(read_regular(path, fix)))
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
     except ValueError as err:  # not JSON, or nested too deeply
@@ -197,7 +197,9 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         config = TrainConfig.from_dict(meta["config"])
         if config.model not in list_models():
             raise AttnconvError(f"unknown model {config.model!r}")
-        problem = data_problem(meta["data"]) if "data" in meta else None
+        problem = counts_problem(meta)
+        if problem is None and "data" in meta:
+            problem = data_problem(meta["data"])
         if problem is None and "converted" in meta:
             problem = converted_problem(meta["converted"])
         if problem is not None:
@@ -211,6 +213,19 @@ def _kind(path: Path) -> str:
         return file_kind(path.stat().st_mode)
     except OSError:
         return "a broken link"
+
+
+# config.json's counts besides the config (written by `train` and `convert`), and their least values.
+_META_COUNTS = {"parameters": 0, "params": 0, "steps_per_epoch": 0, "total_steps": 0, "world_size": 1}
+
+
+def counts_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with config.json's counts (`_META_COUNTS`: parameters, steps_per_epoch, total_steps,
+    world_size), or None: each, where present, a whole number from its least value to 2^53."""
+    for key, least in _META_COUNTS.items():
+        if key in meta and not (_whole(meta[key]) and least <= meta[key] <= 2**53):
+            return f"{key} {_short(meta[key])} is not a whole number >= {least}"
+    return None
 
 
 def data_problem(data: Any) -> str | None:
@@ -294,7 +309,7 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if path.stat().st_size > max_bytes:
         raise AttnconvError(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB); {fix}")
     try:
-        text = read_regular(path, fix).decode("utf-8")
+        text = _text(read_regular(path, fix))
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
     except OSError as err:
@@ -309,9 +324,24 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
         missing = [c for c in columns if c not in (reader.fieldnames or ())]
         if missing:
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
-        return [{k: float(v) for k, v in row.items()} for row in reader]
+        rows = [{k: float(v) for k, v in row.items()} for row in reader]
+        for number, row in enumerate(rows, 2):
+            bad = next((k for k in _COUNT_COLUMNS if k in row and not (
+                math.isfinite(row[k]) and row[k].is_integer() and 0 <= row[k] <= 2**53)), None)
+            if bad is not None:
+                raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is not a whole number >= 0")
+        return rows
     except (ValueError, TypeError, csv.Error, AttnconvError) as err:
         raise AttnconvError(f"{path}: corrupt {what} ({err}); {fix}") from None
+
+# The columns of metrics.csv and steps.csv that count (whole numbers >= 0); the others are measurements.
+_COUNT_COLUMNS = ("epoch", "step")
+
+
+def _text(data: bytes) -> str:
+    """A run file's bytes as text: UTF-8, a byte-order mark (an editor's, on Windows) left out."""
+    return data.decode("utf-8-sig")
+
 
 _MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
 
@@ -346,7 +376,7 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
     if path.stat().st_size > _MAX_HEADS_BYTES:
         raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
     try:
-        lines = read_regular(path, fix).decode("utf-8").split("\n")[:-1]
+        lines = _text(read_regular(path, fix)).split("\n")[:-1]
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
     except OSError as err:
@@ -434,11 +464,18 @@ def _short(v: Any) -> str:
 
 
 def json_loads(text: str) -> Any:
-    """json.loads, with nesting too deep for the parser as a ValueError (not a RecursionError)."""
+    """json.loads, with nesting too deep for the parser, or a number too long for Python to read,
+    as a ValueError saying so (not a RecursionError, nor Python's advice on its digit limit)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_parse_int)
     except RecursionError:
         raise ValueError("nested too deeply to be read") from None
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits) > 4000:  # Python refuses over 4300 digits with advice meant for programmers
+        raise ValueError(f"a number of {len(digits)} digits")
+    return int(digits)
 
 
 def heads_line(record: dict[str, Any]) -> str:

@@ -25,7 +25,15 @@ from attnconv.runs.files import (
     read_heads_skipping,
     read_metrics,
 )
-from attnconv.runs.run_data import check_other_dataset, data_fingerprint, run_info, run_test_set, sample_across_classes
+from attnconv.runs.run_data import (
+    check_other_dataset,
+    data_changes,
+    data_fingerprint,
+    run_info,
+    run_test_set,
+    sample_across_classes,
+    split_digest,
+)
 
 
 class Run:
@@ -48,11 +56,14 @@ class Run:
     then one error naming the stored path and `--dataset folder:PATH` (a `DataNotFound`).
     A `dataset` that cannot stand for the run's data (no such folder, other classes) is refused
     here, at once (`runs.run_data.check_other_dataset`), whether or not the test images are read later.
+    The run's own test data, when read, is compared with what the run recorded (`test_data_changes`);
+    data that changed since training is one AttnconvWarning (analysing a run on changed data can be
+    intended), unless `warn_data_change` is False (`eval` refuses such data itself).
     """
 
     def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
                  data_dir: str | os.PathLike | None = None, dataset: str | None = None,
-                 allow_nonfinite: bool = False):
+                 allow_nonfinite: bool = False, warn_data_change: bool = True):
         self.path = Path(path)
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
         self.config = TrainConfig.from_dict(self.meta["config"])
@@ -60,6 +71,7 @@ class Run:
         self.data_dir = data_dir
         self.dataset = dataset
         self.allow_nonfinite = allow_nonfinite
+        self.warn_data_change = warn_data_change
         if dataset is not None:
             check_other_dataset(self.config, dataset, self.meta.get("data"))
 
@@ -80,8 +92,13 @@ class Run:
         """heads.jsonl's sound snapshots ([] for CNNs and runs trained before heads were recorded).
 
         What reads a Run (figures, report, explorer, analyze) needs only some of them: damaged lines
-        are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many."""
+        are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many; a file with
+        no sound line left is one AttnconvError."""
         records, skipped = read_heads_skipping(self.path)
+        if skipped and not records:  # nothing left to use: one error, not a warning and then an error
+            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
+                                "is damaged); restore it from a copy, or delete it (the heads' history is then "
+                                "unknown; `attnconv plot centers RUN` draws the final heads)")
         if skipped:
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
@@ -106,8 +123,23 @@ class Run:
 
     @functools.cached_property
     def test_set(self) -> D.ImageSet:
-        """The run's test split (or `dataset`'s, when given), at the run's image size."""
-        return run_test_set(self.config, self.data_dir, dataset=self.dataset, info=self.info)
+        """The run's test split (or `dataset`'s, when given), at the run's image size; one AttnconvWarning
+        when the run's own test data is not what it was trained with (`test_data_changes`)."""
+        test = run_test_set(self.config, self.data_dir, dataset=self.dataset, info=self.info)
+        self._test_changes = [] if self.dataset is not None else data_changes(
+            self.meta.get("data"), {**data_fingerprint(self.info), "digest": {"test": split_digest(test)}})
+        if self._test_changes and self.warn_data_change:
+            warnings.warn(f"{self.path}: the test data differs from the run's ({'; '.join(self._test_changes)}); "
+                          "what follows is of the data as it is now", AttnconvWarning, stacklevel=2)
+        return test
+
+    @property
+    def test_data_changes(self) -> list[str]:
+        """How the run's test data (read now, `test_set`) differs from what config.json recorded at training
+        (classes, counts, normalization, the test split's content: `runs.data_changes`), in words; [] when
+        it does not, when the run recorded nothing, or for another `dataset` (not compared)."""
+        self.test_set  # noqa: B018  (compared when first read)
+        return self._test_changes
 
     def test_sample(self, count: int) -> list[int]:
         """The indices of the `count` test images the commands show and average over (all if fewer):
