@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnconv import data as D
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
@@ -120,7 +120,7 @@ class TrainConfig:
                              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
         check_device(self.device)
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
-            raise AttnconvError(f"--data-dir {self.data_dir}: no such directory")
+            raise ParameterError("data_dir", self.data_dir, ": no such directory")
         if self.init_from is not None:
             if not isinstance(self.init_from, InitFrom):
                 raise FieldError("init_from", self.init_from, "give an InitFrom(run=..., alpha=..., fold_bn=...)")
