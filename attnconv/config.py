@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnconv import data as D
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
@@ -120,7 +120,7 @@ class TrainConfig:
                              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
         check_device(self.device)
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
-            raise AttnconvError(f"--data-dir {self.data_dir}: no such directory")
+            raise ParameterError("data_dir", self.data_dir, ": no such directory")
         if self.init_from is not None:
             if not isinstance(self.init_from, InitFrom):
                 raise FieldError("init_from", self.init_from, "give an InitFrom(run=..., alpha=..., fold_bn=...)")
@@ -276,7 +276,9 @@ def make_config(*, preset: str | None = None, base: TrainConfig | None = None, *
     """A config from a preset (or `base`), with explicit `changes` on top.
 
     Changes that are None are ignored, so CLI flags can be passed straight through;
-    `model_overrides` is merged into the preset's, not substituted.
+    `model_overrides` is merged into the preset's, not substituted. A value out of its field's range
+    raises FieldError naming the field (`epochs 0 is invalid: ...`); what depends on the machine
+    (device, data_dir, the dataset) is checked by `TrainConfig.validate` when the run starts.
     """
     if preset is not None and base is not None:
         raise ValueError("give preset or base, not both")
@@ -299,4 +301,6 @@ def make_config(*, preset: str | None = None, base: TrainConfig | None = None, *
         raise TypeError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
     if "milestones" in changes:
         changes["milestones"] = tuple(changes["milestones"])
-    return dataclasses.replace(base, model_overrides=overrides, **changes)
+    config = dataclasses.replace(base, model_overrides=overrides, **changes)
+    check_fields(config)  # each value in its range now (FieldError naming the field); `validate` checks the rest
+    return config

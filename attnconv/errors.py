@@ -19,10 +19,11 @@ class ParameterError(AttnconvError):
     The message is `name`, the value as `shown` (default str(value); "" leaves it out), then `rest`.
     `rest` may name the parameters in `mentions` as `{name}` (`pass {resume} to continue it`), said
     the same way; `flags` maps a parameter to its flag where that is not the name with dashes
-    ({"out": "export"}).
+    ({"out": "export"}). `name` None: the message is `rest` alone, about no one argument but naming
+    the parameters that fix it (`loss became non-finite ...; lower {lr}`).
     """
 
-    def __init__(self, name: str, value: object, rest: str, *, shown: str | None = None,
+    def __init__(self, name: str | None, value: object, rest: str, *, shown: str | None = None,
                  mentions: tuple[str, ...] = (), flags: dict[str, str] | None = None):
         self.name, self.value, self.rest, self.mentions = name, value, rest, tuple(mentions)
         self.shown = str(value) if shown is None else shown
@@ -30,18 +31,18 @@ class ParameterError(AttnconvError):
         super().__init__(self._render(lambda n: n))
 
     @property
-    def flag(self) -> str:
-        """The command line's flag for `name`, without the dashes."""
-        return self.flags.get(self.name, self.name.replace("_", "-"))
+    def flag(self) -> str | None:
+        """The command line's flag for `name`, without the dashes (None without a `name`)."""
+        return None if self.name is None else self.flags.get(self.name, self.name.replace("_", "-"))
 
     def as_flag(self) -> str:
         """The message as the command line says it, every parameter as its flag."""
         return self._render(lambda n: "--" + self.flags.get(n, n.replace("_", "-")))
 
     def _render(self, word: Callable[[str], str]) -> str:
-        rest = self.rest
-        for other in self.mentions:
-            rest = rest.replace(f"{{{other}}}", word(other))
+        rest = _mention(self.rest, self.mentions, word)
+        if self.name is None:
+            return rest
         head = f"{word(self.name)} {self.shown}" if self.shown else word(self.name)
         return f"{head}{'' if rest[:1] in (':', ';', ',') else ' '}{rest}"
 
@@ -62,4 +63,20 @@ class AttnconvWarning(UserWarning):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a command, with a message saying what was kept and how to go on (the CLI prints it)."""
+    """Ctrl-C during a command, with a message saying what was kept and how to go on (the CLI prints
+    `as_flag()`). The message may name the parameters in `mentions` as {name}, as ParameterError's."""
+
+    def __init__(self, message: str = "", *, mentions: tuple[str, ...] = ()):
+        self.message, self.mentions = message, tuple(mentions)
+        super().__init__(_mention(message, self.mentions, lambda n: n))
+
+    def as_flag(self) -> str:
+        """The message as the command line says it, every parameter as its flag."""
+        return _mention(self.message, self.mentions, lambda n: "--" + n.replace("_", "-"))
+
+
+def _mention(text: str, mentions: tuple[str, ...], word: Callable[[str], str]) -> str:
+    """`text` with every `{name}` of `mentions` said as `word(name)`."""
+    for name in mentions:
+        text = text.replace(f"{{{name}}}", word(name))
+    return text

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
 from attnconv.runs import Run, nonfinite_tensor, parameter_count
 from attnconv.tables import format_table
@@ -233,9 +233,9 @@ def describe_run(
             summary["test_dataset"] = D.canonical_name(run.dataset)
         summary["test_images"] = len(test)
         if changes and not allow_data_change:
-            raise AttnconvError(f"{run_dir}: the dataset changed since training ({'; '.join(changes)}), so the "
-                                "accuracy would not be the run's; restore the data it was trained on, or pass "
-                                "--allow-data-change to measure the data as it is now")
+            raise ParameterError(None, None, f"{run_dir}: the dataset changed since training ({'; '.join(changes)}), "
+                                 "so the accuracy would not be the run's; restore the data it was trained on, or pass "
+                                 "{allow_data_change} to measure the data as it is now", mentions=("allow_data_change",))
         if changes:
             note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "
                     "on the data as it is now")

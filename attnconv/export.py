@@ -67,8 +67,9 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     if fmt == "onnx":
         weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         if weights > ONNX_LIMIT:
-            raise AttnconvError(f"{run.path}: the model's weights take {format_bytes(weights)}, more than one ONNX "
-                                "file holds (2 GB); export it with --format exported or torchscript instead")
+            raise ParameterError(None, None, f"{run.path}: the model's weights take {format_bytes(weights)}, more than "
+                                 "one ONNX file holds (2 GB); export it with {fmt} exported or torchscript instead",
+                                 mentions=("fmt",), flags={"fmt": "format"})
     example = torch.randn(2, info.channels, info.size, info.size, device=next(model.parameters()).device)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
               "model": run.config.model, "format": fmt}
@@ -117,8 +118,8 @@ def _serialize(fmt: str, model: torch.nn.Module, example: torch.Tensor, record: 
     try:
         return proto.SerializeToString()
     except ValueError as err:  # over protobuf's 2 GB after all
-        raise AttnconvError(f"the ONNX model does not fit in one file ({err}); export it with --format exported "
-                            "or torchscript instead") from None
+        raise ParameterError(None, None, f"the ONNX model does not fit in one file ({err}); export it with {{fmt}} "
+                             "exported or torchscript instead", mentions=("fmt",), flags={"fmt": "format"}) from None
 
 
 def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Tensor) -> None:

@@ -297,12 +297,12 @@ class DirectoryLock:
     killed with SIGKILL leaves no stale lock. A `.attnconv.lock` file that earlier versions
     left behind is deleted when the lock is taken (a regular file only; never through a link).
 
-        with DirectoryLock(run_dir, "--out"):
+        with DirectoryLock(run_dir, "out"):
             ...  # only this process writes into run_dir
     """
 
-    def __init__(self, directory: str | os.PathLike, flag: str = "--out"):
-        self.directory, self.flag = Path(directory), flag
+    def __init__(self, directory: str | os.PathLike, name: str = "out"):
+        self.directory, self.name = Path(directory), name
         self._fd: int | None = None
 
     def acquire(self) -> DirectoryLock:
@@ -312,8 +312,8 @@ class DirectoryLock:
         except OSError as err:
             os.close(fd)
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise AttnconvError(
-                    f"{self.flag} {self.directory}: another attnconv process is writing there; wait for it "
+                raise ParameterError(
+                    self.name, self.directory, ": another attnconv process is writing there; wait for it "
                     "to finish (or stop it) and try again, or choose another directory") from None
             raise
         self._fd = fd

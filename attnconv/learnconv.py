@@ -47,7 +47,7 @@ from tqdm import tqdm
 from attnconv import data as D
 from attnconv.analysis.grid import match_to_grid
 from attnconv.attention import SelfAttention2d
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
 from attnconv.limits import check_memory
 from attnconv.plots import learn_conv_figure, save_figure
@@ -72,7 +72,7 @@ class _Images:
         if source == "fmnist":
             info = D.dataset_info("fashion-mnist")
             if size > info.size:
-                raise AttnconvError(f"--size {size} is larger than the {info.size}x{info.size} Fashion-MNIST images")
+                raise ParameterError("size", size, f"is larger than the {info.size}x{info.size} Fashion-MNIST images")
             train, test = D.load_dataset("fashion-mnist", data_dir, download=False)
             self.train, self.test, self.info = train.images, test.images, info  # uint8, normalized per crop
             # The fixed random 1x1 "lift" from 1 channel to C: x_c = w_c * image + b_c.
@@ -154,24 +154,25 @@ def learn_conv(
 def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, lr, record_every, out, data_dir,
                 progress, overwrite) -> dict[str, Any]:
     for name, v, lo in (("kernel", kernel, 1), ("heads", heads, 1), ("steps", steps, 0), ("channels", channels, 1),
-                        ("size", size, 1), ("batch-size", batch_size, 1)):
+                        ("size", size, 1), ("batch_size", batch_size, 1)):
         if not isinstance(v, int) or v < lo:
-            raise AttnconvError(f"--{name} {v!r} is invalid: give a whole number >= {lo}")
+            raise ParameterError(name, v, f"is invalid: give a whole number >= {lo}", shown=repr(v))
     if kernel % 2 == 0:
-        raise AttnconvError(f"--kernel {kernel}: give an odd kernel size (an even kernel has no center tap)")
+        raise ParameterError("kernel", kernel, ": give an odd kernel size (an even kernel has no center tap)")
     if not (math.isfinite(lr) and lr > 0):
-        raise AttnconvError(f"--lr {lr} is invalid: give a positive number")
+        raise ParameterError("lr", lr, "is invalid: give a positive number")
     if record_every is not None and record_every < 1:
-        raise AttnconvError(f"--record-every {record_every} is invalid: give a whole number >= 1")
+        raise ParameterError("record_every", record_every, "is invalid: give a whole number >= 1")
     if source is not None and source not in SOURCES:
-        raise AttnconvError(f"--source {source!r}: choose one of {', '.join(SOURCES)}")
+        raise ParameterError("source", source, f": choose one of {', '.join(SOURCES)}", shown=repr(source))
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        raise AttnconvError(f"--data-dir {data_dir}: no such directory; give the folder holding Fashion-MNIST's files")
+        raise ParameterError("data_dir", data_dir, ": no such directory; give the folder holding Fashion-MNIST's files")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise AttnconvError(f"--out {out} is a file; give a folder for learn-conv.json and learn-conv.png")
+        raise ParameterError("out", out, "is a file; give a folder for learn-conv.json and learn-conv.png")
     check_memory(_memory_needed(kernel, heads, channels, size, batch_size),
-                 f"--size {size} with --channels {channels}, --heads {heads}, --batch-size {batch_size}",
-                 "give a smaller --size, fewer --channels or --heads, or a smaller --batch-size")
+                 f"with {{channels}} {channels}, {{heads}} {heads}, {{batch_size}} {batch_size}",
+                 "give a smaller {size}, fewer {channels} or {heads}, or a smaller {batch_size}",
+                 name="size", value=size, mentions=("size", "channels", "heads", "batch_size"))
 
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
@@ -182,7 +183,7 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
     try:
         data = _Images(source or "fmnist", channels, size, gen, data_dir)
     except AttnconvError as err:
-        if source == "fmnist" or "--size" in str(err):
+        if source == "fmnist" or (isinstance(err, ParameterError) and err.name == "size"):
             raise
         note = f"Fashion-MNIST not found, used Gaussian images ({err})"
         data = _Images("random", channels, size, gen, data_dir)
@@ -219,7 +220,8 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         loss.backward()
         opt.step()
         if not math.isfinite(loss.item()):
-            raise AttnconvError(f"learn-conv diverged at step {step} (loss {loss.item()}); try a smaller --lr")
+            raise ParameterError(None, None, f"learn-conv diverged at step {step} (loss {loss.item()}); "
+                                 "try a smaller {lr}", mentions=("lr",))
         if step % every == 0 or step == steps:
             record(step)
         if bar is not None:

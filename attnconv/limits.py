@@ -5,7 +5,7 @@ would otherwise fail deep inside PyTorch with an allocator error, or be killed b
 operating system, possibly after minutes of work. The commands estimate what they need
 first and raise one AttnconvError naming the input, the amount and the limit.
 
-    check_memory(need_bytes, "--size 100000", "give a smaller --size")
+    check_memory(need_bytes, "", "give a smaller {size}", name="size", value=100000, mentions=("size",))
     with AllocationLimit(parameter_limit(), "model 'sa-quadratic' ...", "fix its model_overrides"):
         model = build_model("sa-quadratic", hidden=10**7)   # refused at the first oversized tensor
 
@@ -20,7 +20,7 @@ import os
 import torch
 from torch.overrides import TorchFunctionMode
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 
 __all__ = ["MAX_PARAMETERS", "AllocationLimit", "check_memory", "format_bytes", "parameter_limit", "physical_memory"]
 
@@ -56,15 +56,20 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def check_memory(need: float, what: str, fix: str) -> None:
+def check_memory(need: float, what: str, fix: str, *, name: str | None = None, value: object = None,
+                 mentions: tuple[str, ...] = ()) -> None:
     """Raise AttnconvError if `need` bytes are more than this machine's physical memory.
 
-    `what` names the input ("--size 5000"), `fix` says what to change ("give a smaller --size").
+    `what` names the input ("size 5000"), `fix` says what to change ("give a smaller size"). Given
+    the parameter `name` and its `value`, the error is a ParameterError: `what` follows the value
+    ("with {channels} 8"), and `what` and `fix` may name the parameters in `mentions` as {name}.
     """
     have = physical_memory()
     if need > have:
-        raise AttnconvError(f"{what}: needs about {format_bytes(need)} of memory, more than this machine's "
-                            f"{format_bytes(have)}; {fix}")
+        rest = f"{what}: needs about {format_bytes(need)} of memory, more than this machine's {format_bytes(have)}; {fix}"
+        if name is not None:
+            raise ParameterError(name, value, rest, mentions=mentions)
+        raise AttnconvError(rest)
 
 
 class AllocationLimit(TorchFunctionMode):

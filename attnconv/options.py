@@ -28,9 +28,10 @@ class FieldError(ParameterError):
     """A config field with a bad value: `epochs 0 is invalid: ...`; the CLI shows it as the flag that sets
     it (`as_flag`: `--epochs 0 is invalid: ...`)."""
 
-    def __init__(self, field: str, value: Any, fix: str, *, flag: str | None = None):
+    def __init__(self, field: str, value: Any, fix: str, *, flag: str | None = None, mentions: tuple[str, ...] = ()):
         self.field, self.fix = field, fix
-        super().__init__(field, value, f"is invalid: {fix}", shown=_shown(value), flags={field: flag} if flag else None)
+        super().__init__(field, value, f"is invalid: {fix}", shown=_shown(value), mentions=mentions,
+                         flags={field: flag} if flag else None)
 
 
 def _shown(value: Any) -> str:

@@ -1,4 +1,4 @@
-"""Which precision a device can train in: bfloat16 autocast (`--amp`) where the hardware has it.
+"""Which precision a device can train in: bfloat16 autocast (`amp`) where the hardware has it.
 
 On the CPU, bf16 matmuls are fast only where oneDNN has native bf16 kernels (AVX-512 BF16 /
 AMX); elsewhere PyTorch emulates them, slower than float32. `bf16_supported` says which.
@@ -12,7 +12,7 @@ import re
 
 import torch
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import ParameterError
 
 
 def bf16_supported(device: str | torch.device = "cpu") -> bool:
@@ -29,25 +29,27 @@ def bf16_supported(device: str | torch.device = "cpu") -> bool:
 
 
 def check_amp(amp: bool, device: str | torch.device) -> None:
-    """Refuse `--amp` on a device without native bfloat16, where it would be slower, not faster."""
+    """Refuse `amp` on a device without native bfloat16, where it would be slower, not faster."""
     if amp and not bf16_supported(device):
-        raise AttnconvError(f"--amp: {torch.device(device).type} here has no native bfloat16 support "
-                            "(bf16 would be emulated, slower than float32); drop --amp")
+        raise ParameterError("amp", amp, f": {torch.device(device).type} here has no native bfloat16 support "
+                             "(bf16 would be emulated, slower than float32); drop {amp}", shown="", mentions=("amp",))
 
 
-def check_device(device: str, flag: str = "--device") -> None:
-    """Refuse a device name that is not cpu, cuda or cuda:N, or a CUDA device this machine lacks."""
+def check_device(device: str, name: str = "device") -> None:
+    """Refuse a device name that is not cpu, cuda or cuda:N, or a CUDA device this machine lacks; errors
+    name the parameter `name`."""
     match = re.fullmatch(r"cpu|cuda(?::(\d{1,4}))?", str(device))
     if match is None:
-        raise AttnconvError(f"{flag} {device!r} is not a device attnconv runs on; choose cpu, cuda or cuda:N")
+        raise ParameterError(name, device, "is not a device attnconv runs on; choose cpu, cuda or cuda:N",
+                             shown=repr(device))
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise AttnconvError(f"{flag} {device}: CUDA is not available here (torch {torch.__version__}); "
-                                "use --device cpu")
+            raise ParameterError(name, device, f": CUDA is not available here (torch {torch.__version__}); "
+                                 f"use {{{name}}} cpu", mentions=(name,))
         index = int(match.group(1) or 0)
         if index >= torch.cuda.device_count():
-            raise AttnconvError(f"{flag} {device}: this machine has {torch.cuda.device_count()} CUDA device(s) "
-                                f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+            raise ParameterError(name, device, f": this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                 f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
 
 
 def precision_name(amp: bool) -> str:

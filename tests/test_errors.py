@@ -1,12 +1,13 @@
 """ParameterError: the library names a bad argument by its parameter, the command line by its flag."""
 
+import dataclasses
 import pickle
 import re
 
 import pytest
 
 from attnconv.cli import main
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import AttnconvError, Interrupted, ParameterError
 from attnconv.options import FieldError
 
 
@@ -20,6 +21,13 @@ def test_a_parameter_error_says_the_parameter_from_python_and_the_flag_from_the_
     assert ParameterError("data_dir", "/d{out}", ": no such directory").as_flag() == "--data-dir /d{out}: no such directory"
     assert ParameterError("port", None, "is busy", shown="").as_flag() == "--port is busy"
     assert str(ParameterError("out", "/x", "holds {resume}")) == "out /x holds {resume}"
+    # no one argument: the sentence alone, naming the parameters that fix it
+    nan = ParameterError(None, None, "loss became non-finite; lower {lr} or raise {warmup}", mentions=("lr", "warmup"))
+    assert str(nan) == "loss became non-finite; lower lr or raise warmup" and nan.flag is None
+    assert nan.as_flag() == "loss became non-finite; lower --lr or raise --warmup"
+    stop = Interrupted("interrupted; the run that {overwrite} was replacing is restored", mentions=("overwrite",))
+    assert isinstance(stop, KeyboardInterrupt) and str(stop) == "interrupted; the run that overwrite was replacing is restored"
+    assert stop.as_flag() == "interrupted; the run that --overwrite was replacing is restored"
 
 
 def test_errors_survive_pickling_as_the_ranks_of_a_distributed_run_gather_them():
@@ -38,13 +46,19 @@ def _config():
 
 def _calls(tmp_path):
     """(call, what Python says, what the command line says) for library functions given a bad argument."""
+    from attnconv.config import make_config
+    from attnconv.data import dataset_info
     from attnconv.explorer.export import write_export
     from attnconv.explorer.server import make_server
     from attnconv.export import export_run
     from attnconv.fileio import DirectoryLock
+    from attnconv.learnconv import learn_conv
     from attnconv.plots import plot_maps
+    from attnconv.precision import check_amp
     from attnconv.report import build_report, write_report
     from attnconv.runs import check_other_dataset, claim_run_dir, convert_run, run_data_dir
+    from attnconv.training import train
+    from attnconv.training.checks import resolve_overrides
 
     run, a_file, taken = tmp_path / "run", tmp_path / "file", tmp_path / "taken"
     run.mkdir(), a_file.write_text("x"), taken.mkdir()
@@ -64,6 +78,24 @@ def _calls(tmp_path):
          f"--data-dir {tmp_path / 'nope'}: no such directory"),
         (lambda: check_other_dataset(_config(), f"folder:{tmp_path / 'gone'}"),
          f"dataset folder:{tmp_path / 'gone'}: {tmp_path / 'gone'} does not exist", f"--dataset folder:{tmp_path / 'gone'}:"),
+        # learn-conv, training, devices and precision
+        (lambda: learn_conv(kernel=4), "kernel 4: give an odd kernel size", "--kernel 4: give an odd"),
+        (lambda: learn_conv(batch_size=0), "batch_size 0 is invalid: give a whole number >= 1", "--batch-size 0 is invalid"),
+        (lambda: learn_conv(size=5000, channels=8, heads=9, batch_size=32),
+         "size 5000 with channels 8, heads 9, batch_size 32: needs about",
+         "--size 5000 with --channels 8, --heads 9, --batch-size 32: needs about"),
+        (lambda: train(_config(), run, resume=True, overwrite=True), "resume and overwrite contradict each other",
+         "--resume and --overwrite contradict each other"),
+        (lambda: make_config(preset="fmnist-sa-quadratic", device="tpu").validate(),
+         "device 'tpu' is not a device attnconv runs on", "--device 'tpu' is not a device"),
+        (lambda: make_config(preset="fmnist-sa-quadratic", data_dir=str(tmp_path / "nope")).validate(),
+         f"data_dir {tmp_path / 'nope'}: no such directory", f"--data-dir {tmp_path / 'nope'}: no such directory"),
+        (lambda: check_amp(True, "meta"), "amp: meta here has no native bfloat16 support",
+         "--amp: meta here has no native bfloat16 support"),
+        (lambda: resolve_overrides(dataclasses.replace(_config(), model_overrides={"in_channels": 3}),
+                                   dataset_info("fashion-mnist")),
+         "in_channels 3 does not match fashion-mnist (in_channels = 1); drop in_channels",
+         "--in-channels 3 does not match fashion-mnist (in_channels = 1); drop --in-channels"),
     ]
 
 
@@ -87,3 +119,11 @@ def test_the_command_line_prints_the_flag(tmp_path, capsys):
     assert main(["report", str(run), "--out", str(tmp_path / "r.txt")]) == 2
     assert capsys.readouterr().err == f"error: --out {tmp_path / 'r.txt'}: give a file name ending in .html, .htm\n"
     assert not (tmp_path / "p.png").exists() and not (tmp_path / "r.txt").exists()
+
+
+def test_a_directory_another_process_writes_is_named_by_its_parameter(tmp_path):
+    from attnconv.fileio import DirectoryLock
+
+    with DirectoryLock(tmp_path), pytest.raises(ParameterError, match=f"^out {re.escape(str(tmp_path))}: another") as info:
+        DirectoryLock(tmp_path).acquire()
+    assert info.value.as_flag().startswith(f"--out {tmp_path}: another attnconv process is writing there")

@@ -398,8 +398,9 @@ def test_a_cnn_run_is_refused_with_one_line(runs, capsys):
 
 def test_a_busy_port_is_one_clear_error(runs, servers):
     port = int(servers["sa-quadratic"].rsplit(":", 1)[1])
-    with pytest.raises(AttnconvError, match=f"--port {port}: cannot listen"):
+    with pytest.raises(AttnconvError, match=f"^port {port}: cannot listen") as info:
         make_server(Explorer(runs["sa-quadratic"], images=1), port)
+    assert info.value.as_flag().endswith("choose another port, or --port 0 for any free one")
 
 
 # A process started in the background by a non-interactive shell (`cmd &`, as test runners

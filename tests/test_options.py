@@ -22,12 +22,12 @@ def _train_parser():
 
 def test_library_errors_name_the_field_and_the_cli_names_the_flag(tmp_path, capsys):
     with pytest.raises(FieldError, match=r"^epochs 0 is invalid: give a whole number") as err:
-        make_config(preset="fmnist-sa-quadratic", epochs=0).validate()
+        make_config(preset="fmnist-sa-quadratic", epochs=0)
     assert "--" not in str(err.value) and err.value.field == "epochs"
     with pytest.raises(FieldError, match=r"^attention_lr_scale -1 is invalid"):
-        make_config(preset="fmnist-sa-quadratic", attention_lr_scale=-1).validate()
+        make_config(preset="fmnist-sa-quadratic", attention_lr_scale=-1)
     with pytest.raises(FieldError, match=r"^momentum 1 is invalid"):  # the range is [0, 1)
-        make_config(preset="fmnist-sa-quadratic", momentum=1).validate()
+        make_config(preset="fmnist-sa-quadratic", momentum=1)
     with pytest.raises(FieldError, match=r"^optimizer 'adam' is invalid: choose one of sgd, adamw"):
         make_config(preset="fmnist-sa-quadratic", optimizer="adam").validate()
     with pytest.raises(FieldError, match=r"^heads 0 is invalid"):

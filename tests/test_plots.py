@@ -263,7 +263,7 @@ def test_plot_maps_without_zoom_shows_the_whole_grid(runs, tmp_path):
     whole = assert_png(plot_maps(runs["sa-learned"], tmp_path / "whole.png", zoom=None))
     three = assert_png(plot_maps(runs["sa-learned"], tmp_path / "three.png", zoom=3))
     assert whole.shape == three.shape  # the same panels: only what is inside them differs
-    with pytest.raises(AttnconvError, match="--zoom 0"):
+    with pytest.raises(AttnconvError, match="^zoom 0 is invalid"):
         plot_maps(runs["sa-learned"], tmp_path / "x.png", zoom=0)
 
 

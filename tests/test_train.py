@@ -282,16 +282,16 @@ def test_heads_logged_after_the_last_checkpoint_are_not_logged_twice(tmp_path, d
     ref = tmp_path / "ref"
     assert main(tiny_args(ref, data_dir)) == 0
 
-    import attnconv.training.loop as T
+    from attnconv.training.logs import HeadsLog
 
-    original = T._Trainer._record_heads
+    original = HeadsLog.append
 
-    def record_then_die(self, epoch):
-        original(self, epoch)
+    def record_then_die(self, epoch, progress):
+        original(self, epoch, progress)
         if epoch == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(T._Trainer, "_record_heads", record_then_die)
+    monkeypatch.setattr(HeadsLog, "append", record_then_die)
     out = tmp_path / "run"
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 130
     assert [s["epoch"] for s in read_heads(out)] == [0, 1]

@@ -8,12 +8,12 @@ import sys
 import pytest
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 
-import attnconv.training.loop as loop
 from attnconv.cli import main
 from attnconv.config import TrainConfig, make_config
 from attnconv.errors import AttnconvError
 from attnconv.runs import STEPS_COLUMNS, load_state, read_config, read_metrics, read_steps
 from attnconv.training import learning_rate, train
+from attnconv.training.logs import StepsLog
 from attnconv.training.progress import ProgressLog
 
 TIMINGS = ("images_per_s", "seconds")  # the columns of steps.csv that differ from run to run
@@ -105,14 +105,14 @@ def test_steps_csv_has_a_row_every_log_every_steps(tmp_path, data_dir):  # noqa:
 
 def interrupt_after_the_row_of_step_12(monkeypatch, out, data_dir, extra) -> None:  # noqa: F811
     """Train into `out`, killed (Ctrl-C) right after steps.csv's row of step 12; the patch is undone after."""
-    original = loop._Trainer._log_steps
+    original = StepsLog.append
 
-    def log_then_die(self, lr):
-        original(self, lr)
-        if self.progress.step == 12:
+    def log_then_die(self, progress, lr, board=None):
+        original(self, progress, lr, board)
+        if progress.step == 12:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop._Trainer, "_log_steps", log_then_die)
+    monkeypatch.setattr(StepsLog, "append", log_then_die)
     assert main(tiny_args(out, data_dir, *extra)) == 130
     monkeypatch.undo()
 

@@ -20,7 +20,7 @@ import threading
 import warnings
 from collections.abc import Callable
 
-from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
+from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError
 
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(argv, process)
         except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
-            print(str(err) or "interrupted", file=sys.stderr)
+            print((err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted", file=sys.stderr)
             return 130
     finally:
         if process:

@@ -506,7 +506,7 @@ def make_server(explorer: Explorer, port: int = 0) -> ThreadingHTTPServer:
     try:
         server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     except OSError as err:
-        raise AttnconvError(f"--port {port}: cannot listen on 127.0.0.1 ({err.strerror or err}); "
-                            "choose another port, or --port 0 for any free one") from None
+        raise ParameterError("port", port, f": cannot listen on 127.0.0.1 ({err.strerror or err}); "
+                             "choose another port, or {port} 0 for any free one", mentions=("port",)) from None
     server.daemon_threads = True
     return server

@@ -58,7 +58,7 @@ class ViTConfig(ImageModelConfig):
                              f"image_size {self.image_size} is not divisible by it; choose a side that divides it")
         if self.hidden % self.heads:
             raise FieldError("heads", self.heads, f"hidden {self.hidden} is not divisible by it; choose heads that "
-                             "divide --hidden")
+                             "divide {hidden}", mentions=("hidden",))
 
     @property
     def grid(self) -> int:

@@ -212,14 +212,13 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
 
 def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:
     """`records` (a log's first `count`), checked against the checkpoint that counts `count` of them."""
-    fix = ("restore the file from a copy of the run, or train into a new --out; resuming would lose them "
-           "for good")
+    fix = "restore the file from a copy of the run, or train into a new {out}; resuming would lose them for good"
     if len(records) < count:
         held = f"{len(records)} {unit if len(records) != 1 else unit[:-1]}"
-        raise AttnconvError(f"{path}: holds {held}, the checkpoint counts {count} (some were deleted or cut after "
-                            f"they were written); {fix}")
+        raise ParameterError(None, None, f"{path}: holds {held}, the checkpoint counts {count} (some were deleted "
+                             f"or cut after they were written); {fix}", mentions=("out",))
     late = next((i for i, r in enumerate(records, 1) if step is not None and r["step"] > step), None)
     if late is not None:
-        raise AttnconvError(f"{path}: {unit[:-1]} {late} is of step {int(records[late - 1]['step'])}, after the "
-                            f"checkpoint's step {step}, so {unit} before it were deleted; {fix}")
+        raise ParameterError(None, None, f"{path}: {unit[:-1]} {late} is of step {int(records[late - 1]['step'])}, "
+                             f"after the checkpoint's step {step}, so {unit} before it were deleted; {fix}", mentions=("out",))
     return records

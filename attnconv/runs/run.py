@@ -16,7 +16,7 @@ import torch.nn as nn
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
-from attnconv.errors import AttnconvError, AttnconvWarning
+from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.files import (
@@ -145,7 +145,7 @@ class Run:
         """The indices of the `count` test images the commands show and average over (all if fewer):
         spread over the classes with a fixed seed (`runs.run_data.sample_across_classes`), in pick order."""
         if count < 1:
-            raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
+            raise ParameterError("images", count, "is invalid: give a number of test images >= 1")
         return sample_across_classes(self.test_set.labels, count)
 
     def test_images(self, count: int | None = None, *, index: int | None = None,
@@ -155,11 +155,11 @@ class Run:
         or the single image `index` (its place in the test set)."""
         test = self.test_set
         if count is not None and count < 1:
-            raise AttnconvError(f"--images {count} is invalid: give a number of test images >= 1")
+            raise ParameterError("images", count, "is invalid: give a number of test images >= 1")
         if index is not None:
             if not 0 <= index < len(test):
-                raise AttnconvError(f"--image {index} is out of range: the {self.config.dataset} test set has "
-                                    f"{len(test)} images (0..{len(test) - 1})")
+                raise ParameterError("image", index, f"is out of range: the {self.config.dataset} test set has "
+                                     f"{len(test)} images (0..{len(test) - 1})")
             raw = test.images[index : index + 1]
         elif count is not None:
             raw = test.images[torch.tensor(self.test_sample(count), dtype=torch.int64)]

@@ -14,17 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import ParameterError
 from attnconv.runs import TENSORBOARD_DIR
 
 
 def summary_writer_class() -> Callable[..., Any]:
-    """torch's TensorBoard SummaryWriter, or one AttnconvError if the `tensorboard` package is missing."""
+    """torch's TensorBoard SummaryWriter, or one ParameterError (`tensorboard`) if the `tensorboard` package is missing."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        raise AttnconvError("--tensorboard: the tensorboard package is not installed; pip install tensorboard, "
-                            "or drop --tensorboard") from None
+        raise ParameterError("tensorboard", True, ": the tensorboard package is not installed; pip install "
+                             "tensorboard, or drop {tensorboard}", shown="", mentions=("tensorboard",)) from None
     return SummaryWriter
 
 
@@ -32,8 +32,8 @@ def check_board_folder(out: Path) -> None:
     """Before any work: out/tensorboard/ is a folder, or does not exist yet (a file there is a user's)."""
     board = out / TENSORBOARD_DIR
     if (board.exists() or board.is_symlink()) and not board.is_dir():
-        raise AttnconvError(f"--tensorboard: {board} is a file, not a folder, so the event files cannot go there; "
-                            "move it away, or drop --tensorboard")
+        raise ParameterError("tensorboard", True, f": {board} is a file, not a folder, so the event files cannot go "
+                             "there; move it away, or drop {tensorboard}", shown="", mentions=("tensorboard",))
 
 
 class TensorBoardLog:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs import data_changes, data_fingerprint, read_config
@@ -22,13 +22,14 @@ def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_
             raise AttnconvError(f"{name} images are {tuple(s.images.shape[1:])}, {info.name} is "
                                 f"({info.channels}, {info.size}, {info.size})")
         if len(s) == 0:
-            raise AttnconvError(f"the {info.name} {name} set is empty; check --data-dir")
+            raise ParameterError(None, None, f"the {info.name} {name} set is empty; check {{data_dir}}",
+                                 mentions=("data_dir",))
         if s.labels.min() < 0 or s.labels.max() >= info.num_classes:
             raise AttnconvError(f"{name} labels must be in 0..{info.num_classes - 1}")
     if batch_size > len(train_set):
-        raise AttnconvError(f"--batch-size {batch_size} is larger than the training set ({len(train_set)} images)")
+        raise ParameterError("batch_size", batch_size, f"is larger than the training set ({len(train_set)} images)")
     if batch_size % world_size:
-        raise AttnconvError(f"--batch-size {batch_size} (global) is not divisible by the {world_size} processes")
+        raise ParameterError("batch_size", batch_size, f"(global) is not divisible by the {world_size} processes")
 
 
 def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
@@ -41,8 +42,8 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
     overrides = dict(config.model_overrides)
     for key, value in derived.items():
         if overrides.get(key, value) != value:
-            flag = "--" + key.replace("_", "-")
-            raise AttnconvError(f"{flag} {overrides[key]} does not match {info.name} ({key} = {value}); drop {flag}")
+            raise ParameterError(key, overrides[key], f"does not match {info.name} ({key} = {value}); drop {{{key}}}",
+                                 mentions=(key,))
         overrides[key] = value
     config = dataclasses.replace(config, model_overrides=overrides)
     with AllocationLimit(parameter_limit(), f"model {config.model!r} with {overrides}", "lower the sizes"):
@@ -59,11 +60,11 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest:
     saved = TrainConfig.from_dict(meta["config"]).to_dict()
     changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:
-        raise AttnconvError(f"--out {out}: the dataset changed since this run started ({'; '.join(changes)}); "
-                            "resuming would continue on other data: restore the data, train into a new --out, or "
-                            "pass --allow-data-change to continue anyway")
+        raise ParameterError("out", out, f": the dataset changed since this run started ({'; '.join(changes)}); "
+                             "resuming would continue on other data: restore the data, train into a new {out}, or "
+                             "pass {allow_data_change} to continue anyway", mentions=("out", "allow_data_change"))
     new = config.to_dict()
     diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
     if diff:
-        raise AttnconvError(f"--out {out} holds a run with a different config ({'; '.join(diff)}); "
-                            "resume with the same settings, or choose a new --out")
+        raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
+                             "resume with the same settings, or choose a new {out}", mentions=("out",))

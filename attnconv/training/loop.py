@@ -38,9 +38,8 @@ import torch.nn as nn
 
 import attnconv
 from attnconv import data as D
-from attnconv.analysis import SNAPSHOT_IMAGES, head_snapshot
 from attnconv.config import TrainConfig
-from attnconv.errors import AttnconvError, Interrupted
+from attnconv.errors import AttnconvError, Interrupted, ParameterError
 from attnconv.evaluate import evaluate
 from attnconv.fileio import (
     DirectoryLock,
@@ -48,17 +47,14 @@ from attnconv.fileio import (
     remove_temporaries,
 )
 from attnconv.limits import out_of_memory
-from attnconv.models.sites import attention_sites, needs_inputs, records_heads
+from attnconv.models.sites import records_heads
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
     CONFIG_FILE,
-    HEADS_FILE,
     METRICS_COLUMNS,
     METRICS_FILE,
     RUN_FILES,
     STATE_FILE,
-    STEPS_COLUMNS,
-    STEPS_FILE,
     TENSORBOARD_DIR,
     SetAside,
     append_rows,
@@ -66,7 +62,6 @@ from attnconv.runs import (
     claim_run_dir,
     data_digest,
     data_fingerprint,
-    heads_line,
     load_state,
     nonfinite_tensor,
     read_metrics,
@@ -78,6 +73,7 @@ from attnconv.training.board import TensorBoardLog, check_board_folder, summary_
 from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.checks import check_data, check_resumable, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
+from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
 from attnconv.training.schedule import learning_rate, make_optimizer
 from attnconv.training.step import train_step
@@ -121,11 +117,12 @@ def train(
     config.validate()
     writer_class = summary_writer_class() if tensorboard else None
     if resume and overwrite:
-        raise AttnconvError("--resume and --overwrite contradict each other: give one")
+        raise ParameterError("resume", resume, "and {overwrite} contradict each other: give one", shown="",
+                             mentions=("overwrite",))
     out = Path(out)
     fresh = not out.exists()
     d = init_distributed(config)
-    lock = DirectoryLock(out, "--out") if d.main else None
+    lock = DirectoryLock(out, "out") if d.main else None
     trainer = None
     try:
         trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change,
@@ -157,11 +154,13 @@ def _stopped(err: BaseException, out: Path, trainer: _Trainer | None) -> Excepti
     stands = RESTORED if restored else _last_checkpoint(out)
     where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
     if isinstance(err, KeyboardInterrupt):  # Ctrl-C: say where the run stands and how to go on
-        return Interrupted(f"interrupted{where}; {stands}")
+        return Interrupted(f"interrupted{where}; {stands}", mentions=("overwrite",))
     if isinstance(err, OSError):  # disk full or the folder gone while writing: one line, the last checkpoint kept
         what = f" {err.filename}" if err.filename else ""
-        return AttnconvError(f"--out {out}: could not write{what} ({describe_os_error(err)}); {stands}")
-    return AttnconvError(f"out of memory{where}; give smaller sizes (--batch-size, the model's); {stands}")
+        return ParameterError("out", out, f": could not write{what} ({describe_os_error(err)}); {stands}",
+                              mentions=("overwrite",))
+    return ParameterError(None, None, f"out of memory{where}; give smaller sizes ({{batch_size}}, the model's); "
+                          f"{stands}", mentions=("batch_size", "overwrite"))
 
 
 def _restore_set_aside(out: Path, trainer: _Trainer | None) -> bool:
@@ -171,9 +170,9 @@ def _restore_set_aside(out: Path, trainer: _Trainer | None) -> bool:
     try:
         trainer.set_aside.restore()
     except OSError as err:
-        raise AttnconvError(f"--out {out}: the new run failed before its first checkpoint, and the run it was "
-                            f"replacing could not be put back ({describe_os_error(err)}); its files are in "
-                            f"{trainer.set_aside.folder}: move them back into {out}") from None
+        raise ParameterError("out", out, f": the new run failed before its first checkpoint, and the run it was "
+                             f"replacing could not be put back ({describe_os_error(err)}); its files are in "
+                             f"{trainer.set_aside.folder}: move them back into {out}") from None
     return True
 
 
@@ -186,7 +185,7 @@ def _last_checkpoint(out: Path) -> str:
 
 
 # What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
-RESTORED = "the run that --overwrite was replacing is restored as it was (the new run had no checkpoint yet)"
+RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
 
 
 class _Trainer:
@@ -209,6 +208,7 @@ class _Trainer:
             self.device = torch.device("cpu")
         check_amp(config.amp, self.device)  # before any file or data: --amp where bf16 is emulated
         self.checkpoint = Checkpointer(out, d, self.device, config.model)
+        self.steps_log = StepsLog(out, d, self.device)  # steps.csv; heads.jsonl's HeadsLog comes with the model
         # Cheap checks first: a bad --out fails before the data is read.
         d.agree(self._check_out() if d.main else None)
         self._load_data(dataset)
@@ -268,7 +268,8 @@ class _Trainer:
         self.optimizer = make_optimizer(self.model, config)
         # Attention classifiers and models whose attention is captured (the ViT) record their heads
         # (heads.jsonl); CNNs and converted networks do not.
-        self.watch_heads = d.main and records_heads(self.model)
+        self.heads = HeadsLog(self.out, self.model, self.test_set, self.info) \
+            if d.main and records_heads(self.model) else None
         self.progress = RunProgress()
         if has_state:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed)
@@ -314,16 +315,17 @@ class _Trainer:
         stop the run on every rank (the weights are the same everywhere), the last good checkpoint kept."""
         bad = nonfinite_tensor(self.model.state_dict())
         if bad is not None:
-            raise AttnconvError(self._nan_message(f"weights became non-finite ({bad})", self.progress.step))
+            raise self._nan_error(f"weights became non-finite ({bad})", self.progress.step)
         self.checkpoint.save(self.model, self.optimizer, self.progress)
         self.set_aside.discard()  # the new run can stand on its own: --overwrite's old run goes for good
 
-    def _nan_message(self, what: str, step: int) -> str:
+    def _nan_error(self, what: str, step: int) -> ParameterError:
         good = self.checkpoint.last_step()
         last = RESTORED if self.set_aside.pending else "no checkpoint was written yet" if good is None else \
             f"the last good checkpoint (step {good}) is intact in {self.out}"
-        return (f"{what} at step {step} (lr {learning_rate(self.config, step - 1, self.total_steps):.3g}); "
-                f"{last}; lower --lr or raise --warmup and train into a new --out")
+        lr = learning_rate(self.config, step - 1, self.total_steps)
+        return ParameterError(None, None, f"{what} at step {step} (lr {lr:.3g}); {last}; lower {{lr}} or raise "
+                              "{warmup} and train into a new {out}", mentions=("overwrite", "lr", "warmup", "out"))
 
     # ---------------------------------------------------------------- loop
 
@@ -385,21 +387,9 @@ class _Trainer:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             write_config(out, meta)
-        self.checkpoint.replay_logs(self.progress, heads=self.watch_heads)
-        if self.watch_heads and self.progress.step == 0 and self.progress.snapshots == 0:
-            self._record_heads(epoch=0)  # the heads at initialization
-
-    def _record_heads(self, epoch: int) -> None:
-        """Append the heads' snapshot after `epoch` epochs (0: at initialization) to heads.jsonl."""
-        x = None
-        if needs_inputs(attention_sites(self.model)):
-            x = D.normalize(self.test_set.images[:SNAPSHOT_IMAGES], self.info)
-        record = {"epoch": epoch, "step": self.progress.step, "layers": head_snapshot(self.model, x)}
-        with open(self.out / HEADS_FILE, "a") as f:
-            f.write(heads_line(record))
-            f.flush()
-            os.fsync(f.fileno())
-        self.progress.snapshots += 1
+        self.checkpoint.replay_logs(self.progress, heads=self.heads is not None)
+        if self.heads is not None and self.progress.step == 0 and self.progress.snapshots == 0:
+            self.heads.append(0, self.progress)  # the heads at initialization
 
     def _epoch(self) -> dict[str, float]:
         """One epoch (or what is left of it): its steps, then the test evaluation, the logs and a checkpoint."""
@@ -495,8 +485,8 @@ class _Trainer:
             if self.board is not None:
                 self.board.scalars({"test/loss": test_loss, "test/accuracy": test_acc}, p.step)
                 self.board.flush()
-        if self.watch_heads:
-            self._record_heads(epoch=row["epoch"])
+        if self.heads is not None:
+            self.heads.append(row["epoch"], self.progress)
         p.run_seconds += p.seconds
         p.loss_sum = p.correct = p.seen = p.seconds = 0.0
 
@@ -509,7 +499,7 @@ class _Trainer:
             dist.all_reduce(t, op=dist.ReduceOp.MIN)
             bad = int(t) if int(t) < 2**62 else -1
         if bad >= 0:
-            raise AttnconvError(self._nan_message("loss became non-finite (NaN or inf)", bad))
+            raise self._nan_error("loss became non-finite (NaN or inf)", bad)
         loss_sum, correct, seen = sums.tolist()
         sums.zero_()
         p.loss_sum += loss_sum
@@ -524,26 +514,7 @@ class _Trainer:
             bar.update(p.step, steps, loss=p.loss_sum / p.seen, acc=p.correct / p.seen, rate=rate, lr=lr,
                        seconds_per_step=self._seconds_per_step())
         if p.step % self.log_every == 0:
-            self._log_steps(lr)
-
-    def _log_steps(self, lr: float) -> None:
-        """Append a steps.csv row (and TensorBoard's train scalars): the means since the previous row.
-
-        Called at a sync point, so it costs no extra host sync; under DDP the sums are added over
-        the ranks (a collective: every rank calls it at the same steps)."""
-        p = self.progress
-        loss, correct, seen = self.d.sum([p.row_loss, p.row_correct, p.row_seen], self.device)
-        if not seen:  # no step since the last row (never at a log step; a guard for the division)
-            return
-        p.step_rows += 1
-        if self.d.main:
-            row = {"step": p.step, "epoch": p.epoch + 1, "loss": loss / seen, "accuracy": correct / seen, "lr": lr,
-                   "images_per_s": seen / p.row_seconds if p.row_seconds > 0 else 0.0,
-                   "seconds": p.run_seconds + p.seconds}
-            append_rows(self.out / STEPS_FILE, [row], STEPS_COLUMNS)
-            if self.board is not None:
-                self.board.scalars({"train/loss": row["loss"], "train/accuracy": row["accuracy"], "lr": lr}, p.step)
-        p.row_loss = p.row_correct = p.row_seen = p.row_seconds = 0.0
+            self.steps_log.append(p, lr, self.board)  # at a sync point: it costs no extra host sync
 
     def _seconds_per_step(self) -> float:
         """The run's measured training seconds per step so far (for the ETA)."""
