@@ -113,14 +113,19 @@ class TrainConfig:
         D.dataset_info(self.dataset)  # raises for an unknown dataset
         if not isinstance(self.model_overrides, dict):
             raise FieldError("model_overrides", self.model_overrides, "give a dict of model options")
+        self.check_values()
+        check_device(self.device)
+        if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
+            raise ParameterError("data_dir", self.data_dir, ": no such directory")
+
+    def check_values(self) -> None:
+        """FieldError for the first field out of its range or choices (milestones and init_from included):
+        what `validate` checks apart from this machine (the device, the data folder, the model list)."""
         check_fields(self)
         if not (all(isinstance(m, (int, float)) and 0 < m < 1 for m in self.milestones)
                 and list(self.milestones) == sorted(self.milestones)):
             raise FieldError("milestones", ",".join(map(str, self.milestones)),
                              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
-        check_device(self.device)
-        if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
-            raise ParameterError("data_dir", self.data_dir, ": no such directory")
         if self.init_from is not None:
             if not isinstance(self.init_from, InitFrom):
                 raise FieldError("init_from", self.init_from, "give an InitFrom(run=..., alpha=..., fold_bn=...)")
@@ -134,8 +139,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of `to_dict`; unknown keys are an error (a config from another tool or version),
-        and so is a value of the wrong type (a list for model_overrides, a string for epochs):
-        what reads a run directory can rely on the field types."""
+        and so is a value of the wrong type (a list for model_overrides, a string for epochs) or out of
+        its range or choices (`check_values`): what reads a run directory can rely on the field values."""
         if not isinstance(d, dict):
             raise AttnconvError(f"the training config is a {type(d).__name__}, not a JSON object")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -153,9 +158,15 @@ class TrainConfig:
         if d.get("init_from") is not None:
             d["init_from"] = _init_from_dict(d["init_from"])
         try:
-            return cls(**d)
+            config = cls(**d)
         except TypeError as err:
             raise AttnconvError(f"incomplete training config: {err}") from None
+        try:  # a value out of range (epochs -5, workers 100000) is the file's fault, not a flag's
+            config.check_values()
+        except FieldError as err:
+            where = "init_from." if err.field in {f.name for f in dataclasses.fields(InitFrom)} else ""
+            raise AttnconvError(f"field {where}{err}") from None
+        return config
 
 
 def _init_from_dict(d: Any) -> InitFrom:

@@ -231,6 +231,9 @@ def _test_section(run: Run) -> str:
     intro = (f"<p>Measured anew with the run's weights on the {len(test):,} test images{source}: accuracy "
              f"{significant(result['accuracy'])} (loss {significant(result['loss'])}); {len(wrong):,} "
              "misclassified.</p>")
+    if run.test_data_changes:  # the warning line on stderr is gone once the page is all that is left
+        intro += _note(f"The test data differs from what the run was trained with ({'; '.join(run.test_data_changes)}): "
+                       "the results below are of the data as it is now, not the run's own test set.")
     out = [head, intro, "<h3>Accuracy per class</h3>", table,
            "<h3>Confusion matrix</h3><p>Rows: the true class; columns: the predicted class. Each cell holds its "
            "count, coloured by its share of the row (the true class's images).</p>",

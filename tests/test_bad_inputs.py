@@ -294,6 +294,27 @@ def config_5000_digits(tmp, tiny):
 # ---------------------------------------------------------------------------------------- table
 
 TRAIN = ["--max-steps", "1", "--batch-size", "16", "--workers", "1", "--no-progress"]
+def config_field(key: str, value):
+    """A builder: config.json's training config with `key` set to `value` (out of its range or choices)."""
+    return lambda tmp, tiny: _edit_meta(tmp, tiny, lambda meta: meta["config"].update({key: value}))
+
+
+def state_progress(**changes):
+    """A builder: state.pt's progress counters changed (each sound alone, not together or with the run)."""
+    return lambda tmp, tiny: _edit_state(tmp, tiny, lambda s: s["progress"].update(changes))
+
+
+def _row_fields(extra: str):
+    """An edit of a CSV log: `extra` appended to its first row (fields the header does not have)."""
+
+    def edit(text: str) -> str:
+        lines = text.split("\n")
+        lines[1] += extra
+        return "\n".join(lines)
+
+    return edit
+
+
 RESUME = ["train", "--out", "{run}", "--resume", "--no-progress"]
 
 CASES = [
@@ -432,6 +453,34 @@ CASES = [
      "config.json: model 'sa-quadratic' has no option 'colour'; leave it out", None),
     ("eval-config-5000-digits", config_5000_digits, ["eval", "{run}"],
      "corrupt run config (not JSON: a number of 5000 digits)", None),
+    # The next round: config.json's fields out of range (read as sound, or blamed on a flag the user did not give),
+    # metrics.csv rows of the wrong width or an accuracy out of [0, 1], state.pt counters that do not fit together.
+    ("table-config-epochs-minus-5", config_field("epochs", -5), ["table", "{run}"],
+     "corrupt run config (field epochs -5 is invalid: give a whole number from 1 to 1e+06)", None),
+    ("eval-config-optimizer-lion", config_field("optimizer", "lion"), ["eval", "{run}"],
+     "corrupt run config (field optimizer 'lion' is invalid: choose one of sgd, adamw)", None),
+    ("resume-config-workers-100000", config_field("workers", 100000), RESUME,
+     "config.json: corrupt run config (field workers 100000 is invalid: give a whole number from 1 to 256)", None),
+    ("resume-config-lr-nan", config_field("lr", float("nan")), RESUME,
+     "corrupt run config (field lr nan is invalid: give a positive number)", None),
+    ("table-metrics-test-acc-2.5", _edit_text("metrics.csv", _first_value("test_acc", "2.5")), ["table", "{run}"],
+     "metrics.csv: corrupt metrics file (line 2: test_acc 2.5 is not an accuracy from 0 to 1)", None),
+    ("table-metrics-row-too-long", _edit_text("metrics.csv", _row_fields(",9")), ["table", "{run}"],
+     "corrupt metrics file (line 2: 10 fields, the header has 9)", None),
+    ("report-metrics-header-twice", _edit_text("metrics.csv", lambda t: t + t.split("\n")[0] + "\n"),
+     ["report", "{run}", "--out", "{tmp}/r.html"], "corrupt metrics file (line 3: epoch 'epoch' is not a number)",
+     None),
+    ("resume-steps-accuracy-minus-3", _edit_text("steps.csv", lambda t: t + "1,0,0.5,-3,0.1,10,0.1\n"), RESUME,
+     "steps.csv: corrupt steps log (line 2: accuracy -3.0 is not an accuracy from 0 to 1)", None),
+    ("resume-state-past-the-run", state_progress(step=10**12, finished=False), RESUME,
+     "state.pt: the training state does not fit this run (at step 1000000000000, past the run's 2 steps, yet not "
+     "finished)", None),
+    ("resume-state-finished-early", state_progress(step=1), RESUME,
+     "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
+    ("resume-state-epoch-500", state_progress(epoch=500), RESUME,
+     "the file is corrupt (progress step 2 is fewer than its epoch 500 and batch 0 took)", None),
+    ("resume-state-counts-no-rows", state_progress(rows=0, snapshots=1), RESUME,
+     "metrics.csv: row 1 is of step 2, not after the checkpoint's step 2, yet the checkpoint counts only 0 rows", None),
 ]
 
 

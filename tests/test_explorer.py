@@ -403,6 +403,16 @@ def test_a_busy_port_is_one_clear_error(runs, servers):
     assert info.value.as_flag().endswith("choose another port, or --port 0 for any free one")
 
 
+@pytest.mark.parametrize("port", ["8080", 80.0, True, None])
+def test_a_port_that_is_no_whole_number_names_the_parameter(runs, port):
+    """From Python the port is a parameter: a string or a float is an error naming `port` (no `--`), not a
+    TypeError from a comparison; True is no port either."""
+    explorer = Explorer(runs["sa-quadratic"], images=1)
+    with pytest.raises(AttnconvError) as info:
+        make_server(explorer, port)
+    assert str(info.value) == f"port {port!r} is invalid: give a whole number, a TCP port in 0..65535 (0 picks a free one)"
+
+
 # A process started in the background by a non-interactive shell (`cmd &`, as test runners
 # and CI scripts may be) inherits SIGINT *ignored*, and Python keeps it ignored, so Ctrl-C
 # could not reach the child. The wrapper restores what a terminal gives: SIGINT raising

@@ -228,3 +228,17 @@ def test_memory_a_file_that_is_no_image_is_named_in_words(tmp_path, content, why
         decode.decode_image(path, False, 8)
     assert str(info.value) == (f"{path}: cannot decode the image ({why}{'' if content == b'' else ' Pillow reads'}); "
                                "replace the file or remove it from the folder")
+
+
+def test_memory_a_file_name_with_control_characters_stays_one_line(tiny_run, tmp_path, capsys):
+    """A file name may hold a newline or a terminal escape: the error naming it is still one line, the
+    characters shown as escapes (`\\n`, `\\x1b`), so they neither split the line nor act on the terminal."""
+    path = tmp_path / "cut\nshort\x1b[31m.png"
+    noise = np.random.default_rng(0).integers(0, 256, (12, 12, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "whole.png")
+    path.write_bytes((tmp_path / "whole.png").read_bytes()[:60])  # cut inside its pixels
+    capsys.readouterr()
+    assert main(["predict", str(tiny_run["sa-quadratic"]), str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err, err
+    assert err.startswith(f"error: {tmp_path}/cut\\nshort\\x1b[31m.png: cannot decode the image"), err

@@ -165,6 +165,42 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_users_folder_of_
     assert tree(out) == before
 
 
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_run_being_replaced_says_where_the_old_one_is(
+        run_with_user_files, capsys):
+    """Between setting the old run aside and the new run's first checkpoint (or after a kill there), a command
+    reading the run does not call it a run without a checkpoint: it names the folder holding the old run and
+    the command that puts it back; nothing moves."""
+    out = run_with_user_files
+    lock = loop.DirectoryLock(out)
+    names = claim_run_dir(out, lock, resume=False, overwrite=True)
+    lock.release()
+    SetAside(out, names).move()
+    (out / "config.json").write_bytes((out / SET_ASIDE / "config.json").read_bytes())  # the new run's first files
+    before = tree(out)
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 2
+    _one_error(capsys, f"model.safetensors: missing: a `train --overwrite` into {out} has not reached its first "
+                       f"checkpoint", f"kept in {out / SET_ASIDE}", f"`attnconv train --out {out} --resume` puts it back")
+    assert tree(out) == before
+
+
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_folder_is_refused(
+        tmp_path, data_dir, capsys):  # noqa: F811
+    """`train --init-from CNN --out CNN --overwrite` would replace the CNN run by the run started from it (its
+    record then naming itself as its source): refused in one line, the CNN run as it was."""
+    cnn = tmp_path / "cnn"
+    assert main(["train", "--model", "resnet18", "--width", "4", "--dataset", "fashion-mnist", "--data-dir",
+                 str(data_dir), "--epochs", "1", "--max-steps", "1", "--batch-size", "32", "--workers", "1",
+                 "--no-progress", "--out", str(cnn)]) == 0
+    before = tree(cnn)
+    for spelled in (str(cnn), f"{tmp_path}/./cnn/"):
+        capsys.readouterr()
+        assert main(["train", "--init-from", spelled, "--out", str(cnn), "--overwrite", "--max-steps", "1",
+                     "--no-progress"]) == 2
+        _one_error(capsys, f"--init-from {spelled} is --out itself", "give another --out")
+        assert tree(cnn) == before
+
+
 # ---------------------------------------------------------------------------------- class 7: data by content
 
 
@@ -234,6 +270,8 @@ def test_run_knows_its_data_by_content_analyses_of_changed_test_data_say_so_in_o
     for argv in commands:  # the data as recorded: no warning
         assert main(argv) == 0, argv
         assert capsys.readouterr().err == "", argv
+    note = "The test data differs from what the run was trained with"
+    assert note not in (tmp_path / "r.html").read_text()
     image = tmp_path / "imgs" / "test" / "cat" / "cat0.png"
     size = Image.open(image).size
     Image.fromarray(np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(image)
@@ -242,6 +280,8 @@ def test_run_knows_its_data_by_content_analyses_of_changed_test_data_say_so_in_o
         err = capsys.readouterr().err.splitlines()
         assert err == [f"warning: {out}: the test data differs from the run's (the test images' content: an image "
                        "or a label differs); what follows is of the data as it is now"], argv
+    # The page outlives the warning line: its test section says so too.
+    assert f"{note} (the test images&#x27; content: an image or a label differs)" in (tmp_path / "r.html").read_text()
 
 
 def test_run_knows_its_data_by_content_a_digest_that_is_no_digest_is_a_corrupt_config(finished, tmp_path):

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(argv, process)
         except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
-            print((err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted", file=sys.stderr)
+            print(one_line(err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted", file=sys.stderr)
             return 130
     finally:
         if process:
@@ -186,10 +186,10 @@ def _run(argv: list[str] | None, process: bool) -> int:
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)
     except ParameterError as err:  # the library names the parameter (epochs); the command line, its flag (--epochs)
-        print(f"error: {err.as_flag()}", file=sys.stderr)
+        print(f"error: {one_line(err.as_flag())}", file=sys.stderr)
         return 2
     except AttnconvError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `attnconv eval RUN | head`: the reader left; stop quietly, as `cat` does
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -199,7 +199,7 @@ def _run(argv: list[str] | None, process: bool) -> int:
         from attnconv.fileio import describe_os_error
 
         where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{describe_os_error(err)}", file=sys.stderr)
+        print(f"error: {one_line(where + describe_os_error(err))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as err:
         if not _out_of_memory(err):
@@ -209,10 +209,20 @@ def _run(argv: list[str] | None, process: bool) -> int:
         return 2
 
 
+# Control characters (C0, DEL, C1) as escapes: a file name holding a newline or a terminal escape must not
+# split the one line a message is, nor act on the terminal.
+_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]} | {0x0a: "\\n", 0x0d: "\\r", 0x09: "\\t"}
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of plain text: control characters shown as escapes (`\\n`, `\\x1b`)."""
+    return text.translate(_ESCAPES)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """AttnconvWarnings as one `warning:` line on stderr; any other warning as Python shows it."""
     if issubclass(category, AttnconvWarning):
-        print(f"warning: {message}", file=sys.stderr)
+        print(f"warning: {one_line(str(message))}", file=sys.stderr)
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
 

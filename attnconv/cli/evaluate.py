@@ -104,12 +104,13 @@ def register(subparsers) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.evaluate import describe_run
 
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
                      dataset=args.dataset, batch_size=args.batch_size, allow_data_change=args.allow_data_change)
     if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
-        print(f"warning: {s['warning']}", file=sys.stderr)
+        print(f"warning: {one_line(s['warning'])}", file=sys.stderr)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -174,6 +175,7 @@ def confusion_text(classes: list[str], confusion: list[list[int]]) -> str:
 
 def run_table(args: argparse.Namespace) -> int:
 
+    from attnconv.cli import one_line
     from attnconv.evaluate import describe_run, runs_table
 
     if args.dataset is not None and not args.recompute:
@@ -185,7 +187,7 @@ def run_table(args: argparse.Namespace) -> int:
                               allow_data_change=args.allow_data_change) for d in args.run_dirs]
     for s in summaries:
         if "warning" in s:
-            print(f"warning: {s['warning']}", file=sys.stderr)
+            print(f"warning: {one_line(s['warning'])}", file=sys.stderr)
     print(runs_table(summaries, markdown=args.markdown), end="")
     return 0
 

@@ -500,6 +500,9 @@ def make_server(explorer: Explorer, port: int = 0) -> ThreadingHTTPServer:
 
     It answers requests whose Host header is a loopback name (127.0.0.1, localhost, [::1],
     with or without its port) and GET/HEAD only; see `_Handler`."""
+    if not isinstance(port, int) or isinstance(port, bool):
+        raise ParameterError("port", port, "is invalid: give a whole number, a TCP port in 0..65535 (0 picks a free "
+                             "one)", shown=repr(port))
     if not 0 <= port <= 65535:
         raise ParameterError("port", port, "is invalid: give a TCP port in 0..65535 (0 picks a free one)")
     handler = type("Handler", (_Handler,), {"explorer": explorer})

@@ -23,6 +23,7 @@ from attnconv.fileio import (
 )
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
+from attnconv.runs.directory import SET_ASIDE, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -77,6 +78,12 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
     except AttnconvError:  # no regular file: the message names it and the fix already
         raise
     except FileNotFoundError:
+        if set_aside_pending(path.parent):
+            raise AttnconvError(
+                f"{path}: missing: a `train --overwrite` into {path.parent} has not reached its first checkpoint "
+                f"(it is running, or was killed), and the run it replaces is kept in {path.parent / SET_ASIDE}; if no "
+                f"train is running there, `attnconv train --out {path.parent} --resume` puts it back first (and then "
+                "continues it, if it was not finished)") from None
         raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)") from None
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the weights ({err.strerror or err}); {fix}") from None

@@ -151,6 +151,12 @@ class SetAside:
             self.pending = False
 
 
+def set_aside_pending(out: Path) -> bool:
+    """Whether `out` holds an old run that `train --overwrite` set aside (its manifest written) and has not put
+    back or deleted yet: that train is still before its first checkpoint, or was killed there."""
+    return (out / SET_ASIDE / _MANIFEST).is_file()
+
+
 def recover_set_aside(out: Path) -> None:
     """Put back an old run that an --overwrite killed before its new run's first checkpoint left set aside
     (one line on stderr says so), and delete one whose new run had checkpointed. Called with the lock held:
@@ -200,9 +206,9 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     Logs that lost what the checkpoint counts (rows or lines deleted by hand, a file restored from an older
     copy) are one AttnconvError naming the file, before any file is changed: fewer rows than counted, or,
     with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted)."""
-    metrics = _kept(out / METRICS_FILE, read_metrics(out, limit=rows), rows, "rows", step)
-    steps = _kept(out / STEPS_FILE, read_steps(out, limit=step_rows), step_rows, "rows", step)
-    heads = None if snapshots is None else _kept(out / HEADS_FILE, read_heads(out, limit=snapshots), snapshots,
+    metrics = _kept(out / METRICS_FILE, read_metrics(out, limit=rows + 1), rows, "rows", step)
+    steps = _kept(out / STEPS_FILE, read_steps(out, limit=step_rows + 1), step_rows, "rows", step)
+    heads = None if snapshots is None else _kept(out / HEADS_FILE, read_heads(out, limit=snapshots + 1), snapshots,
                                                  "lines", step)
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
@@ -211,8 +217,16 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
 
 
 def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:
-    """`records` (a log's first `count`), checked against the checkpoint that counts `count` of them."""
+    """`records` (a log's first `count` and the one after, if any), checked against the checkpoint that counts
+    `count` of them; the first `count`. The one after is cut by resuming: it must have been logged after the
+    checkpoint's step (or repeat a kept one), else the checkpoint and the log disagree and cutting would lose it."""
     fix = "restore the file from a copy of the run, or train into a new {out}; resuming would lose them for good"
+    records, dropped = records[:count], (records[count] if len(records) > count else None)
+    if dropped is not None and step is not None and dropped["step"] <= step and dropped not in records:
+        raise ParameterError(None, None, f"{path}: {unit[:-1]} {count + 1} is of step {int(dropped['step'])}, not "
+                             f"after the checkpoint's step {step}, yet the checkpoint counts only {count} {unit} (the "
+                             "log or the checkpoint was edited); resume from another copy of the run, or train into a "
+                             "new {out}; resuming would lose it for good", mentions=("out",))
     if len(records) < count:
         held = f"{len(records)} {unit if len(records) != 1 else unit[:-1]}"
         raise ParameterError(None, None, f"{path}: holds {held}, the checkpoint counts {count} (some were deleted "

@@ -76,7 +76,9 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     Only tensors and plain containers are unpickled (weights_only=True: a pickle that asks
     for anything else is refused without running it). The structure is checked here, so
     that resuming never meets a bad one: "progress" holds whole-number counters (step,
-    epoch, batch, rows; snapshots and step_rows where present), a bool "finished" and real-number sums; "model" maps names to
+    epoch, batch, rows; snapshots and step_rows where present) that fit each other (no fewer steps than
+    epochs and batches done, no more heads.jsonl lines than metrics rows and one, no more steps.csv rows
+    than steps), a bool "finished" and real-number sums; "model" maps names to
     tensors; "optimizer" is a state_dict; "rng" holds CPU generator states (ByteTensors
     of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
     """
@@ -128,6 +130,13 @@ def _state_problem(state: Any) -> str | None:
         v = progress.get(key, 0)
         if not _whole(v) or v < 0:
             return f"progress {key} is {v!r}, not a whole number >= 0"
+    step, epoch, batch, rows = (progress[k] for k in _STATE_COUNTERS)
+    if step < epoch + batch:  # every epoch done took a step at least, and so did every batch of this one
+        return f"progress step {step} is fewer than its epoch {epoch} and batch {batch} took"
+    if progress.get("snapshots", 0) > rows + 1:  # heads.jsonl: one line at the start, one per metrics row
+        return f"progress snapshots {progress['snapshots']} is more than its {rows} metrics rows and the first"
+    if progress.get("step_rows", 0) > step:  # steps.csv: at most one row per step
+        return f"progress step_rows {progress['step_rows']} is more than its {step} steps"
     if not isinstance(progress.get("finished", False), bool):
         return f"progress finished is {progress['finished']!r}, not true or false"
     for key in _STATE_SUMS:
@@ -320,22 +329,41 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if limit is not None:
         lines = lines[: limit + 1]
     try:
-        reader = csv.DictReader(lines)
-        missing = [c for c in columns if c not in (reader.fieldnames or ())]
+        reader = csv.reader(lines)
+        header = next(reader, None) or []
+        missing = [c for c in columns if c not in header]
         if missing:
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
-        rows = [{k: float(v) for k, v in row.items()} for row in reader]
-        for number, row in enumerate(rows, 2):
-            bad = next((k for k in _COUNT_COLUMNS if k in row and not (
-                math.isfinite(row[k]) and row[k].is_integer() and 0 <= row[k] <= 2**53)), None)
-            if bad is not None:
-                raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is not a whole number >= 0")
-        return rows
-    except (ValueError, TypeError, csv.Error, AttnconvError) as err:
+        return [_csv_row(header, fields, reader.line_num) for fields in reader if fields]
+    except (csv.Error, AttnconvError) as err:
         raise AttnconvError(f"{path}: corrupt {what} ({err}); {fix}") from None
+
+
+def _csv_row(header: list[str], fields: list[str], number: int) -> dict[str, float]:
+    """One row of a run's CSV log as numbers, checked: as many fields as the header, each a number,
+    counts whole numbers >= 0, accuracies in [0, 1]; AttnconvError naming line `number` otherwise."""
+    if len(fields) != len(header):
+        raise AttnconvError(f"line {number}: {len(fields)} fields, the header has {len(header)}")
+    row = {}
+    for name, text in zip(header, fields):
+        try:
+            row[name] = float(text)
+        except ValueError:
+            shown = text if len(text) <= 20 else text[:17] + "..."
+            raise AttnconvError(f"line {number}: {name} {shown!r} is not a number") from None
+    bad = next((k for k in _COUNT_COLUMNS if k in row and not (
+        math.isfinite(row[k]) and row[k].is_integer() and 0 <= row[k] <= 2**53)), None)
+    if bad is not None:
+        raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is not a whole number >= 0")
+    bad = next((k for k in _FRACTION_COLUMNS if k in row and not 0 <= row[k] <= 1), None)
+    if bad is not None:
+        raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is not an accuracy from 0 to 1")
+    return row
 
 # The columns of metrics.csv and steps.csv that count (whole numbers >= 0); the others are measurements.
 _COUNT_COLUMNS = ("epoch", "step")
+# The accuracies of metrics.csv and steps.csv: fractions of the images seen.
+_FRACTION_COLUMNS = ("train_acc", "test_acc", "accuracy")
 
 
 def _text(data: bytes) -> str:

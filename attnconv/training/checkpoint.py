@@ -135,6 +135,16 @@ class Checkpointer:
             torch.manual_seed(seed + self.d.rank + 7919 * progress.step)
         return progress
 
+    def check_length(self, progress: RunProgress, total_steps: int) -> None:
+        """The counters `restore` gave must fit a run of `total_steps` (on the data it was trained on): a run not
+        finished before its last step, or finished at it; an AttnconvError naming state.pt otherwise."""
+        if progress.finished == (progress.step >= total_steps):
+            return
+        why = (f"finished at step {progress.step}, before the run's last step {total_steps}" if progress.finished else
+               f"at step {progress.step}, past the run's {total_steps} steps, yet not finished")
+        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); resume from another "
+                            "copy of the run, or delete it to restart the run from scratch")
+
     def replay_logs(self, progress: RunProgress, heads: bool) -> None:
         """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to
         the rows `progress` counts, so what was logged after the checkpoint is logged once, when replayed.

@@ -184,6 +184,14 @@ def _last_checkpoint(out: Path) -> str:
     return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
 
 
+def _same_folder(a: Path, b: Path) -> bool:
+    """Whether the paths `a` and `b` name one folder (through links too)."""
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist (yet)
+        return a.resolve() == b.resolve()
+
+
 # What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
 RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
 
@@ -273,6 +281,8 @@ class _Trainer:
         self.progress = RunProgress()
         if has_state:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed)
+            if not self.allow_data_change:  # the same data: the run's length is the checkpoint's
+                self.checkpoint.check_length(self.progress, self.total_steps)
             if self.progress.batch >= self.steps_per_epoch:  # --allow-data-change: the epochs got shorter
                 self.progress.epoch, self.progress.batch = self.progress.epoch + 1, 0
 
@@ -290,6 +300,10 @@ class _Trainer:
     def _check_out(self) -> AttnconvError | None:
         """Rank 0: take the run directory (`runs.claim_run_dir`); the error, if any, for every rank."""
         try:
+            init = self.config.init_from
+            if init is not None and not self.resume and _same_folder(Path(init.run), self.out):
+                raise ParameterError("init_from", init.run, "is {out} itself: the CNN run would be replaced by the run "
+                                     "that starts from it; give another {out}", mentions=("out",))
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
             self.set_aside = SetAside(self.out, replaced)
             if self.writer_class is not None:
