@@ -279,9 +279,11 @@ TABLE_HEADERS = ("model", "dataset", "seeds", "epochs", "test acc", "params", "F
 def run_setup(meta: dict[str, Any]) -> dict[str, Any]:
     """What a run computes, from its config.json (`read_config`): the training config without
     the seed and the fields a resumed run may change (device, workers, data_dir,
-    checkpoint_every, compile, preset), plus `attnconv convert`'s fold_bn and alpha.
-    Runs with equal setups differ only by their seed."""
+    checkpoint_every, compile, preset), plus `attnconv convert`'s fold_bn and alpha; the crop and
+    flip options count only with augment on. Runs with equal setups differ only by their seed."""
     setup = {k: v for k, v in meta["config"].items() if k not in _NOT_SETUP}
+    if setup.get("augment") is False:  # crops and flips are options of the augmentation: off, they do nothing
+        setup.pop("crop_pad", None), setup.pop("flip", None)
     if "converted" in meta:
         setup["converted"] = {k: meta["converted"].get(k) for k in ("fold_bn", "alpha")}
     return setup

@@ -330,3 +330,16 @@ def test_eval_of_a_directory_that_is_not_a_run_is_one_line_exit_2(tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "not a run directory" in err and err.count("\n") == 1
     assert main(["table", str(tmp_path / "missing")]) == 2
+
+
+def test_crop_and_flip_count_in_a_setup_only_with_augment_on():
+    """Runs without augmentation compute the same whatever their crop and flip options say (an older
+    config.json lacks them): one setup; with augmentation they tell runs apart."""
+    from attnconv.evaluate import run_setup
+
+    base = {"model": "sa-quadratic", "dataset": "fashion-mnist", "lr": 0.1, "seed": 0}
+    off_new = run_setup({"config": {**base, "augment": False, "crop_pad": 4, "flip": True}})
+    off_old = run_setup({"config": {**base, "augment": False, "seed": 1}})
+    assert off_new == off_old
+    on = [run_setup({"config": {**base, "augment": True, "crop_pad": p, "flip": True}}) for p in (2, 4)]
+    assert on[0] != on[1] and on[0]["crop_pad"] == 2
