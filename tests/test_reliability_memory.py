@@ -230,6 +230,21 @@ def test_memory_a_file_that_is_no_image_is_named_in_words(tmp_path, content, why
                                "replace the file or remove it from the folder")
 
 
+def test_memory_a_png_with_huge_text_metadata_is_named_in_words(tmp_path):
+    """A PNG whose compressed text chunk unpacks past Pillow's limit: Pillow's words name its own constant
+    (`PngImagePlugin.MAX_TEXT_CHUNK`); the line says that the text metadata is the fault."""
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("comment", "a" * (20 * 2**20), zip=True)
+    path = tmp_path / "tagged.png"
+    Image.new("RGB", (8, 8)).save(path, pnginfo=info)
+    with pytest.raises(AttnconvError) as raised:
+        decode.decode_image(path, False, 8)
+    assert str(raised.value) == (f"{path}: cannot decode the image (its text metadata is larger than Pillow reads; "
+                                 "save the pixels again without it); replace the file or remove it from the folder")
+
+
 def test_memory_a_file_name_with_control_characters_stays_one_line(tiny_run, tmp_path, capsys):
     """A file name may hold a newline or a terminal escape: the error naming it is still one line, the
     characters shown as escapes (`\\n`, `\\x1b`), so they neither split the line nor act on the terminal."""

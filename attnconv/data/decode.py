@@ -69,6 +69,8 @@ def _fail(path: Path, e: BaseException) -> AttnconvError:
         except OSError:
             empty = False
         what = "an empty file" if empty else "not in an image format Pillow reads"
+    elif "MAX_TEXT_CHUNK" in str(e):  # Pillow's words name its own limit, not the file's fault
+        what = "its text metadata is larger than Pillow reads; save the pixels again without it"
     else:
         what = " ".join(f"{type(e).__name__}: {e}".split())  # one line
     return AttnconvError(f"{path}: cannot decode the image ({what}); replace the file or remove it from the folder")

@@ -240,8 +240,8 @@ def counts_problem(meta: dict[str, Any]) -> str | None:
 def data_problem(data: Any) -> str | None:
     """What is wrong with config.json's "data" block (`runs.data_fingerprint`: what the run's dataset
     was), or None: classes a list of distinct names, image counts whole numbers >= 0, channels 1 or
-    3, size 1..65536, mean and std one finite number per channel, std > 0, the content's "digest" (where
-    present) 32 hex digits for each split. Other keys are ignored."""
+    3, size 1..65536, mean and std one number per channel of pixels scaled to 0..1 (mean 0..1, std above
+    0, at most 1), the content's "digest" (where present) 32 hex digits for each split. Other keys are ignored."""
     if not isinstance(data, dict):
         return f'"data" is {_short(data)}, not an object'
     missing = [k for k in ("classes", "train_size", "test_size", "channels", "size", "mean", "std") if k not in data]
@@ -261,8 +261,8 @@ def data_problem(data: Any) -> str | None:
     for key in ("mean", "std"):
         values = data[key]
         if not (isinstance(values, list) and len(values) == data["channels"] and all(_finite(v) for v in values)
-                and (key == "mean" or all(v > 0 for v in values))):
-            what = "finite number" if key == "mean" else "finite number > 0"
+                and all((0 <= v if key == "mean" else 0 < v) and v <= 1 for v in values)):
+            what = "number from 0 to 1" if key == "mean" else "number above 0, at most 1"
             return f'"data" {key} {_short(values)} is not one {what} per channel ({data["channels"]})'
     digest = data.get("digest")
     if "digest" in data and not (isinstance(digest, dict) and all(
