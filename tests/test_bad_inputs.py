@@ -284,6 +284,14 @@ def override_unknown(tmp, tiny):
     return _edit_meta(tmp, tiny, lambda meta: meta["config"]["model_overrides"].update(colour=3))
 
 
+def override_num_classes_99(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta["config"]["model_overrides"].update(num_classes=99))
+
+
+def override_in_channels_2(tmp, tiny):
+    return _edit_meta(tmp, tiny, lambda meta: meta["config"]["model_overrides"].update(in_channels=2))
+
+
 def config_5000_digits(tmp, tiny):
     run = _copy(tmp, tiny)
     text = (run / "config.json").read_text()
@@ -455,6 +463,12 @@ CASES = [
      'corrupt run config (world_size "x" is not a whole number >= 1)', None),
     ("eval-config-unknown-override", override_unknown, ["eval", "{run}"],
      "config.json: model 'sa-quadratic' has no option 'colour'; leave it out", None),
+    # The model's classes or channels edited apart from the "data" block they came from: config.json is named,
+    # not the weights that no longer fit the model.
+    ("eval-config-num-classes-99", override_num_classes_99, ["eval", "{run}"],
+     'corrupt run config (model_overrides num_classes 99 does not match the', None),
+    ("predict-config-in-channels-2", override_in_channels_2, ["predict", "{run}", "{image}"],
+     'corrupt run config (model_overrides in_channels 2 does not match the', None),
     ("eval-config-5000-digits", config_5000_digits, ["eval", "{run}"],
      "corrupt run config (not JSON: a number of 5000 digits)", None),
     # The next round: config.json's fields out of range (read as sound, or blamed on a flag the user did not give),

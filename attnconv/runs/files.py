@@ -208,7 +208,7 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
             raise AttnconvError(f"unknown model {config.model!r}")
         problem = counts_problem(meta)
         if problem is None and "data" in meta:
-            problem = data_problem(meta["data"])
+            problem = data_problem(meta["data"]) or _overrides_problem(config, meta["data"])
         if problem is None and "converted" in meta:
             problem = converted_problem(meta["converted"])
         if problem is not None:
@@ -268,6 +268,18 @@ def data_problem(data: Any) -> str | None:
     if "digest" in data and not (isinstance(digest, dict) and all(
             isinstance(digest.get(k), str) and re.fullmatch(r"[0-9a-f]{32}", digest[k]) for k in ("train", "test"))):
         return f'"data" digest {_short(digest)} is not {{"train": ..., "test": ...}} of 32 hex digits each'
+    return None
+
+
+def _overrides_problem(config: TrainConfig, data: dict[str, Any]) -> str | None:
+    """The model's classes and input channels (model_overrides) against the "data" block they were set
+    from at training time, or None: the two disagree only when one of them was edited."""
+    for key, recorded, what in (("num_classes", len(data["classes"]), "classes"),
+                                ("in_channels", data["channels"], "channels")):
+        value = config.model_overrides.get(key)
+        if value is not None and value != recorded:
+            return (f'model_overrides {key} {_short(value)} does not match the {recorded} {what} of its "data" '
+                    "block (one of the two was edited)")
     return None
 
 
