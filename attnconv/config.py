@@ -313,5 +313,5 @@ def make_config(*, preset: str | None = None, base: TrainConfig | None = None, *
     if "milestones" in changes:
         changes["milestones"] = tuple(changes["milestones"])
     config = dataclasses.replace(base, model_overrides=overrides, **changes)
-    check_fields(config)  # each value in its range now (FieldError naming the field); `validate` checks the rest
+    config.check_values()  # each value in its range now (FieldError naming the field); `validate` checks the rest
     return config

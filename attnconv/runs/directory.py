@@ -179,8 +179,9 @@ def _restore(out: Path, folder: Path) -> bool:
         # Then the folder holds at most the manifest's temporary; anything else is not attnconv's to delete.
         foreign = sorted(p.name for p in folder.iterdir() if not is_temporary(p.name, (_MANIFEST,)))
         if foreign:
-            raise AttnconvError(f"--out {out}: {folder.name} holds files attnconv did not set aside "
-                                f"({', '.join(foreign[:3])}); move it away, or choose another --out") from None
+            raise ParameterError("out", out, f": {folder.name} holds files attnconv did not set aside "
+                                 f"({', '.join(foreign[:3])}); move it away, or choose another {{out}}",
+                                 mentions=("out",)) from None
         shutil.rmtree(folder, ignore_errors=True)
         return False
     for name in [*RUN_FILES, *event_files(out)]:

@@ -372,6 +372,7 @@ def _csv_row(header: list[str], fields: list[str], number: int) -> dict[str, flo
         raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is not an accuracy from 0 to 1")
     return row
 
+
 # The columns of metrics.csv and steps.csv that count (whole numbers >= 0); the others are measurements.
 _COUNT_COLUMNS = ("epoch", "step")
 # The accuracies of metrics.csv and steps.csv: fractions of the images seen.
