@@ -24,7 +24,7 @@ from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.distributed import init_distributed
 from attnconv.training.progress import RunProgress
 
-out = Path(sys.argv[1])
+out, results = Path(sys.argv[1]), Path(sys.argv[2])
 d = init_distributed(TrainConfig(model="sa-quadratic", dataset="fashion-mnist", device="cpu"))
 torch.manual_seed(0)  # the same initial weights on both ranks (DDP broadcasts rank 0's anyway)
 
@@ -72,8 +72,10 @@ steps(net2, opt2, restored, 3, 4)
 same = all(torch.equal(straight[k], v) for k, v in model2.state_dict().items())
 losses = [None] * d.world_size
 dist.all_gather_object(losses, local_loss)
-print(json.dumps({"rank": d.rank, "same": same, "step": restored.step, "loss_sum_after_restore": after_restore,
-                  "local_loss_sums": losses}), flush=True)
+# one file per rank: lines two processes print to one pipe at once can interleave
+(results / f"rank{d.rank}.json").write_text(json.dumps({"rank": d.rank, "same": same, "step": restored.step,
+                                                         "loss_sum_after_restore": after_restore,
+                                                         "local_loss_sums": losses}))
 d.barrier()
 d.shutdown()
 '''
@@ -84,12 +86,13 @@ def test_ddp_checkpoint_saved_by_rank_0_restores_every_rank_exactly(tmp_path):
     script.write_text(SCRIPT)
     out = tmp_path / "run"
     out.mkdir()
+    found = tmp_path / "results"
+    found.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), str(out)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+                           str(script), str(out), str(found)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
-                     key=lambda r: r["rank"])
+    results = [json.loads((found / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["same"] for r in results), results  # the replay matches training straight on, on both ranks
     assert all(r["step"] == 7 for r in results)
