@@ -801,3 +801,31 @@ def test_run_files_read_with_checks_heads_with_no_sound_line_is_one_error(tiny, 
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (no sound snapshot in it"), err
+
+
+@pytest.mark.parametrize("change", ["a-head-more", "a-head-less", "a-layer-more"])
+def test_run_files_read_with_checks_heads_that_do_not_fit_the_model_are_one_error(tiny, tmp_path, capsys, change):
+    """Every line of heads.jsonl consistent with the others but not with config.json's model (an edit, or a file
+    copied from another run): one error naming the file and both shapes, from every command that reads it (it was
+    read as sound: `analyze` listed 0/2 heads of a one-head layer and exited 0)."""
+    run = _copy(tmp_path, tiny)
+    path = run / "heads.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    model = [len(layer) for layer in records[0]["layers"]]
+    for record in records:
+        layers = record["layers"]
+        if change == "a-head-more":
+            layers[0].append(dict(layers[0][0]))
+        elif change == "a-head-less":
+            layers[-1].pop() if len(layers[-1]) > 1 else layers.pop()
+        else:
+            layers.append([dict(head) for head in layers[-1]])
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    for argv in (["plot", "distance", str(run), "--out", str(tmp_path / "d.png")], ["analyze", str(run)],
+                 ["compare", str(run)]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (its snapshots hold "), err
+        assert "the run's model in config.json has" in err[0] and str(model[0]) in err[0], err
+    assert not (tmp_path / "d.png").exists()

@@ -29,7 +29,7 @@ import numpy as np
 
 from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError
-from attnconv.runs import read_heads, read_metrics
+from attnconv.runs import CONFIG_FILE, Run, read_heads, read_metrics
 from attnconv.tables import format_table
 
 
@@ -93,7 +93,7 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
         if row is not None:
             accs.append(row["test_acc"])
         epochs.append(0 if row is None else int(row["epoch"]))
-        snaps = read_heads(run)
+        snaps = _checked_heads(run)
         if not snaps:
             continue  # a CNN, or a run without heads.jsonl: accuracy only
         heads_runs += 1
@@ -152,7 +152,7 @@ def displacement_history(group: str | os.PathLike) -> dict[str, Any]:
     """
     histories = []
     for run in group_runs(group):
-        snaps = {s["epoch"]: s for s in read_heads(run)}  # a replayed epoch: the last record wins
+        snaps = {s["epoch"]: s for s in _checked_heads(run)}  # a replayed epoch: the last record wins
         if 0 not in snaps:
             raise AttnconvError(f"{run}: heads.jsonl has no snapshot at initialization (epoch 0)")
         histories.append({e: center_displacement(snaps[0], s) for e, s in snaps.items()})
@@ -185,3 +185,12 @@ def format_comparison(rows: list[dict[str, Any]], *, kernels: tuple[int, ...] = 
             cells.append(f"{layer['attention_distance']:.2f}")
             table.append((head if k == 0 else ["", "", "", ""]) + cells)
     return format_table(headers, table, markdown=markdown, align="lrrrr" + "r" * (len(headers) - 5)) + "\n"
+
+
+def _checked_heads(run: Path) -> list[dict[str, Any]]:
+    """`read_heads` of a run; with its config.json (a run folder copied whole, not only its two logs), the
+    snapshots checked against the model it describes (`Run.check_heads_fit`)."""
+    snaps = read_heads(run)
+    if (run / CONFIG_FILE).exists():
+        Run(run).check_heads_fit(snaps)
+    return snaps

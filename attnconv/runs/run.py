@@ -17,7 +17,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
-from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, site_probs
+from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.files import (
     HEADS_FILE,
@@ -104,7 +104,31 @@ class Run:
             warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
                           f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}",
                           AttnconvWarning, stacklevel=2)
+        self.check_heads_fit(records)
         return records
+
+    def check_heads_fit(self, records: Sequence[dict[str, Any]]) -> None:
+        """One AttnconvError when heads.jsonl's snapshots `records` hold other layers or heads than the run's
+        model (`heads_per_layer`): a file edited, or copied from another run, would be read as this one's."""
+        if not records:
+            return
+        # every sound line has the first one's layers and heads (`runs.snapshot_problem`)
+        recorded, expected = [len(layer) for layer in records[0]["layers"]], self.heads_per_layer
+        if recorded != expected:
+            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
+                                f"{_layers_text(recorded)}, the run's model in config.json has "
+                                f"{_layers_text(expected)}); restore it from a copy, or delete it (the heads' "
+                                "history is then unknown; `attnconv plot centers RUN` draws the final heads)")
+
+    @functools.cached_property
+    def heads_per_layer(self) -> list[int]:
+        """The heads of each layer a snapshot of heads.jsonl holds, from config.json alone (no weights): one
+        entry per attention site of the network ([] for a network training records no heads of)."""
+        arch = self.architecture
+        if not records_heads(arch):
+            return []
+        return [site.layer.heads for site in attention_sites(arch, (self.info.channels, self.info.size,
+                                                                    self.info.size))]
 
     @functools.cached_property
     def info(self) -> D.DatasetInfo:
@@ -215,3 +239,12 @@ def as_run(run: Run | str | os.PathLike, device: str | torch.device = "cpu", *,
            data_dir: str | os.PathLike | None = None, dataset: str | None = None) -> Run:
     """`run` itself, or the Run of a run directory (a command given a path)."""
     return run if isinstance(run, Run) else Run(run, device, data_dir=data_dir, dataset=dataset)
+
+
+def _layers_text(heads: list[int]) -> str:
+    """[9, 9, 9, 9] -> '4 layers of 9 heads'; [2, 4] -> 'layers of 2, 4 heads'; [] -> 'no attention layer'."""
+    if not heads:
+        return "no attention layer"
+    if len(set(heads)) == 1:
+        return f"{len(heads)} layer{'s' if len(heads) > 1 else ''} of {heads[0]} head{'s' if heads[0] > 1 else ''}"
+    return f"layers of {', '.join(map(str, heads))} heads"
