@@ -142,3 +142,58 @@ def test_main_called_in_process_leaves_sigint_alone():
     before = signal.getsignal(signal.SIGINT)
     assert main(["eval", "no-such-run"]) == 2
     assert signal.getsignal(signal.SIGINT) is before
+
+
+_SECOND_CTRL_C = r'''
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+from attnconv.cli import main
+from attnconv.fileio import DirectoryLock
+from attnconv.training.checkpoint import Checkpointer
+
+save, release = Checkpointer.save, DirectoryLock.release
+
+def save_then_ctrl_c(self, model, optimizer, progress):  # the first Ctrl-C: right after the checkpoint of step 2
+    save(self, model, optimizer, progress)
+    if progress.step == 2:
+        raise KeyboardInterrupt
+
+def ctrl_c_then_release(self):  # the second, while the stopped run cleans up (the lock is released last)
+    os.kill(os.getpid(), signal.SIGINT)
+    release(self)
+
+Checkpointer.save, DirectoryLock.release = save_then_ctrl_c, ctrl_c_then_release
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_a_second_ctrl_c_while_the_run_cleans_up_keeps_the_line_saying_where_it_stopped(tmp_path):
+    """Two Ctrl-Cs in quick succession (a key held, or pressed twice): the second arrives while the stopped run
+    puts things back and releases its folder; it is let pass, so the one line still says the step and how to
+    resume (it was cut to a bare `interrupted`)."""
+    (tmp_path / "data").mkdir()
+    data = write_random_fashion(tmp_path / "data", 32, 8)
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", _SECOND_CTRL_C, "train", *TINY, "--epochs", "3", "--data-dir",
+                           str(data), "--checkpoint-every", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_as_in_a_terminal)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[-1].startswith("interrupted at step 2 of "), lines
+    assert "the last good checkpoint (step 2) is intact" in lines[-1] and "--resume" in lines[-1], lines
+    assert main(["train", *TINY, "--epochs", "3", "--data-dir", str(data), "--out", str(out), "--resume"]) == 0
+
+
+def test_a_third_ctrl_c_while_the_run_cleans_up_ends_it_at_once():
+    """A cleanup that hangs can still be stopped: the third Ctrl-C exits with `interrupted`, 130; the second is
+    let pass; afterwards SIGINT raises KeyboardInterrupt again."""
+    code = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from attnconv.training.loop import _CleanupInterrupts\n"
+            "c = _CleanupInterrupts(); os.kill(os.getpid(), signal.SIGINT); print('passed', flush=True)\n"
+            "c.restore()\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGINT)\nexcept KeyboardInterrupt:\n    print('raised', flush=True)\n"
+            "c = _CleanupInterrupts(); os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGINT)\n"
+            "print('not reached', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_as_in_a_terminal)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "passed\nraised\n", "interrupted\n")

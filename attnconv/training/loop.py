@@ -28,7 +28,9 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,7 +125,7 @@ def train(
     fresh = not out.exists()
     d = init_distributed(config)
     lock = DirectoryLock(out, "out") if d.main else None
-    trainer = None
+    trainer = interrupts = None
     try:
         trainer = _Trainer(config, out, resume, overwrite, dataset, progress, log_every, d, lock, allow_data_change,
                            writer_class)
@@ -131,6 +133,8 @@ def train(
         d.barrier()  # rank 0 writes the last files after the last collective: every rank leaves together
         return row
     except BaseException as err:
+        if isinstance(err, KeyboardInterrupt):  # a second Ctrl-C must not cut the line saying where it stopped
+            interrupts = _CleanupInterrupts()
         stopped = _stopped(err, out, trainer)  # --overwrite before the first checkpoint: the old run comes back
         if stopped is None:
             raise
@@ -142,6 +146,8 @@ def train(
                 out.rmdir()  # a run that failed before writing anything leaves no directory behind
         trainer = None  # DDP's reducer holds the process group: it goes first
         d.shutdown()
+        if interrupts is not None:
+            interrupts.restore()
 
 
 def _stopped(err: BaseException, out: Path, trainer: _Trainer | None) -> Exception | None:
@@ -174,6 +180,30 @@ def _restore_set_aside(out: Path, trainer: _Trainer | None) -> bool:
                              f"replacing could not be put back ({describe_os_error(err)}); its files are in "
                              f"{trainer.set_aside.folder}: move them back into {out}") from None
     return True
+
+
+class _CleanupInterrupts:
+    """While a run stopped by Ctrl-C cleans up (the set-aside run put back, the lock released, the line saying
+    where it stopped): a second SIGINT is let pass, so that it cannot cut that short; a third ends the process
+    at once (`interrupted`, exit 130), for a cleanup that hangs. Only in the main thread of a process whose
+    SIGINT raises KeyboardInterrupt (Python's default); `restore` puts that handler back."""
+
+    def __init__(self):
+        self.previous, self.count = None, 0
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._interrupt)
+
+    def _interrupt(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count >= 2:
+            os.write(2, b"interrupted\n")
+            os._exit(130)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
 
 
 def _last_checkpoint(out: Path) -> str:
