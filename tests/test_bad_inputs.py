@@ -829,3 +829,91 @@ def test_run_files_read_with_checks_heads_that_do_not_fit_the_model_are_one_erro
         assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (its snapshots hold "), err
         assert "the run's model in config.json has" in err[0] and str(model[0]) in err[0], err
     assert not (tmp_path / "d.png").exists()
+
+
+def _metrics_lines(run: Path) -> list[str]:
+    return (run / "metrics.csv").read_text().splitlines()
+
+
+def _with_field(line: str, header: str, name: str, value: str) -> str:
+    fields, names = line.split(","), header.split(",")
+    fields[names.index(name)] = value
+    return ",".join(fields)
+
+
+_METRICS_EDITS = {  # name: (new lines from (header, row), what the one error line says)
+    "rows-out-of-order": (lambda h, r: [h, _with_field(r, h, "epoch", "2"), r],
+                          "corrupt metrics file (line 3: epoch 1 after epoch 2; each row's epoch must be larger"),
+    "an-epoch-twice": (lambda h, r: [h, r, _with_field(r, h, "test_acc", "0.9")],
+                       "corrupt metrics file (line 3: epoch 1 after epoch 1;"),
+    "a-column-twice": (lambda h, r: [h + ",test_acc", r + ",0.99"],
+                       'corrupt metrics file (the header names column "test_acc" twice)'),
+    "seconds-negative": (lambda h, r: [h, _with_field(r, h, "seconds", "-5")],
+                         "corrupt metrics file (line 2: seconds -5.0 is negative)"),
+    "past-the-run": (lambda h, r: [h, _with_field(_with_field(r, h, "epoch", "7"), h, "step", "21")],
+                     "corrupt metrics file (its last row, epoch 7 at step 21, lies past the run's 1 epoch of "),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_METRICS_EDITS))
+def test_run_files_read_with_checks_metrics_rows_that_contradict_each_other_or_the_run_are_one_error(
+        tiny, tmp_path, capsys, edit):
+    """metrics.csv rows out of order, an epoch twice, a column twice, a negative duration, a row past the run's
+    length in config.json: `table` printed one of the contradicting values (or -5 s an epoch, or 7 epochs of a
+    1-epoch run) and exited 0; now one line naming the file and the row."""
+    run = _copy(tmp_path, tiny)
+    header, row = _metrics_lines(run)
+    change, says = _METRICS_EDITS[edit]
+    (run / "metrics.csv").write_text("\n".join(change(header, row)) + "\n")
+    for argv in (["table", str(run)],):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {run / 'metrics.csv'}: {says}"), err
+        assert "restore it from a copy" in err[0]
+
+
+@pytest.mark.parametrize("ends", ["\r\n", "\r"])
+def test_run_files_read_with_checks_metrics_and_steps_with_other_line_ends_read_the_same(tiny, tmp_path, ends):
+    """An editor on Windows (CRLF) or an old Mac (CR) saves the logs: read as they were (CR alone read no row:
+    `table` said 0 epochs)."""
+    from attnconv.runs import read_metrics, read_steps
+
+    run = _copy(tmp_path, tiny)
+    _write_steps(run, [1, 2])
+    before = read_metrics(run), read_steps(run)
+    for name in ("metrics.csv", "steps.csv"):
+        path = run / name
+        path.write_bytes(path.read_bytes().replace(b"\n", ends.encode()))
+    assert (read_metrics(run), read_steps(run)) == before
+    assert len(before[0]) == 1 and len(before[1]) == 2
+
+
+def _write_steps(run: Path, steps: list[int]) -> None:
+    """steps.csv with a row at each of `steps` (the tiny run logs none: it has 2 steps, a row every 100)."""
+    header = (run / "steps.csv").read_text().splitlines()[0]
+    rows = [f"{s},1,2.3,0.1,0.001,100.0,{0.5 * s}" for s in steps]
+    (run / "steps.csv").write_text("\n".join([header, *rows]) + "\n")
+
+
+def test_run_files_read_with_checks_steps_out_of_order_are_one_error(tiny, tmp_path):
+    from attnconv.runs import read_steps
+
+    run = _copy(tmp_path, tiny)
+    _write_steps(run, [2, 1])
+    with pytest.raises(AttnconvError, match=r"steps.csv: corrupt steps log \(line 3: step 1 after step 2; "):
+        read_steps(run)
+
+
+def test_run_files_read_with_checks_a_heads_snapshot_past_the_run_is_one_error(tiny, tmp_path, capsys):
+    """A snapshot of epoch 9 in a 1-epoch run: `analyze` listed it and exited 0."""
+    run = _copy(tmp_path, tiny)
+    path = run / "heads.jsonl"
+    last = json.loads(path.read_text().splitlines()[-1])
+    path.write_text(path.read_text() + json.dumps({**last, "epoch": 9, "step": 27}) + "\n")
+    for argv in (["analyze", str(run)], ["plot", "distance", str(run), "--out", str(tmp_path / "d.png")]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {path}: corrupt heads file (a snapshot of epoch 9 lies past the run's 1 epoch in "
+                       "config.json); restore it from a copy, or delete it (the heads' history is then unknown)"], err

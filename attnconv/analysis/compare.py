@@ -84,7 +84,7 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
     accs, layers, epochs, heads_runs = [], None, [], 0
     per_layer: list[dict[str, list[float]]] = []
     for run in runs:
-        metrics = read_metrics(run)
+        metrics = Run(run).metrics if (run / CONFIG_FILE).exists() else read_metrics(run)
         if not metrics:
             raise AttnconvError(f"{run}: metrics.csv has no finished epoch yet")
         row = metrics[-1] if epoch is None else next((m for m in metrics if int(m["epoch"]) == epoch), None)
@@ -189,7 +189,7 @@ def format_comparison(rows: list[dict[str, Any]], *, kernels: tuple[int, ...] = 
 
 def _checked_heads(run: Path) -> list[dict[str, Any]]:
     """`read_heads` of a run; with its config.json (a run folder copied whole, not only its two logs), the
-    snapshots checked against the model it describes (`Run.check_heads_fit`)."""
+    snapshots checked against the model and the length it describes (`Run.check_heads_fit`)."""
     snaps = read_heads(run)
     if (run / CONFIG_FILE).exists():
         Run(run).check_heads_fit(snaps)

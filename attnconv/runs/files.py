@@ -310,19 +310,21 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
     CSV, or holds a value that is not a number is one AttnconvError naming the file.
     """
     return _read_csv(Path(run_dir) / METRICS_FILE, METRICS_COLUMNS, "metrics file", limit, _MAX_METRICS_BYTES,
-                     "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)")
+                     "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)", "epoch")
 
 def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
     """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most
     `limit`; [] for a run without one. Read and checked as `read_metrics` reads metrics.csv."""
     return _read_csv(Path(run_dir) / STEPS_FILE, STEPS_COLUMNS, "steps log", limit, _MAX_STEPS_BYTES,
-                     "restore it from a copy, or delete it (the run's per-step curves are then unknown)")
+                     "restore it from a copy, or delete it (the run's per-step curves are then unknown)", "step")
 
 _MAX_STEPS_BYTES = 2**28  # 256 MiB: millions of rows (--log-every 1 on a long run)
 
 def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None, max_bytes: int,
-              fix: str) -> list[dict[str, float]]:
-    """The rows of a run's CSV log (`read_metrics`, `read_steps`); one AttnconvError naming `path` if it is unsound."""
+              fix: str, order: str) -> list[dict[str, float]]:
+    """The rows of a run's CSV log (`read_metrics`, `read_steps`); one AttnconvError naming `path` if it is unsound.
+    Line ends of any system (LF, CRLF, CR); every column named once; the `order` column rising from row to row (an
+    epoch or step logged twice, or rows out of order, would leave two answers to one question)."""
     if not path.exists():
         return []
     if not path.is_file():
@@ -335,6 +337,7 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
         raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the {what} ({err.strerror or err}); {fix}") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # a file saved by an editor on Windows or an old Mac
     lines = text.split("\n")[:-1]  # the piece after the last newline is empty or cut short
     if not lines:
         return []
@@ -346,7 +349,19 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
         missing = [c for c in columns if c not in header]
         if missing:
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
-        return [_csv_row(header, fields, reader.line_num) for fields in reader if fields]
+        twice = next((c for c in header if header.count(c) > 1), None)
+        if twice is not None:
+            raise AttnconvError(f"the header names column {_short(twice)} twice")
+        rows: list[dict[str, float]] = []
+        for fields in reader:
+            if not fields:
+                continue
+            row = _csv_row(header, fields, reader.line_num)
+            if rows and not row[order] > rows[-1][order]:
+                raise AttnconvError(f"line {reader.line_num}: {order} {row[order]:g} after {order} "
+                                    f"{rows[-1][order]:g}; each row's {order} must be larger than the one before")
+            rows.append(row)
+        return rows
     except (csv.Error, AttnconvError) as err:
         raise AttnconvError(f"{path}: corrupt {what} ({err}); {fix}") from None
 
@@ -370,6 +385,9 @@ def _csv_row(header: list[str], fields: list[str], number: int) -> dict[str, flo
     bad = next((k for k in _FRACTION_COLUMNS if k in row and not 0 <= row[k] <= 1), None)
     if bad is not None:
         raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is not an accuracy from 0 to 1")
+    bad = next((k for k in _NONNEGATIVE_COLUMNS if k in row and row[k] < 0), None)  # NaN: not measured, shown as -
+    if bad is not None:
+        raise AttnconvError(f"line {number}: {bad} {row[bad]!r} is negative")
     return row
 
 
@@ -377,6 +395,8 @@ def _csv_row(header: list[str], fields: list[str], number: int) -> dict[str, flo
 _COUNT_COLUMNS = ("epoch", "step")
 # The accuracies of metrics.csv and steps.csv: fractions of the images seen.
 _FRACTION_COLUMNS = ("train_acc", "test_acc", "accuracy")
+# Durations, rates and learning rates: never below 0.
+_NONNEGATIVE_COLUMNS = ("seconds", "images_per_s", "lr")
 
 
 def _text(data: bytes) -> str:

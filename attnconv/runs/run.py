@@ -21,6 +21,7 @@ from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, 
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.files import (
     HEADS_FILE,
+    METRICS_FILE,
     read_config,
     read_heads_skipping,
     read_metrics,
@@ -85,7 +86,17 @@ class Run:
 
     @functools.cached_property
     def metrics(self) -> list[dict[str, float]]:
-        return read_metrics(self.path)
+        """metrics.csv's rows (`runs.read_metrics`), none past the run's length in config.json (epochs, total_steps)."""
+        rows = read_metrics(self.path)
+        total = self.meta.get("total_steps")
+        if rows and (rows[-1]["epoch"] > self.config.epochs
+                     or (isinstance(total, int) and not isinstance(total, bool) and rows[-1]["step"] > total)):
+            raise AttnconvError(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, epoch "
+                                f"{rows[-1]['epoch']:g} at step {rows[-1]['step']:g}, lies past the run's "
+                                f"{_count(self.config.epochs, 'epoch')}"
+                                f"{'' if not isinstance(total, int) else f' of {total} steps'} in config.json); "
+                                "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)")
+        return rows
 
     @functools.cached_property
     def heads(self) -> list[dict[str, Any]]:
@@ -114,6 +125,11 @@ class Run:
             return
         # every sound line has the first one's layers and heads (`runs.snapshot_problem`)
         recorded, expected = [len(layer) for layer in records[0]["layers"]], self.heads_per_layer
+        last = max(records, key=lambda r: r["epoch"])
+        if last["epoch"] > self.config.epochs:
+            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (a snapshot of epoch {last['epoch']} "
+                                f"lies past the run's {_count(self.config.epochs, 'epoch')} in config.json); restore "
+                                "it from a copy, or delete it (the heads' history is then unknown)")
         if recorded != expected:
             raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
                                 f"{_layers_text(recorded)}, the run's model in config.json has "
@@ -248,3 +264,7 @@ def _layers_text(heads: list[int]) -> str:
     if len(set(heads)) == 1:
         return f"{len(heads)} layer{'s' if len(heads) > 1 else ''} of {heads[0]} head{'s' if heads[0] > 1 else ''}"
     return f"layers of {', '.join(map(str, heads))} heads"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
