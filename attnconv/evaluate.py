@@ -34,7 +34,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
-from attnconv.runs import Run, nonfinite_tensor, parameter_count
+from attnconv.runs import Run, nonfinite_tensor
 from attnconv.tables import format_table
 
 __all__ = [
@@ -176,10 +176,12 @@ def describe_run(
 
     Only config.json and metrics.csv are read, so a run directory without its weights
     (the copies under benchmarks/table1/) is described too: the accuracy is the last
-    metrics.csv row's, the parameters are config.json's count, and the FLOPs are counted
-    on the network the config describes, built with fresh weights (FLOPs do not depend
-    on them). With `recompute` the weights are loaded (model.safetensors) and the
-    accuracy is measured anew on the test set (the data is looked up in `data_dir`, else
+    metrics.csv row's, and the parameters and FLOPs are counted on the network the config
+    describes, built with fresh weights (neither depends on them). The "parameters" count
+    config.json states is not used: counting the architecture gives the true number, and
+    an edited count (0, say) would otherwise be shown as the run's. With `recompute` the
+    weights are loaded (model.safetensors) and the accuracy is measured anew on the test
+    set (the data is looked up in `data_dir`, else
     in the run's own data_dir, else where `load_dataset` searches), in one pass that also
     gives the per-class results: "classes" (names, in label order), "per_class" (class name ->
     accuracy, None for a class with no test images) and "confusion" (`confusion_matrix` as
@@ -203,7 +205,6 @@ def describe_run(
     run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics
     model = run.model if recompute else run.architecture
     flops = count_flops(model, (info.channels, info.size, info.size))
-    params = parameter_count(meta)
     summary: dict[str, Any] = {
         "run": str(run_dir),
         "model": config.model + (" (as attention)" if "converted" in meta else
@@ -216,7 +217,7 @@ def describe_run(
         "test_acc": rows[-1]["test_acc"] if rows else None,
         "seed": config.seed,
         "setup": run_setup(meta),
-        "params": count_params(model) if params is None else params,
+        "params": count_params(model),
         "flops_total": flops["total"],
         "flops_linear": flops["linear_only"],
         "flops_by_op": flops["by_op"],

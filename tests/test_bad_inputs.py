@@ -917,3 +917,125 @@ def test_run_files_read_with_checks_a_heads_snapshot_past_the_run_is_one_error(t
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: {path}: corrupt heads file (a snapshot of epoch 9 lies past the run's 1 epoch in "
                        "config.json); restore it from a copy, or delete it (the heads' history is then unknown)"], err
+
+
+# ------------------------------------------------------------------ run files read with checks: the fourth round
+
+
+def _one_error(argv, capsys) -> str:
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and captured.out == "", captured
+    return lines[0]
+
+
+def test_run_files_read_with_checks_parameters_are_counted_not_taken_from_config(tiny, tmp_path, capsys):
+    """config.json's "parameters" 0 (an edit): `table` showed `params 0`; the count is the architecture's."""
+    from attnconv.evaluate import describe_run
+
+    true = describe_run(tiny["sa-quadratic"])["params"]
+    run = _edit_meta(tmp_path, tiny, lambda meta: meta.update(parameters=0))["run"]
+    assert true > 0 and describe_run(run)["params"] == true
+    tables = []
+    for path in (tiny["sa-quadratic"], run):
+        capsys.readouterr()
+        assert main(["table", str(path)]) == 0
+        tables.append(capsys.readouterr().out)
+    assert tables[0] == tables[1], tables
+
+
+@pytest.mark.parametrize("block", ["converted", "init_from"])
+def test_run_files_read_with_checks_a_conversion_block_on_a_model_without_convolution(tiny, tmp_path, capsys, block):
+    """"converted" {} on an sa-quadratic run was read as sound; an init_from was refused as a flag's mistake
+    without a fix. Both are one corrupt-run-config line, from commands that load the weights and those that do not."""
+    def edit(meta):
+        if block == "converted":
+            meta["converted"] = {}
+        else:
+            meta["config"]["init_from"] = {"run": "/nonexistent", "alpha": 3, "fold_bn": False}
+    run = _edit_meta(tmp_path, tiny, edit)["run"]
+    for argv in (["eval", run], ["table", run]):
+        line = _one_error(argv, capsys)
+        assert line.startswith(f"error: {run / 'config.json'}: corrupt run config (") and "no convolution" in line
+        assert line.endswith("; restore it from a copy, or train the run again"), line
+
+
+@pytest.mark.parametrize("key", ["hidden\u200b", "hid\nden", "x" * 300])
+def test_run_files_read_with_checks_any_unknown_override_key_is_named_escaped(tiny, tmp_path, capsys, key):
+    """A model override key with a zero-width space leaked Python's `unexpected keyword argument` (the key
+    raw); any unknown key now says the model has no such option, the key escaped and shortened."""
+    run = _edit_meta(tmp_path, tiny, lambda meta: meta["config"]["model_overrides"].update({key: 8}))["run"]
+    line = _one_error(["eval", run], capsys)
+    assert "model 'sa-quadratic' has no option '" in line and "unexpected keyword" not in line, line
+    assert key not in line and key.isprintable() == (key[:10] in line) and len(line) < 400, line
+
+
+@pytest.mark.parametrize("field, value", [("dataset", "folder:" + "a" * 100_000), ("data_dir", "/" + "b" * 100_000),
+                                          ("dataset", "folder:/tmp/" + "c" * 300), ("data_dir", "/tmp/x\u0000y")])
+def test_run_files_read_with_checks_long_strings_and_impossible_paths_in_config(tiny, tmp_path, capsys, field,
+                                                                               value):
+    """config.dataset of 100,000 characters gave a 100 kB line from an OSError, config.json not named: strings are
+    limited where config.json is read, and so are the names in its paths; the line names the field, short."""
+    run = _edit_meta(tmp_path, tiny, lambda meta: meta["config"].update({field: value}))["run"]
+    line = _one_error(["eval", run], capsys)
+    assert line.startswith(f"error: {run / 'config.json'}: corrupt run config (config.{field} "), line
+    assert len(line) < 400, len(line)
+
+
+def test_run_files_read_with_checks_an_os_error_line_shows_a_long_path_shortened(monkeypatch, capsys):
+    """The last-resort OSError line: a path of thousands of characters is shown by its two ends."""
+    import attnconv.cli as cli
+
+    def fail(*args):
+        raise OSError(36, "File name too long", "/" + "d" * 4000)
+
+    monkeypatch.setattr(cli, "check_ranges", fail)
+    assert cli.main(["eval", "some-run"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("ddd: File name too long") and "..." in line and len(line) < 300, line
+
+
+@pytest.mark.parametrize("name", ["\x1b[2J\x1b[31mcat", "", "dog\x85", "\x7f"])
+def test_run_files_read_with_checks_class_names_with_control_characters(tiny, tmp_path, capsys, name):
+    """Class names with terminal escapes were printed raw by `predict`: a name empty or holding a control
+    character (C0, DEL, C1) is a corrupt "data" block."""
+    names = _data(classes=[name, "dog" if name != "dog\x85" else "cat", *[f"c{i}" for i in range(8)]])(tmp_path, tiny)
+    line = _one_error(["predict", names["run"], names["image"]], capsys)
+    assert 'corrupt run config ("data" class name "' in line and "\x1b" not in line, line
+
+
+def test_run_files_read_with_checks_what_commands_print_is_escaped(tiny, tmp_path, capsys):
+    """What `predict` and `eval` print to stdout goes through the escaping of error lines: an image file name
+    with a terminal escape is shown as `\\x1b`, never raw."""
+    from PIL import Image
+
+    run = _copy(tmp_path, tiny)
+    image = tmp_path / "a\x1b[2Jb.png"
+    Image.new("L", (28, 28), 100).save(image)
+    capsys.readouterr()
+    assert main(["predict", str(run), str(image)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "a\\x1b[2Jb.png: " in out, out
+    assert main(["eval", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "test acc" in out and all(line.isprintable() for line in out.splitlines()), out
+
+
+def test_run_files_read_with_checks_state_of_another_run_is_blamed_on_state(tiny, tmp_path, capsys):
+    """state.pt of a run of another model size: the line blamed config.json although config.json and
+    model.safetensors agree; it now names state.pt as foreign with its fix. When the weights do not fit
+    either, config.json is still the one blamed."""
+    (tmp_path / "big").mkdir()
+    big = train_tiny_runs(tmp_path / "big", [("sa-quadratic", dict(TINY, hidden=16))], epochs=1, max_steps=2)
+    run = _copy(tmp_path, tiny)
+    shutil.copy(big["sa-quadratic"] / "state.pt", run / "state.pt")
+    line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
+    assert f"{run / 'state.pt'} does not fit the model that {run / 'config.json'} describes (" in line, line
+    assert ("while model.safetensors does: state.pt is not this run's; restore it from a copy of this run "
+            "(without it the run cannot be resumed: train it again into a new --out, or over this one with "
+            "--overwrite)") in line and "if config.json was edited" not in line, line
+    shutil.copy(big["sa-quadratic"] / "model.safetensors", run / "model.safetensors")
+    line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
+    assert "if config.json was edited, restore it" in line and "not this run's" not in line, line

@@ -198,7 +198,8 @@ def _run(argv: list[str] | None, process: bool) -> int:
     except OSError as err:  # a file the checks could not foresee (the disk filled up, a folder vanished)
         from attnconv.fileio import describe_os_error
 
-        where = f"{err.filename}: " if err.filename else ""
+        name = str(err.filename or "")  # a path from a file may be long: its ends say which it is
+        where = f"{name if len(name) <= 200 else name[:120] + '...' + name[-77:]}: " if name else ""
         print(f"error: {one_line(where + describe_os_error(err))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as err:
@@ -217,6 +218,13 @@ _ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]} | {0x0
 def one_line(text: str) -> str:
     """`text` as one line of plain text: control characters shown as escapes (`\\n`, `\\x1b`)."""
     return text.translate(_ESCAPES)
+
+
+def plain(text: str) -> str:
+    """`text` as lines of plain text: each line's control characters shown as escapes (`one_line`), the
+    newlines between lines kept. What a command prints to stdout from a run's files (class names, the
+    dataset) goes through it, so that a terminal escape in a file never acts on the terminal."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -104,7 +104,7 @@ def register(subparsers) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from attnconv.cli import one_line
+    from attnconv.cli import one_line, plain
     from attnconv.evaluate import describe_run
 
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
@@ -114,20 +114,24 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
-    print(f"run          {s['run']}")
-    print(f"model        {s['model']} on {s['dataset']} (epoch {s['epochs']}, step {s['step']})")
+
+    def out(text: str) -> None:  # names from the run's files (classes, dataset): escaped, as error lines are
+        print(plain(text))
+
+    out(f"run          {s['run']}")
+    out(f"model        {s['model']} on {s['dataset']} (epoch {s['epochs']}, step {s['step']})")
     if "test_dataset" in s:
-        print(f"test set     {s['test_dataset']} ({s['test_images']:,} images, the run's classes)")
-    print(f"test acc     {s['test_acc']:.4f}  (loss {s['test_loss']:.4f})")
-    print(f"parameters   {s['params']:,}")
-    print(f"FLOPs/image  {s['flops_total']:,} (all ops counted by torch.utils.flop_counter)")
-    print(f"             {s['flops_linear']:,} (Linear layers only, the paper's convention)")
+        out(f"test set     {s['test_dataset']} ({s['test_images']:,} images, the run's classes)")
+    out(f"test acc     {s['test_acc']:.4f}  (loss {s['test_loss']:.4f})")
+    out(f"parameters   {s['params']:,}")
+    out(f"FLOPs/image  {s['flops_total']:,} (all ops counted by torch.utils.flop_counter)")
+    out(f"             {s['flops_linear']:,} (Linear layers only, the paper's convention)")
     top = sorted(s["flops_by_op"].items(), key=lambda kv: -kv[1])
-    print("by op        " + ", ".join(f"{op} {v:,}" for op, v in top))
-    print()
-    print(per_class_text(s["classes"], s["confusion"]))
-    print()
-    print(confusion_text(s["classes"], s["confusion"]))
+    out("by op        " + ", ".join(f"{op} {v:,}" for op, v in top))
+    out("")
+    out(per_class_text(s["classes"], s["confusion"]))
+    out("")
+    out(confusion_text(s["classes"], s["confusion"]))
     return 0
 
 
@@ -175,7 +179,7 @@ def confusion_text(classes: list[str], confusion: list[list[int]]) -> str:
 
 def run_table(args: argparse.Namespace) -> int:
 
-    from attnconv.cli import one_line
+    from attnconv.cli import one_line, plain
     from attnconv.evaluate import describe_run, runs_table
 
     if args.dataset is not None and not args.recompute:
@@ -188,7 +192,7 @@ def run_table(args: argparse.Namespace) -> int:
     for s in summaries:
         if "warning" in s:
             print(f"warning: {one_line(s['warning'])}", file=sys.stderr)
-    print(runs_table(summaries, markdown=args.markdown), end="")
+    print(plain(runs_table(summaries, markdown=args.markdown)), end="")
     return 0
 
 
@@ -196,6 +200,7 @@ def run_compare(args: argparse.Namespace) -> int:
     import json
 
     from attnconv.analysis.compare import compare_groups, format_comparison
+    from attnconv.cli import plain
     from attnconv.errors import AttnconvError
 
     try:
@@ -206,5 +211,5 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(format_comparison(rows, kernels=kernels, markdown=args.markdown), end="")
+        print(plain(format_comparison(rows, kernels=kernels, markdown=args.markdown)), end="")
     return 0

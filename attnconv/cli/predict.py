@@ -51,6 +51,7 @@ def image_files(args: list[str]) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.runs import Run
 
     files = image_files(args.images)
@@ -63,6 +64,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run": str(run.path), "predictions": results}, indent=1))
         return 0
-    for r in results:
-        print(f"{r['image']}: " + ", ".join(f"{t['class']} {t['probability']:.3g}" for t in r["top"]))
+    for r in results:  # class names from config.json, file names: escaped, as error lines are
+        print(one_line(f"{r['image']}: " + ", ".join(f"{t['class']} {t['probability']:.3g}" for t in r["top"])))
     return 0

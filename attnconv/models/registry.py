@@ -7,7 +7,6 @@ imports them, so `build_model` sees every model once `attnconv.models` is import
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +66,12 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
     try:
         return REGISTRY[name](**overrides)
     except TypeError as err:  # an override this model does not take: name it, not the constructor
-        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        # Python names the key raw between quotes; any key, whatever its characters, is found by comparing.
+        unknown = next((k for k in overrides if f"unexpected keyword argument '{k}'" in str(err)), None)
         if unknown is None:
             raise AttnconvError(f"model {name!r}: {err}") from None
-        raise AttnconvError(f"model {name!r} has no option {unknown.group(1)!r}; leave it out (`attnconv train "
+        shown = repr(unknown) if len(unknown) <= 40 else repr(unknown[:37]) + "..."  # repr: invisible ones escaped
+        raise AttnconvError(f"model {name!r} has no option {shown}; leave it out (`attnconv train "
                             "--help` lists the model options)") from None
 
 

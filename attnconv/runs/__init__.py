@@ -20,7 +20,15 @@ sets aside until the new run's first checkpoint, the logs a resumed run keeps).
 Every file is written atomically through `attnconv.fileio.atomic_write`.
 """
 
-from attnconv.runs.build import build_run_architecture, build_run_model, convert_run, load_run, load_weights, nonfinite_tensor
+from attnconv.runs.build import (
+    build_run_architecture,
+    build_run_model,
+    convert_run,
+    load_run,
+    load_weights,
+    nonfinite_tensor,
+    weights_fit,
+)
 from attnconv.runs.directory import SetAside, claim_run_dir, event_files, recover_set_aside, trim_logs
 from attnconv.runs.files import (
     CONFIG_FILE,
@@ -109,6 +117,7 @@ __all__ = [
     "build_run_architecture",
     "load_weights",
     "nonfinite_tensor",
+    "weights_fit",
     "build_run_model",
     "convert_run",
     "claim_run_dir",

@@ -26,6 +26,7 @@ from attnconv.models import build_model
 from attnconv.runs.directory import SET_ASIDE, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
+    CONFIG_FIX,
     WEIGHTS_FILE,
     read_config,
     save_weights,
@@ -57,11 +58,23 @@ def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
 
     `build_run_model`, then, for a run written by `attnconv convert`, the same conversion.
     What needs no weights (parameter and FLOP counts) is read off it; `load_run` loads them into it.
+    An "init_from" or a "converted" block on a model with no convolution (only an edit writes one) is
+    a corrupt run config, not a flag's mistake nor a conversion of nothing read as sound.
     """
-    model = build_run_model(TrainConfig.from_dict(meta["config"]))
+    config = TrainConfig.from_dict(meta["config"])
+    try:
+        model = build_run_model(config)
+    except ParameterError as err:
+        if err.name != "init_from":
+            raise
+        raise AttnconvError(f"corrupt run config (init_from on model {config.model!r}, which has no convolution "
+                            f"to start from); {CONFIG_FIX}") from None
     if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
         conv = meta["converted"]
         model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
+        if not any(isinstance(m, ConvAttention) for m in model.modules()):
+            raise AttnconvError(f'corrupt run config ("converted" on model {config.model!r}, which has no '
+                                f"convolution to convert); {CONFIG_FIX}")
     return model.eval()
 
 def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False) -> None:
@@ -97,6 +110,16 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise AttnconvError(f"{path}: the run's weights hold NaN/inf (parameter {bad}); the run diverged: "
                             "retrain it with a lower --lr")
     model.load_state_dict(tensors)
+
+
+def weights_fit(model: nn.Module, path: Path) -> bool:
+    """Whether the safetensors file `path` reads and holds exactly `model`'s tensors (`weights_problem`):
+    what tells, when a checkpoint does not fit config.json's model, which of the run's files is foreign."""
+    try:
+        tensors = load(read_regular(path, ""))
+    except (AttnconvError, OSError, SafetensorError, ValueError):
+        return False
+    return weights_problem(tensors, model.state_dict()) is None
 
 
 def weights_problem(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:

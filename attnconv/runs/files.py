@@ -83,7 +83,8 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
     """
     path = Path(path)
-    fix = "delete it to restart the run from scratch, or resume from another copy of the run"
+    fix = ("restore it from a copy of the run; without it the run cannot be resumed: train it again into a new "
+           "--out, or over this one with --overwrite")
     try:
         with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
             warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file
@@ -186,7 +187,7 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
     if not path.exists():
         raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
-    fix = "restore it from a copy, or train the run again"
+    fix = CONFIG_FIX
     if not path.is_file():
         raise AttnconvError(f"{path}: corrupt run config (not a regular file: {_kind(path)}); {fix}")
     if path.stat().st_size > _MAX_CONFIG_BYTES:
@@ -203,6 +204,9 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     try:
         if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
             raise AttnconvError('no "config" object')
+        problem = strings_problem(meta)
+        if problem is not None:
+            raise AttnconvError(problem)
         config = TrainConfig.from_dict(meta["config"])
         if config.model not in list_models():
             raise AttnconvError(f"unknown model {config.model!r}")
@@ -216,6 +220,10 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     except AttnconvError as err:
         raise AttnconvError(f"{path}: corrupt run config ({err}); {fix}") from None
     return meta
+
+# What a corrupt config.json's message ends with.
+CONFIG_FIX = "restore it from a copy, or train the run again"
+
 
 def _kind(path: Path) -> str:
     try:
@@ -237,11 +245,63 @@ def counts_problem(meta: dict[str, Any]) -> str | None:
     return None
 
 
+# The longest string config.json holds anywhere (names and paths; a path is at most 4096 bytes on Linux), and the
+# longest name in a path (a file or folder name: 255 bytes).
+MAX_CONFIG_STRING = 4096
+_MAX_NAME_BYTES = 255
+
+
+def strings_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with config.json's strings, or None: every string and key, anywhere, at most
+    MAX_CONFIG_STRING characters, and the paths (config dataset's folder, data_dir, init_from.run,
+    "converted" from) without a NUL and with names of at most 255 bytes, so that no value of the file
+    reaches the system as a path it refuses (an OSError naming neither the file nor the field)."""
+    stack: list[tuple[str, Any]] = [("", meta)]
+    while stack:  # not recursive: the parser already refused nesting too deep for Python
+        field, value = stack.pop()
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            name = f"{field}.{key}" if isinstance(key, str) else f"{field}[{key}]"
+            name = name.lstrip(".")
+            if isinstance(key, str) and len(key) > MAX_CONFIG_STRING:
+                return f"a key of {len(key):,} characters in {field or 'the top level'} ({_short(key)})"
+            if isinstance(item, str) and len(item) > MAX_CONFIG_STRING:
+                return (f"{_short_name(name)} is a string of {len(item):,} characters ({_short(item)}); names and paths "
+                        f"are at most {MAX_CONFIG_STRING:,}")
+            stack.append((name, item))
+    config, converted = meta["config"], meta.get("converted")
+    init = config.get("init_from")
+    dataset = config.get("dataset")
+    paths = {
+        "config.dataset": dataset.removeprefix("folder:") if isinstance(dataset, str) else None,
+        "config.data_dir": config.get("data_dir"),
+        "config.init_from.run": init.get("run") if isinstance(init, dict) else None,
+        "converted.from": converted.get("from") if isinstance(converted, dict) else None,
+    }
+    for name, path in paths.items():
+        if not isinstance(path, str):
+            continue  # the field's type is checked with the rest of its block
+        if "\0" in path:
+            return f"{name} {_short(path)} holds a NUL character, which no path can"
+        longest = max(path.split("/"), key=lambda part: len(part.encode("utf-8", "surrogatepass")))
+        if len(longest.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES:
+            return (f"{name} {_short(path)} holds a name of {len(longest.encode('utf-8', 'surrogatepass')):,} bytes; "
+                    f"a file or folder name is at most {_MAX_NAME_BYTES}")
+    return None
+
+
+def _short_name(name: str) -> str:
+    """A field's dotted name as shown in a message: escaped (no invisible characters), at most 60 characters."""
+    text = json.dumps(name)[1:-1]
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def data_problem(data: Any) -> str | None:
     """What is wrong with config.json's "data" block (`runs.data_fingerprint`: what the run's dataset
-    was), or None: classes a list of distinct names, image counts whole numbers >= 0, channels 1 or
-    3, size 1..65536, mean and std one number per channel of pixels scaled to 0..1 (mean 0..1, std above
-    0, at most 1), the content's "digest" (where present) 32 hex digits for each split. Other keys are ignored."""
+    was), or None: classes a list of distinct names (none empty, none with a control character), image
+    counts whole numbers >= 0, channels 1 or 3, size 1..65536, mean and std one number per channel of
+    pixels scaled to 0..1 (mean 0..1, std above 0, at most 1), the content's "digest" (where present) 32
+    hex digits for each split. Other keys are ignored."""
     if not isinstance(data, dict):
         return f'"data" is {_short(data)}, not an object'
     missing = [k for k in ("classes", "train_size", "test_size", "channels", "size", "mean", "std") if k not in data]
@@ -251,6 +311,9 @@ def data_problem(data: Any) -> str | None:
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
             and len(set(classes)) == len(classes)):
         return f'"data" classes {_short(classes)} is not a list of distinct class names'
+    bad = next((c for c in classes if not c or _CONTROL.search(c)), None)
+    if bad is not None:  # printed by predict, eval and the report: a terminal escape must not act on the terminal
+        return f'"data" class name {_short(bad)} {"is empty" if not bad else "holds a control character"}'
     for key in ("train_size", "test_size"):
         if not (_whole(data[key]) and data[key] >= 0):
             return f'"data" {key} {_short(data[key])} is not a whole number >= 0'
@@ -269,6 +332,10 @@ def data_problem(data: Any) -> str | None:
             isinstance(digest.get(k), str) and re.fullmatch(r"[0-9a-f]{32}", digest[k]) for k in ("train", "test"))):
         return f'"data" digest {_short(digest)} is not {{"train": ..., "test": ...}} of 32 hex digits each'
     return None
+
+
+# Control characters (C0, DEL, C1): never part of a name.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _overrides_problem(config: TrainConfig, data: dict[str, Any]) -> str | None:

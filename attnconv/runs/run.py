@@ -20,6 +20,7 @@ from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.files import (
+    CONFIG_FILE,
     HEADS_FILE,
     METRICS_FILE,
     read_config,
@@ -154,7 +155,10 @@ class Run:
     @functools.cached_property
     def architecture(self) -> nn.Module:
         """The network config.json describes, with fresh weights (parameter and FLOP counts need no more)."""
-        return build_run_architecture(self.meta)
+        try:
+            return build_run_architecture(self.meta)
+        except AttnconvError as err:  # e.g. a "converted" block on a model with no convolution: name the file
+            raise AttnconvError(f"{self.path / CONFIG_FILE}: {err}") from None
 
     @functools.cached_property
     def model(self) -> nn.Module:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.runs import (
     CONFIG_FILE,
     STATE_FILE,
@@ -37,6 +37,7 @@ from attnconv.runs import (
     save_state,
     save_weights,
     trim_logs,
+    weights_fit,
 )
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
@@ -103,7 +104,8 @@ class Checkpointer:
         """Load state.pt into `model` and `optimizer` and set this rank's RNG state; the counters it saved.
 
         Weights of another dtype are refused (load_state_dict would cast them); weights that do not fit
-        the model are blamed on an edited config.json, never on the checkpoint. With another number of
+        the model are blamed on state.pt when model.safetensors fits it (config.json and the weights agree,
+        so state.pt is another run's), else on an edited config.json. With another number of
         processes than the run had, dropout streams start anew from `seed` and the step."""
         state = load_state(self.path)
         expected = model.state_dict()
@@ -120,6 +122,12 @@ class Checkpointer:
             # torch's first line is "Error(s) in loading state_dict for X:"; the next says what differs.
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+            if weights_fit(model, self.out / WEIGHTS_FILE):  # config.json and the weights agree: state.pt is foreign
+                raise ParameterError(
+                    None, None, f"{self.path} does not fit the model that {self.out / CONFIG_FILE} describes "
+                    f"({detail}), while {WEIGHTS_FILE} does: {STATE_FILE} is not this run's; restore it from a copy "
+                    "of this run (without it the run cannot be resumed: train it again into a new {out}, or over "
+                    "this one with {overwrite})", mentions=("out", "overwrite")) from None
             raise AttnconvError(
                 f"{self.path} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
                 f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
@@ -142,8 +150,9 @@ class Checkpointer:
             return
         why = (f"finished at step {progress.step}, before the run's last step {total_steps}" if progress.finished else
                f"at step {progress.step}, past the run's {total_steps} steps, yet not finished")
-        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); resume from another "
-                            "copy of the run, or delete it to restart the run from scratch")
+        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); restore it from a copy "
+                            "of the run; without it the run cannot be resumed: train it again into a new --out, or "
+                            "over this one with --overwrite")
 
     def replay_logs(self, progress: RunProgress, heads: bool) -> None:
         """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to
