@@ -12,7 +12,8 @@ Writes:
                                              heads and seeds; dotted: the largest head)
 
 Recipes: the AdamW preset (benchmarks/table1/sa-quadratic) and every folder
-benchmarks/recipes/<recipe>/sa-quadratic that holds a finished seed; `--groups` replaces the list.
+benchmarks/recipes/<recipe>/sa-quadratic that holds a finished seed, but the 16-head ones (the
+figures compare recipes at 9 heads); `--groups` replaces the list.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def default_groups() -> list[tuple[str, Path]]:
     groups = [("adamw (preset)", ROOT / "benchmarks/table1/sa-quadratic")]
     for folder in sorted((ROOT / "benchmarks/recipes").glob("*/sa-quadratic")):
+        if folder.parent.name.endswith("-h16"):  # 16 heads: drawn apart (one figure's colours are per head)
+            continue
         if any(folder.glob("seed*/heads.jsonl")):
             groups.append((folder.parent.name, folder))
     return groups
