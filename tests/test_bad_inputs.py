@@ -13,6 +13,8 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -915,8 +917,57 @@ def test_run_files_read_with_checks_a_heads_snapshot_past_the_run_is_one_error(t
         capsys.readouterr()
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == [f"error: {path}: corrupt heads file (a snapshot of epoch 9 lies past the run's 1 epoch in "
-                       "config.json); restore it from a copy, or delete it (the heads' history is then unknown)"], err
+        assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (a snapshot of epoch 9 at "
+                                                   "step 27 lies past the run's 1 epoch of "), err
+        assert err[0].endswith("in config.json); restore it from a copy, or delete it (the heads' history is then "
+                               "unknown)"), err
+
+
+@pytest.mark.parametrize("order", ["0,0,1", "0,1,1", "1,0", "steps-down"])
+def test_run_files_read_with_checks_heads_snapshots_out_of_order_are_skipped_or_refused(tiny, tmp_path, capsys,
+                                                                                         order):
+    """Snapshots are written one an epoch, in order: one repeated or out of order (epoch 0 twice, epochs 0,3,1,2,
+    a step going down) was listed as the file held it by `analyze` and served by the explorer; now it is a damaged
+    line, skipped with one warning by what needs only some snapshots, refused by `read_heads` (resume)."""
+    from attnconv.runs import read_heads
+
+    run = _copy(tmp_path, tiny)
+    path = run / "heads.jsonl"
+    first, last = (json.loads(line) for line in path.read_text().splitlines()[:2])
+    lines = {"0,0,1": [first, first, last], "0,1,1": [first, last, last], "1,0": [first, last, first],
+             "steps-down": [first, last, {**last, "epoch": last["epoch"] + 1, "step": 0}]}[order]
+    path.write_text("".join(json.dumps(record) + "\n" for record in lines))
+    with pytest.raises(AttnconvError, match=r"heads.jsonl: corrupt heads file \(line 3: epoch .* after epoch .*; each "
+                                            r"snapshot is of a later epoch and step than the one before\)"
+                       if order != "0,0,1" else r"\(line 2: epoch 0 at step 0 after epoch 0 at step 0; "):
+        read_heads(run)
+    capsys.readouterr()
+    assert main(["analyze", str(run)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {path}: skipped 1 damaged line"), err
+
+
+@pytest.mark.parametrize("name", ["cat\u200b", "\u202edog", "cat\u2028dog", "cat\ud800"])
+def test_run_files_read_with_checks_invisible_characters_in_class_names_are_printed_as_escapes(tiny, tmp_path,
+                                                                                               capfd, name):
+    """A class name with a zero-width space (read as another class's name), a direction override (the line shown
+    reversed), a line separator, or a lone surrogate (a UnicodeEncodeError traceback): printed as escapes."""
+    run = _copy(tmp_path, tiny)
+    config = json.loads((run / "config.json").read_text())
+    config["data"]["classes"] = [name, *config["data"]["classes"][1:]]
+    (run / "config.json").write_text(json.dumps(config))
+    script = ("import sys\nfrom attnconv.cli import main\nsys.exit(main(sys.argv[1:]))")
+    raw = torch.zeros(1, 1, 28, 28, dtype=torch.uint8)
+    image = tmp_path / "img.png"
+    from PIL import Image
+    Image.fromarray(raw[0, 0].numpy()).save(image)
+    proc = subprocess.run([sys.executable, "-c", script, "predict", str(run), str(image), "--top", "10"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    shown = name.encode("ascii", "backslashreplace").decode()
+    assert shown in proc.stdout, proc.stdout
+    assert not any(not c.isprintable() for c in proc.stdout.replace("\n", "")), proc.stdout
+
 
 
 # ------------------------------------------------------------------ run files read with checks: the fourth round
@@ -973,7 +1024,8 @@ def test_run_files_read_with_checks_any_unknown_override_key_is_named_escaped(ti
 
 
 @pytest.mark.parametrize("field, value", [("dataset", "folder:" + "a" * 100_000), ("data_dir", "/" + "b" * 100_000),
-                                          ("dataset", "folder:/tmp/" + "c" * 300), ("data_dir", "/tmp/x\u0000y")])
+                                          ("dataset", "folder:/tmp/" + "c" * 300), ("data_dir", "/tmp/x\u0000y"),
+                                          ("dataset", "folder:/" + "\u00e9/" * 2044)])  # 4,096 characters, 6,132 bytes
 def test_run_files_read_with_checks_long_strings_and_impossible_paths_in_config(tiny, tmp_path, capsys, field,
                                                                                value):
     """config.dataset of 100,000 characters gave a 100 kB line from an OSError, config.json not named: strings are

@@ -210,14 +210,26 @@ def _run(argv: list[str] | None, process: bool) -> int:
         return 2
 
 
-# Control characters (C0, DEL, C1) as escapes: a file name holding a newline or a terminal escape must not
-# split the one line a message is, nor act on the terminal.
-_ESCAPES = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]} | {0x0a: "\\n", 0x0d: "\\r", 0x09: "\\t"}
+# Characters that are not printable as escapes: control characters (C0, DEL, C1), and Unicode's invisible and
+# layout ones (zero-width spaces, direction overrides, line and paragraph separators, lone surrogates). A file
+# name or a class name holding one must not split the one line a message is, act on the terminal, read as
+# another name, or fail to print.
+_SPECIAL = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    if c in _SPECIAL:
+        return _SPECIAL[c]
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def one_line(text: str) -> str:
-    """`text` as one line of plain text: control characters shown as escapes (`\\n`, `\\x1b`)."""
-    return text.translate(_ESCAPES)
+    """`text` as one line of plain text: characters that are not printable shown as escapes (`\\n`, `\\x1b`,
+    `\\u202e`); a plain space and every letter, digit, mark and symbol of any script kept."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
 
 
 def plain(text: str) -> str:

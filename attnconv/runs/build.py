@@ -104,7 +104,9 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
     problem = weights_problem(tensors, model.state_dict())
     if problem is not None:
-        raise AttnconvError(f"{path}: weights do not fit model {what!r} ({problem}); {fix}")
+        # the weights, or config.json (the model, its overrides, a conversion block): either may have been edited
+        raise AttnconvError(f"{path}: weights do not fit model {what!r} ({problem}); {fix} (or, if config.json was "
+                            f"edited, restore config.json from that copy)")
     bad = None if allow_nonfinite else nonfinite_tensor(tensors)
     if bad is not None:
         raise AttnconvError(f"{path}: the run's weights hold NaN/inf (parameter {bad}); the run diverged: "

@@ -254,7 +254,7 @@ _MAX_NAME_BYTES = 255
 def strings_problem(meta: dict[str, Any]) -> str | None:
     """What is wrong with config.json's strings, or None: every string and key, anywhere, at most
     MAX_CONFIG_STRING characters, and the paths (config dataset's folder, data_dir, init_from.run,
-    "converted" from) without a NUL and with names of at most 255 bytes, so that no value of the file
+    "converted" from) without a NUL, under 4096 bytes, with names of at most 255 bytes, so that no value of the file
     reaches the system as a path it refuses (an OSError naming neither the file nor the field)."""
     stack: list[tuple[str, Any]] = [("", meta)]
     while stack:  # not recursive: the parser already refused nesting too deep for Python
@@ -283,6 +283,9 @@ def strings_problem(meta: dict[str, Any]) -> str | None:
             continue  # the field's type is checked with the rest of its block
         if "\0" in path:
             return f"{name} {_short(path)} holds a NUL character, which no path can"
+        size = len(path.encode("utf-8", "surrogatepass"))
+        if size >= MAX_CONFIG_STRING:  # characters of several bytes: under the count of characters, over the bytes
+            return f"{name} {_short(path)} is a path of {size:,} bytes; a path is at most {MAX_CONFIG_STRING - 1:,}"
         longest = max(path.split("/"), key=lambda part: len(part.encode("utf-8", "surrogatepass")))
         if len(longest.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES:
             return (f"{name} {_short(path)} holds a name of {len(longest.encode('utf-8', 'surrogatepass')):,} bytes; "
@@ -515,6 +518,8 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
         try:
             record = json_loads(line)
             problem = snapshot_problem(record, records[0] if records else None)
+            if problem is None and records:
+                problem = _order_problem(record, records[-1])
         except ValueError as err:
             problem = str(err)
         if problem is None:
@@ -554,6 +559,15 @@ def snapshot_problem(record: Any, like: dict[str, Any] | None = None) -> str | N
     if like is not None and [len(layer) for layer in layers] != [len(layer) for layer in like["layers"]]:
         return "its layers and heads differ from the first snapshot's"
     return None
+
+
+def _order_problem(record: dict[str, Any], before: dict[str, Any]) -> str | None:
+    """Snapshots are written one an epoch, in order: each of a later epoch and step than the sound one before."""
+    if record["epoch"] > before["epoch"] and record["step"] > before["step"]:
+        return None
+    return (f"epoch {_short(record['epoch'])} at step {_short(record['step'])} after epoch "
+            f"{_short(before['epoch'])} at step {_short(before['step'])}; each snapshot is of a later epoch and "
+            "step than the one before")
 
 
 def _head_problem(head: Any) -> str | None:

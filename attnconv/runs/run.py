@@ -90,12 +90,11 @@ class Run:
         """metrics.csv's rows (`runs.read_metrics`), none past the run's length in config.json (epochs, total_steps)."""
         rows = read_metrics(self.path)
         total = self.meta.get("total_steps")
-        if rows and (rows[-1]["epoch"] > self.config.epochs
-                     or (isinstance(total, int) and not isinstance(total, bool) and rows[-1]["step"] > total)):
+        if rows and (rows[-1]["epoch"] > self.config.epochs or (_whole(total) and rows[-1]["step"] > total)):
             raise AttnconvError(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, epoch "
                                 f"{rows[-1]['epoch']:g} at step {rows[-1]['step']:g}, lies past the run's "
                                 f"{_count(self.config.epochs, 'epoch')}"
-                                f"{'' if not isinstance(total, int) else f' of {total} steps'} in config.json); "
+                                f"{f' of {total} steps' if _whole(total) else ''} in config.json); "
                                 "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)")
         return rows
 
@@ -126,11 +125,13 @@ class Run:
             return
         # every sound line has the first one's layers and heads (`runs.snapshot_problem`)
         recorded, expected = [len(layer) for layer in records[0]["layers"]], self.heads_per_layer
-        last = max(records, key=lambda r: r["epoch"])
-        if last["epoch"] > self.config.epochs:
+        last = records[-1]  # the latest: snapshots rise in epoch and step (`runs.read_heads`)
+        total = self.meta.get("total_steps")
+        if last["epoch"] > self.config.epochs or (_whole(total) and last["step"] > total):
             raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (a snapshot of epoch {last['epoch']} "
-                                f"lies past the run's {_count(self.config.epochs, 'epoch')} in config.json); restore "
-                                "it from a copy, or delete it (the heads' history is then unknown)")
+                                f"at step {last['step']} lies past the run's {_count(self.config.epochs, 'epoch')}"
+                                f"{f' of {total} steps' if _whole(total) else ''} in config.json); restore it from "
+                                "a copy, or delete it (the heads' history is then unknown)")
         if recorded != expected:
             raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
                                 f"{_layers_text(recorded)}, the run's model in config.json has "
@@ -272,3 +273,7 @@ def _layers_text(heads: list[int]) -> str:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
