@@ -853,7 +853,8 @@ _METRICS_EDITS = {  # name: (new lines from (header, row), what the one error li
     "seconds-negative": (lambda h, r: [h, _with_field(r, h, "seconds", "-5")],
                          "corrupt metrics file (line 2: seconds -5.0 is negative)"),
     "past-the-run": (lambda h, r: [h, _with_field(_with_field(r, h, "epoch", "7"), h, "step", "21")],
-                     "corrupt metrics file (its last row, epoch 7 at step 21, lies past the run's 1 epoch of "),
+                     "corrupt metrics file (its last row, of epoch 7, lies past the run's 1 epoch in config.json); "
+                     "restore it (or config.json, if that was edited) from a copy"),
 }
 
 
@@ -872,7 +873,7 @@ def test_run_files_read_with_checks_metrics_rows_that_contradict_each_other_or_t
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: {run / 'metrics.csv'}: {says}"), err
-        assert "restore it from a copy" in err[0]
+        assert "restore it" in err[0] and "from a copy" in err[0], err
 
 
 @pytest.mark.parametrize("ends", ["\r\n", "\r"])
@@ -917,10 +918,9 @@ def test_run_files_read_with_checks_a_heads_snapshot_past_the_run_is_one_error(t
         capsys.readouterr()
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith(f"error: {path}: corrupt heads file (a snapshot of epoch 9 at "
-                                                   "step 27 lies past the run's 1 epoch of "), err
-        assert err[0].endswith("in config.json); restore it from a copy, or delete it (the heads' history is then "
-                               "unknown)"), err
+        assert err == [f"error: {path}: corrupt heads file (a snapshot of epoch 9 lies past the run's 1 epoch in "
+                       "config.json); restore it (or config.json, if that was edited) from a copy, or delete it (the "
+                       "heads' history is then unknown)"], err
 
 
 @pytest.mark.parametrize("order", ["0,0,1", "0,1,1", "1,0", "steps-down"])
@@ -1036,6 +1036,16 @@ def test_run_files_read_with_checks_long_strings_and_impossible_paths_in_config(
     assert len(line) < 400, len(line)
 
 
+def test_run_files_read_with_checks_a_long_folder_that_is_gone_is_shown_by_its_ends(tiny, tmp_path, capsys):
+    """A run's image folder of 4,094 bytes (within the limits) that no longer exists: the line showed the path
+    whole, twice (5,651 characters); now by its two ends."""
+    folder = "/" + "\u00e9/" * 1364 + "a"
+    run = _edit_meta(tmp_path, tiny, lambda meta: meta["config"].update(dataset="folder:" + folder))["run"]
+    line = _one_error(["eval", run], capsys)
+    assert "no longer exists (moved or deleted); point at the images with --dataset folder:PATH" in line, line
+    assert "..." in line and line.count("\u00e9/\u00e9/\u00e9/") < 100 and len(line) < 700, len(line)
+
+
 def test_run_files_read_with_checks_an_os_error_line_shows_a_long_path_shortened(monkeypatch, capsys):
     """The last-resort OSError line: a path of thousands of characters is shown by its two ends."""
     import attnconv.cli as cli
@@ -1091,3 +1101,13 @@ def test_run_files_read_with_checks_state_of_another_run_is_blamed_on_state(tiny
     shutil.copy(big["sa-quadratic"] / "model.safetensors", run / "model.safetensors")
     line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
     assert "if config.json was edited, restore it" in line and "not this run's" not in line, line
+
+
+@pytest.mark.parametrize("name", ["fmnist", "fmnist\u200b"])
+def test_run_files_read_with_checks_a_dataset_no_one_has_is_config_jsons_error(tiny, tmp_path, capsys, name):
+    """config.dataset edited to a name no dataset has: `unknown dataset 'fmnist'` named neither config.json nor
+    the fix; now it is a corrupt run config, read before anything is loaded."""
+    run = _edit_meta(tmp_path, tiny, lambda meta: meta["config"].update(dataset=name))["run"]
+    line = _one_error(["eval", run], capsys)
+    assert line.startswith(f"error: {run / 'config.json'}: corrupt run config (unknown dataset "), line
+    assert "restore it from a copy" in line and "\u200b" not in line.replace("\\u200b", ""), line

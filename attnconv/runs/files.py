@@ -17,7 +17,9 @@ import torch
 import torch.nn as nn
 from safetensors.torch import save
 
+from attnconv import data as D
 from attnconv.config import TrainConfig
+from attnconv.data.info import builtin_info
 from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     RUN_FILE_NAMES,
@@ -210,6 +212,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         config = TrainConfig.from_dict(meta["config"])
         if config.model not in list_models():
             raise AttnconvError(f"unknown model {config.model!r}")
+        if D.folder_path(config.dataset) is None:
+            builtin_info(config.dataset)  # a name no dataset has: named here, as config.json's
         problem = counts_problem(meta)
         if problem is None and "data" in meta:
             problem = data_problem(meta["data"]) or _overrides_problem(config, meta["data"])

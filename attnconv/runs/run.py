@@ -87,15 +87,14 @@ class Run:
 
     @functools.cached_property
     def metrics(self) -> list[dict[str, float]]:
-        """metrics.csv's rows (`runs.read_metrics`), none past the run's length in config.json (epochs, total_steps)."""
+        """metrics.csv's rows (`runs.read_metrics`), none past the run's epochs in config.json. (Its steps are not
+        bounded by config.json's total_steps: a resume with `allow_data_change` may change a run's length.)"""
         rows = read_metrics(self.path)
-        total = self.meta.get("total_steps")
-        if rows and (rows[-1]["epoch"] > self.config.epochs or (_whole(total) and rows[-1]["step"] > total)):
-            raise AttnconvError(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, epoch "
-                                f"{rows[-1]['epoch']:g} at step {rows[-1]['step']:g}, lies past the run's "
-                                f"{_count(self.config.epochs, 'epoch')}"
-                                f"{f' of {total} steps' if _whole(total) else ''} in config.json); "
-                                "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)")
+        if rows and rows[-1]["epoch"] > self.config.epochs:
+            raise AttnconvError(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
+                                f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
+                                "in config.json); restore it (or config.json, if that was edited) from a copy, or "
+                                "delete it (the run's curves and accuracy are then unknown)")
         return rows
 
     @functools.cached_property
@@ -125,13 +124,12 @@ class Run:
             return
         # every sound line has the first one's layers and heads (`runs.snapshot_problem`)
         recorded, expected = [len(layer) for layer in records[0]["layers"]], self.heads_per_layer
-        last = records[-1]  # the latest: snapshots rise in epoch and step (`runs.read_heads`)
-        total = self.meta.get("total_steps")
-        if last["epoch"] > self.config.epochs or (_whole(total) and last["step"] > total):
+        last = records[-1]  # the latest: snapshots rise in epoch and step (`runs.read_heads`); steps as in `metrics`
+        if last["epoch"] > self.config.epochs:
             raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (a snapshot of epoch {last['epoch']} "
-                                f"at step {last['step']} lies past the run's {_count(self.config.epochs, 'epoch')}"
-                                f"{f' of {total} steps' if _whole(total) else ''} in config.json); restore it from "
-                                "a copy, or delete it (the heads' history is then unknown)")
+                                f"lies past the run's {_count(self.config.epochs, 'epoch')} in config.json); restore "
+                                "it (or config.json, if that was edited) from a copy, or delete it (the heads' history "
+                                "is then unknown)")
         if recorded != expected:
             raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
                                 f"{_layers_text(recorded)}, the run's model in config.json has "
@@ -274,6 +272,3 @@ def _layers_text(heads: list[int]) -> str:
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
-
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
