@@ -28,8 +28,10 @@ from attnconv.runs.files import (
     CONFIG_FILE,
     CONFIG_FIX,
     WEIGHTS_FILE,
+    conversion_key,
     read_config,
     save_weights,
+    weights_metadata,
     write_config,
 )
 from attnconv.runs.run_data import run_info
@@ -50,7 +52,8 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
         model = build_run_architecture(meta)
     except AttnconvError as err:  # e.g. model_overrides too large to build: name the file that asks for it
         raise AttnconvError(f"{run_dir / CONFIG_FILE}: {err}") from None
-    load_weights(model, run_dir / WEIGHTS_FILE, config.model, allow_nonfinite=allow_nonfinite)
+    conversion = conversion_key(meta["converted"]) if "converted" in meta else None
+    load_weights(model, run_dir / WEIGHTS_FILE, config.model, allow_nonfinite=allow_nonfinite, conversion=conversion)
     return model.to(device).eval(), config
 
 def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
@@ -77,8 +80,13 @@ def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
                                 f"convolution to convert); {CONFIG_FIX}")
     return model.eval()
 
-def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False) -> None:
+def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False,
+                 conversion: str | None = None) -> None:
     """Load a safetensors file into `model`; one AttnconvError naming the file if that fails.
+
+    conversion: `conversion_key` of config.json's "converted" block, for a converted run: weights written
+    by `convert` record theirs, and an edit of the block (alpha, fold_bn: the shapes may stay) is
+    config.json's error.
 
     Refused: a path that is no regular file (a named pipe would block), a file safetensors cannot
     read, a tensor the model lacks or lacks of it, one of another dtype (load_state_dict would
@@ -87,7 +95,8 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
     """
     fix = "restore it from a copy of the run, or train the run again"
     try:
-        tensors = load(read_regular(path, fix))
+        data = read_regular(path, fix)
+        tensors = load(data)
     except AttnconvError:  # no regular file: the message names it and the fix already
         raise
     except FileNotFoundError:
@@ -102,6 +111,11 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise AttnconvError(f"{path}: cannot read the weights ({err.strerror or err}); {fix}") from None
     except (SafetensorError, ValueError) as err:
         raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
+    recorded = weights_metadata(data).get("conversion")
+    if conversion is not None and recorded is not None and recorded != conversion:
+        raise AttnconvError(f"{path.parent / CONFIG_FILE}: corrupt run config (its \"converted\" block, {conversion}, "
+                            f"is not the conversion model.safetensors was written with, {recorded}); "
+                            "restore config.json from a copy of the run")
     problem = weights_problem(tensors, model.state_dict())
     if problem is not None:
         # the weights, or config.json (the model, its overrides, a conversion block): either may have been edited
@@ -220,7 +234,8 @@ def convert_run(
         raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another directory") \
             from None
     try:
-        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir)})
+        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir),
+                                                     "conversion": conversion_key(meta["converted"])})
         write_config(tmp, meta)
         os.replace(tmp, out)  # the run directory appears whole or not at all
     except OSError as err:
