@@ -43,19 +43,17 @@ from attnconv.runs.files import (
     TENSORBOARD_DIR,
     WEIGHTS_FILE,
     append_rows,
-    heads_line,
     load_state,
     metrics_text,
     parameter_count,
     read_config,
-    read_heads,
-    read_heads_skipping,
     read_metrics,
     read_steps,
     save_state,
     save_weights,
     write_config,
 )
+from attnconv.runs.heads_file import heads_line, read_heads, read_heads_skipping
 from attnconv.runs.run import Run, as_run
 from attnconv.runs.run_data import (
     SAMPLE_SEED,

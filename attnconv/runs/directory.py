@@ -29,13 +29,12 @@ from attnconv.runs.files import (
     STEPS_COLUMNS,
     STEPS_FILE,
     TENSORBOARD_DIR,
-    heads_line,
     metrics_text,
     read_config,
-    read_heads,
     read_metrics,
     read_steps,
 )
+from attnconv.runs.heads_file import heads_line, read_heads
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
 # (`SetAside`); renamed to DISCARDED before it is deleted, so a half-deleted one is never restored.

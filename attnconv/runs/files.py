@@ -1,5 +1,6 @@
 """The files of a run directory: names, and reading and writing config.json, metrics.csv, steps.csv,
-heads.jsonl, model.safetensors and state.pt (one clear AttnconvError naming a missing or corrupt file)."""
+model.safetensors and state.pt (one clear AttnconvError naming a missing or corrupt file); heads.jsonl
+is heads_file.py's."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
-    file_kind,
     open_regular,
     read_regular,
     write_bytes,
 )
 from attnconv.limits import format_bytes
 from attnconv.models import list_models
+from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value
 
 CONFIG_FILE = "config.json"
 
@@ -127,11 +128,11 @@ def _state_problem(state: Any) -> str | None:
         return "no progress counters"
     for key in _STATE_COUNTERS:
         v = progress.get(key)
-        if not _whole(v) or v < 0:
+        if not is_whole(v) or v < 0:
             return f"progress {key} is {v!r}, not a whole number >= 0"
     for key in _STATE_NEWER_COUNTERS:
         v = progress.get(key, 0)
-        if not _whole(v) or v < 0:
+        if not is_whole(v) or v < 0:
             return f"progress {key} is {v!r}, not a whole number >= 0"
     step, epoch, batch, rows = (progress[k] for k in _STATE_COUNTERS)
     if step < epoch + batch:  # every epoch done took a step at least, and so did every batch of this one
@@ -166,9 +167,6 @@ def _state_problem(state: Any) -> str | None:
         return "the CUDA random number generator states are not ByteTensors, one per process"
     return None
 
-def _whole(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 def _byte_vector(t: Any, size: int | None = None) -> bool:
     return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
             and (size is None or t.numel() == size))
@@ -191,12 +189,12 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
     fix = CONFIG_FIX
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt run config (not a regular file: {_kind(path)}); {fix}")
+        raise AttnconvError(f"{path}: corrupt run config (not a regular file: {path_kind(path)}); {fix}")
     if path.stat().st_size > _MAX_CONFIG_BYTES:
         raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
                             f"few KiB); {fix}")
     try:
-        meta = json_loads(_text(read_regular(path, fix)))
+        meta = json_loads(file_text(read_regular(path, fix)))
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
     except ValueError as err:  # not JSON, or nested too deeply
@@ -229,13 +227,6 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
 CONFIG_FIX = "restore it from a copy, or train the run again"
 
 
-def _kind(path: Path) -> str:
-    try:
-        return file_kind(path.stat().st_mode)
-    except OSError:
-        return "a broken link"
-
-
 # config.json's counts besides the config (written by `train` and `convert`), and their least values.
 _META_COUNTS = {"parameters": 0, "params": 0, "steps_per_epoch": 0, "total_steps": 0, "world_size": 1}
 
@@ -244,8 +235,8 @@ def counts_problem(meta: dict[str, Any]) -> str | None:
     """What is wrong with config.json's counts (`_META_COUNTS`: parameters, steps_per_epoch, total_steps,
     world_size), or None: each, where present, a whole number from its least value to 2^53."""
     for key, least in _META_COUNTS.items():
-        if key in meta and not (_whole(meta[key]) and least <= meta[key] <= 2**53):
-            return f"{key} {_short(meta[key])} is not a whole number >= {least}"
+        if key in meta and not (is_whole(meta[key]) and least <= meta[key] <= 2**53):
+            return f"{key} {short_value(meta[key])} is not a whole number >= {least}"
     return None
 
 
@@ -268,9 +259,9 @@ def strings_problem(meta: dict[str, Any]) -> str | None:
             name = f"{field}.{key}" if isinstance(key, str) else f"{field}[{key}]"
             name = name.lstrip(".")
             if isinstance(key, str) and len(key) > MAX_CONFIG_STRING:
-                return f"a key of {len(key):,} characters in {field or 'the top level'} ({_short(key)})"
+                return f"a key of {len(key):,} characters in {field or 'the top level'} ({short_value(key)})"
             if isinstance(item, str) and len(item) > MAX_CONFIG_STRING:
-                return (f"{_short_name(name)} is a string of {len(item):,} characters ({_short(item)}); names and paths "
+                return (f"{_short_name(name)} is a string of {len(item):,} characters ({short_value(item)}); names and paths "
                         f"are at most {MAX_CONFIG_STRING:,}")
             stack.append((name, item))
     config, converted = meta["config"], meta.get("converted")
@@ -286,13 +277,13 @@ def strings_problem(meta: dict[str, Any]) -> str | None:
         if not isinstance(path, str):
             continue  # the field's type is checked with the rest of its block
         if "\0" in path:
-            return f"{name} {_short(path)} holds a NUL character, which no path can"
+            return f"{name} {short_value(path)} holds a NUL character, which no path can"
         size = len(path.encode("utf-8", "surrogatepass"))
         if size >= MAX_CONFIG_STRING:  # characters of several bytes: under the count of characters, over the bytes
-            return f"{name} {_short(path)} is a path of {size:,} bytes; a path is at most {MAX_CONFIG_STRING - 1:,}"
+            return f"{name} {short_value(path)} is a path of {size:,} bytes; a path is at most {MAX_CONFIG_STRING - 1:,}"
         longest = max(path.split("/"), key=lambda part: len(part.encode("utf-8", "surrogatepass")))
         if len(longest.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES:
-            return (f"{name} {_short(path)} holds a name of {len(longest.encode('utf-8', 'surrogatepass')):,} bytes; "
+            return (f"{name} {short_value(path)} holds a name of {len(longest.encode('utf-8', 'surrogatepass')):,} bytes; "
                     f"a file or folder name is at most {_MAX_NAME_BYTES}")
     return None
 
@@ -310,34 +301,34 @@ def data_problem(data: Any) -> str | None:
     pixels scaled to 0..1 (mean 0..1, std above 0, at most 1), the content's "digest" (where present) 32
     hex digits for each split. Other keys are ignored."""
     if not isinstance(data, dict):
-        return f'"data" is {_short(data)}, not an object'
+        return f'"data" is {short_value(data)}, not an object'
     missing = [k for k in ("classes", "train_size", "test_size", "channels", "size", "mean", "std") if k not in data]
     if missing:
         return f'"data" has no {", ".join(missing)}'
     classes = data["classes"]
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
             and len(set(classes)) == len(classes)):
-        return f'"data" classes {_short(classes)} is not a list of distinct class names'
+        return f'"data" classes {short_value(classes)} is not a list of distinct class names'
     bad = next((c for c in classes if not c or _CONTROL.search(c)), None)
     if bad is not None:  # printed by predict, eval and the report: a terminal escape must not act on the terminal
-        return f'"data" class name {_short(bad)} {"is empty" if not bad else "holds a control character"}'
+        return f'"data" class name {short_value(bad)} {"is empty" if not bad else "holds a control character"}'
     for key in ("train_size", "test_size"):
-        if not (_whole(data[key]) and data[key] >= 0):
-            return f'"data" {key} {_short(data[key])} is not a whole number >= 0'
-    if data["channels"] not in (1, 3) or isinstance(data["channels"], bool) or not _whole(data["channels"]):
-        return f'"data" channels {_short(data["channels"])} is not 1 or 3'
-    if not (_whole(data["size"]) and 1 <= data["size"] <= 65536):
-        return f'"data" size {_short(data["size"])} is not a whole number from 1 to 65536'
+        if not (is_whole(data[key]) and data[key] >= 0):
+            return f'"data" {key} {short_value(data[key])} is not a whole number >= 0'
+    if data["channels"] not in (1, 3) or isinstance(data["channels"], bool) or not is_whole(data["channels"]):
+        return f'"data" channels {short_value(data["channels"])} is not 1 or 3'
+    if not (is_whole(data["size"]) and 1 <= data["size"] <= 65536):
+        return f'"data" size {short_value(data["size"])} is not a whole number from 1 to 65536'
     for key in ("mean", "std"):
         values = data[key]
-        if not (isinstance(values, list) and len(values) == data["channels"] and all(_finite(v) for v in values)
+        if not (isinstance(values, list) and len(values) == data["channels"] and all(is_finite(v) for v in values)
                 and all((0 <= v if key == "mean" else 0 < v) and v <= 1 for v in values)):
             what = "number from 0 to 1" if key == "mean" else "number above 0, at most 1"
-            return f'"data" {key} {_short(values)} is not one {what} per channel ({data["channels"]})'
+            return f'"data" {key} {short_value(values)} is not one {what} per channel ({data["channels"]})'
     digest = data.get("digest")
     if "digest" in data and not (isinstance(digest, dict) and all(
             isinstance(digest.get(k), str) and re.fullmatch(r"[0-9a-f]{32}", digest[k]) for k in ("train", "test"))):
-        return f'"data" digest {_short(digest)} is not {{"train": ..., "test": ...}} of 32 hex digits each'
+        return f'"data" digest {short_value(digest)} is not {{"train": ..., "test": ...}} of 32 hex digits each'
     return None
 
 
@@ -352,7 +343,7 @@ def _overrides_problem(config: TrainConfig, data: dict[str, Any]) -> str | None:
                                 ("in_channels", data["channels"], "channels")):
         value = config.model_overrides.get(key)
         if value is not None and value != recorded:
-            return (f'model_overrides {key} {_short(value)} does not match the {recorded} {what} of its "data" '
+            return (f'model_overrides {key} {short_value(value)} does not match the {recorded} {what} of its "data" '
                     "block (one of the two was edited)")
     return None
 
@@ -378,14 +369,14 @@ def converted_problem(converted: Any) -> str | None:
     """What is wrong with config.json's "converted" block (written by `attnconv convert`), or None:
     "from" a path, "fold_bn" true or false, "alpha" null or a finite number > 0."""
     if not isinstance(converted, dict):
-        return f'"converted" is {_short(converted)}, not an object'
+        return f'"converted" is {short_value(converted)}, not an object'
     if not isinstance(converted.get("from", ""), str):
-        return f'"converted" from {_short(converted["from"])} is not a path'
+        return f'"converted" from {short_value(converted["from"])} is not a path'
     if not isinstance(converted.get("fold_bn", False), bool):
-        return f'"converted" fold_bn {_short(converted["fold_bn"])} is not true or false'
+        return f'"converted" fold_bn {short_value(converted["fold_bn"])} is not true or false'
     alpha = converted.get("alpha")
-    if alpha is not None and not (_finite(alpha) and alpha > 0):
-        return f'"converted" alpha {_short(alpha)} is not null or a finite number > 0'
+    if alpha is not None and not (is_finite(alpha) and alpha > 0):
+        return f'"converted" alpha {short_value(alpha)} is not null or a finite number > 0'
     return None
 
 
@@ -419,11 +410,11 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if not path.exists():
         return []
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt {what} (not a regular file: {_kind(path)}); {fix}")
+        raise AttnconvError(f"{path}: corrupt {what} (not a regular file: {path_kind(path)}); {fix}")
     if path.stat().st_size > max_bytes:
         raise AttnconvError(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB); {fix}")
     try:
-        text = _text(read_regular(path, fix))
+        text = file_text(read_regular(path, fix))
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
     except OSError as err:
@@ -442,7 +433,7 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
         twice = next((c for c in header if header.count(c) > 1), None)
         if twice is not None:
-            raise AttnconvError(f"the header names column {_short(twice)} twice")
+            raise AttnconvError(f"the header names column {short_value(twice)} twice")
         rows: list[dict[str, float]] = []
         for fields in reader:
             if not fields:
@@ -489,161 +480,6 @@ _FRACTION_COLUMNS = ("train_acc", "test_acc", "accuracy")
 # Durations, rates and learning rates: never below 0.
 _NONNEGATIVE_COLUMNS = ("seconds", "images_per_s", "lr")
 
-
-def _text(data: bytes) -> str:
-    """A run file's bytes as text: UTF-8, a byte-order mark (an editor's, on Windows) left out."""
-    return data.decode("utf-8-sig")
-
-
-_MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
-
-def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
-    """The snapshots of heads.jsonl, oldest first ([] for a run without one), at most `limit`.
-
-    Each is {"epoch", "step", "layers": [[{"center", "attention_distance", "alpha" or
-    "inverse_covariance"}, ...per head], ...per layer]} (`attnconv.analysis.head_snapshot`),
-    written by `train` at initialization (epoch 0, step 0) and after every epoch. A last line
-    without its newline was cut short by a crash and is skipped; anything else that is not
-    such a record (`snapshot_problem`) is one AttnconvError naming the file and the line.
-    """
-    return _read_heads(Path(run_dir), limit, skip_bad=False)[0]
-
-
-def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
-    """heads.jsonl's sound snapshots, and the numbers of the lines skipped as damaged.
-
-    For what needs only some snapshots (figures, the report, the explorer): a line that
-    `read_heads` would refuse is left out instead. The file itself (missing, unreadable, too
-    large, binary) is checked as `read_heads` checks it."""
-    return _read_heads(Path(run_dir), None, skip_bad=True)
-
-
-def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[dict[str, Any]], list[int]]:
-    path = run_dir / HEADS_FILE
-    if not path.exists():
-        return [], []
-    fix = "restore it from a copy, or delete it (the heads' history is then unknown)"
-    if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt heads file (not a regular file: {_kind(path)}); {fix}")
-    if path.stat().st_size > _MAX_HEADS_BYTES:
-        raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
-    try:
-        lines = _text(read_regular(path, fix)).split("\n")[:-1]
-    except UnicodeDecodeError:
-        raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
-    except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the heads file ({err.strerror or err}); {fix}") from None
-    records: list[dict[str, Any]] = []
-    skipped: list[int] = []
-    for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
-        try:
-            record = json_loads(line)
-            problem = snapshot_problem(record, records[0] if records else None)
-            if problem is None and records:
-                problem = _order_problem(record, records[-1])
-        except ValueError as err:
-            problem = str(err)
-        if problem is None:
-            records.append(record)
-        elif skip_bad:
-            skipped.append(number)
-        else:
-            raise AttnconvError(f"{path}: corrupt heads file (line {number}: {problem}); {fix}")
-    return records, skipped
-
-
-_MAX_EPOCH = 10**6
-
-
-def snapshot_problem(record: Any, like: dict[str, Any] | None = None) -> str | None:
-    """What keeps `record` from being a snapshot of the heads (a line of heads.jsonl), or None.
-
-    epoch a whole number 0..10^6, step a whole number >= 0, layers a list of lists of heads,
-    each head a center of 2 finite numbers, a finite attention_distance >= 0, and a finite
-    alpha > 0 or a 2x2 inverse_covariance of finite numbers where present; with `like` (the
-    file's first snapshot), the same number of layers and of heads in each.
-    """
-    if not isinstance(record, dict):
-        return "not a JSON object"
-    epoch, step, layers = record.get("epoch"), record.get("step"), record.get("layers")
-    if not (_number(epoch) and float(epoch).is_integer() and 0 <= epoch <= _MAX_EPOCH):
-        return f"epoch {_short(epoch)} is not a whole number from 0 to {_MAX_EPOCH}"
-    if not (_whole(step) and step >= 0):
-        return f"step {_short(step)} is not a whole number >= 0"
-    if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
-        return "layers is not a list of layers"
-    for i, layer in enumerate(layers, 1):
-        for j, head in enumerate(layer, 1):
-            problem = _head_problem(head)
-            if problem is not None:
-                return f"layer {i} head {j}: {problem}"
-    if like is not None and [len(layer) for layer in layers] != [len(layer) for layer in like["layers"]]:
-        return "its layers and heads differ from the first snapshot's"
-    return None
-
-
-def _order_problem(record: dict[str, Any], before: dict[str, Any]) -> str | None:
-    """Snapshots are written one an epoch, in order: each of a later epoch and step than the sound one before."""
-    if record["epoch"] > before["epoch"] and record["step"] > before["step"]:
-        return None
-    return (f"epoch {_short(record['epoch'])} at step {_short(record['step'])} after epoch "
-            f"{_short(before['epoch'])} at step {_short(before['step'])}; each snapshot is of a later epoch and "
-            "step than the one before")
-
-
-def _head_problem(head: Any) -> str | None:
-    if not isinstance(head, dict):
-        return "not a JSON object"
-    center = head.get("center")
-    if not (isinstance(center, list) and len(center) == 2 and all(_finite(c) for c in center)):
-        return f"center {_short(center)} is not 2 finite numbers"
-    distance = head.get("attention_distance")
-    if not (_finite(distance) and distance >= 0):
-        return f"attention_distance {_short(distance)} is not a finite number >= 0"
-    if "alpha" in head and not (_finite(head["alpha"]) and head["alpha"] > 0):
-        return f"alpha {_short(head['alpha'])} is not a finite number > 0"
-    cov = head.get("inverse_covariance")
-    if "inverse_covariance" in head and not (
-            isinstance(cov, list) and len(cov) == 2
-            and all(isinstance(row, list) and len(row) == 2 and all(_finite(v) for v in row) for row in cov)):
-        return f"inverse_covariance {_short(cov)} is not 2x2 finite numbers"
-    return None
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _finite(v: Any) -> bool:
-    return _number(v) and math.isfinite(v)
-
-
-def _short(v: Any) -> str:
-    try:
-        text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
-    except (RecursionError, ValueError, TypeError):
-        text = f"(a deeply nested {type(v).__name__})"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def json_loads(text: str) -> Any:
-    """json.loads, with nesting too deep for the parser, or a number too long for Python to read,
-    as a ValueError saying so (not a RecursionError, nor Python's advice on its digit limit)."""
-    try:
-        return json.loads(text, parse_int=_parse_int)
-    except RecursionError:
-        raise ValueError("nested too deeply to be read") from None
-
-
-def _parse_int(digits: str) -> int:
-    if len(digits) > 4000:  # Python refuses over 4300 digits with advice meant for programmers
-        raise ValueError(f"a number of {len(digits)} digits")
-    return int(digits)
-
-
-def heads_line(record: dict[str, Any]) -> str:
-    """One snapshot as the line of heads.jsonl that `read_heads` reads back."""
-    return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
 
 def metrics_text(rows: list[dict[str, float]], columns: tuple[str, ...] = METRICS_COLUMNS) -> str:
     """metrics.csv (or, with `columns=STEPS_COLUMNS`, steps.csv) holding `rows`, header first."""

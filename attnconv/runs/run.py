@@ -24,9 +24,9 @@ from attnconv.runs.files import (
     HEADS_FILE,
     METRICS_FILE,
     read_config,
-    read_heads_skipping,
     read_metrics,
 )
+from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.run_data import (
     check_other_dataset,
     data_changes,

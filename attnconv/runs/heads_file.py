@@ -1,0 +1,134 @@
+"""heads.jsonl, a run's record of its attention heads (a snapshot at initialization and after every epoch):
+reading it with checks (`read_heads`, or `read_heads_skipping` for what needs only some lines), what a sound
+snapshot is (`snapshot_problem`), and the line `train` writes (`heads_line`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from attnconv.errors import AttnconvError
+from attnconv.fileio import read_regular
+from attnconv.runs.files import HEADS_FILE
+from attnconv.runs.values import file_text, is_finite, is_number, is_whole, json_loads, path_kind, short_value
+
+_MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
+
+def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+    """The snapshots of heads.jsonl, oldest first ([] for a run without one), at most `limit`.
+
+    Each is {"epoch", "step", "layers": [[{"center", "attention_distance", "alpha" or
+    "inverse_covariance"}, ...per head], ...per layer]} (`attnconv.analysis.head_snapshot`),
+    written by `train` at initialization (epoch 0, step 0) and after every epoch. A last line
+    without its newline was cut short by a crash and is skipped; anything else that is not
+    such a record (`snapshot_problem`) is one AttnconvError naming the file and the line.
+    """
+    return _read_heads(Path(run_dir), limit, skip_bad=False)[0]
+
+
+def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
+    """heads.jsonl's sound snapshots, and the numbers of the lines skipped as damaged.
+
+    For what needs only some snapshots (figures, the report, the explorer): a line that
+    `read_heads` would refuse is left out instead. The file itself (missing, unreadable, too
+    large, binary) is checked as `read_heads` checks it."""
+    return _read_heads(Path(run_dir), None, skip_bad=True)
+
+
+def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[dict[str, Any]], list[int]]:
+    path = run_dir / HEADS_FILE
+    if not path.exists():
+        return [], []
+    fix = "restore it from a copy, or delete it (the heads' history is then unknown)"
+    if not path.is_file():
+        raise AttnconvError(f"{path}: corrupt heads file (not a regular file: {path_kind(path)}); {fix}")
+    if path.stat().st_size > _MAX_HEADS_BYTES:
+        raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
+    try:
+        lines = file_text(read_regular(path, fix)).split("\n")[:-1]
+    except UnicodeDecodeError:
+        raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
+    except OSError as err:
+        raise AttnconvError(f"{path}: cannot read the heads file ({err.strerror or err}); {fix}") from None
+    records: list[dict[str, Any]] = []
+    skipped: list[int] = []
+    for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
+        try:
+            record = json_loads(line)
+            problem = snapshot_problem(record, records[0] if records else None)
+            if problem is None and records:
+                problem = _order_problem(record, records[-1])
+        except ValueError as err:
+            problem = str(err)
+        if problem is None:
+            records.append(record)
+        elif skip_bad:
+            skipped.append(number)
+        else:
+            raise AttnconvError(f"{path}: corrupt heads file (line {number}: {problem}); {fix}")
+    return records, skipped
+
+
+_MAX_EPOCH = 10**6
+
+
+def snapshot_problem(record: Any, like: dict[str, Any] | None = None) -> str | None:
+    """What keeps `record` from being a snapshot of the heads (a line of heads.jsonl), or None.
+
+    epoch a whole number 0..10^6, step a whole number >= 0, layers a list of lists of heads,
+    each head a center of 2 finite numbers, a finite attention_distance >= 0, and a finite
+    alpha > 0 or a 2x2 inverse_covariance of finite numbers where present; with `like` (the
+    file's first snapshot), the same number of layers and of heads in each.
+    """
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    epoch, step, layers = record.get("epoch"), record.get("step"), record.get("layers")
+    if not (is_number(epoch) and float(epoch).is_integer() and 0 <= epoch <= _MAX_EPOCH):
+        return f"epoch {short_value(epoch)} is not a whole number from 0 to {_MAX_EPOCH}"
+    if not (is_whole(step) and step >= 0):
+        return f"step {short_value(step)} is not a whole number >= 0"
+    if not isinstance(layers, list) or not all(isinstance(layer, list) for layer in layers):
+        return "layers is not a list of layers"
+    for i, layer in enumerate(layers, 1):
+        for j, head in enumerate(layer, 1):
+            problem = _head_problem(head)
+            if problem is not None:
+                return f"layer {i} head {j}: {problem}"
+    if like is not None and [len(layer) for layer in layers] != [len(layer) for layer in like["layers"]]:
+        return "its layers and heads differ from the first snapshot's"
+    return None
+
+
+def _order_problem(record: dict[str, Any], before: dict[str, Any]) -> str | None:
+    """Snapshots are written one an epoch, in order: each of a later epoch and step than the sound one before."""
+    if record["epoch"] > before["epoch"] and record["step"] > before["step"]:
+        return None
+    return (f"epoch {short_value(record['epoch'])} at step {short_value(record['step'])} after epoch "
+            f"{short_value(before['epoch'])} at step {short_value(before['step'])}; each snapshot is of a later epoch and "
+            "step than the one before")
+
+
+def _head_problem(head: Any) -> str | None:
+    if not isinstance(head, dict):
+        return "not a JSON object"
+    center = head.get("center")
+    if not (isinstance(center, list) and len(center) == 2 and all(is_finite(c) for c in center)):
+        return f"center {short_value(center)} is not 2 finite numbers"
+    distance = head.get("attention_distance")
+    if not (is_finite(distance) and distance >= 0):
+        return f"attention_distance {short_value(distance)} is not a finite number >= 0"
+    if "alpha" in head and not (is_finite(head["alpha"]) and head["alpha"] > 0):
+        return f"alpha {short_value(head['alpha'])} is not a finite number > 0"
+    cov = head.get("inverse_covariance")
+    if "inverse_covariance" in head and not (
+            isinstance(cov, list) and len(cov) == 2
+            and all(isinstance(row, list) and len(row) == 2 and all(is_finite(v) for v in row) for row in cov)):
+        return f"inverse_covariance {short_value(cov)} is not 2x2 finite numbers"
+    return None
+
+
+def heads_line(record: dict[str, Any]) -> str:
+    """One snapshot as the line of heads.jsonl that `read_heads` reads back."""
+    return json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"

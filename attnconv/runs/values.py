@@ -1,0 +1,59 @@
+"""Small checks and renderings shared by the readers of a run's files (files.py, heads_file.py): what a value
+is (a number, a finite one, a whole one), how a value or a path is named in a message, and JSON and text read
+the way every run file is."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from attnconv.fileio import file_kind
+
+
+def is_whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def path_kind(path: Path) -> str:
+    try:
+        return file_kind(path.stat().st_mode)
+    except OSError:
+        return "a broken link"
+
+
+def file_text(data: bytes) -> str:
+    """A run file's bytes as text: UTF-8, a byte-order mark (an editor's, on Windows) left out."""
+    return data.decode("utf-8-sig")
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_finite(v: Any) -> bool:
+    return is_number(v) and math.isfinite(v)
+
+
+def short_value(v: Any) -> str:
+    try:
+        text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    except (RecursionError, ValueError, TypeError):
+        text = f"(a deeply nested {type(v).__name__})"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def json_loads(text: str) -> Any:
+    """json.loads, with nesting too deep for the parser, or a number too long for Python to read,
+    as a ValueError saying so (not a RecursionError, nor Python's advice on its digit limit)."""
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise ValueError("nested too deeply to be read") from None
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits) > 4000:  # Python refuses over 4300 digits with advice meant for programmers
+        raise ValueError(f"a number of {len(digits)} digits")
+    return int(digits)
