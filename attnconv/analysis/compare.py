@@ -84,7 +84,8 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
     accs, layers, epochs, heads_runs = [], None, [], 0
     per_layer: list[dict[str, list[float]]] = []
     for run in runs:
-        metrics = Run(run).metrics if (run / CONFIG_FILE).exists() else read_metrics(run)
+        whole = _whole_run(run)
+        metrics = whole.metrics if whole is not None else read_metrics(run)
         if not metrics:
             raise AttnconvError(f"{run}: metrics.csv has no finished epoch yet")
         row = metrics[-1] if epoch is None else next((m for m in metrics if int(m["epoch"]) == epoch), None)
@@ -93,7 +94,7 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
         if row is not None:
             accs.append(row["test_acc"])
         epochs.append(0 if row is None else int(row["epoch"]))
-        snaps = _checked_heads(run)
+        snaps = _checked_heads(run, whole)
         if not snaps:
             continue  # a CNN, or a run without heads.jsonl: accuracy only
         heads_runs += 1
@@ -152,7 +153,7 @@ def displacement_history(group: str | os.PathLike) -> dict[str, Any]:
     """
     histories = []
     for run in group_runs(group):
-        snaps = {s["epoch"]: s for s in _checked_heads(run)}  # a replayed epoch: the last record wins
+        snaps = {s["epoch"]: s for s in _checked_heads(run, _whole_run(run))}  # a replayed epoch: the last record wins
         if 0 not in snaps:
             raise AttnconvError(f"{run}: heads.jsonl has no snapshot at initialization (epoch 0)")
         histories.append({e: center_displacement(snaps[0], s) for e, s in snaps.items()})
@@ -187,10 +188,15 @@ def format_comparison(rows: list[dict[str, Any]], *, kernels: tuple[int, ...] = 
     return format_table(headers, table, markdown=markdown, align="lrrrr" + "r" * (len(headers) - 5)) + "\n"
 
 
-def _checked_heads(run: Path) -> list[dict[str, Any]]:
-    """`read_heads` of a run; with its config.json (a run folder copied whole, not only its two logs), the
-    snapshots checked against the model and the length it describes (`Run.check_heads_fit`)."""
+def _whole_run(run: Path) -> Run | None:
+    """The run as a `Run` when its folder holds config.json (copied whole, not only its two logs), else None."""
+    return Run(run) if (run / CONFIG_FILE).exists() else None
+
+
+def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:
+    """`read_heads` of a run; for a whole run (`_whole_run`), the snapshots checked against the model and the
+    length its config.json describes (`Run.check_heads_fit`)."""
     snaps = read_heads(run)
-    if (run / CONFIG_FILE).exists():
-        Run(run).check_heads_fit(snaps)
+    if whole is not None:
+        whole.check_heads_fit(snaps)
     return snaps

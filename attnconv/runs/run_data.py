@@ -29,6 +29,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.folder_layout import scan_folder
 from attnconv.errors import AttnconvError, ParameterError
+from attnconv.runs.values import shortened
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
 SAMPLE_SEED = 0
@@ -82,14 +83,10 @@ def _folder_gone(config: TrainConfig) -> Path | None:
 
 
 def _gone_message(config: TrainConfig, folder: Path) -> str:
-    return (f"{_ends(config.dataset)}: the run's image folder {_ends(str(folder))} no longer exists (moved or "
+    return (f"{shortened(config.dataset)}: the run's image folder {shortened(str(folder))} no longer exists (moved or "
             "deleted); point at the images with --dataset folder:PATH (where the folder is now, or another folder "
             "with the same classes)")
 
-
-def _ends(text: str, keep: int = 80) -> str:
-    """A long name (a path of thousands of characters) shown by its two ends, so that the line stays short."""
-    return text if len(text) <= 2 * keep + 3 else f"{text[:keep]}...{text[-keep:]}"
 
 
 def run_info(config: TrainConfig, *, recorded: dict[str, Any] | None = None) -> D.DatasetInfo:

@@ -57,3 +57,8 @@ def _parse_int(digits: str) -> int:
     if len(digits) > 4000:  # Python refuses over 4300 digits with advice meant for programmers
         raise ValueError(f"a number of {len(digits)} digits")
     return int(digits)
+
+
+def shortened(text: str, keep: int = 80) -> str:
+    """A long name (a path of thousands of characters) shown by its two ends, so that a message stays short."""
+    return text if len(text) <= 2 * keep + 3 else f"{text[:keep]}...{text[-keep:]}"
