@@ -49,3 +49,17 @@ def train_folder_runs(root: Path, specs: Iterable[tuple[str, dict[str, Any]]], *
         train(cfg, root / model, progress=False)
         out[model] = root / model
     return out
+
+
+def rerecord(run: Path) -> None:
+    """Write model.safetensors' record of config.json (`attnconv.runs.record`) anew from config.json as it is now:
+    the run as if it had been trained with what an edit put there (class names no folder of the tests holds)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs import RECORD_KEY, WEIGHTS_FILE, model_record, read_config
+
+    path = run / WEIGHTS_FILE
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata() or {}
+    save_file(load_file(path), path, metadata={**metadata, RECORD_KEY: model_record(read_config(run))})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures_runs import TINY, train_tiny_runs
+from fixtures_runs import TINY, rerecord, train_tiny_runs
 from safetensors.torch import load_file, save_file
 
 from attnconv.cli import main
@@ -956,6 +956,7 @@ def test_run_files_read_with_checks_invisible_characters_in_class_names_are_prin
     config = json.loads((run / "config.json").read_text())
     config["data"]["classes"] = [name, *config["data"]["classes"][1:]]
     (run / "config.json").write_text(json.dumps(config))
+    rerecord(run)  # as a run trained on a folder of that name
     script = ("import sys\nfrom attnconv.cli import main\nsys.exit(main(sys.argv[1:]))")
     raw = torch.zeros(1, 1, 28, 28, dtype=torch.uint8)
     image = tmp_path / "img.png"
@@ -1100,7 +1101,9 @@ def test_run_files_read_with_checks_state_of_another_run_is_blamed_on_state(tiny
             "--overwrite)") in line and "if config.json was edited" not in line, line
     shutil.copy(big["sa-quadratic"] / "model.safetensors", run / "model.safetensors")
     line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
-    assert "if config.json was edited, restore it" in line and "not this run's" not in line, line
+    assert line == (f"error: {run / 'config.json'} does not describe the run model.safetensors was written for "
+                    "(model_overrides.hidden 8 in config.json, 16 in the weights' record); one of the two was edited or "
+                    "copied from another run: restore it from a copy of the run"), line
 
 
 @pytest.mark.parametrize("name", ["fmnist", "fmnist\u200b"])
@@ -1111,3 +1114,55 @@ def test_run_files_read_with_checks_a_dataset_no_one_has_is_config_jsons_error(t
     line = _one_error(["eval", run], capsys)
     assert line.startswith(f"error: {run / 'config.json'}: corrupt run config (unknown dataset "), line
     assert "restore it from a copy" in line and "\u200b" not in line.replace("\\u200b", ""), line
+
+
+_KEEP_SHAPES = {  # edits of config.json that change what the weights compute but no tensor's shape
+    "data.std": lambda meta: meta["data"].update(std=[0.5]),
+    "data.mean": lambda meta: meta["data"].update(mean=[0.3]),
+    "data.classes": lambda meta: meta["data"].update(classes=meta["data"]["classes"][::-1]),
+    "data.size": lambda meta: meta["data"].update(size=32),
+    "model_overrides.attn_dropout": lambda meta: meta["config"]["model_overrides"].update(attn_dropout=0.5),
+}
+
+
+@pytest.mark.parametrize("field", sorted(_KEEP_SHAPES))
+def test_run_files_read_with_checks_an_edit_that_keeps_the_shapes_is_named(tiny, tmp_path, capsys, field):
+    """An edit of config.json that keeps every tensor's shape (a normalization, a class name, an option) gave
+    other numbers with exit 0 (only a converted run's alpha was caught). model.safetensors records the fields
+    of config.json it was written for (`runs.record`): `eval`, `predict` and `--resume` name the field."""
+    names = _edit_meta(tmp_path, tiny, _KEEP_SHAPES[field])
+    run = names["run"]
+    for argv in (["eval", run, "--data-dir", tiny["data"]], ["predict", run, names["image"]],
+                 RESUME[:2] + [run] + RESUME[3:]):
+        line = _one_error(argv, capsys)
+        assert line.startswith(f"error: {run / 'config.json'} does not describe the run model.safetensors was "
+                               f"written for ({field} "), line
+        assert line.endswith("one of the two was edited or copied from another run: restore it from a copy of the "
+                             "run"), line
+
+
+def test_run_files_read_with_checks_the_record_itself_is_checked(tiny, tmp_path, capsys):
+    """A record that is not a JSON object is model.safetensors' error; weights with no record (written before
+    it existed) are read as before, and an edit that changes nothing of the record's fields passes."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs import RECORD_KEY
+
+    run = _copy(tmp_path, tiny)
+    weights = run / "model.safetensors"
+    tensors = load_file(weights)
+    save_file(tensors, weights, metadata={RECORD_KEY: "[1, 2"})
+    line = _one_error(["eval", run, "--data-dir", tiny["data"]], capsys)
+    assert line == (f"error: {weights}: corrupt weights file (its record of config.json is not a JSON object); "
+                    "restore it from a copy of the run"), line
+    save_file(tensors, weights, metadata={"model": "sa-quadratic"})  # as weights written before the record
+    meta = json.loads((run / "config.json").read_text())
+    meta["config"]["model_overrides"]["attn_dropout"] = 0.5
+    (run / "config.json").write_text(json.dumps(meta))
+    assert main(["eval", str(run), "--data-dir", str(tiny["data"])]) == 0
+    (tmp_path / "again").mkdir()
+    again = _copy(tmp_path / "again", tiny)
+    meta = json.loads((again / "config.json").read_text())
+    meta.update(created="2020-01-01T00:00:00+00:00", torch="0.0")  # fields the weights do not depend on
+    (again / "config.json").write_text(json.dumps(meta))
+    assert main(["eval", str(again), "--data-dir", str(tiny["data"])]) == 0

@@ -129,7 +129,8 @@ def test_convert_can_skip_or_shorten_the_evaluation_and_makes_an_ordinary_folder
 @pytest.mark.parametrize("edit", [{"alpha": 3.0}, {"fold_bn": False}])
 def test_an_edited_conversion_block_is_config_jsons_error(cnn_run, data_dir, tmp_path, capsys, edit):
     """config.json's "converted" alpha edited (the shapes stay): `eval` measured other numbers with exit 0. The
-    converted weights record their conversion; an edit of the block is one line naming config.json."""
+    converted weights record what config.json said of the run (`runs.record`), conversion included; an edit of
+    the block is one line naming config.json and the field."""
     new = tmp_path / "resnet-attn"
     assert main(["convert", str(cnn_run), "--out", str(new), "--data-dir", str(data_dir), "--no-eval"]) == 0
     meta = json.loads((new / "config.json").read_text())
@@ -138,6 +139,8 @@ def test_an_edited_conversion_block_is_config_jsons_error(cnn_run, data_dir, tmp
     capsys.readouterr()
     assert main(["eval", str(new), "--data-dir", str(data_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: {new / 'config.json'}: corrupt run config (its \"converted\" "
-                                               "block, "), err
-    assert "restore config.json from a copy of the run" in err[0], err
+    (key, value), = edit.items()
+    was = "null" if key == "alpha" else "true"
+    assert err == [f"error: {new / 'config.json'} does not describe the run model.safetensors was written for "
+                   f"(converted.{key} {json.dumps(value)} in config.json, {was} in the weights' record); one of the two "
+                   "was edited or copied from another run: restore it from a copy of the run"], err

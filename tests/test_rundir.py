@@ -432,6 +432,14 @@ def test_an_edited_config_json_on_resume_is_blamed_and_the_checkpoint_kept(tmp_p
     capsys.readouterr()
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
     err = capsys.readouterr().err
+    # model.safetensors records what config.json said (runs.record): the edit is named before any tensor is loaded
+    assert err.strip() == (f"error: {out / 'config.json'} does not describe the run model.safetensors was written for "
+                           "(model_overrides.hidden 24 in config.json, 16 in the weights' record); one of the two was "
+                           "edited or copied from another run: restore it from a copy of the run"), err
+    assert (out / "state.pt").read_bytes() == state
+    (out / "model.safetensors").unlink()  # no record to compare: state.pt does not fit the edited model
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
     assert f"does not fit the model that {out / 'config.json'} describes" in err
     assert "size mismatch for" in err and "restore it (the checkpoint is kept as it is)" in err
     assert "delete" not in err and (out / "state.pt").read_bytes() == state

@@ -9,12 +9,14 @@ A run directory holds:
     heads.jsonl        attention models: every head at initialization and after each epoch
     steps.csv          a row every --log-every steps (loss, accuracy, lr, images/s, time)
     tensorboard/       with --tensorboard: event files of the same curves
-    model.safetensors  the weights (state_dict), metadata: model, step, epoch
+    model.safetensors  the weights (state_dict), metadata: model, step, epoch, and the fields of
+                       config.json they were written for (record.py)
     state.pt           everything resume needs: step, epoch, batch, optimizer, RNG states,
                        and a copy of the weights (read with torch.load(weights_only=True) only)
 
 `Run(path)` reads one lazily (run.py). The modules: files.py (names, reading and writing
 each file), run_data.py (the run's dataset), build.py (its network: `load_run`, `convert_run`),
+record.py (what model.safetensors records of config.json, so that an edit of either is caught),
 directory.py (the run directory contract of `attnconv train`: what it may write, what --overwrite
 sets aside until the new run's first checkpoint, the logs a resumed run keeps).
 Every file is written atomically through `attnconv.fileio.atomic_write`.
@@ -54,6 +56,7 @@ from attnconv.runs.files import (
     write_config,
 )
 from attnconv.runs.heads_file import heads_line, read_heads, read_heads_skipping
+from attnconv.runs.record import RECORD_KEY, model_record, record_problem, recorded_metadata
 from attnconv.runs.run import Run, as_run
 from attnconv.runs.run_data import (
     SAMPLE_SEED,
@@ -85,6 +88,10 @@ __all__ = [
     "STEPS_COLUMNS",
     "TENSORBOARD_DIR",
     "save_weights",
+    "RECORD_KEY",
+    "model_record",
+    "record_problem",
+    "recorded_metadata",
     "save_state",
     "load_state",
     "read_config",

@@ -28,12 +28,12 @@ from attnconv.runs.files import (
     CONFIG_FILE,
     CONFIG_FIX,
     WEIGHTS_FILE,
-    conversion_key,
     read_config,
     save_weights,
     weights_metadata,
     write_config,
 )
+from attnconv.runs.record import RECORD_KEY, model_record, record_problem
 from attnconv.runs.run_data import run_info
 
 
@@ -52,8 +52,7 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
         model = build_run_architecture(meta)
     except AttnconvError as err:  # e.g. model_overrides too large to build: name the file that asks for it
         raise AttnconvError(f"{run_dir / CONFIG_FILE}: {err}") from None
-    conversion = conversion_key(meta["converted"]) if "converted" in meta else None
-    load_weights(model, run_dir / WEIGHTS_FILE, config.model, allow_nonfinite=allow_nonfinite, conversion=conversion)
+    load_weights(model, run_dir / WEIGHTS_FILE, config.model, allow_nonfinite=allow_nonfinite, meta=meta)
     return model.to(device).eval(), config
 
 def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
@@ -81,12 +80,12 @@ def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
     return model.eval()
 
 def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False,
-                 conversion: str | None = None) -> None:
+                 meta: dict[str, Any] | None = None) -> None:
     """Load a safetensors file into `model`; one AttnconvError naming the file if that fails.
 
-    conversion: `conversion_key` of config.json's "converted" block, for a converted run: weights written
-    by `convert` record theirs, and an edit of the block (alpha, fold_bn: the shapes may stay) is
-    config.json's error.
+    meta: the run's config.json (`read_config`), to compare with what the weights record of it
+    (`runs.record`): an edit that keeps the shapes (a normalization, a class name, a conversion's alpha)
+    is then one error, not other numbers.
 
     Refused: a path that is no regular file (a named pipe would block), a file safetensors cannot
     read, a tensor the model lacks or lacks of it, one of another dtype (load_state_dict would
@@ -111,11 +110,9 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise AttnconvError(f"{path}: cannot read the weights ({err.strerror or err}); {fix}") from None
     except (SafetensorError, ValueError) as err:
         raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
-    recorded = weights_metadata(data).get("conversion")
-    if conversion is not None and recorded is not None and recorded != conversion:
-        raise AttnconvError(f"{path.parent / CONFIG_FILE}: corrupt run config (its \"converted\" block, {conversion}, "
-                            f"is not the conversion model.safetensors was written with, {recorded}); "
-                            "restore config.json from a copy of the run")
+    problem = None if meta is None else record_problem(weights_metadata(data), meta, path)
+    if problem is not None:  # what config.json says of the model and its data is not what the weights were for
+        raise AttnconvError(problem)
     problem = weights_problem(tensors, model.state_dict())
     if problem is not None:
         # the weights, or config.json (the model, its overrides, a conversion block): either may have been edited
@@ -188,7 +185,7 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
         meta = read_config(run)
         if "converted" in meta or meta["config"].get("init_from"):
             raise ParameterError("init_from", run, ": is already an attention network; give the run of a CNN")
-        load_weights(model, run / WEIGHTS_FILE, config.model)
+        load_weights(model, run / WEIGHTS_FILE, config.model, meta=meta)
     model = cnn_to_attention(model.eval(), fold_bn=src.fold_bn, alpha=float(src.alpha), learnable=True,
                              key_dim=src.content)
     if not any(isinstance(m, LearnableConvAttention) for m in model.modules()):
@@ -234,8 +231,7 @@ def convert_run(
         raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another directory") \
             from None
     try:
-        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir),
-                                                     "conversion": conversion_key(meta["converted"])})
+        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir), RECORD_KEY: model_record(meta)})
         write_config(tmp, meta)
         os.replace(tmp, out)  # the run directory appears whole or not at all
     except OSError as err:

@@ -348,12 +348,6 @@ def _overrides_problem(config: TrainConfig, data: dict[str, Any]) -> str | None:
     return None
 
 
-def conversion_key(converted: dict[str, Any]) -> str:
-    """What of config.json's "converted" block decides the converted weights (fold_bn, alpha), as the text
-    model.safetensors' metadata records it under "conversion" (`convert_run`) and `load_weights` compares."""
-    return json.dumps({"alpha": converted.get("alpha"), "fold_bn": bool(converted.get("fold_bn"))}, sort_keys=True)
-
-
 def weights_metadata(data: bytes) -> dict[str, str]:
     """The "__metadata__" of a safetensors file's bytes ({} if none or unreadable): its header is 8 bytes of
     length, then that many bytes of JSON."""

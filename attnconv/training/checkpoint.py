@@ -30,6 +30,7 @@ import torch.nn as nn
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.runs import (
     CONFIG_FILE,
+    RECORD_KEY,
     STATE_FILE,
     STATE_FORMAT,
     WEIGHTS_FILE,
@@ -56,6 +57,8 @@ class Checkpointer:
     def __init__(self, out: Path, d: Dist, device: torch.device, model_name: str):
         self.out, self.d, self.device, self.model_name = out, d, device, model_name
         self.path = out / STATE_FILE
+        # `runs.record.model_record` of the run's config.json, once written (rank 0): model.safetensors records it
+        self.record: str | None = None
 
     def exists(self) -> bool:
         """Whether the run has a checkpoint to resume from."""
@@ -78,8 +81,8 @@ class Checkpointer:
         rng_torch, rng_cuda = self._rng_states()
         if not self.d.main:
             return
-        save_weights(model, self.out / WEIGHTS_FILE, {"model": self.model_name, "step": str(p.step),
-                                                        "epoch": str(p.epoch)})
+        meta = {"model": self.model_name, "step": str(p.step), "epoch": str(p.epoch)}
+        save_weights(model, self.out / WEIGHTS_FILE, meta if self.record is None else {**meta, RECORD_KEY: self.record})
         state = {
             "format": STATE_FORMAT,
             "progress": dataclasses.asdict(p),

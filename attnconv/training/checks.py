@@ -10,7 +10,7 @@ from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
-from attnconv.runs import data_changes, data_fingerprint, read_config
+from attnconv.runs import WEIGHTS_FILE, data_changes, data_fingerprint, read_config, record_problem, recorded_metadata
 
 
 def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int) -> None:
@@ -57,6 +57,10 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest:
     `RESUMABLE_CHANGES`, and its recorded dataset matches `info` and the content `digest` of the
     data at hand (`runs.data_digest`) (unless `allow_data_change`)."""
     meta = read_config(out)
+    weights = out / WEIGHTS_FILE
+    problem = record_problem(recorded_metadata(weights), meta, weights)
+    if problem is not None:  # config.json edited since the last checkpoint: training would go on from the edit
+        raise AttnconvError(problem)
     saved = TrainConfig.from_dict(meta["config"]).to_dict()
     changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:

@@ -65,7 +65,9 @@ from attnconv.runs import (
     data_digest,
     data_fingerprint,
     load_state,
+    model_record,
     nonfinite_tensor,
+    read_config,
     read_metrics,
     run_image_size,
     run_info,
@@ -431,6 +433,7 @@ class _Trainer:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             write_config(out, meta)
+        self.checkpoint.record = model_record(read_config(out))  # what model.safetensors records of config.json
         self.checkpoint.replay_logs(self.progress, heads=self.heads is not None)
         if self.heads is not None and self.progress.step == 0 and self.progress.snapshots == 0:
             self.heads.append(0, self.progress)  # the heads at initialization
