@@ -463,6 +463,8 @@ CASES = [
      ["report", "{run}", "--out", "{tmp}/r.html"], "corrupt run config (steps_per_epoch -1 is not a whole number", None),
     ("eval-config-world-size-x", config_count("world_size", "x"), ["eval", "{run}"],
      'corrupt run config (world_size "x" is not a whole number >= 1)', None),
+    ("resume-config-log-every-0", config_count("log_every", 0), RESUME,
+     "corrupt run config (log_every 0 is not a whole number >= 1)", None),
     ("eval-config-unknown-override", override_unknown, ["eval", "{run}"],
      "config.json: model 'sa-quadratic' has no option 'colour'; leave it out", None),
     # The model's classes or channels edited apart from the "data" block they came from: config.json is named,

@@ -117,9 +117,12 @@ def interrupt_after_the_row_of_step_12(monkeypatch, out, data_dir, extra) -> Non
     monkeypatch.undo()
 
 
-def test_resume_after_an_interruption_gives_the_same_steps_csv(tmp_path, data_dir, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("again", [("--log-every", "3", "--checkpoint-every", "5"), ("--checkpoint-every", "5")],
+                         ids=["flag-given-again", "flag-left-out"])
+def test_resume_after_an_interruption_gives_the_same_steps_csv(tmp_path, data_dir, monkeypatch, again):  # noqa: F811
     """Killed right after the row of step 12, whose last checkpoint is step 10: the resumed run drops
-    that row and logs it again, and its sums (steps 10 to 12) span the checkpoint."""
+    that row and logs it again, and its sums (steps 10 to 12) span the checkpoint. A resume without
+    --log-every keeps the run's interval (config.json "log_every"; it fell back to 100 and logged no row)."""
     extra = ("--log-every", "3", "--checkpoint-every", "5")
     ref, out = tmp_path / "ref", tmp_path / "run"
     assert main(tiny_args(ref, data_dir, *extra)) == 0
@@ -128,7 +131,8 @@ def test_resume_after_an_interruption_gives_the_same_steps_csv(tmp_path, data_di
     assert [r["step"] for r in read_steps(out)] == [3, 6, 9, 12]
     progress = load_state(out / "state.pt")["progress"]
     assert (progress["step"], progress["step_rows"]) == (10, 3)  # the checkpoint knows of 3 rows
-    assert main(tiny_args(out, data_dir, *extra, "--resume")) == 0
+    assert read_config(out)["log_every"] == 3
+    assert main(tiny_args(out, data_dir, *again, "--resume")) == 0
     assert without_timings(read_steps(out)) == without_timings(read_steps(ref))
     assert [r["step"] for r in read_steps(out)] == [3, 6, 9, 12, 15]
 

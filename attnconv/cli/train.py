@@ -95,8 +95,9 @@ def register(subparsers) -> None:
     r = p.add_argument_group("execution")
     add_field_flags(r, TrainConfig, section="execution")
     r.add_argument("--no-progress", action="store_true", help="no progress output (epoch summaries only)")
-    r.add_argument("--log-every", type=int, default=100, metavar="STEPS",
-                   help="a row of RUN_DIR/steps.csv every STEPS steps (default 100), and, when stderr is not a "
+    r.add_argument("--log-every", type=int, metavar="STEPS",
+                   help="a row of RUN_DIR/steps.csv every STEPS steps (default 100; with --resume, the run's own), and, "
+                        "when stderr is not a "
                         "terminal (nohup, CI), a progress line (on a terminal a progress bar is shown instead)")
     r.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard event files into RUN_DIR/tensorboard/ (train loss, accuracy and "
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     config.validate()  # a bad flag is one error line, before anything else is printed
     announce = None if preset is None else \
         f"preset: {preset}, with your flags on top: {describe(config)} (--preset NAME for another)"
-    if args.log_every < 1:
+    if args.log_every is not None and args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,
                 log_every=args.log_every, announce=announce, allow_data_change=args.allow_data_change,

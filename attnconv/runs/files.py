@@ -228,7 +228,7 @@ CONFIG_FIX = "restore it from a copy, or train the run again"
 
 
 # config.json's counts besides the config (written by `train` and `convert`), and their least values.
-_META_COUNTS = {"parameters": 0, "params": 0, "steps_per_epoch": 0, "total_steps": 0, "world_size": 1}
+_META_COUNTS = {"parameters": 0, "params": 0, "steps_per_epoch": 0, "total_steps": 0, "world_size": 1, "log_every": 1}
 
 
 def counts_problem(meta: dict[str, Any]) -> str | None:

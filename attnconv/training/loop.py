@@ -96,7 +96,7 @@ def train(
     overwrite: bool = False,
     dataset: tuple[D.ImageSet, D.ImageSet] | None = None,
     progress: bool = True,
-    log_every: int = 100,
+    log_every: int | None = None,
     announce: str | None = None,
     allow_data_change: bool = False,
     tensorboard: bool = False,
@@ -112,13 +112,16 @@ def train(
     dataset: (train, test) ImageSets to use instead of loading `config.dataset`
     (they must have that dataset's shape). progress: print progress (a bar on a terminal,
     a line every `log_every` steps otherwise; steps.csv gets a row every `log_every` steps either
-    way). announce: a line printed once every check has passed, before the first step (the CLI's
-    preset line). allow_data_change: resume even though the dataset differs from the one the run
-    recorded (config.json "data"); otherwise refused. tensorboard: also write TensorBoard event
-    files into out/tensorboard/ (needs the `tensorboard` package; checked first).
+    way; None: the interval config.json records on `resume`, else 100). announce: a line printed
+    once every check has passed, before the first step (the CLI's preset line). allow_data_change:
+    resume even though the dataset differs from the one the run recorded (config.json "data");
+    otherwise refused. tensorboard: also write TensorBoard event files into out/tensorboard/ (needs
+    the `tensorboard` package; checked first).
     Launched by torchrun, trains with DDP.
     """
     config.validate()
+    if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
+        raise ParameterError("log_every", log_every, "is invalid: give a number of steps >= 1")
     writer_class = summary_writer_class() if tensorboard else None
     if resume and overwrite:
         raise ParameterError("resume", resume, "and {overwrite} contradict each other: give one", shown="",
@@ -225,6 +228,19 @@ def _same_folder(a: Path, b: Path) -> bool:
 
 
 # What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
+# steps.csv's interval, when neither the caller nor (on --resume) the run's config.json gives one.
+LOG_EVERY = 100
+
+
+def _recorded_log_every(out: Path) -> int:
+    """The steps.csv interval a resumed run was started with (config.json "log_every"); LOG_EVERY when it
+    records none, or config.json does not read (the resume's own checks then say why)."""
+    try:
+        return int(read_config(out).get("log_every", LOG_EVERY))
+    except AttnconvError:
+        return LOG_EVERY
+
+
 RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
 
 
@@ -236,7 +252,7 @@ class _Trainer:
         self.allow_data_change = allow_data_change
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
-        self.log_every = log_every
+        self.log_every = log_every if log_every is not None else _recorded_log_every(out) if resume else LOG_EVERY
         self._estimate_at: int | None = None  # the step after which run() estimates the time left
         self.writer_class = writer_class if d.main else None  # --tensorboard: torch's SummaryWriter
         self.board: TensorBoardLog | None = None  # its event files (rank 0), while `run` runs
@@ -426,6 +442,7 @@ class _Trainer:
                 "steps_per_epoch": self.steps_per_epoch,
                 "total_steps": self.total_steps,
                 "world_size": self.d.world_size,
+                "log_every": self.log_every,
                 "data": {**data_fingerprint(self.info), "digest": self.digest},
                 "precision": precision_name(cfg.amp),
                 "torch": torch.__version__,
