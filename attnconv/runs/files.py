@@ -498,9 +498,3 @@ def _fmt(v: float) -> str:
 def write_config(run_dir: str | os.PathLike, meta: dict[str, Any]) -> None:
     """Write config.json (atomically): `meta` with the TrainConfig dict under "config"."""
     atomic_write(Path(run_dir) / CONFIG_FILE, write_bytes((json.dumps(meta, indent=2) + "\n").encode()))
-
-def parameter_count(meta: dict[str, Any]) -> int | None:
-    """The parameter count config.json records ("parameters"; converted runs written before
-    it was the one key said "params", and that count, the converted network's, is the right one)."""
-    value = meta.get("params", meta.get("parameters")) if "converted" in meta else meta.get("parameters")
-    return int(value) if isinstance(value, (int, float)) else None
