@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError
 from attnconv.fileio import open_regular
 from attnconv.runs.files import weights_metadata
@@ -39,9 +38,9 @@ def model_record(meta: dict[str, Any]) -> str:
     """The fields of a checked config.json (`read_config`) that decide what the run's weights compute, as
     compact JSON with sorted keys: the model, its overrides, init_from's options (not the source run's path),
     a converted run's options, and `_DATA_FIELDS` of the "data" block."""
-    config = TrainConfig.from_dict(meta["config"]).to_dict()
-    record: dict[str, Any] = {"model": config["model"], "model_overrides": config["model_overrides"]}
-    if config.get("init_from") is not None:
+    config = meta["config"]  # as written (checked by read_config), so that a later version reads the same record
+    record: dict[str, Any] = {"model": config["model"], "model_overrides": config.get("model_overrides", {})}
+    if isinstance(config.get("init_from"), dict):
         record["init_from"] = {k: v for k, v in config["init_from"].items() if k != "run"}
     if "converted" in meta:
         converted = meta["converted"]
