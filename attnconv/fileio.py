@@ -4,6 +4,7 @@ The bottom layer of the package (it imports only `attnconv.errors`): run directo
 figures, reports and benchmark outputs are all written through it.
 
     atomic_write(path, lambda tmp: tmp.write_text(text))   # old file or new file, never half of one
+    atomic_write_all([(result, ...), (figure, ...)])         # the old pair or the new pair
 
 Temporaries are created by `tempfile` in the target's directory with the name
 `.<target name>.<random>.attnconv-tmp`, so they are unique per writer, and a cleanup
@@ -13,14 +14,18 @@ hidden files.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import re
+import signal
 import stat
 import tempfile
+import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,28 +50,60 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     A crash at any point leaves either the old file or the new one, never a mix; a
     failure (disk full, a bad figure) leaves the old file as it was and no temporary.
     """
-    path = Path(path)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    atomic_write_all([(path, write)])
+
+
+def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], None]]]) -> None:
+    """Write several files that belong together (a result and its figure) as `atomic_write` does one: every
+    temporary is written and synced first, and only then are they renamed into place, one after the other, with
+    Ctrl-C held back until the last rename (it is delivered then). A failure while writing (a full disk) leaves
+    every old file as it was and no temporary; a new set never stands beside part of an old one."""
+    temps: list[tuple[Path, Path]] = []
     try:
-        try:
-            write(tmp)
-            # mkstemp makes the file 0600: give it the mode of the file it replaces, else what the umask allows.
-            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else 0o666 & ~current_umask())
-            fd = os.open(tmp, os.O_RDONLY)
+        for target, write in files:
+            path = Path(target)
+            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+            os.close(fd)
+            tmp = Path(name)
+            temps.append((path, tmp))
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as err:
-            if err.filename is None and err.errno is not None:  # a failed write() names no file: name ours
-                raise OSError(err.errno, err.strerror, str(path)) from err
-            raise
+                write(tmp)
+                # mkstemp makes the file 0600: give it the mode of the file it replaces, else what the umask allows.
+                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else 0o666 & ~current_umask())
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as err:
+                if err.filename is None and err.errno is not None:  # a failed write() names no file: name ours
+                    raise OSError(err.errno, err.strerror, str(path)) from err
+                raise
+        with _interrupts_held(len(temps) > 1):
+            for path, tmp in temps:
+                os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+        for _, tmp in temps:
+            tmp.unlink(missing_ok=True)
+    for parent in {path.parent for path, _ in temps}:
+        fsync_dir(parent)
+
+
+@contextlib.contextmanager
+def _interrupts_held(hold: bool) -> Iterator[None]:
+    """While the block runs, a SIGINT (Ctrl-C) is only noted; it is delivered, to the handler in place before,
+    when the block ends. Only where Python can set handlers (the main thread) and when `hold`."""
+    if not hold or threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    noted: list[int] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if noted:
+            signal.raise_signal(signal.SIGINT)
 
 
 def file_kind(mode: int) -> str:
@@ -181,11 +218,16 @@ EXPORT_MARK = "attnconv.json"
 def written_by_attnconv(path: str | os.PathLike) -> bool:
     """Whether the existing file `path` is one attnconv wrote (a report, figure or benchmark output).
 
-    Reports carry `<meta name="generator" content="attnconv">`, PNG figures a "Software"
-    text chunk, SVG and PDF figures a "Creator" entry, benchmark output the `attnconv bench`
-    command line, other JSON a "generator" key, exports (`attnconv export`) an `EXPORT_MARK`
-    record in their archive (.pt2, .ts) or an ONNX doc_string starting "attnconv "; anything
-    else (a user's notes, a run's weights) is not ours.
+    Each kind carries attnconv's mark where attnconv puts it, and only there counts (a user's file
+    that merely mentions attnconv, or quotes an attnconv command, is not ours): reports and exported
+    pages begin with the doctype, `<html lang="en"><head><meta charset="utf-8">` and then
+    `<meta name="generator" content="attnconv ...">`; PNG figures a "Software" text chunk, SVG and
+    PDF figures a "Creator" entry, each `attnconv (matplotlib VERSION)`; `bench --markdown` output
+    begins with its heading "## `attnconv bench"; `bench --json` output is a JSON object of exactly
+    the report's fields whose "command" is an `attnconv bench` command line; other JSON (learn-conv)
+    an object whose first key is "generator", "attnconv"; exports (`attnconv export`) an `EXPORT_MARK`
+    record in their archive (.pt2, .ts) or an ONNX doc_string starting "attnconv ". Anything else (a
+    user's notes, a run's weights) is not ours.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -193,25 +235,51 @@ def written_by_attnconv(path: str | os.PathLike) -> bool:
         return _archive_marked(path)
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(1 << 16)
-            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 16)))
+            f.seek(max(0, size - (1 << 16)))
             tail = f.read()
+            whole = head if size <= len(head) else None  # JSON is parsed whole: only small files
     except OSError:
         return False
-    sig = SIGNATURE.encode()
+    figure = SIGNATURE.encode() + b" (matplotlib "
     if suffix == ".onnx":
-        return _onnx_doc_string(head).startswith(sig + b" ")
+        return _onnx_doc_string(head).startswith(SIGNATURE.encode() + b" ")
     if suffix in (".html", ".htm"):
-        return b'<meta name="generator" content="' + sig in head
+        return _PAGE_HEAD.match(head) is not None
     if suffix == ".png":
-        return head.startswith(b"\x89PNG") and b"Software\x00" + sig in head
+        return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + figure in head
     if suffix == ".svg":
-        return b"<svg" in head and b"<dc:creator>" in head and sig in head
+        return b"<svg" in head and re.search(rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>" + re.escape(figure), head) \
+            is not None
     if suffix == ".pdf":
-        return head.startswith(b"%PDF") and b"/Creator (" + sig in head + tail
-    if suffix in (".json", ".md"):
-        return b"attnconv bench" in head or b'"generator": "' + sig in head
+        return head.startswith(b"%PDF") and b"/Creator (" + SIGNATURE.encode() + b" \\(matplotlib " in head + tail
+    if suffix == ".md":
+        return head.startswith(b"## `" + SIGNATURE.encode() + b" bench")
+    if suffix == ".json":
+        return whole is not None and _json_marked(whole)
     return False
+
+
+# The start of every HTML page attnconv writes (`attnconv report`, `explore --export`).
+_PAGE_HEAD = re.compile(rb'<!DOCTYPE html>\s*<html lang="en">\s*<head>\s*<meta charset="utf-8">\s*'
+                        rb'<meta name="generator" content="' + SIGNATURE.encode() + rb'[ "]')
+
+# The fields of `attnconv bench --json` output (`bench.results.Report`).
+_BENCH_FIELDS = {"command", "machine", "date", "config", "sections"}
+
+
+def _json_marked(data: bytes) -> bool:
+    """Whether JSON text is `attnconv bench --json` output or another of attnconv's JSON files (`written_by_attnconv`)."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(value, dict) or not value:
+        return False
+    if set(value) == _BENCH_FIELDS:
+        return isinstance(value["command"], str) and value["command"].startswith(SIGNATURE + " bench")
+    return next(iter(value)) == "generator" and value["generator"] == SIGNATURE
 
 
 def _archive_marked(path: Path) -> bool:

@@ -48,9 +48,9 @@ from attnconv import data as D
 from attnconv.analysis.grid import match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
+from attnconv.fileio import SIGNATURE, atomic_write_all, check_output_file
 from attnconv.limits import check_memory
-from attnconv.plots import learn_conv_figure, save_figure
+from attnconv.plots import figure_writer, learn_conv_figure
 
 SOURCES = ("fmnist", "random")
 DEFAULTS = dict(kernel=3, heads=9, steps=3000, channels=8, size=12, batch_size=32, lr=0.03, seed=0)
@@ -255,8 +255,9 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"generator": SIGNATURE, **result}, indent=1) + "\n"
-        atomic_write(out / "learn-conv.json", lambda tmp: tmp.write_text(text))
-        save_figure(learn_conv_figure(result), out / "learn-conv.png", overwrite=True)  # checked before training
+        # the result and its figure as one pair (checked before training): a failure or Ctrl-C leaves the old pair
+        atomic_write_all([(out / "learn-conv.json", lambda tmp: tmp.write_text(text)),
+                          (out / "learn-conv.png", figure_writer(learn_conv_figure(result), "png"))])
     return result
 
 

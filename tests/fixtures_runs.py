@@ -57,9 +57,23 @@ def rerecord(run: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from attnconv.runs import RECORD_KEY, WEIGHTS_FILE, model_record, read_config
+    from attnconv.runs import RECORD_KEY, WEIGHTS_FILE, config_record, read_config
 
     path = run / WEIGHTS_FILE
     with safe_open(str(path), "pt") as f:
         metadata = f.metadata() or {}
-    save_file(load_file(path), path, metadata={**metadata, RECORD_KEY: model_record(read_config(run))})
+    save_file(load_file(path), path, metadata={**metadata, RECORD_KEY: config_record(read_config(run))})
+
+
+def unrecord(run: Path) -> None:
+    """Take the record of config.json out of model.safetensors' metadata: the run as one whose weights were
+    written before the record existed, where the checks of config.json's own readers are the only ones."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs import RECORD_KEY, WEIGHTS_FILE
+
+    path = run / WEIGHTS_FILE
+    with safe_open(str(path), "pt") as f:
+        metadata = {k: v for k, v in (f.metadata() or {}).items() if k != RECORD_KEY}
+    save_file(load_file(path), path, metadata=metadata)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures_runs import TINY, rerecord, train_tiny_runs
+from fixtures_runs import TINY, rerecord, train_folder_runs, train_tiny_runs, unrecord
 from safetensors.torch import load_file, save_file
 
 from attnconv.cli import main
@@ -69,7 +69,10 @@ def config_binary(tmp, tiny):
 
 
 def _edit_config(tmp, tiny, **changes):
+    """config.json's "config" edited, in a run whose weights record nothing of config.json (`unrecord`; written
+    before the record existed): config.json's own checks are the ones tested."""
     run = _copy(tmp, tiny)
+    unrecord(run)
     meta = json.loads((run / "config.json").read_text())
     for key, value in changes.items():
         if key == "hidden":
@@ -211,8 +214,12 @@ def state_int_weights(tmp, tiny):
     return _edit_state(tmp, tiny, edit)
 
 
-def _edit_meta(tmp, tiny, edit):
+def _edit_meta(tmp, tiny, edit, *, record: bool = False):
+    """config.json edited by `edit(meta)`; the weights' record of config.json is taken out (`unrecord`: config.json's
+    own checks are tested) unless `record` (the record is what is tested)."""
     run = _copy(tmp, tiny)
+    if not record:
+        unrecord(run)
     meta = json.loads((run / "config.json").read_text())
     edit(meta)
     (run / "config.json").write_text(json.dumps(meta))
@@ -465,6 +472,12 @@ CASES = [
      'corrupt run config (world_size "x" is not a whole number >= 1)', None),
     ("resume-config-log-every-0", config_count("log_every", 0), RESUME,
      "corrupt run config (log_every 0 is not a whole number >= 1)", None),
+    # a built-in dataset's name over a "data" block of other classes (a folder run's renamed "cifar10" was read,
+    # and its download advised, as CIFAR-10; a fashion-mnist run's as CIFAR-10 gave a shape error naming no file)
+    ("table-config-dataset-of-other-classes", lambda tmp, tiny: _edit_meta(tmp, tiny, lambda meta: meta["config"].update(
+        dataset="cifar10")), ["table", "{run}"],
+     'corrupt run config (config.dataset "cifar10" has ["airplane", "automobile", "bird", "c... classes, its "data" '
+     'block ["T-shirt/top", "Trouser", "Pullover"... (one of the two was edited))', None),
     ("eval-config-unknown-override", override_unknown, ["eval", "{run}"],
      "config.json: model 'sa-quadratic' has no option 'colour'; leave it out", None),
     # The model's classes or channels edited apart from the "data" block they came from: config.json is named,
@@ -957,8 +970,9 @@ def test_run_files_read_with_checks_invisible_characters_in_class_names_are_prin
     run = _copy(tmp_path, tiny)
     config = json.loads((run / "config.json").read_text())
     config["data"]["classes"] = [name, *config["data"]["classes"][1:]]
+    config["config"]["dataset"] = f"folder:{tmp_path / 'images'}"  # a class folder of that name (no built-in has it)
     (run / "config.json").write_text(json.dumps(config))
-    rerecord(run)  # as a run trained on a folder of that name
+    rerecord(run)  # as a run trained on that folder
     script = ("import sys\nfrom attnconv.cli import main\nsys.exit(main(sys.argv[1:]))")
     raw = torch.zeros(1, 1, 28, 28, dtype=torch.uint8)
     image = tmp_path / "img.png"
@@ -1103,9 +1117,10 @@ def test_run_files_read_with_checks_state_of_another_run_is_blamed_on_state(tiny
             "--overwrite)") in line and "if config.json was edited" not in line, line
     shutil.copy(big["sa-quadratic"] / "model.safetensors", run / "model.safetensors")
     line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
-    assert line == (f"error: {run / 'config.json'} does not describe the run model.safetensors was written for "
-                    "(model_overrides.hidden 8 in config.json, 16 in the weights' record); one of the two was edited or "
-                    "copied from another run: restore it from a copy of the run"), line
+    assert line.startswith(f"error: {run / 'config.json'} does not describe the run model.safetensors was written "
+                           "for ("), line
+    assert "config.model_overrides.hidden 8 in config.json, 16 in the weights' record" in line, line
+    assert "one of the two was edited or copied from another run: restore it from a copy of the run" in line, line
 
 
 @pytest.mark.parametrize("name", ["fmnist", "fmnist\u200b"])
@@ -1121,26 +1136,43 @@ def test_run_files_read_with_checks_a_dataset_no_one_has_is_config_jsons_error(t
 _KEEP_SHAPES = {  # edits of config.json that change what the weights compute but no tensor's shape
     "data.std": lambda meta: meta["data"].update(std=[0.5]),
     "data.mean": lambda meta: meta["data"].update(mean=[0.3]),
-    "data.classes": lambda meta: meta["data"].update(classes=meta["data"]["classes"][::-1]),
     "data.size": lambda meta: meta["data"].update(size=32),
-    "model_overrides.attn_dropout": lambda meta: meta["config"]["model_overrides"].update(attn_dropout=0.5),
+    "config.model_overrides.attn_dropout": lambda meta: meta["config"]["model_overrides"].update(attn_dropout=0.5),
+    "config.epochs": lambda meta: meta["config"].update(epochs=3),
+    "config.seed": lambda meta: meta["config"].update(seed=1),  # as weights copied from the run of another seed
 }
 
 
 @pytest.mark.parametrize("field", sorted(_KEEP_SHAPES))
 def test_run_files_read_with_checks_an_edit_that_keeps_the_shapes_is_named(tiny, tmp_path, capsys, field):
-    """An edit of config.json that keeps every tensor's shape (a normalization, a class name, an option) gave
-    other numbers with exit 0 (only a converted run's alpha was caught). model.safetensors records the fields
-    of config.json it was written for (`runs.record`): `eval`, `predict` and `--resume` name the field."""
-    names = _edit_meta(tmp_path, tiny, _KEEP_SHAPES[field])
+    """An edit of config.json that keeps every tensor's shape (a normalization, a class name, an option, the
+    epochs, the dataset) gave other numbers with exit 0 (only a converted run's alpha was caught).
+    model.safetensors records config.json as it was written (`runs.record`): `eval`, `predict`, `table`
+    (which reads no weights but their header) and `--resume` name the field."""
+    names = _edit_meta(tmp_path, tiny, _KEEP_SHAPES[field], record=True)
     run = names["run"]
-    for argv in (["eval", run, "--data-dir", tiny["data"]], ["predict", run, names["image"]],
+    for argv in (["eval", run, "--data-dir", tiny["data"]], ["predict", run, names["image"]], ["table", run],
                  RESUME[:2] + [run] + RESUME[3:]):
         line = _one_error(argv, capsys)
         assert line.startswith(f"error: {run / 'config.json'} does not describe the run model.safetensors was "
                                f"written for ({field} "), line
         assert line.endswith("one of the two was edited or copied from another run: restore it from a copy of the "
-                             "run"), line
+                             "run (or, if config.json was edited, set those fields back to the record's values)"), line
+
+
+def test_run_files_read_with_checks_a_class_renamed_in_a_folder_run_is_named(tmp_path, capsys):
+    """Two class names swapped in a folder run's config.json (names no built-in dataset fixes): `predict` gave
+    the other class's name with exit 0. The weights' record names the edit; `table` too."""
+    runs = train_folder_runs(tmp_path, [("sa-quadratic", TINY)])
+    run = runs["sa-quadratic"]
+    meta = json.loads((run / "config.json").read_text())
+    meta["data"]["classes"] = meta["data"]["classes"][::-1]
+    (run / "config.json").write_text(json.dumps(meta))
+    image = next(p for p in sorted(runs["data"].rglob("*.png")))
+    for argv in (["predict", run, image], ["table", run]):
+        line = _one_error(argv, capsys)
+        assert line.startswith(f"error: {run / 'config.json'} does not describe the run model.safetensors was "
+                               "written for (data.classes "), line
 
 
 def test_run_files_read_with_checks_the_record_itself_is_checked(tiny, tmp_path, capsys):
@@ -1164,7 +1196,20 @@ def test_run_files_read_with_checks_the_record_itself_is_checked(tiny, tmp_path,
     assert main(["eval", str(run), "--data-dir", str(tiny["data"])]) == 0
     (tmp_path / "again").mkdir()
     again = _copy(tmp_path / "again", tiny)
-    meta = json.loads((again / "config.json").read_text())
-    meta.update(created="2020-01-01T00:00:00+00:00", torch="0.0")  # fields the weights do not depend on
-    (again / "config.json").write_text(json.dumps(meta))
+    meta = json.loads((again / "config.json").read_text())  # saved as an editor would: another layout, the same JSON
+    (again / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(meta, indent=1, sort_keys=True).replace(
+        "\n", "\r\n").encode())
     assert main(["eval", str(again), "--data-dir", str(tiny["data"])]) == 0
+    for value in (3, [1, 2]):  # a record that is no JSON text: model.safetensors' error, --resume included
+        save_file(tensors, weights, metadata={RECORD_KEY: "x"})
+        raw = weights.read_bytes()
+        size = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + size])
+        header["__metadata__"][RECORD_KEY] = value
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        weights.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + size:])
+        for argv in (["eval", run, "--data-dir", tiny["data"]], RESUME[:2] + [run] + RESUME[3:]):
+            line = _one_error(argv, capsys)
+            assert line.endswith("corrupt weights file (its record of config.json is not a JSON object); restore it "
+                                 "from a copy of the run"), line

@@ -321,3 +321,35 @@ def test_grid_section_times_every_grid_against_7x7_and_resnet(tmp_path, capsys, 
 def test_grids_flag_names_the_grids_it_knows(capsys):
     assert main(["bench", "--tiny", "--only", "grid", "--grids", "7,15"]) != 0
     assert "--grids: choose from 7,14,16,32" in capsys.readouterr().err
+
+
+def test_markdown_and_json_are_written_as_a_pair(tmp_path, capsys, monkeypatch):
+    """A full disk while writing --json left the new --markdown beside the old --json; both stay old now."""
+    import errno
+    from pathlib import Path
+
+    from attnconv.bench.results import Report, machine_info
+
+    md, js = tmp_path / "out.md", tmp_path / "out.json"
+    md.write_text("## `attnconv bench --tiny` (old)\n")
+    js.write_text(json.dumps({"command": "attnconv bench --tiny", "machine": {}, "date": "old", "config": {},
+                              "sections": []}))
+    before = (md.read_text(), js.read_text())
+    report = Report(command="attnconv bench --tiny", machine=machine_info("cpu"), date="new", config={"mode": "tiny"})
+    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: report)
+    write_text = Path.write_text
+
+    def full_for_json(self, text, *args, **kwargs):
+        if text.startswith("{"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_text(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_for_json)
+    assert main(["bench", "--tiny", "--markdown", str(md), "--json", str(js)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --json {js}: no space left on the device; free some space (nothing was written)"], err
+    assert (md.read_text(), js.read_text()) == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "out.json", "out.md"]
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert main(["bench", "--tiny", "--markdown", str(md), "--json", str(js)]) == 0
+    assert md.read_text().startswith("## `attnconv bench --tiny` (new)") and json.loads(js.read_text())["date"] == "new"

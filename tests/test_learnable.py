@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from fixtures_data import write_random_fashion
+from fixtures_runs import unrecord
 from test_construct import _random_case, rel
 from torch import nn
 from torch.func import functional_call
@@ -403,6 +404,7 @@ def test_init_from_runs_of_either_config_form_resume_with_their_own_command(
     record["config"]["init_from"].pop("content", None)
     record["config"]["init_from"].update(saved)
     (out / "config.json").write_text(json.dumps(record))
+    unrecord(out)  # as written then: its weights record nothing of config.json
     assert main([*command, "--resume"]) == 0, capsys.readouterr().err
     assert "different config" not in capsys.readouterr().err
 

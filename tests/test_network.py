@@ -507,14 +507,26 @@ def _hooked_conv() -> nn.Conv2d:
     return conv
 
 
+def _patched_conv(attr: str) -> nn.Conv2d:
+    """A plain nn.Conv2d whose `attr` is replaced on the instance (converted silently, relative error 0.5-1.6)."""
+    conv = nn.Conv2d(3, 4, 3)
+    if attr == "forward":
+        conv.forward = lambda x: F.conv2d(x, 2 * conv.weight, conv.bias)
+    else:
+        conv._conv_forward = lambda x, weight, bias: F.conv2d(x, weight.flip(-1), bias)
+    return conv
+
+
 @pytest.mark.parametrize(
     "make, reason",
     [
         (lambda: _StaticSamePadding(3, 4, 3, stride=2), "_StaticSamePadding subclasses Conv2d with its own forward"),
         (lambda: _OwnConvForward(3, 4, 3), "_OwnConvForward subclasses Conv2d with its own forward"),
         (_hooked_conv, "forward hooks"),
+        (lambda: _patched_conv("forward"), r"Conv2d has its forward replaced on the module itself"),
+        (lambda: _patched_conv("_conv_forward"), r"Conv2d has its _conv_forward replaced on the module itself"),
     ],
-    ids=["static-same-padding", "own-conv-forward", "hooked"],
+    ids=["static-same-padding", "own-conv-forward", "hooked", "instance-forward", "instance-conv-forward"],
 )
 def test_conversions_never_silently_wrong_conv_to_attention_refuses_as_cnn_to_attention_does(make, reason):
     conv = make()
@@ -525,6 +537,19 @@ def test_conversions_never_silently_wrong_conv_to_attention_refuses_as_cnn_to_at
     for err in (single, whole):  # neither sends the user to the other function for the same module
         assert "with conv_to_attention" not in str(err.value) and "call conv_to_attention" not in str(err.value)
     assert str(single.value).split(": ", 1)[1] in str(whole.value)  # the same reason, word for word
+
+
+@pytest.mark.parametrize("compile_", ["script", "trace", "script-inside"])
+def test_conversions_never_silently_wrong_torchscript_is_refused_in_words(compile_):
+    """A scripted or traced network gave torch's `register_forward_pre_hook is not supported on ScriptModules`."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    x = torch.randn(1, 3, 8, 8)
+    scripted = {"script": lambda: torch.jit.script(net), "trace": lambda: torch.jit.trace(net, x),
+                "script-inside": lambda: nn.Sequential(torch.jit.script(net), nn.ReLU())}[compile_]()
+    for kwargs in ({}, {"example_input": x}, {"strict": False}):
+        with pytest.raises(AttnconvError, match=r"not one compiled by torch.jit.script or traced by torch.jit.trace .*"
+                                                r"convert the nn.Module first, then script or trace the result"):
+            cnn_to_attention(scripted, **kwargs)
 
 
 def test_conversions_never_silently_wrong_subclasses_keeping_the_conv_s_forward_convert():

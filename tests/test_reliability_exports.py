@@ -181,3 +181,50 @@ def test_exports_a_file_that_fails_its_check_is_never_written(tiny, tmp_path, ca
     assert main(["export", str(run), "--format", "torchscript"]) == 2
     assert "logits differ from the run's" in capsys.readouterr().err
     assert sorted(os.listdir(run)) == before
+
+
+def _svg_titled(title: str) -> bytes:
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", metadata={"Title": title})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# A user's files that mention attnconv, or quote its commands, anywhere but where attnconv puts its mark: each was
+# taken for attnconv's own and replaced without --overwrite (bench --markdown cut a copy of RESULTS.md to 28 lines).
+USERS_FILES = {
+    "notes.md": lambda: b"# My results\n\nRun `attnconv bench --quick` and paste the table here.\n",
+    "results-copy.md": lambda: b"# Results\n\n## `attnconv bench --quick` (2026-11-22)\n\nmy numbers\n",
+    "package.json": lambda: b'{"scripts": {"bench": "attnconv bench --quick --markdown out.md"}}',
+    "bench.json": lambda: b'{"command": "attnconv bench --quick", "mine": true}',
+    "learn.json": lambda: b'{"notes": "x", "generator": "attnconv"}',
+    "plot.svg": lambda: _svg_titled("attnconv speed on my laptop"),
+    "page.html": lambda: (b'<!DOCTYPE html>\n<!-- <html lang="en"><head><meta charset="utf-8"><meta name="generator" '
+                          b'content="attnconv"> -->\n<html><body>mine</body></html>'),
+    "fig.png": lambda: b"\x89PNG\r\n\x1a\n....tEXtSoftware\x00attnconv fan club....",
+}
+
+
+@pytest.mark.parametrize("name", sorted(USERS_FILES))
+def test_exports_a_file_that_mentions_attnconv_is_not_taken_for_its_own(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(USERS_FILES[name]())
+    assert not written_by_attnconv(path)
+
+
+def test_exports_bench_refuses_a_users_notes_that_quote_its_command(tmp_path, capsys):
+    notes = tmp_path / "RESULTS.md"
+    text = "# Results\n\nRun `attnconv bench --quick` for these.\n" + "| row |\n" * 1000
+    notes.write_text(text)
+    assert main(["bench", "--quick", "--only", "layer", "--sides", "8", "--repeats", "1", "--markdown",
+                 str(notes)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exists and attnconv did not write it" in err[0], err
+    assert notes.read_text() == text

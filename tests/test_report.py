@@ -245,7 +245,8 @@ def test_report_writes_only_the_report(runs, tmp_path):
 
 def test_a_failed_write_leaves_the_old_report_whole(runs, tmp_path, monkeypatch):
     out = tmp_path / "report.html"
-    out.write_text('<!DOCTYPE html><meta name="generator" content="attnconv 0.1.0">old report')  # ours
+    out.write_text('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="generator" '
+                   'content="attnconv 0.1.0">old report')  # ours
 
     def half_then_fail(self, text, *args, **kwargs):
         with open(self, "w") as f:

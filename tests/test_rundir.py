@@ -144,6 +144,41 @@ def test_atomic_write_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_pat
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
 
 
+def test_atomic_write_all_replaces_a_pair_whole_or_not_at_all(tmp_path, monkeypatch):
+    """learn-conv wrote its JSON, then its PNG: a full disk (or Ctrl-C) in between left the new result beside the
+    old figure. `atomic_write_all` writes every temporary first; a failure keeps the old pair, and a Ctrl-C during
+    the renames is delivered after the last one."""
+    import signal
+
+    from attnconv.fileio import atomic_write_all
+
+    result, figure = tmp_path / "r.json", tmp_path / "r.png"
+    result.write_text("old result")
+    figure.write_text("old figure")
+
+    def full(tmp):
+        tmp.write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_all([(result, lambda tmp: tmp.write_text("new result")), (figure, full)])
+    assert (result.read_text(), figure.read_text()) == ("old result", "old figure")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]
+
+    replace = os.replace
+
+    def interrupted_replace(src, dst):  # Ctrl-C between the two renames
+        replace(src, dst)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_all([(result, lambda tmp: tmp.write_text("new result")),
+                          (figure, lambda tmp: tmp.write_text("new figure"))])
+    assert (result.read_text(), figure.read_text()) == ("new result", "new figure")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]
+
+
 def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoint_survives(
         tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
     out = tmp_path / "run"
@@ -428,8 +463,9 @@ def test_an_edited_config_json_on_resume_is_blamed_and_the_checkpoint_kept(tmp_p
     err = capsys.readouterr().err
     # model.safetensors records what config.json said (runs.record): the edit is named before any tensor is loaded
     assert err.strip() == (f"error: {out / 'config.json'} does not describe the run model.safetensors was written for "
-                           "(model_overrides.hidden 24 in config.json, 16 in the weights' record); one of the two was "
-                           "edited or copied from another run: restore it from a copy of the run"), err
+                           "(config.model_overrides.hidden 24 in config.json, 16 in the weights' record); one of the "
+                           "two was edited or copied from another run: restore it from a copy of the run (or, if "
+                           "config.json was edited, set those fields back to the record's values)"), err
     assert (out / "state.pt").read_bytes() == state
     (out / "model.safetensors").unlink()  # no record to compare: state.pt does not fit the edited model
     assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2

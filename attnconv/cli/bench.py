@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write, check_output_file, describe_os_error
+from attnconv.fileio import atomic_write_all, check_output_file, describe_os_error
 
 
 def register(subparsers) -> None:
@@ -187,19 +187,25 @@ def run_bench(args: argparse.Namespace) -> int:
     m = report.machine
     print(f"machine: {m['cpu']}, {m['cores']} cores, {m['threads']} threads, torch {m['torch']}"
           + (f", GPU {m['gpu']}" if m.get("gpu") else "") + f"; load average at start {m['load']}; {report.date}")
-    if "--markdown" in outputs:
-        _write(outputs["--markdown"], bench.format_report(report, markdown=True), "--markdown")
-    if "--json" in outputs:
-        _write(outputs["--json"], bench.report_json(report), "--json")
+    texts = {"--markdown": lambda: bench.format_report(report, markdown=True), "--json": lambda: bench.report_json(report)}
+    _write({flag: (path, texts[flag]()) for flag, path in outputs.items()})
     if report.failures:
         print(f"error: {len(report.failures)} benchmark case(s) failed; their errors are in the notes", file=sys.stderr)
         return 1
     return 0
 
 
-def _write(path: Path, text: str, flag: str) -> None:
+def _write(outputs: dict[str, tuple[Path, str]]) -> None:
+    """--markdown and --json as one pair (`fileio.atomic_write_all`): a failure leaves both old files as they were."""
+    def writer(text: str):
+        return lambda tmp: tmp.write_text(text)
+
     try:
-        atomic_write(path, lambda tmp: tmp.write_text(text))
+        atomic_write_all([(path, writer(text)) for path, text in outputs.values()])
     except OSError as err:
-        raise AttnconvError(f"{flag} {path}: {describe_os_error(err)}") from None
-    print(f"wrote {path}", file=sys.stderr)
+        flag = next((f for f, (path, _) in outputs.items() if err.filename == str(path)), None)
+        where = f"{flag} {err.filename}" if flag else ", ".join(f"{f} {p}" for f, (p, _) in outputs.items())
+        kept = " (nothing was written)" if len(outputs) > 1 else ""
+        raise AttnconvError(f"{where}: {describe_os_error(err)}{kept}") from None
+    for path, _ in outputs.values():
+        print(f"wrote {path}", file=sys.stderr)

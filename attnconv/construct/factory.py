@@ -22,7 +22,8 @@ def unconvertible_reason(module: nn.Module) -> str | None:
 
     The one rule `conv_to_attention` and `cnn_to_attention` apply: a plain `nn.Conv1d/2d/3d`
     (a subclass only if it keeps their `forward` and `_conv_forward`: its own would compute
-    something the attention layer does not reproduce, e.g. static 'same' padding), initialized,
+    something the attention layer does not reproduce, e.g. static 'same' padding; likewise
+    neither replaced on the module itself, nor compiled by TorchScript), initialized,
     with floating-point weights and no forward hooks (whose effect would be lost).
     """
     name = type(module).__name__
@@ -36,6 +37,16 @@ def unconvertible_reason(module: nn.Module) -> str | None:
         return f"{name} is not an nn.Conv1d/2d/3d"
     if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
         return f"{name} is lazy and uninitialized; run the model once on an input before converting"
+    if isinstance(module, torch.jit.ScriptModule):
+        return (f"{name} is compiled by torch.jit.script or traced by torch.jit.trace; convert the nn.Module first, "
+                "then script or trace the result")
+    replaced = [attr for attr in ("forward", "_conv_forward") if attr in vars(module)]
+    if replaced:
+        return (
+            f"{name} has its {replaced[0]} replaced on the module itself, which the attention layer would not "
+            f"reproduce; remove the replacement (del module.{replaced[0]}), or replace the module by a plain "
+            f"nn.{base.__name__} computing the same function and convert that"
+        )
     if type(module).forward is not base.forward or type(module)._conv_forward is not base._conv_forward:
         return (
             f"{name} subclasses {base.__name__} with its own forward, which the attention layer would not "

@@ -115,6 +115,10 @@ def cnn_to_attention(
     """
     if not isinstance(model, nn.Module):
         raise AttnconvError(f"cnn_to_attention takes an nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule) or any(isinstance(m, torch.jit.ScriptModule) for m in model.modules()):
+        raise AttnconvError("cnn_to_attention takes an nn.Module, not one compiled by torch.jit.script or traced by "
+                            "torch.jit.trace (its modules run TorchScript, not the Python forward the conversion "
+                            "replaces); convert the nn.Module first, then script or trace the result")
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
         raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
     check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on

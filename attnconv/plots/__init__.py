@@ -49,6 +49,7 @@ from attnconv.plots.figures import (
     conv_heads_figure,
     distance_figure,
     figure_png,
+    figure_writer,
     flat_map_label,
     gaussian_ellipse,
     head_colors,
@@ -92,6 +93,7 @@ __all__ = [
     "plot_figures",
     "plot_maps",
     "save_figure",
+    "figure_writer",
     "snapshot_geometry",
     "spread_epochs",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +49,24 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, name: str = "ou
     The file carries attnconv's name (PNG "Software", SVG/PDF "Creator"), so a later command
     knows it may replace it (`fileio.written_by_attnconv`). A bad `path` is a ParameterError naming `name`.
     """
-    import matplotlib
-
-    from attnconv.fileio import SIGNATURE, atomic_write
+    from attnconv.fileio import atomic_write
 
     path = check_out(path, name, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = path.suffix[1:].lower()
+    atomic_write(path, figure_writer(fig, path.suffix[1:].lower(), dpi))
+    return path
+
+
+def figure_writer(fig, fmt: str, dpi: int = 150) -> Callable[[Path], None]:
+    """A writer for `fileio.atomic_write` (and `atomic_write_all`) that saves `fig` as `fmt` (png, svg, pdf) with
+    attnconv's name in it (PNG "Software", SVG/PDF "Creator": `fileio.written_by_attnconv`)."""
+    import matplotlib
+
+    from attnconv.fileio import SIGNATURE
+
     name = f"{SIGNATURE} (matplotlib {matplotlib.__version__})"
     metadata = {"Software": name} if fmt == "png" else {"Creator": name}
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=metadata))
-    return path
+    return lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=metadata)
 
 
 def head_colors(n: int) -> list:

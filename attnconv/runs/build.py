@@ -33,7 +33,7 @@ from attnconv.runs.files import (
     weights_metadata,
     write_config,
 )
-from attnconv.runs.record import RECORD_KEY, model_record, record_problem
+from attnconv.runs.record import RECORD_KEY, config_record, record_problem
 from attnconv.runs.run_data import run_info
 
 
@@ -231,7 +231,7 @@ def convert_run(
         raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another directory") \
             from None
     try:
-        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir), RECORD_KEY: model_record(meta)})
+        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir), RECORD_KEY: config_record(meta)})
         write_config(tmp, meta)
         os.replace(tmp, out)  # the run directory appears whole or not at all
     except OSError as err:

@@ -210,11 +210,11 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         config = TrainConfig.from_dict(meta["config"])
         if config.model not in list_models():
             raise AttnconvError(f"unknown model {config.model!r}")
-        if D.folder_path(config.dataset) is None:
-            builtin_info(config.dataset)  # a name no dataset has: named here, as config.json's
+        builtin = None if D.folder_path(config.dataset) is not None else builtin_info(config.dataset)  # else: unknown
         problem = counts_problem(meta)
         if problem is None and "data" in meta:
-            problem = data_problem(meta["data"]) or _overrides_problem(config, meta["data"])
+            problem = data_problem(meta["data"]) or _overrides_problem(config, meta["data"]) or \
+                _builtin_problem(config.dataset, builtin, meta["data"])
         if problem is None and "converted" in meta:
             problem = converted_problem(meta["converted"])
         if problem is not None:
@@ -345,6 +345,20 @@ def _overrides_problem(config: TrainConfig, data: dict[str, Any]) -> str | None:
         if value is not None and value != recorded:
             return (f'model_overrides {key} {short_value(value)} does not match the {recorded} {what} of its "data" '
                     "block (one of the two was edited)")
+    return None
+
+
+def _builtin_problem(name: str, info: D.DatasetInfo | None, data: dict[str, Any]) -> str | None:
+    """A built-in dataset's classes and channels against the "data" block the run recorded, or None: they
+    differ only when config.dataset was edited (a folder run renamed "cifar10" would be read, and blamed, as
+    CIFAR-10)."""
+    if info is None:
+        return None
+    for what, ours, recorded in (("classes", list(info.classes), data["classes"]), ("channels", info.channels,
+                                                                                   data["channels"])):
+        if ours != recorded:
+            return (f"config.dataset {short_value(name)} has {short_value(ours)} {what}, its \"data\" block "
+                    f"{short_value(recorded)} (one of the two was edited)")
     return None
 
 

@@ -1,53 +1,48 @@
-"""What model.safetensors records of config.json: the fields that decide what a run's weights compute.
+"""What model.safetensors records of config.json: the whole of it, as it was written.
 
 An edit of config.json that changes the tensors' shapes (hidden 8 -> 16) is caught when the weights do
-not fit the model it describes. An edit that keeps them (a normalization's std, a class renamed, a
-converted run's alpha, an option that changes no tensor) would give other numbers with exit 0, so every
-file of weights attnconv writes for a run (`train`'s checkpoints, `convert`) records those fields of
-config.json in its metadata (`model_record`), and reading the run compares (`record_problem`): the two
-files disagree only when one of them was edited or copied from another run. Weights written before
-this record hold none and are read as before.
+not fit the model it describes. An edit that keeps them (a normalization's std, a class renamed, the
+epochs, a converted run's alpha, an option that changes no tensor) would give other numbers, or show values
+that are not the run's, with exit 0; so would a model.safetensors copied from another run of the same
+shapes (another seed). attnconv writes config.json once, when a run starts (`train`) or is made
+(`convert`), and never rewrites it, so every file of weights it writes for a run records config.json
+in its metadata (`config_record`), and every command that reads the run compares (`record_problem`):
+the two files disagree only when one of them was edited or copied from another run. Weights written
+before this record hold none and are read as before.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from attnconv import data as D
+from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.fileio import open_regular
-from attnconv.runs.files import weights_metadata
-from attnconv.runs.values import short_value
+from attnconv.runs.files import CONFIG_FILE, weights_metadata
 
-# The metadata key of model.safetensors that holds `model_record`.
+# The metadata key of model.safetensors that holds `config_record`.
 RECORD_KEY = "attnconv_run"
-
-# What of config.json's "data" block the weights' answers depend on (the images' size and channels, their
-# normalization, the names of the classes); train_size, test_size and the digest describe the data only.
-_DATA_FIELDS = ("channels", "size", "mean", "std", "classes")
 
 # Differences named in a message, at most.
 _SHOWN = 3
 
-# A safetensors header larger than this is not attnconv's (its metadata and a few hundred tensor names).
-_MAX_HEADER = 1 << 24
+# Characters of each value shown in a difference.
+_WIDTH = 40
 
 
-def model_record(meta: dict[str, Any]) -> str:
-    """The fields of a checked config.json (`read_config`) that decide what the run's weights compute, as
-    compact JSON with sorted keys: the model, its overrides, init_from's options (not the source run's path),
-    a converted run's options, and `_DATA_FIELDS` of the "data" block."""
-    config = meta["config"]  # as written (checked by read_config), so that a later version reads the same record
-    record: dict[str, Any] = {"model": config["model"], "model_overrides": config.get("model_overrides", {})}
-    if isinstance(config.get("init_from"), dict):
-        record["init_from"] = {k: v for k, v in config["init_from"].items() if k != "run"}
-    if "converted" in meta:
-        converted = meta["converted"]
-        record["converted"] = {"fold_bn": bool(converted.get("fold_bn")), "alpha": converted.get("alpha")}
-    if isinstance(meta.get("data"), dict):
-        record["data"] = {k: meta["data"][k] for k in _DATA_FIELDS if k in meta["data"]}
-    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+def config_record(meta: dict[str, Any]) -> str:
+    """config.json (`meta`, as `read_config` parsed it) as the weights record it: compact JSON with sorted keys,
+    without the config's `RESUMABLE_CHANGES` (where the data is, the device, workers: what a command may be told
+    otherwise by its flags, and what changes nothing the weights compute) and without an image folder's path
+    (where the data is, too: the "data" block records what it holds)."""
+    config = {k: v for k, v in meta["config"].items() if k not in RESUMABLE_CHANGES}
+    if isinstance(config.get("dataset"), str) and D.folder_path(config["dataset"]) is not None:
+        config["dataset"] = "folder:"  # where an image folder is, like data_dir (its content: the "data" block)
+    return json.dumps({**meta, "config": config}, sort_keys=True, separators=(",", ":"))
 
 
 def record_problem(weights_meta: dict[str, str], meta: dict[str, Any], weights: Path) -> str | None:
@@ -58,33 +53,49 @@ def record_problem(weights_meta: dict[str, str], meta: dict[str, Any], weights: 
     if recorded is None:
         return None
     try:
-        old = json.loads(recorded)
+        old = json.loads(recorded) if isinstance(recorded, str) else None
     except (ValueError, RecursionError):
         old = None
     if not isinstance(old, dict):
         return (f"{weights}: corrupt weights file (its record of config.json is not a JSON object); restore it "
                 "from a copy of the run")
-    diff = _differences(old, json.loads(model_record(meta)))
+    diff = _differences(old, json.loads(config_record(meta)))
     if not diff:
         return None
-    config = weights.parent / "config.json"
-    shown = "; ".join(f"{name} {short_value(new)} in config.json, {short_value(was)} in the weights' record"
-                      for name, was, new in diff[:_SHOWN])
+    config = weights.parent / CONFIG_FILE
+    shown = "; ".join(f"{name} {new} in config.json, {was} in the weights' record"
+                      for name, (was, new) in ((name, _shown_pair(was, new)) for name, was, new in diff[:_SHOWN]))
     more = f"; and {len(diff) - _SHOWN} more" if len(diff) > _SHOWN else ""
     return (f"{config} does not describe the run {weights.name} was written for ({shown}{more}); one of the two "
-            "was edited or copied from another run: restore it from a copy of the run")
+            "was edited or copied from another run: restore it from a copy of the run (or, if config.json was "
+            "edited, set those fields back to the record's values)")
 
 
-def recorded_metadata(path: Path) -> dict[str, str]:
-    """The "__metadata__" of the safetensors file `path`, read from its header alone; {} when there is none or
-    the file cannot be read (where the weights are loaded, their own reader says why)."""
+def recorded_metadata(path: Path) -> dict[str, Any]:
+    """The "__metadata__" of the safetensors file `path`, read from its header alone (the header `load_weights`
+    reads, whatever its size); {} when there is none or the file cannot be read (where the weights are loaded,
+    their own reader says why)."""
     try:
         with open_regular(path, "") as f:
             head = f.read(8)
             size = int.from_bytes(head, "little")
-            return weights_metadata(head + f.read(size)) if len(head) == 8 and 0 < size <= _MAX_HEADER else {}
+            if len(head) < 8 or not 0 < size <= os.fstat(f.fileno()).st_size - 8:
+                return {}
+            return weights_metadata(head + f.read(size))
     except (AttnconvError, OSError):
         return {}
+
+
+def _shown_pair(was: Any, new: Any) -> tuple[str, str]:
+    """Two differing values as JSON, each shortened to about 40 characters around where they first differ (two
+    long values that differ past their start would otherwise look the same)."""
+    a, b = (json.dumps(v) for v in (was, new))
+    if len(a) <= _WIDTH and len(b) <= _WIDTH:
+        return a, b
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, at - _WIDTH // 4)
+    return tuple(("..." if start else "") + t[start:start + _WIDTH] + ("..." if len(t) > start + _WIDTH else "")
+                 for t in (a, b))
 
 
 def _differences(old: Any, new: Any, name: str = "") -> list[tuple[str, Any, Any]]:

@@ -23,10 +23,12 @@ from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
     METRICS_FILE,
+    WEIGHTS_FILE,
     read_config,
     read_metrics,
 )
 from attnconv.runs.heads_file import read_heads_skipping
+from attnconv.runs.record import record_problem, recorded_metadata
 from attnconv.runs.run_data import (
     check_other_dataset,
     data_changes,
@@ -68,6 +70,10 @@ class Run:
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
         self.path = Path(path)
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
+        weights = self.path / WEIGHTS_FILE  # what the weights record of config.json, from their header alone
+        problem = record_problem(recorded_metadata(weights), self.meta, weights)
+        if problem is not None:  # config.json was edited (or the weights copied from another run)
+            raise AttnconvError(problem)
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
         self.data_dir = data_dir
@@ -133,8 +139,9 @@ class Run:
         if recorded != expected:
             raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
                                 f"{_layers_text(recorded)}, the run's model in config.json has "
-                                f"{_layers_text(expected)}); restore it from a copy, or delete it (the heads' "
-                                "history is then unknown; `attnconv plot centers RUN` draws the final heads)")
+                                f"{_layers_text(expected)}); restore it (or config.json, if that was edited) from "
+                                "a copy, or delete it (the heads' history is then unknown; `attnconv plot centers "
+                                "RUN` draws the final heads)")
 
     @functools.cached_property
     def heads_per_layer(self) -> list[int]:

@@ -57,7 +57,7 @@ class Checkpointer:
     def __init__(self, out: Path, d: Dist, device: torch.device, model_name: str):
         self.out, self.d, self.device, self.model_name = out, d, device, model_name
         self.path = out / STATE_FILE
-        # `runs.record.model_record` of the run's config.json, once written (rank 0): model.safetensors records it
+        # `runs.record.config_record` of the run's config.json, once written (rank 0): model.safetensors records it
         self.record: str | None = None
 
     def exists(self) -> bool:

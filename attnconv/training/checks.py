@@ -10,7 +10,15 @@ from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
-from attnconv.runs import WEIGHTS_FILE, data_changes, data_fingerprint, read_config, record_problem, recorded_metadata
+from attnconv.runs import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    data_changes,
+    data_fingerprint,
+    read_config,
+    record_problem,
+    recorded_metadata,
+)
 
 
 def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int) -> None:
@@ -51,16 +59,24 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
     return config
 
 
+def check_record(out: Path) -> None:
+    """--resume: the run's config.json is what its model.safetensors records of it (`runs.record`), before the
+    data is read. An edit since the last checkpoint would otherwise go on into the resumed run (and the new
+    checkpoints' record), or be blamed on the data."""
+    if not (out / CONFIG_FILE).exists():
+        return
+    weights = out / WEIGHTS_FILE
+    problem = record_problem(recorded_metadata(weights), read_config(out), weights)
+    if problem is not None:
+        raise AttnconvError(problem)
+
+
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,
                     allow_data_change: bool) -> None:
     """A run in `out` that --resume continues: its saved config matches `config` except for
     `RESUMABLE_CHANGES`, and its recorded dataset matches `info` and the content `digest` of the
     data at hand (`runs.data_digest`) (unless `allow_data_change`)."""
     meta = read_config(out)
-    weights = out / WEIGHTS_FILE
-    problem = record_problem(recorded_metadata(weights), meta, weights)
-    if problem is not None:  # config.json edited since the last checkpoint: training would go on from the edit
-        raise AttnconvError(problem)
     saved = TrainConfig.from_dict(meta["config"]).to_dict()
     changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:

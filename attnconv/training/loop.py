@@ -62,10 +62,10 @@ from attnconv.runs import (
     append_rows,
     build_run_model,
     claim_run_dir,
+    config_record,
     data_digest,
     data_fingerprint,
     load_state,
-    model_record,
     nonfinite_tensor,
     read_config,
     read_metrics,
@@ -75,7 +75,7 @@ from attnconv.runs import (
 )
 from attnconv.training.board import TensorBoardLog, check_board_folder, summary_writer_class
 from attnconv.training.checkpoint import Checkpointer
-from attnconv.training.checks import check_data, check_resumable, resolve_overrides
+from attnconv.training.checks import check_data, check_record, check_resumable, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
@@ -353,6 +353,8 @@ class _Trainer:
                 raise ParameterError("init_from", init.run, "is {out} itself: the CNN run would be replaced by the run "
                                      "that starts from it; give another {out}", mentions=("out",))
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
+            if self.resume:
+                check_record(self.out)
             self.set_aside = SetAside(self.out, replaced)
             if self.writer_class is not None:
                 check_board_folder(self.out)
@@ -450,7 +452,7 @@ class _Trainer:
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
             write_config(out, meta)
-        self.checkpoint.record = model_record(read_config(out))  # what model.safetensors records of config.json
+        self.checkpoint.record = config_record(read_config(out))  # what model.safetensors records of config.json
         self.checkpoint.replay_logs(self.progress, heads=self.heads is not None)
         if self.heads is not None and self.progress.step == 0 and self.progress.snapshots == 0:
             self.heads.append(0, self.progress)  # the heads at initialization
