@@ -55,7 +55,7 @@ from attnconv.runs.files import (
     write_config,
 )
 from attnconv.runs.heads_file import heads_line, read_heads, read_heads_skipping
-from attnconv.runs.record import RECORD_KEY, config_record, record_problem, recorded_metadata
+from attnconv.runs.record import RECORD_KEY, check_record, config_record, record_problem, recorded_metadata
 from attnconv.runs.run import Run, as_run
 from attnconv.runs.run_data import (
     SAMPLE_SEED,
@@ -90,6 +90,7 @@ __all__ = [
     "RECORD_KEY",
     "config_record",
     "record_problem",
+    "check_record",
     "recorded_metadata",
     "save_state",
     "load_state",

@@ -22,7 +22,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.fileio import open_regular
-from attnconv.runs.files import CONFIG_FILE, weights_metadata
+from attnconv.runs.files import CONFIG_FILE, WEIGHTS_FILE, weights_metadata
 
 # The metadata key of model.safetensors that holds `config_record`.
 RECORD_KEY = "attnconv_run"
@@ -69,6 +69,15 @@ def record_problem(weights_meta: dict[str, str], meta: dict[str, Any], weights: 
     return (f"{config} does not describe the run {weights.name} was written for ({shown}{more}); one of the two "
             "was edited or copied from another run: restore it from a copy of the run (or, if config.json was "
             "edited, set those fields back to the record's values)")
+
+
+def check_record(run_dir: Path, meta: dict[str, Any]) -> None:
+    """One AttnconvError (`record_problem`) when the run's config.json (`meta`) is not what its model.safetensors
+    records of it; the weights' header alone is read, and a run without weights (or a record) passes."""
+    weights = run_dir / WEIGHTS_FILE
+    problem = record_problem(recorded_metadata(weights), meta, weights)
+    if problem is not None:
+        raise AttnconvError(problem)
 
 
 def recorded_metadata(path: Path) -> dict[str, Any]:

@@ -23,12 +23,11 @@ from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
     METRICS_FILE,
-    WEIGHTS_FILE,
     read_config,
     read_metrics,
 )
 from attnconv.runs.heads_file import read_heads_skipping
-from attnconv.runs.record import record_problem, recorded_metadata
+from attnconv.runs.record import check_record
 from attnconv.runs.run_data import (
     check_other_dataset,
     data_changes,
@@ -70,10 +69,7 @@ class Run:
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
         self.path = Path(path)
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
-        weights = self.path / WEIGHTS_FILE  # what the weights record of config.json, from their header alone
-        problem = record_problem(recorded_metadata(weights), self.meta, weights)
-        if problem is not None:  # config.json was edited (or the weights copied from another run)
-            raise AttnconvError(problem)
+        check_record(self.path, self.meta)  # config.json as the weights record it: not edited, not another run's
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
         self.data_dir = data_dir

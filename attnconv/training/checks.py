@@ -11,13 +11,9 @@ from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
     data_changes,
     data_fingerprint,
     read_config,
-    record_problem,
-    recorded_metadata,
 )
 
 
@@ -57,18 +53,6 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
     with AllocationLimit(parameter_limit(), f"model {config.model!r} with {overrides}", "lower the sizes"):
         build_model(config.model, **overrides)
     return config
-
-
-def check_record(out: Path) -> None:
-    """--resume: the run's config.json is what its model.safetensors records of it (`runs.record`), before the
-    data is read. An edit since the last checkpoint would otherwise go on into the resumed run (and the new
-    checkpoints' record), or be blamed on the data."""
-    if not (out / CONFIG_FILE).exists():
-        return
-    weights = out / WEIGHTS_FILE
-    problem = record_problem(recorded_metadata(weights), read_config(out), weights)
-    if problem is not None:
-        raise AttnconvError(problem)
 
 
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,

@@ -61,6 +61,7 @@ from attnconv.runs import (
     SetAside,
     append_rows,
     build_run_model,
+    check_record,
     claim_run_dir,
     config_record,
     data_digest,
@@ -75,7 +76,7 @@ from attnconv.runs import (
 )
 from attnconv.training.board import TensorBoardLog, check_board_folder, summary_writer_class
 from attnconv.training.checkpoint import Checkpointer
-from attnconv.training.checks import check_data, check_record, check_resumable, resolve_overrides
+from attnconv.training.checks import check_data, check_resumable, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
@@ -353,8 +354,8 @@ class _Trainer:
                 raise ParameterError("init_from", init.run, "is {out} itself: the CNN run would be replaced by the run "
                                      "that starts from it; give another {out}", mentions=("out",))
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
-            if self.resume:
-                check_record(self.out)
+            if self.resume and (self.out / CONFIG_FILE).exists():  # before the data is read: an edit is named as one
+                check_record(self.out, read_config(self.out))
             self.set_aside = SetAside(self.out, replaced)
             if self.writer_class is not None:
                 check_board_folder(self.out)
