@@ -248,14 +248,14 @@ def written_by_attnconv(path: str | os.PathLike) -> bool:
     if suffix in (".html", ".htm"):
         return _PAGE_HEAD.match(head) is not None
     if suffix == ".png":
-        return head.startswith(b"\x89PNG") and b"tEXtSoftware\x00" + figure in head
+        return _png_software(head).startswith(figure)
     if suffix == ".svg":
-        return b"<svg" in head and re.search(rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>" + re.escape(figure), head) \
-            is not None
+        return _SVG_HEAD.match(head) is not None
     if suffix == ".pdf":
-        return head.startswith(b"%PDF") and b"/Creator (" + SIGNATURE.encode() + b" \\(matplotlib " in head + tail
-    if suffix == ".md":
-        return head.startswith(b"## `" + SIGNATURE.encode() + b" bench")
+        return head.startswith(b"%PDF") and _PDF_INFO.search(tail) is not None
+    if suffix == ".md":  # one bench report: its heading first, and no heading of a level above its sections'
+        return head.startswith(b"## `" + SIGNATURE.encode() + b" bench") and whole is not None and \
+            re.search(rb"^#{1,2} ", whole.partition(b"\n")[2], re.M) is None
     if suffix == ".json":
         return whole is not None and _json_marked(whole)
     return False
@@ -264,6 +264,33 @@ def written_by_attnconv(path: str | os.PathLike) -> bool:
 # The start of every HTML page attnconv writes (`attnconv report`, `explore --export`).
 _PAGE_HEAD = re.compile(rb'<!DOCTYPE html>\s*<html lang="en">\s*<head>\s*<meta charset="utf-8">\s*'
                         rb'<meta name="generator" content="' + SIGNATURE.encode() + rb'[ "]')
+
+# The start of an SVG figure attnconv writes (matplotlib's prologue, then its metadata naming attnconv as the creator;
+# no comment on the way).
+_SVG_HEAD = re.compile(rb'<\?xml[^>]*>\s*<!DOCTYPE svg[^>]*>\s*<svg [^>]*>\s*<metadata>\s*<rdf:RDF[^>]*>\s*<cc:Work>'
+                       rb'(?:(?!</cc:Work>|<!--).)*?<dc:creator>\s*<cc:Agent>\s*<dc:title>' + SIGNATURE.encode()
+                       + rb' \(matplotlib ', re.S)
+
+# The document information of a PDF figure attnconv writes (an object of its own, as matplotlib writes it).
+_PDF_INFO = re.compile(rb"\n\d+ 0 obj\n<< /Creator \(" + SIGNATURE.encode() + rb" \\\(matplotlib [^()\\]*\\\)\)\n"
+                       rb"/Producer \(Matplotlib pdf backend ")
+
+
+def _png_software(head: bytes) -> bytes:
+    """The text of a PNG's "Software" tEXt chunk, read chunk by chunk (b"" if none before the image data)."""
+    if not head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return b""
+    at = 8
+    while at + 8 <= len(head):
+        size, kind = int.from_bytes(head[at:at + 4], "big"), head[at + 4:at + 8]
+        data = head[at + 8:at + 8 + size]
+        if kind == b"tEXt" and data.startswith(b"Software\x00"):
+            return data[len(b"Software\x00"):]
+        if kind in (b"IDAT", b"IEND"):
+            return b""
+        at += 12 + size  # length, type, data, CRC
+    return b""
+
 
 # The fields of `attnconv bench --json` output (`bench.results.Report`).
 _BENCH_FIELDS = {"command", "machine", "date", "config", "sections"}
@@ -286,7 +313,9 @@ def _archive_marked(path: Path) -> bool:
     """Whether the zip archive `path` (a torch.export or TorchScript file) holds attnconv's export record."""
     try:
         with open(path, "rb") as f, zipfile.ZipFile(f) as archive:
-            names = [n for n in archive.namelist() if n.rsplit("/", 1)[-1] == EXPORT_MARK]
+            # where torch.export.save and torch.jit.save put extra files: TOP/extra/NAME, TOP the archive's folder
+            tops = {n.split("/", 1)[0] for n in archive.namelist()}
+            names = [n for n in archive.namelist() if len(tops) == 1 and n == f"{next(iter(tops))}/extra/{EXPORT_MARK}"]
             if not names or archive.getinfo(names[0]).file_size > 1 << 16:
                 return False
             record = json.loads(archive.read(names[0]))

@@ -66,14 +66,21 @@ def rerecord(run: Path) -> None:
 
 
 def unrecord(run: Path) -> None:
-    """Take the record of config.json out of model.safetensors' metadata: the run as one whose weights were
-    written before the record existed, where the checks of config.json's own readers are the only ones."""
+    """Take the record of config.json out of model.safetensors' metadata and state.pt: the run as one whose
+    checkpoints were written before the record existed, where the checks of config.json's own readers (and of
+    the tensors) are the only ones."""
+    import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from attnconv.runs import RECORD_KEY, WEIGHTS_FILE
+    from attnconv.runs import RECORD_KEY, STATE_FILE, WEIGHTS_FILE
 
     path = run / WEIGHTS_FILE
-    with safe_open(str(path), "pt") as f:
-        metadata = {k: v for k, v in (f.metadata() or {}).items() if k != RECORD_KEY}
-    save_file(load_file(path), path, metadata=metadata)
+    if path.exists():
+        with safe_open(str(path), "pt") as f:
+            metadata = {k: v for k, v in (f.metadata() or {}).items() if k != RECORD_KEY}
+        save_file(load_file(path), path, metadata=metadata)
+    if (run / STATE_FILE).exists():
+        state = torch.load(run / STATE_FILE, weights_only=True)
+        state.pop("record", None)
+        torch.save(state, run / STATE_FILE)

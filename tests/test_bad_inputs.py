@@ -1110,17 +1110,19 @@ def test_run_files_read_with_checks_state_of_another_run_is_blamed_on_state(tiny
     big = train_tiny_runs(tmp_path / "big", [("sa-quadratic", dict(TINY, hidden=16))], epochs=1, max_steps=2)
     run = _copy(tmp_path, tiny)
     shutil.copy(big["sa-quadratic"] / "state.pt", run / "state.pt")
+    line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)  # state.pt's record says whose it is
+    assert line.startswith(f"error: {run / 'config.json'} does not describe the run state.pt was written for ("), line
+    assert "config.model_overrides.hidden 8 in config.json, 16 in the record of state.pt" in line, line
+    unrecord(big["sa-quadratic"])  # a state.pt written before the record: its tensors tell
+    shutil.copy(big["sa-quadratic"] / "state.pt", run / "state.pt")
     line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
     assert f"{run / 'state.pt'} does not fit the model that {run / 'config.json'} describes (" in line, line
     assert ("while model.safetensors does: state.pt is not this run's; restore it from a copy of this run "
             "(without it the run cannot be resumed: train it again into a new --out, or over this one with "
             "--overwrite)") in line and "if config.json was edited" not in line, line
-    shutil.copy(big["sa-quadratic"] / "model.safetensors", run / "model.safetensors")
+    shutil.copy(big["sa-quadratic"] / "model.safetensors", run / "model.safetensors")  # no record either
     line = _one_error(RESUME[:2] + [str(run)] + RESUME[3:], capsys)
-    assert line.startswith(f"error: {run / 'config.json'} does not describe the run model.safetensors was written "
-                           "for ("), line
-    assert "config.model_overrides.hidden 8 in config.json, 16 in the weights' record" in line, line
-    assert "one of the two was edited or copied from another run: restore it from a copy of the run" in line, line
+    assert "if config.json was edited, restore it" in line and "not this run's" not in line, line
 
 
 @pytest.mark.parametrize("name", ["fmnist", "fmnist\u200b"])
@@ -1213,3 +1215,87 @@ def test_run_files_read_with_checks_the_record_itself_is_checked(tiny, tmp_path,
             line = _one_error(argv, capsys)
             assert line.endswith("corrupt weights file (its record of config.json is not a JSON object); restore it "
                                  "from a copy of the run"), line
+
+
+def test_run_files_read_with_checks_the_state_of_another_run_of_the_same_shapes_is_named(tiny, tmp_path, capsys):
+    """state.pt copied from a run of the same model (another lr) was resumed without a word, mixing the two runs
+    into one. state.pt records config.json too, and --resume compares it before anything is restored."""
+    (tmp_path / "other").mkdir()
+    other = train_tiny_runs(tmp_path / "other", [("sa-quadratic", TINY)], epochs=1, max_steps=2, lr=0.003)
+    run = _copy(tmp_path, tiny)
+    shutil.copy(other["sa-quadratic"] / "state.pt", run / "state.pt")
+    line = _one_error(RESUME[:2] + [run] + RESUME[3:], capsys)
+    assert line.startswith(f"error: {run / 'config.json'} does not describe the run state.pt was written for ("), line
+    assert "config.lr 0.1 in config.json, 0.003 in the record of state.pt" in line, line
+
+
+def _set_step(run: Path, step: int, *, state: bool = False) -> None:
+    """model.safetensors' recorded step set to `step` (and state.pt's progress, if `state`): an older checkpoint."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    weights = run / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        metadata = dict(f.metadata())
+    save_file(load_file(weights), weights, metadata={**metadata, "step": str(step)})
+    if state:
+        saved = torch.load(run / "state.pt", weights_only=True)
+        saved["progress"].update(step=step, epoch=0, batch=step, rows=0, snapshots=1, step_rows=0, finished=False)
+        torch.save(saved, run / "state.pt")
+
+
+def test_run_files_read_with_checks_weights_older_than_the_logs_are_named(tiny, tmp_path, capsys):
+    """An older copy of the run's own weights (step 1 of 2) was measured and shown as the run's last step. Weights
+    older than metrics.csv's last row are refused: as an older copy, or, when state.pt is at their step too, as a
+    run stopped between its last row and its checkpoint (which --resume mends)."""
+    from PIL import Image
+
+    run = _copy(tmp_path, tiny)
+    _set_step(run, 1)
+    Image.new("L", (28, 28), 100).save(tmp_path / "shirt.png")
+    for argv in (["eval", run, "--data-dir", tiny["data"]], ["predict", run, tmp_path / "shirt.png"]):
+        line = _one_error(argv, capsys)
+        assert line == (f"error: {run / 'model.safetensors'} holds the weights of step 1 (its metadata), but "
+                        f"{run / 'metrics.csv'} goes on to step 2: it is an older copy of the run's weights, or another "
+                        "run's; restore the run's last model.safetensors from a copy of the run"), line
+    _set_step(run, 1, state=True)
+    line = _one_error(["eval", run, "--data-dir", tiny["data"]], capsys)
+    assert "the run's last checkpoint, and" in line and f"`attnconv train --out {run} --resume`" in line, line
+
+
+def test_run_files_read_with_checks_weights_that_are_not_there_or_too_large(tiny, tmp_path, capsys):
+    """A finished run's model.safetensors deleted (or a broken link) was "missing (the run has not written a
+    checkpoint yet)"; a sparse 64 GiB file, or a header claiming 64 GiB, was a generic out-of-memory line."""
+    run = _copy(tmp_path, tiny)
+    weights = run / "model.safetensors"
+    weights.unlink()
+    line = _one_error(["eval", run], capsys)
+    assert line == (f"error: {weights}: missing, although the run has checkpointed (state.pt and metrics.csv say so): "
+                    "it was moved or deleted; restore it from a copy of the run"), line
+    weights.symlink_to(tmp_path / "nonexistent" / "w")
+    line = _one_error(["eval", run], capsys)
+    assert line.startswith(f"error: {weights}: a link to {tmp_path / 'nonexistent' / 'w'}, which does not exist"), line
+    weights.unlink()
+    with open(weights, "wb") as f:
+        f.write((64 << 30).to_bytes(8, "little"))
+        f.truncate(64 << 30)  # sparse: nothing is stored
+    line = _one_error(["eval", run], capsys)
+    assert line.startswith(f"error: {weights}: corrupt weights file (64.0 GiB, and the model's weights are "), line
+    assert main(["table", str(run)]) == 0  # table reads no weights: the record is not read from such a header
+    weights.write_bytes((64 << 30).to_bytes(8, "little") + b"{}")
+    line = _one_error(["eval", run], capsys)
+    assert line.startswith(f"error: {weights}: corrupt weights file (its header claims 64.0 GiB; safetensors "), line
+
+
+def test_run_files_read_with_checks_long_field_names_are_shortened(tiny, tmp_path):
+    """A key of 4,002 characters (or of 4,000 U+202E) in config.json: the record's line printed it whole (a line
+    of 72,401 characters for three such keys); each key is now cut to 40 characters, escaped."""
+    from attnconv.runs import WEIGHTS_FILE, config_record, read_config, record_problem
+
+    run = _copy(tmp_path, tiny)
+    meta = read_config(run)
+    recorded = {"attnconv_run": config_record(meta)}
+    for key in ("k" * 4002, "\u202e" * 4000):
+        edited = {**meta, key: {"x": 1}, key + "2": 2, key + "3": 3, key + "4": 4}
+        line = record_problem(recorded, edited, run / WEIGHTS_FILE)
+        assert line is not None and len(line) < 1000 and "\u202e" not in line and "and 1 more" in line, len(line)

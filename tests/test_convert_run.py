@@ -142,6 +142,6 @@ def test_an_edited_conversion_block_is_config_jsons_error(cnn_run, data_dir, tmp
     (key, value), = edit.items()
     was = "null" if key == "alpha" else "true"
     assert err == [f"error: {new / 'config.json'} does not describe the run model.safetensors was written for "
-                   f"(converted.{key} {json.dumps(value)} in config.json, {was} in the weights' record); one of the two "
-                   "was edited or copied from another run: restore it from a copy of the run (or, if config.json was "
-                   "edited, set those fields back to the record's values)"], err
+                   f"(converted.{key} {json.dumps(value)} in config.json, {was} in the record of model.safetensors); "
+                   "one of the two was edited or copied from another run: restore it from a copy of the run (or, if "
+                   "config.json was edited, set those fields back to the record's values)"], err

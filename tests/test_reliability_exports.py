@@ -209,7 +209,41 @@ USERS_FILES = {
     "page.html": lambda: (b'<!DOCTYPE html>\n<!-- <html lang="en"><head><meta charset="utf-8"><meta name="generator" '
                           b'content="attnconv"> -->\n<html><body>mine</body></html>'),
     "fig.png": lambda: b"\x89PNG\r\n\x1a\n....tEXtSoftware\x00attnconv fan club....",
+    # the mark where attnconv never puts it (the eighth round): in a comment, in a nested figure, in a string, in
+    # another chunk, in another folder of an archive, and a bench section pasted at the top of a longer file
+    "comment.svg": lambda: _svg_titled("mine").replace(b"<metadata>", b"<!-- <metadata><rdf:RDF><cc:Work><dc:creator>"
+                                                       b"<cc:Agent><dc:title>attnconv (matplotlib 3) --><metadata>", 1),
+    "nested.svg": lambda: (b'<?xml version="1.0"?>\n<!DOCTYPE svg PUBLIC "x" "y">\n<svg xmlns="z"><g/>'
+                           + _svg_titled("x").split(b"<metadata>", 1)[1]),
+    "title.pdf": lambda: (b"%PDF-1.4\n1 0 obj\n<< /Title (see /Creator (attnconv \\(matplotlib 3\\)) here) >>\nendobj\n"
+                          b"%%EOF\n"),
+    "chunk.png": lambda: _png_with_comment(b"tEXtSoftware\x00attnconv (matplotlib 3.11)"),
+    "backup.pt2": lambda: _zip({"backup/notes.txt": "mine", "backup/old-export/attnconv.json":
+                                '{"generator": "attnconv 0.1.0"}'}),
+    "pasted.md": lambda: b"## `attnconv bench --quick` (2026-11-22)\n\n### layer\n\n| a |\n\n# Results\n\nmine\n",
 }
+
+
+def _png_with_comment(text: bytes) -> bytes:
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", text.decode("latin-1"))
+    buf = io.BytesIO()
+    Image.new("L", (4, 4)).save(buf, format="PNG", pnginfo=info)
+    return buf.getvalue()
+
+
+def _zip(files: dict[str, str]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("name", sorted(USERS_FILES))

@@ -19,16 +19,22 @@ from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_att
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import (
     current_umask,
+    open_regular,
     read_regular,
 )
-from attnconv.limits import AllocationLimit, parameter_limit
+from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs.directory import SET_ASIDE, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
     CONFIG_FIX,
+    MAX_HEADER,
+    METRICS_FILE,
+    STATE_FILE,
     WEIGHTS_FILE,
+    load_state,
     read_config,
+    read_metrics,
     save_weights,
     weights_metadata,
     write_config,
@@ -94,24 +100,22 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
     """
     fix = "restore it from a copy of the run, or train the run again"
     try:
+        _check_size(path, model, fix)
         data = read_regular(path, fix)
         tensors = load(data)
     except AttnconvError:  # no regular file: the message names it and the fix already
         raise
     except FileNotFoundError:
-        if set_aside_pending(path.parent):
-            raise AttnconvError(
-                f"{path}: missing: a `train --overwrite` into {path.parent} has not reached its first checkpoint "
-                f"(it is running, or was killed), and the run it replaces is kept in {path.parent / SET_ASIDE}; if no "
-                f"train is running there, `attnconv train --out {path.parent} --resume` puts it back first (and then "
-                "continues it, if it was not finished)") from None
-        raise AttnconvError(f"{path}: missing (the run has not written a checkpoint yet)") from None
+        raise AttnconvError(_missing(path)) from None
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the weights ({err.strerror or err}); {fix}") from None
     except (SafetensorError, ValueError) as err:
         raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
     problem = None if meta is None else record_problem(weights_metadata(data), meta, path)
     if problem is not None:  # what config.json says of the model and its data is not what the weights were for
+        raise AttnconvError(problem)
+    problem = None if meta is None else _stale_problem(path, weights_metadata(data))
+    if problem is not None:
         raise AttnconvError(problem)
     problem = weights_problem(tensors, model.state_dict())
     if problem is not None:
@@ -123,6 +127,69 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise AttnconvError(f"{path}: the run's weights hold NaN/inf (parameter {bad}); the run diverged: "
                             "retrain it with a lower --lr")
     model.load_state_dict(tensors)
+
+
+def _check_size(path: Path, model: nn.Module, fix: str) -> None:
+    """Refuse, before reading it, a weights file far larger than the model's tensors and a header safetensors
+    allows (a file of 64 GiB, or a header that claims to be, would be read whole, then fail as out of memory)."""
+    size = path.stat().st_size
+    tensors = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if size > tensors + MAX_HEADER + 8:
+        raise AttnconvError(f"{path}: corrupt weights file ({format_bytes(size)}, and the model's weights are "
+                            f"{format_bytes(tensors)}); {fix}")
+    with open_regular(path, fix) as f:
+        head = f.read(8)
+    if len(head) == 8 and int.from_bytes(head, "little") > MAX_HEADER:
+        raise AttnconvError(f"{path}: corrupt weights file (its header claims {format_bytes(int.from_bytes(head, 'little'))}; "
+                            f"safetensors allows {format_bytes(MAX_HEADER)}); {fix}")
+
+
+def _missing(path: Path) -> str:
+    """The line for a model.safetensors that is not there: a run being replaced, a broken link, a run that has
+    checkpointed (state.pt or metrics.csv say so), or one that has not yet."""
+    run = path.parent
+    if set_aside_pending(run):
+        return (f"{path}: missing: a `train --overwrite` into {run} has not reached its first checkpoint (it is "
+                f"running, or was killed), and the run it replaces is kept in {run / SET_ASIDE}; if no train is "
+                f"running there, `attnconv train --out {run} --resume` puts it back first (and then continues it, if "
+                "it was not finished)")
+    if path.is_symlink():
+        return (f"{path}: a link to {os.readlink(path)}, which does not exist; restore the run's weights from a copy "
+                "of the run")
+    written = [name for name in (STATE_FILE, METRICS_FILE) if (run / name).exists()]
+    if written:
+        return (f"{path}: missing, although the run has checkpointed ({' and '.join(written)} say so): it was moved or "
+                "deleted; restore it from a copy of the run")
+    return f"{path}: missing (the run has not written a checkpoint yet)"
+
+
+def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:
+    """Weights older than the run's logs, or None: model.safetensors records the step it was written at, and
+    metrics.csv may not go past it (a checkpoint follows every epoch's row). Either the run was stopped between
+    its last row and its checkpoint (its state.pt is at the weights' step: `--resume` cuts the logs back), or
+    the file is an older copy of the run's weights, or another run's."""
+    step = metadata.get("step")
+    if not isinstance(step, str) or not step.isdigit():
+        return None  # weights that record no step (a converted run's)
+    run = path.parent
+    try:
+        rows = read_metrics(run)
+    except AttnconvError:
+        return None  # the metrics' own readers say what is wrong with them
+    if not rows or rows[-1]["step"] <= int(step):
+        return None
+    last = int(rows[-1]["step"])
+    try:
+        saved = load_state(run / STATE_FILE)["progress"]["step"]
+    except AttnconvError:
+        saved = None
+    if saved == int(step):
+        return (f"{path} holds the weights of step {step}, the run's last checkpoint, and {run / METRICS_FILE} goes on "
+                f"to step {last}: the run was stopped between its last row and its checkpoint; continue it with "
+                f"`attnconv train --out {run} --resume` (which cuts the logs back to the checkpoint)")
+    return (f"{path} holds the weights of step {step} (its metadata), but {run / METRICS_FILE} goes on to step "
+            f"{last}: it is an older copy of the run's weights, or another run's; restore the run's last "
+            f"{WEIGHTS_FILE} from a copy of the run")
 
 
 def weights_fit(model: nn.Module, path: Path) -> bool:

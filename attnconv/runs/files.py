@@ -155,6 +155,8 @@ def _state_problem(state: Any) -> str | None:
     if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) \
             or not isinstance(opt.get("param_groups"), list) or not all(isinstance(g, dict) for g in opt["param_groups"]):
         return "the optimizer state is not an optimizer's state_dict"
+    if "record" in state and not isinstance(state["record"], str):  # runs.record.config_record, where written
+        return "its record of config.json is not text"
     rng = state.get("rng")
     if not isinstance(rng, dict):
         return "no random number generator states"
@@ -360,6 +362,10 @@ def _builtin_problem(name: str, info: D.DatasetInfo | None, data: dict[str, Any]
             return (f"config.dataset {short_value(name)} has {short_value(ours)} {what}, its \"data\" block "
                     f"{short_value(recorded)} (one of the two was edited)")
     return None
+
+
+# safetensors refuses a header larger than this (its own limit); attnconv's are a few KiB.
+MAX_HEADER = 100_000_000
 
 
 def weights_metadata(data: bytes) -> dict[str, str]:

@@ -22,7 +22,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.fileio import open_regular
-from attnconv.runs.files import CONFIG_FILE, WEIGHTS_FILE, weights_metadata
+from attnconv.runs.files import CONFIG_FILE, MAX_HEADER, WEIGHTS_FILE, weights_metadata
 
 # The metadata key of model.safetensors that holds `config_record`.
 RECORD_KEY = "attnconv_run"
@@ -57,13 +57,14 @@ def record_problem(weights_meta: dict[str, str], meta: dict[str, Any], weights: 
     except (ValueError, RecursionError):
         old = None
     if not isinstance(old, dict):
-        return (f"{weights}: corrupt weights file (its record of config.json is not a JSON object); restore it "
-                "from a copy of the run")
+        what = "weights file" if weights.name == WEIGHTS_FILE else "file"
+        return (f"{weights}: corrupt {what} (its record of config.json is not a JSON object); restore it from a copy "
+                "of the run")
     diff = _differences(old, json.loads(config_record(meta)))
     if not diff:
         return None
     config = weights.parent / CONFIG_FILE
-    shown = "; ".join(f"{name} {new} in config.json, {was} in the weights' record"
+    shown = "; ".join(f"{_shown_name(name)} {new} in config.json, {was} in the record of {weights.name}"
                       for name, (was, new) in ((name, _shown_pair(was, new)) for name, was, new in diff[:_SHOWN]))
     more = f"; and {len(diff) - _SHOWN} more" if len(diff) > _SHOWN else ""
     return (f"{config} does not describe the run {weights.name} was written for ({shown}{more}); one of the two "
@@ -82,13 +83,13 @@ def check_record(run_dir: Path, meta: dict[str, Any]) -> None:
 
 def recorded_metadata(path: Path) -> dict[str, Any]:
     """The "__metadata__" of the safetensors file `path`, read from its header alone (the header `load_weights`
-    reads, whatever its size); {} when there is none or the file cannot be read (where the weights are loaded,
-    their own reader says why)."""
+    reads, up to safetensors' limit); {} when there is none or the file cannot be read (where the weights are
+    loaded, their own reader says why)."""
     try:
         with open_regular(path, "") as f:
             head = f.read(8)
             size = int.from_bytes(head, "little")
-            if len(head) < 8 or not 0 < size <= os.fstat(f.fileno()).st_size - 8:
+            if len(head) < 8 or not 0 < size <= min(os.fstat(f.fileno()).st_size - 8, MAX_HEADER):
                 return {}
             return weights_metadata(head + f.read(size))
     except (AttnconvError, OSError):
@@ -105,6 +106,12 @@ def _shown_pair(was: Any, new: Any) -> tuple[str, str]:
     start = max(0, at - _WIDTH // 4)
     return tuple(("..." if start else "") + t[start:start + _WIDTH] + ("..." if len(t) > start + _WIDTH else "")
                  for t in (a, b))
+
+
+def _shown_name(name: str) -> str:
+    """A dotted field name as a line shows it: each key escaped (non-ASCII as \\u escapes) and cut to 40 characters."""
+    return ".".join(k if len(k) <= _WIDTH else k[:_WIDTH - 3] + "..." for k in
+                    (json.dumps(key)[1:-1] for key in name.split(".")))
 
 
 def _differences(old: Any, new: Any, name: str = "") -> list[tuple[str, Any, Any]]:

@@ -5,8 +5,10 @@ and how a resumed run replays from them (`Checkpointer`).
                         "progress": RunProgress as a dict (the sums over every rank),
                         "model": the weights (CPU tensors; a copy, so state.pt alone is a resume point),
                         "optimizer": the optimizer's state_dict,
-                        "rng": {"torch": [CPU generator state per rank], "cuda": [per rank] or None}}
-    model.safetensors  the same weights, metadata {"model", "step", "epoch"}; written first, so it is
+                        "rng": {"torch": [CPU generator state per rank], "cuda": [per rank] or None},
+                        "record": config.json as `runs.record.config_record` gives it}
+    model.safetensors  the same weights, metadata {"model", "step", "epoch", "attnconv_run": the record};
+                       written first, so it is
                        never older than state.pt (after a crash between the two renames it may be one
                        checkpoint newer, which is still a consistent set of weights)
 
@@ -35,6 +37,8 @@ from attnconv.runs import (
     STATE_FORMAT,
     WEIGHTS_FILE,
     load_state,
+    read_config,
+    record_problem,
     save_state,
     save_weights,
     trim_logs,
@@ -90,6 +94,8 @@ class Checkpointer:
             "optimizer": optimizer.state_dict(),
             "rng": {"torch": rng_torch, "cuda": rng_cuda},
         }
+        if self.record is not None:
+            state["record"] = self.record  # state.pt is the resume point: it knows which run it is, too
         save_state(state, self.path)
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
@@ -111,6 +117,10 @@ class Checkpointer:
         so state.pt is another run's), else on an edited config.json. With another number of
         processes than the run had, dropout streams start anew from `seed` and the step."""
         state = load_state(self.path)
+        if "record" in state:  # another run's state.pt (another seed), or config.json edited since: named as such
+            problem = record_problem({RECORD_KEY: state["record"]}, read_config(self.out), self.path)
+            if problem is not None:
+                raise AttnconvError(problem)
         expected = model.state_dict()
         cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
         if cast is not None:
