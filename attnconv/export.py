@@ -26,9 +26,12 @@ import io
 import json
 import logging
 import os
+import signal
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -73,7 +76,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     example = torch.randn(2, info.channels, info.size, info.size, device=next(model.parameters()).device)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
               "model": run.config.model, "format": fmt}
-    with torch.no_grad(), _quiet():
+    with torch.no_grad(), _quiet(), _interruptible():
         data = _serialize(fmt, model, example, record)
         _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
     try:
@@ -82,6 +85,34 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
         raise AttnconvError(f"{out}: could not write the export ({describe_os_error(err)}); nothing was written "
                             "(an earlier file of that name is as it was)") from None
     return out
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """A Ctrl-C while torch traces, exports and checks is one KeyboardInterrupt (the CLI's `interrupted`, 130),
+    however torch wraps it: torch.export's tracer turns the KeyboardInterrupt raised in its frames into errors of
+    its own (an AttributeError of torch._dynamo, a TypeError ending in KeyboardInterrupt), and may go on. The
+    signal is noted here, and whatever the block then raises, or if it ends, a KeyboardInterrupt follows."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    noted: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    except BaseException:
+        if noted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if noted:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

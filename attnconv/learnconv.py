@@ -190,6 +190,9 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
     source = data.source
     if out is not None:  # before the training, not after it
         for name in ("learn-conv.json", "learn-conv.png"):
+            if (Path(out) / name).is_dir():  # the names are fixed: the folder in the way is what to move
+                raise ParameterError("out", out, f": {name} in it is a folder, not attnconv's result; move it away, "
+                                     "or choose another {out}", mentions=("out",))
             check_output_file(Path(out) / name, "out", (Path(name).suffix,), overwrite=overwrite)
     held_out = data.batch(_EVAL_IMAGES, held_out=True)
     pad = kernel // 2

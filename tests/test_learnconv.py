@@ -132,3 +132,15 @@ def test_learn_conv_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_learn_conv_a_folder_in_the_way_is_named_with_a_fix_that_works(tmp_path, capsys):
+    """learn-conv.png a folder in --out: the line said `give a file name inside it`, but the names are fixed."""
+    out = tmp_path / "lc"
+    (out / "learn-conv.png").mkdir(parents=True)
+    argv = ["learn-conv", "--steps", "2", "--source", "random", "--size", "6", "--channels", "2", "--no-progress",
+            "--out", str(out), "--overwrite"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --out {out}: learn-conv.png in it is a folder, not attnconv's result; move it away, or "
+                   "choose another --out"], err

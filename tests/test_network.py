@@ -507,6 +507,33 @@ def _hooked_conv() -> nn.Conv2d:
     return conv
 
 
+class _CallConv(nn.Conv2d):
+    """A subclass whose __call__ doubles the output (converted silently, relative error 0.5)."""
+
+    def __call__(self, x):
+        return super().__call__(x) * 2
+
+
+def _reshaped_conv() -> nn.Conv2d:
+    """A 3x3 conv given 5x5 weights after it was made (torch's bare size error at conversion)."""
+    conv = nn.Conv2d(3, 4, 3)
+    conv.weight = nn.Parameter(torch.randn(4, 3, 5, 5))
+    return conv
+
+
+@pytest.mark.parametrize("mode", ["reflect", "circular", "replicate"])
+def test_conversions_never_silently_wrong_padding_set_after_the_conv_was_made(mode):
+    """`padding` set after the conv was made: nn.Conv2d's forward pads by what it computed at construction for
+    every mode but zeros, and the conversion read `padding` (a 12x12 output for the conv's 10x10)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, padding=1, padding_mode=mode).double()
+    conv.padding = (2, 2)
+    x = torch.randn(2, 4, 10, 10, dtype=torch.float64)
+    want = conv(x)
+    for got in (attnconv.conv_to_attention(conv)(x), cnn_to_attention(nn.Sequential(conv))(x)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-10), mode
+
+
 def _patched_conv(attr: str) -> nn.Conv2d:
     """A plain nn.Conv2d whose `attr` is replaced on the instance (converted silently, relative error 0.5-1.6)."""
     conv = nn.Conv2d(3, 4, 3)
@@ -525,8 +552,11 @@ def _patched_conv(attr: str) -> nn.Conv2d:
         (_hooked_conv, "forward hooks"),
         (lambda: _patched_conv("forward"), r"Conv2d has its forward replaced on the module itself"),
         (lambda: _patched_conv("_conv_forward"), r"Conv2d has its _conv_forward replaced on the module itself"),
+        (lambda: _CallConv(3, 4, 3), "_CallConv subclasses Conv2d with its own forward"),
+        (_reshaped_conv, r"Conv2d has weights of shape \(4, 3, 5, 5\), not the \(4, 3, 3, 3\) of its out_channels"),
     ],
-    ids=["static-same-padding", "own-conv-forward", "hooked", "instance-forward", "instance-conv-forward"],
+    ids=["static-same-padding", "own-conv-forward", "hooked", "instance-forward", "instance-conv-forward",
+         "own-call", "weights-of-another-size"],
 )
 def test_conversions_never_silently_wrong_conv_to_attention_refuses_as_cnn_to_attention_does(make, reason):
     conv = make()

@@ -262,3 +262,25 @@ def test_exports_bench_refuses_a_users_notes_that_quote_its_command(tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exists and attnconv did not write it" in err[0], err
     assert notes.read_text() == text
+
+
+def test_exports_a_ctrl_c_that_torch_wraps_is_one_interrupted_line(tiny, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while torch.export traced: its tracer turned the KeyboardInterrupt into an AttributeError of its own
+    (115 lines of traceback, exit 1). The signal is noted during the export: one `interrupted` line, 130."""
+    import signal
+
+    run = _run_copy(tiny, tmp_path)
+
+    def traced_then_wrapped(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:  # as torch._dynamo does with what it catches
+            raise AttributeError("module 'torch._dynamo' has no attribute 'exc'") from None
+        return b""
+
+    monkeypatch.setattr(export_module, "_serialize", traced_then_wrapped)
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "exported"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["interrupted"], err
+    assert not (run / "model.pt2").exists() and _hidden(run) == []

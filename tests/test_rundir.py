@@ -145,6 +145,24 @@ def test_atomic_write_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_pat
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
 
 
+def test_resume_without_a_checkpoint_starts_again_and_writes_the_logs_anew(tmp_path, data_dir, capsys):  # noqa: F811
+    """A new run stopped while its first checkpoint was written (a Ctrl-C as state.pt was renamed, a full disk)
+    left logs and weights but no state.pt; `--resume` was refused as if a log had been edited. With no checkpoint
+    to restore, the run starts again from step 0 and its logs are written anew: as a run trained once."""
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert main(one_epoch(ref, data_dir)) == 0
+    assert main(one_epoch(out, data_dir)) == 0
+    (out / "state.pt").unlink()  # what the stopped first checkpoint leaves
+    capsys.readouterr()
+    assert main(one_epoch(out, data_dir, "--resume")) == 0
+    err = capsys.readouterr().err
+    assert f"{out}: no checkpoint to resume from (state.pt): training starts again from step 0" in err, err
+    for read in (runs.read_metrics, runs.read_heads):
+        drop = ("seconds", "images_per_s")
+        assert [{k: v for k, v in r.items() if k not in drop} for r in read(out)] == \
+            [{k: v for k, v in r.items() if k not in drop} for r in read(ref)]
+
+
 def test_atomic_write_all_replaces_a_pair_whole_or_not_at_all(tmp_path, monkeypatch):
     """learn-conv wrote its JSON, then its PNG: a full disk (or Ctrl-C) in between left the new result beside the
     old figure. `atomic_write_all` writes every temporary first; a failure keeps the old pair, and a Ctrl-C during

@@ -17,6 +17,10 @@ __all__ = ["conv_to_attention", "unconvertible_reason"]
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
+# What nn.Module calls on the way to forward: a subclass (or an instance) with its own computes something else.
+_CALLS = ("__call__", "_call_impl", "_wrapped_call_impl")
+
+
 def unconvertible_reason(module: nn.Module) -> str | None:
     """Why `module` has no exact Theorem 1 attention layer, with the fix; None if it has one.
 
@@ -40,14 +44,15 @@ def unconvertible_reason(module: nn.Module) -> str | None:
     if isinstance(module, torch.jit.ScriptModule):
         return (f"{name} is compiled by torch.jit.script or traced by torch.jit.trace; convert the nn.Module first, "
                 "then script or trace the result")
-    replaced = [attr for attr in ("forward", "_conv_forward") if attr in vars(module)]
+    replaced = [attr for attr in ("forward", "_conv_forward", *_CALLS) if attr in vars(module)]
     if replaced:
         return (
             f"{name} has its {replaced[0]} replaced on the module itself, which the attention layer would not "
             f"reproduce; remove the replacement (del module.{replaced[0]}), or replace the module by a plain "
             f"nn.{base.__name__} computing the same function and convert that"
         )
-    if type(module).forward is not base.forward or type(module)._conv_forward is not base._conv_forward:
+    if type(module).forward is not base.forward or type(module)._conv_forward is not base._conv_forward or any(
+            getattr(type(module), attr) is not getattr(nn.Module, attr) for attr in _CALLS):
         return (
             f"{name} subclasses {base.__name__} with its own forward, which the attention layer would not "
             f"reproduce; replace it by a plain nn.{base.__name__} computing the same function (e.g. explicit "
@@ -55,6 +60,11 @@ def unconvertible_reason(module: nn.Module) -> str | None:
         )
     if not module.weight.is_floating_point():
         return f"{name} has {module.weight.dtype} weights; the attention layer needs floating point"
+    shape = (module.out_channels, module.in_channels // module.groups, *module.kernel_size)
+    if tuple(module.weight.shape) != shape or (module.bias is not None and tuple(module.bias.shape) != shape[:1]):
+        got = tuple(module.weight.shape) if tuple(module.weight.shape) != shape else f"bias {tuple(module.bias.shape)}"
+        return (f"{name} has weights of shape {got}, not the {shape} of its out_channels, in_channels / groups and "
+                "kernel_size (set after it was made?); make the conv anew with the sizes of its weights")
     if module._forward_hooks or module._forward_pre_hooks:
         return (
             f"{name} has forward hooks (e.g. weight_norm or spectral_norm) whose effect the attention "
@@ -64,7 +74,13 @@ def unconvertible_reason(module: nn.Module) -> str | None:
 
 
 def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
-    """Per-axis (low, high) padding of a conv, as nn.ConvNd applies it (incl. 'same'/'valid')."""
+    """Per-axis (low, high) padding of a conv, as nn.ConvNd's forward applies it (incl. 'same'/'valid'): from
+    `padding` for zeros, from `_reversed_padding_repeated_twice` (set when the conv was made) for the other modes,
+    whatever `padding` was set to since."""
+    if conv.padding_mode != "zeros":
+        r = conv._reversed_padding_repeated_twice  # (last axis low, high, ..., first axis low, high)
+        n = len(conv.kernel_size)
+        return tuple((int(r[2 * (n - 1 - i)]), int(r[2 * (n - 1 - i) + 1])) for i in range(n))
     if conv.padding == "valid":
         return tuple((0, 0) for _ in conv.kernel_size)
     if conv.padding == "same":  # total dilation*(K-1); the odd pixel goes to the high side

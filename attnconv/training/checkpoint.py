@@ -167,9 +167,14 @@ class Checkpointer:
                             "of the run; without it the run cannot be resumed: train it again into a new --out, or "
                             "over this one with --overwrite")
 
-    def replay_logs(self, progress: RunProgress, heads: bool) -> None:
+    def replay_logs(self, progress: RunProgress, heads: bool, *, restored: bool = True) -> None:
         """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to
         the rows `progress` counts, so what was logged after the checkpoint is logged once, when replayed.
-        Logs that lost rows the checkpoint counted are refused (`runs.trim_logs`)."""
-        trim_logs(self.out, progress.rows, progress.snapshots if heads else None, progress.step_rows,
-                  step=progress.step)
+        Logs that lost rows the checkpoint counted are refused (`runs.trim_logs`). Without a checkpoint to
+        restore (`restored` False: an attempt stopped before its first one was whole, or a run resumed from
+        nothing) no row is vouched for: the run starts from step 0 and every log is written anew."""
+        if restored:
+            trim_logs(self.out, progress.rows, progress.snapshots if heads else None, progress.step_rows,
+                      step=progress.step)
+        else:
+            trim_logs(self.out, 0, 0 if heads else None, 0)

@@ -216,7 +216,8 @@ def _last_checkpoint(out: Path) -> str:
     try:
         step = load_state(out / STATE_FILE)["progress"]["step"]
     except AttnconvError:
-        return "no checkpoint was written yet"
+        return (f"no checkpoint was written yet (`attnconv train --out {out} --resume` starts the run again from "
+                "step 0)")
     return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
 
 
@@ -313,7 +314,7 @@ class _Trainer:
         and autocast wrappers."""
         config, d = self.config, self.d
         torch.manual_seed(config.seed)  # the same initial weights on every rank and every resume
-        has_state = self.resume and self.checkpoint.exists()
+        has_state = self.restored = self.resume and self.checkpoint.exists()
         error = None
         try:
             self.model = build_run_model(config, source_weights=not has_state).to(self.device)
@@ -454,7 +455,10 @@ class _Trainer:
             }
             write_config(out, meta)
         self.checkpoint.record = config_record(read_config(out))  # what model.safetensors records of config.json
-        self.checkpoint.replay_logs(self.progress, heads=self.heads is not None)
+        if self.resume and not self.restored and (out / METRICS_FILE).exists():
+            print(f"{out}: no checkpoint to resume from (state.pt): training starts again from step 0 and its "
+                  "logs are written anew", file=sys.stderr)
+        self.checkpoint.replay_logs(self.progress, heads=self.heads is not None, restored=self.restored)
         if self.heads is not None and self.progress.step == 0 and self.progress.snapshots == 0:
             self.heads.append(0, self.progress)  # the heads at initialization
 
