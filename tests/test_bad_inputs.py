@@ -476,8 +476,8 @@ CASES = [
     # and its download advised, as CIFAR-10; a fashion-mnist run's as CIFAR-10 gave a shape error naming no file)
     ("table-config-dataset-of-other-classes", lambda tmp, tiny: _edit_meta(tmp, tiny, lambda meta: meta["config"].update(
         dataset="cifar10")), ["table", "{run}"],
-     'corrupt run config (config.dataset "cifar10" has ["airplane", "automobile", "bird", "c... classes, its "data" '
-     'block ["T-shirt/top", "Trouser", "Pullover"... (one of the two was edited))', None),
+     'corrupt run config (config.dataset "cifar10" has ["airplane", "automobile", "bird", "cat"... classes, its '
+     '"data" block ["T-shirt/top", "Trouser", "Pullover", "... (one of the two was edited))', None),
     ("eval-config-unknown-override", override_unknown, ["eval", "{run}"],
      "config.json: model 'sa-quadratic' has no option 'colour'; leave it out", None),
     # The model's classes or channels edited apart from the "data" block they came from: config.json is named,
@@ -1299,3 +1299,13 @@ def test_run_files_read_with_checks_long_field_names_are_shortened(tiny, tmp_pat
         edited = {**meta, key: {"x": 1}, key + "2": 2, key + "3": 3, key + "4": 4}
         line = record_problem(recorded, edited, run / WEIGHTS_FILE)
         assert line is not None and len(line) < 1000 and "\u202e" not in line and "and 1 more" in line, len(line)
+
+
+def test_run_files_read_with_checks_class_lists_are_shown_where_they_differ(tiny, tmp_path, capsys):
+    """A built-in dataset's last class renamed in the "data" block: both lists were shown by their first 37
+    characters, which are the same. They are shown around where they first differ."""
+    def edit(meta):
+        meta["data"]["classes"][-1] = "Ankle Boot"
+    run = _edit_meta(tmp_path, tiny, edit)["run"]
+    line = _one_error(["table", run], capsys)
+    assert '"Ankle boot"]' in line and '"Ankle Boot"]' in line, line

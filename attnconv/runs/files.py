@@ -31,7 +31,7 @@ from attnconv.fileio import (
 )
 from attnconv.limits import format_bytes
 from attnconv.models import list_models
-from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value
+from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value, shown_pair
 
 CONFIG_FILE = "config.json"
 
@@ -359,8 +359,9 @@ def _builtin_problem(name: str, info: D.DatasetInfo | None, data: dict[str, Any]
     for what, ours, recorded in (("classes", list(info.classes), data["classes"]), ("channels", info.channels,
                                                                                    data["channels"])):
         if ours != recorded:
-            return (f"config.dataset {short_value(name)} has {short_value(ours)} {what}, its \"data\" block "
-                    f"{short_value(recorded)} (one of the two was edited)")
+            ours_text, recorded_text = shown_pair(ours, recorded)
+            return (f"config.dataset {short_value(name)} has {ours_text} {what}, its \"data\" block {recorded_text} "
+                    "(one of the two was edited)")
     return None
 
 

@@ -23,6 +23,7 @@ from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.fileio import open_regular
 from attnconv.runs.files import CONFIG_FILE, MAX_HEADER, WEIGHTS_FILE, weights_metadata
+from attnconv.runs.values import shown_pair
 
 # The metadata key of model.safetensors that holds `config_record`.
 RECORD_KEY = "attnconv_run"
@@ -65,7 +66,7 @@ def record_problem(weights_meta: dict[str, str], meta: dict[str, Any], weights: 
         return None
     config = weights.parent / CONFIG_FILE
     shown = "; ".join(f"{_shown_name(name)} {new} in config.json, {was} in the record of {weights.name}"
-                      for name, (was, new) in ((name, _shown_pair(was, new)) for name, was, new in diff[:_SHOWN]))
+                      for name, (was, new) in ((name, shown_pair(was, new)) for name, was, new in diff[:_SHOWN]))
     more = f"; and {len(diff) - _SHOWN} more" if len(diff) > _SHOWN else ""
     return (f"{config} does not describe the run {weights.name} was written for ({shown}{more}); one of the two "
             "was edited or copied from another run: restore it from a copy of the run (or, if config.json was "
@@ -94,18 +95,6 @@ def recorded_metadata(path: Path) -> dict[str, Any]:
             return weights_metadata(head + f.read(size))
     except (AttnconvError, OSError):
         return {}
-
-
-def _shown_pair(was: Any, new: Any) -> tuple[str, str]:
-    """Two differing values as JSON, each shortened to about 40 characters around where they first differ (two
-    long values that differ past their start would otherwise look the same)."""
-    a, b = (json.dumps(v) for v in (was, new))
-    if len(a) <= _WIDTH and len(b) <= _WIDTH:
-        return a, b
-    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    start = max(0, at - _WIDTH // 4)
-    return tuple(("..." if start else "") + t[start:start + _WIDTH] + ("..." if len(t) > start + _WIDTH else "")
-                 for t in (a, b))
 
 
 def _shown_name(name: str) -> str:

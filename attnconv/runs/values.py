@@ -62,3 +62,19 @@ def _parse_int(digits: str) -> int:
 def shortened(text: str, keep: int = 80) -> str:
     """A long name (a path of thousands of characters) shown by its two ends, so that a message stays short."""
     return text if len(text) <= 2 * keep + 3 else f"{text[:keep]}...{text[-keep:]}"
+
+
+# Characters of each value `shown_pair` shows.
+_PAIR_WIDTH = 40
+
+
+def shown_pair(was: Any, new: Any) -> tuple[str, str]:
+    """Two differing values as JSON, each shortened to about 40 characters around where they first differ (two
+    long values that differ past their start would otherwise look the same)."""
+    a, b = (json.dumps(v) for v in (was, new))
+    if len(a) <= _PAIR_WIDTH and len(b) <= _PAIR_WIDTH:
+        return a, b
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, at - _PAIR_WIDTH // 4)
+    return tuple(("..." if start else "") + t[start:start + _PAIR_WIDTH] + ("..." if len(t) > start + _PAIR_WIDTH else "")
+                 for t in (a, b))
