@@ -55,6 +55,19 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
     return config
 
 
+# steps.csv's interval, when neither the caller nor (on --resume) the run's config.json gives one.
+LOG_EVERY = 100
+
+
+def recorded_log_every(out: Path) -> int:
+    """The steps.csv interval a resumed run was started with (config.json "log_every"); LOG_EVERY when it
+    records none, or config.json does not read (the resume's own checks then say why)."""
+    try:
+        return int(read_config(out).get("log_every", LOG_EVERY))
+    except AttnconvError:
+        return LOG_EVERY
+
+
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,
                     allow_data_change: bool) -> None:
     """A run in `out` that --resume continues: its saved config matches `config` except for

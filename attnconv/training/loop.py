@@ -76,7 +76,7 @@ from attnconv.runs import (
 )
 from attnconv.training.board import TensorBoardLog, check_board_folder, summary_writer_class
 from attnconv.training.checkpoint import Checkpointer
-from attnconv.training.checks import check_data, check_resumable, resolve_overrides
+from attnconv.training.checks import LOG_EVERY, check_data, check_resumable, recorded_log_every, resolve_overrides
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
@@ -230,19 +230,6 @@ def _same_folder(a: Path, b: Path) -> bool:
 
 
 # What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
-# steps.csv's interval, when neither the caller nor (on --resume) the run's config.json gives one.
-LOG_EVERY = 100
-
-
-def _recorded_log_every(out: Path) -> int:
-    """The steps.csv interval a resumed run was started with (config.json "log_every"); LOG_EVERY when it
-    records none, or config.json does not read (the resume's own checks then say why)."""
-    try:
-        return int(read_config(out).get("log_every", LOG_EVERY))
-    except AttnconvError:
-        return LOG_EVERY
-
-
 RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
 
 
@@ -254,7 +241,7 @@ class _Trainer:
         self.allow_data_change = allow_data_change
         # progress on rank 0 only; epoch summaries print on rank 0 regardless
         self.progress_mode = ProgressLog.auto_mode(progress and d.main)
-        self.log_every = log_every if log_every is not None else _recorded_log_every(out) if resume else LOG_EVERY
+        self.log_every = log_every if log_every is not None else recorded_log_every(out) if resume else LOG_EVERY
         self._estimate_at: int | None = None  # the step after which run() estimates the time left
         self.writer_class = writer_class if d.main else None  # --tensorboard: torch's SummaryWriter
         self.board: TensorBoardLog | None = None  # its event files (rank 0), while `run` runs
