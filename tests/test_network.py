@@ -521,6 +521,20 @@ def _reshaped_conv() -> nn.Conv2d:
     return conv
 
 
+@pytest.mark.parametrize("attr, value, padding, mode", [("padding", 1, 0, "zeros"), ("stride", 2, 1, "zeros"),
+                                                        ("dilation", 2, 2, "zeros"), ("stride", 2, 1, "reflect")])
+def test_conversions_never_silently_wrong_a_bare_int_set_after_the_conv_was_made(attr, value, padding, mode):
+    """`conv.padding = 1` (or stride, dilation) after the conv was made: the conv runs (F.conv2d takes ints), the
+    conversion raised a bare TypeError. A bare int counts for every axis, as in the conv's forward."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, 3, padding=padding, padding_mode=mode).double()
+    setattr(conv, attr, value)
+    x = torch.randn(2, 4, 10, 10, dtype=torch.float64)
+    want = conv(x)
+    for got in (attnconv.conv_to_attention(conv)(x), cnn_to_attention(nn.Sequential(conv))(x)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-10), (attr, mode)
+
+
 @pytest.mark.parametrize("mode", ["reflect", "circular", "replicate"])
 def test_conversions_never_silently_wrong_padding_set_after_the_conv_was_made(mode):
     """`padding` set after the conv was made: nn.Conv2d's forward pads by what it computed at construction for

@@ -257,3 +257,29 @@ def test_memory_a_file_name_with_control_characters_stays_one_line(tiny_run, tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\x1b" not in err, err
     assert err.startswith(f"error: {tmp_path}/cut\\nshort\\x1b[31m.png: cannot decode the image"), err
+
+
+def test_memory_a_jpeg_2000_counts_openjpegs_own_samples(tmp_path):
+    """A 4 KB JPEG 2000 of 9400x9400 was decoded at a peak of 1.6 GiB over the interpreter's, past the 1 GiB budget:
+    openjpeg holds 32-bit samples per band before Pillow's image. They are counted, and such a file is refused."""
+    from PIL import features
+
+    assert decode.decode_bytes("RGB", 9400, 9400, False, 32, "JPEG2000") > decode.MAX_DECODE_BYTES
+    assert decode.decode_bytes("RGB", 9400, 9400, False, 32, "JPEG2000") > \
+        decode.decode_bytes("RGB", 9400, 9400, False, 32, "PNG") + 9400 * 9400 * 4 * 3 - 1
+    if not features.check("jpg_2000"):
+        pytest.skip("Pillow here decodes no JPEG 2000")
+    small = tmp_path / "small.jp2"
+    Image.new("RGB", (40, 40), (10, 20, 30)).save(small)
+    assert decode.decode_image(small, False, 32).shape == (3, 32, 32)
+
+
+def test_memory_a_16_bit_pgm_is_decoded_as_16_bit_grey(tmp_path):
+    """A PGM of maxval 65535 (mode I in Pillow) was refused as `32-bit integer or float`, with the fix to save it
+    as 16-bit, which it was. It is decoded as 16-bit grey: the high byte of each pixel."""
+    values = (np.arange(144, dtype=np.uint32).reshape(12, 12) * 450).astype(">u2")
+    path = tmp_path / "s16.pgm"
+    path.write_bytes(b"P5\n12 12\n65535\n" + values.tobytes())
+    got = decode.decode_image(path, True, 12)
+    assert got.shape == (1, 12, 12) and np.array_equal(got[0], (values.astype(np.uint16) >> 8).astype(np.uint8))
+    assert decode.probe_grey(path)

@@ -60,6 +60,11 @@ def unconvertible_reason(module: nn.Module) -> str | None:
         )
     if not module.weight.is_floating_point():
         return f"{name} has {module.weight.dtype} weights; the attention layer needs floating point"
+    n = len(module.kernel_size)
+    for attr in ("stride", "dilation") + (() if isinstance(module.padding, str) else ("padding",)):
+        if _per_axis(getattr(module, attr), n) is None:
+            return (f"{name} has {attr} {getattr(module, attr)!r}, not a whole number or one per axis of its "
+                    f"{n}-d kernel; make the conv anew with that {attr}")
     shape = (module.out_channels, module.in_channels // module.groups, *module.kernel_size)
     if tuple(module.weight.shape) != shape or (module.bias is not None and tuple(module.bias.shape) != shape[:1]):
         got = tuple(module.weight.shape) if tuple(module.weight.shape) != shape else f"bias {tuple(module.bias.shape)}"
@@ -70,6 +75,17 @@ def unconvertible_reason(module: nn.Module) -> str | None:
             f"{name} has forward hooks (e.g. weight_norm or spectral_norm) whose effect the attention "
             "layer would lose; remove them first (e.g. torch.nn.utils.remove_weight_norm)"
         )
+    return None
+
+
+def _per_axis(value: object, n: int) -> tuple[int, ...] | None:
+    """A conv's stride, dilation or padding as one whole number per axis, as its forward reads it (a bare int, set
+    after the conv was made, counts for every axis), or None when it is neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n
+    if isinstance(value, (tuple, list)) and len(value) == n and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
     return None
 
 
@@ -86,7 +102,7 @@ def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
     if conv.padding == "same":  # total dilation*(K-1); the odd pixel goes to the high side
         totals = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size)]
         return tuple((t // 2, t - t // 2) for t in totals)
-    return tuple((int(p), int(p)) for p in conv.padding)
+    return tuple((p, p) for p in _per_axis(conv.padding, len(conv.kernel_size)))
 
 
 def conv_to_attention(
@@ -133,9 +149,9 @@ def conv_to_attention(
         conv.in_channels,
         conv.out_channels,
         conv.kernel_size,
-        stride=conv.stride,
+        stride=_per_axis(conv.stride, ndim),
         padding=_conv_padding(conv),
-        dilation=conv.dilation,
+        dilation=_per_axis(conv.dilation, ndim),
         groups=conv.groups,
         bias=conv.bias is not None,
         padding_mode=conv.padding_mode,

@@ -95,11 +95,17 @@ def _opened(path: Path):
         raise _fail(path, e) from e
 
 
+def _sixteen_bit(img) -> bool:
+    """16-bit grey pixels: Pillow's I;16 modes, and a PGM of more than 8 bits, which Pillow opens in mode I with
+    its values scaled to 0..65535."""
+    return img.mode in _SIXTEEN_BIT or (img.mode == "I" and img.format == "PPM")
+
+
 def _check_mode(img, path: Path) -> None:
-    if img.mode in _UNSUPPORTED:
+    if img.mode in _UNSUPPORTED and not _sixteen_bit(img):
         raise AttnconvError(
             f"{path}: {img.mode}-mode pixels (32-bit integer or float) are not supported; "
-            "save it as an 8- or 16-bit image"
+            "save it as an 8- or 16-bit PNG or TIFF"
         )
 
 
@@ -109,7 +115,7 @@ def probe_grey(path: Path) -> bool:
         if img.mode == "P":
             palette = img.getpalette() or []
             return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
-        return img.mode in _GREY_MODES
+        return img.mode in _GREY_MODES or _sixteen_bit(img)
 
 
 # What decoding one image may allocate unless the caller gives a budget (`decode_image(budget=)`), and the least
@@ -136,16 +142,20 @@ def _crop_first(w: int, h: int, size: int) -> bool:
     return nw * nh > max(w * h, _CROPS_BEFORE_BOX * size * size)
 
 
-def decode_bytes(mode: str, width: int, height: int, grey: bool, size: int) -> int:
+def decode_bytes(mode: str, width: int, height: int, grey: bool, size: int, fmt: str = "") -> int:
     """What `decode_image` allocates at its peak for a `mode` image of width x height (after `Image.draft`):
     the decoded pixels as Pillow stores them, a rotated copy (EXIF orientation: counted always, since
     reading a PNG's EXIF decodes its pixels), the 16-bit -> 8-bit arrays, the conversion to L or RGB,
-    and the resize with its intermediate."""
+    and the resize with its intermediate. `fmt` (Pillow's format): a JPEG 2000 is decoded by openjpeg into 32-bit
+    samples per band first (measured: a 9400x9400 RGB file peaked at 1.6 GiB over the interpreter's), and a
+    16-bit PGM is held in mode I."""
     pixels = width * height
     decoded = pixels * _pixel_bytes(mode)
+    if fmt == "JPEG2000":
+        decoded += pixels * 4 * len(mode)  # openjpeg's own image, 4 bytes a sample (L: 1 band, RGB: 3, RGBA: 4)
     target = 1 if grey else 4
     steps = decoded  # exif_transpose: a new image, then the old one goes
-    if mode in _SIXTEEN_BIT:
+    if mode in _SIXTEEN_BIT or mode == "I":  # "I": a 16-bit PGM (other I images are refused before)
         steps = max(steps, pixels * (2 + 2 + 1 + 1))  # uint16 array, shifted, uint8, the L image
     steps = max(steps, pixels * target)  # convert(mode)
     if _crop_first(width, height, size):
@@ -203,7 +213,7 @@ def decode_image(path: Path, grey: bool, size: int, *, budget: DecodeBudget | No
         if min(w, h) == 0:
             raise _fail(path, ValueError("the image is empty (0 pixels wide or high)"))
         img.draft("L" if grey else "RGB", (size, size))  # JPEG: decode at the smallest scale still >= size
-        need = decode_bytes(img.mode, *img.size, grey, size)
+        need = decode_bytes(img.mode, *img.size, grey, size, img.format or "")
         with (budget or DecodeBudget()).reserve(need, path, f"{w}x{h} {img.mode}"):
             return _decode(img, grey, size)
 
@@ -214,7 +224,7 @@ def _decode(img, grey: bool, size: int) -> np.ndarray:
     mode = "L" if grey else "RGB"
     img.load()
     ImageOps.exif_transpose(img, in_place=True)
-    if img.mode in _SIXTEEN_BIT:  # 16-bit grey: keep the high byte (convert("L") would clip)
+    if _sixteen_bit(img):  # 16-bit grey: keep the high byte (convert("L") would clip)
         img = Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8), mode="L")
     img = img.convert(mode)
     w, h = img.size
