@@ -79,11 +79,13 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     with torch.no_grad(), _quiet(), _interruptible():
         data = _serialize(fmt, model, example, record)
         _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
+    earlier = out.exists()
     try:
         atomic_write(out, write_bytes(data))
     except OSError as err:
-        raise AttnconvError(f"{out}: could not write the export ({describe_os_error(err)}); nothing was written "
-                            "(an earlier file of that name is as it was)") from None
+        kept = " (an earlier file of that name is as it was)" if earlier else ""
+        raise AttnconvError(f"{out}: could not write the export ({describe_os_error(err)}); nothing was "
+                            f"written{kept}") from None
     return out
 
 

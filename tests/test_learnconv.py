@@ -144,3 +144,18 @@ def test_learn_conv_a_folder_in_the_way_is_named_with_a_fix_that_works(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: --out {out}: learn-conv.png in it is a folder, not attnconv's result; move it away, or "
                    "choose another --out"], err
+
+
+def test_learn_conv_stopped_before_its_results_leaves_no_empty_folder(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the training: the output check had made --out, and an empty folder was left."""
+    import attnconv.learnconv as module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "match_to_grid", interrupted)
+    out = tmp_path / "new" / "lc"
+    argv = ["learn-conv", "--steps", "2", "--source", "random", "--size", "6", "--channels", "2", "--no-progress",
+            "--out", str(out)]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.strip() == "interrupted" and not out.exists()

@@ -146,6 +146,9 @@ def test_exports_a_full_disk_is_one_line_and_keeps_the_earlier_file(tiny, tmp_pa
                         "space); nothing was written (an earlier file of that name is as it was)")
     assert writes and all(name.startswith(f".{target.name}.") for name in writes)  # it did try, beside the target
     assert target.read_bytes() == b"the earlier file\n" and sorted(os.listdir(run)) == before
+    target.unlink()  # no earlier file: the line does not speak of one
+    assert main(["export", str(run), "--format", fmt]) == 2
+    assert capsys.readouterr().err.strip().endswith("space); nothing was written")
 
 
 _FULL_DISK = r"""
