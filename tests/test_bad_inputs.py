@@ -734,6 +734,9 @@ _DAMAGE = {
     "center-x": lambda rec: rec["layers"][0][0].update(center="x"),
     "center-3d": lambda rec: rec["layers"][0][0].update(center=[1.0, 2.0, 3.0]),
     "center-nan": lambda rec: rec["layers"][0][0].update(center=[float("nan"), 0.0]),
+    # finite, but past any grid: the grid matching of analyze and report ran for ever (distances overflowed)
+    "center-1e155": lambda rec: rec["layers"][0][0].update(center=[1e155, 0.0]),
+    "distance-1e308": lambda rec: rec["layers"][0][0].update(attention_distance=1e308),
     "no-attention-distance": lambda rec: rec["layers"][1][2].pop("attention_distance"),
     "epoch-1e308": lambda rec: rec.update(epoch=1e308),
     "step-negative": lambda rec: rec.update(step=-1),
@@ -1229,7 +1232,7 @@ def test_run_files_read_with_checks_the_state_of_another_run_of_the_same_shapes_
     assert "config.lr 0.1 in config.json, 0.003 in the record of state.pt" in line, line
 
 
-def _set_step(run: Path, step: int, *, state: bool = False) -> None:
+def _set_step(run: Path, step: int | str, *, state: bool = False) -> None:
     """model.safetensors' recorded step set to `step` (and state.pt's progress, if `state`): an older checkpoint."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -1256,8 +1259,12 @@ def test_run_files_read_with_checks_weights_older_than_the_logs_are_named(tiny, 
     for argv in (["eval", run, "--data-dir", tiny["data"]], ["predict", run, tmp_path / "shirt.png"]):
         line = _one_error(argv, capsys)
         assert line == (f"error: {run / 'model.safetensors'} holds the weights of step 1 (its metadata), but "
-                        f"{run / 'metrics.csv'} goes on to step 2: it is an older copy of the run's weights, or another "
-                        "run's; restore the run's last model.safetensors from a copy of the run"), line
+                        f"{run / 'metrics.csv'} goes on to step 2: one of the two is not the run's (an older copy of "
+                        "the weights, another run's, or an edited metrics.csv); restore it from a copy of the run"), line
+    for step in ("\u00b2", "9" * 5000):  # digits Python's int() refuses, or will not read: no step recorded
+        _set_step(run, step)
+        assert main(["eval", str(run), "--data-dir", str(tiny["data"])]) == 0
+    _set_step(run, 1)
     _set_step(run, 1, state=True)
     line = _one_error(["eval", run, "--data-dir", tiny["data"]], capsys)
     assert "the run's last checkpoint, and" in line and f"`attnconv train --out {run} --resume`" in line, line
@@ -1295,7 +1302,7 @@ def test_run_files_read_with_checks_long_field_names_are_shortened(tiny, tmp_pat
     run = _copy(tmp_path, tiny)
     meta = read_config(run)
     recorded = {"attnconv_run": config_record(meta)}
-    for key in ("k" * 4002, "\u202e" * 4000):
+    for key in ("k" * 4002, "\u202e" * 4000, "." * 4000, "\u202e." * 1000):  # dots too: a key is not split on them
         edited = {**meta, key: {"x": 1}, key + "2": 2, key + "3": 3, key + "4": 4}
         line = record_problem(recorded, edited, run / WEIGHTS_FILE)
         assert line is not None and len(line) < 1000 and "\u202e" not in line and "and 1 more" in line, len(line)
@@ -1309,3 +1316,36 @@ def test_run_files_read_with_checks_class_lists_are_shown_where_they_differ(tiny
     run = _edit_meta(tmp_path, tiny, edit)["run"]
     line = _one_error(["table", run], capsys)
     assert '"Ankle boot"]' in line and '"Ankle Boot"]' in line, line
+
+
+@pytest.mark.parametrize("damage", ["a-tensor-of-another-shape", "a-setting-of-another-kind", "a-group-more"])
+def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_path, capsys, damage):
+    """state.pt's optimizer state was loaded as torch takes it: a moment estimate of shape (3, 3), or betas "ab",
+    gave a traceback at the first step. It is checked against the optimizer before anything is restored."""
+    run = _copy(tmp_path, tiny)
+    state = torch.load(run / "state.pt", weights_only=True)
+    opt = state["optimizer"]
+    if damage == "a-tensor-of-another-shape":
+        per = next(iter(opt["state"].values()))
+        name = next(k for k, v in per.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        per[name] = torch.zeros(3, 3)
+    elif damage == "a-setting-of-another-kind":
+        opt["param_groups"][0]["lr"] = "ab"
+    else:
+        opt["param_groups"].append(dict(opt["param_groups"][0]))
+    torch.save(state, run / "state.pt")
+    line = _one_error(RESUME[:2] + [run] + RESUME[3:], capsys)
+    assert line.startswith(f"error: {run / 'state.pt'}: cannot read the training state: the file is corrupt (its "
+                           "optimizer state "), line
+    assert line.endswith("train it again into a new --out, or over this one with --overwrite"), line
+
+
+def test_run_files_read_with_checks_eval_names_the_step_it_measured(tiny, tmp_path, capsys):
+    """Weights of a checkpoint past metrics.csv's last row (--checkpoint-every, then stopped): eval printed the
+    row's step for a measurement of later weights. It says which weights it measured."""
+    run = _copy(tmp_path, tiny)
+    _set_step(run, 3)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data-dir", str(tiny["data"])]) == 0
+    out = capsys.readouterr().out
+    assert "(epoch 1, step 2 in metrics.csv; measured: the weights of step 3)" in out, out

@@ -147,16 +147,24 @@ def test_atomic_write_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_pat
 
 def test_resume_without_a_checkpoint_starts_again_and_writes_the_logs_anew(tmp_path, data_dir, capsys):  # noqa: F811
     """A new run stopped while its first checkpoint was written (a Ctrl-C as state.pt was renamed, a full disk)
-    left logs and weights but no state.pt; `--resume` was refused as if a log had been edited. With no checkpoint
-    to restore, the run starts again from step 0 and its logs are written anew: as a run trained once."""
+    left logs and weights but no state.pt; `--resume` was refused as if a log had been edited. The pair is now
+    written as one, so weights without state.pt mean state.pt was lost: one line with the fixes. With neither, no
+    checkpoint was ever whole: the run starts again from step 0 and its logs are written anew, as a run trained
+    once."""
     ref, out = tmp_path / "ref", tmp_path / "run"
     assert main(one_epoch(ref, data_dir)) == 0
     assert main(one_epoch(out, data_dir)) == 0
-    (out / "state.pt").unlink()  # what the stopped first checkpoint leaves
+    (out / "state.pt").unlink()
     capsys.readouterr()
+    assert main(one_epoch(out, data_dir, "--resume")) == 2  # model.safetensors: a checkpoint was whole once
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {out / 'state.pt'}: missing, while model.safetensors shows the run has checkpointed (the "
+                   "two are written as one pair): it was moved or deleted; restore it from a copy of the run, or "
+                   "train the run again over this one with --overwrite"], err
+    (out / "model.safetensors").unlink()  # what a first checkpoint stopped before its pair was whole leaves
     assert main(one_epoch(out, data_dir, "--resume")) == 0
     err = capsys.readouterr().err
-    assert f"{out}: no checkpoint to resume from (state.pt): training starts again from step 0" in err, err
+    assert f"{out}: no checkpoint to resume from (it stopped before its first): training starts again" in err, err
     for read in (runs.read_metrics, runs.read_heads):
         drop = ("seconds", "images_per_s")
         assert [{k: v for k, v in r.items() if k not in drop} for r in read(out)] == \
@@ -202,22 +210,22 @@ def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoin
         tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
     out = tmp_path / "run"
     calls = {"n": 0}
-    real = checkpoint.save_state
+    real = checkpoint.save_checkpoint
 
-    def fill_up(state, path):
+    def fill_up(model, metadata, state, run_dir):
         calls["n"] += 1
         if calls["n"] == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(state, path)
+        real(model, metadata, state, run_dir)
 
-    monkeypatch.setattr(checkpoint, "save_state", fill_up)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", fill_up)
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 2
     err = [line for line in capsys.readouterr().err.splitlines()
            if not line.startswith(("epoch ", "preset: ", "estimated time: "))]
     assert len(err) == 1 and "no space left on the device" in err[0] and "checkpoint (step 5) is intact" in err[0]
     assert load_state(out / "state.pt")["progress"]["step"] == 5
     assert not any(p.name.endswith(TMP_SUFFIX) for p in out.iterdir())
-    monkeypatch.setattr(checkpoint, "save_state", real)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", real)
     assert main(tiny_args(out, data_dir, "--resume", "--checkpoint-every", "5")) == 0
 
 

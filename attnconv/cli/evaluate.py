@@ -119,7 +119,9 @@ def run_eval(args: argparse.Namespace) -> int:
         print(plain(text))
 
     out(f"run          {s['run']}")
-    out(f"model        {s['model']} on {s['dataset']} (epoch {s['epochs']}, step {s['step']})")
+    where = f"epoch {s['epochs']}, step {s['step']}" if "weights_step" not in s else \
+        f"epoch {s['epochs']}, step {s['step']} in metrics.csv; measured: the weights of step {s['weights_step']}"
+    out(f"model        {s['model']} on {s['dataset']} ({where})")
     if "test_dataset" in s:
         out(f"test set     {s['test_dataset']} ({s['test_images']:,} images, the run's classes)")
     out(f"test acc     {s['test_acc']:.4f}  (loss {s['test_loss']:.4f})")

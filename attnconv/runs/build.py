@@ -169,8 +169,8 @@ def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:
     its last row and its checkpoint (its state.pt is at the weights' step: `--resume` cuts the logs back), or
     the file is an older copy of the run's weights, or another run's."""
     step = metadata.get("step")
-    if not isinstance(step, str) or not step.isdigit():
-        return None  # weights that record no step (a converted run's)
+    if not isinstance(step, str) or not (step.isascii() and step.isdigit() and len(step) <= 18):
+        return None  # weights that record no step (a converted run's), or none attnconv wrote
     run = path.parent
     try:
         rows = read_metrics(run)
@@ -188,8 +188,8 @@ def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:
                 f"to step {last}: the run was stopped between its last row and its checkpoint; continue it with "
                 f"`attnconv train --out {run} --resume` (which cuts the logs back to the checkpoint)")
     return (f"{path} holds the weights of step {step} (its metadata), but {run / METRICS_FILE} goes on to step "
-            f"{last}: it is an older copy of the run's weights, or another run's; restore the run's last "
-            f"{WEIGHTS_FILE} from a copy of the run")
+            f"{last}: one of the two is not the run's (an older copy of the weights, another run's, or an edited "
+            "metrics.csv); restore it from a copy of the run")
 
 
 def weights_fit(model: nn.Module, path: Path) -> bool:

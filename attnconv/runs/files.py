@@ -25,6 +25,7 @@ from attnconv.errors import AttnconvError
 from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
+    atomic_write_all,
     open_regular,
     read_regular,
     write_bytes,
@@ -63,15 +64,32 @@ STATE_FORMAT = 1
 RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE, STEPS_FILE); fileio
 # guards them
 
-def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:
+def weights_bytes(model: nn.Module, metadata: dict[str, str]) -> bytes:
+    """A model's state_dict as a safetensors file's bytes, with `metadata`."""
     # A copy of each tensor: safetensors refuses tensors that share storage, and a state_dict may hold views.
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    atomic_write(path, write_bytes(save(tensors, metadata=metadata)))
+    return save(tensors, metadata=metadata)
 
-def save_state(state: dict[str, Any], path: Path) -> None:
+
+def state_bytes(state: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     torch.save(state, buf)
-    atomic_write(path, write_bytes(buf.getvalue()))
+    return buf.getvalue()
+
+
+def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:
+    atomic_write(path, write_bytes(weights_bytes(model, metadata)))
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    atomic_write(path, write_bytes(state_bytes(state)))
+
+
+def save_checkpoint(model: nn.Module, metadata: dict[str, str], state: dict[str, Any], run_dir: Path) -> None:
+    """model.safetensors and state.pt as one pair (`fileio.atomic_write_all`): a full disk or a Ctrl-C while
+    they are written leaves both of the last checkpoint (or neither, before the first), never one of each."""
+    atomic_write_all([(run_dir / WEIGHTS_FILE, write_bytes(weights_bytes(model, metadata))),
+                      (run_dir / STATE_FILE, write_bytes(state_bytes(state)))])
 
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
     """Read a training-state file and check its structure; one AttnconvError if it is not sound.

@@ -78,7 +78,7 @@ def snapshot_problem(record: Any, like: dict[str, Any] | None = None) -> str | N
     """What keeps `record` from being a snapshot of the heads (a line of heads.jsonl), or None.
 
     epoch a whole number 0..10^6, step a whole number >= 0, layers a list of lists of heads,
-    each head a center of 2 finite numbers, a finite attention_distance >= 0, and a finite
+    each head a center of 2 finite numbers (at most 1e6 tokens), an attention_distance of 0 to 1e6, and a finite
     alpha > 0 or a 2x2 inverse_covariance of finite numbers where present; with `like` (the
     file's first snapshot), the same number of layers and of heads in each.
     """
@@ -110,15 +110,20 @@ def _order_problem(record: dict[str, Any], before: dict[str, Any]) -> str | None
             "step than the one before")
 
 
+# Farther than any token grid reaches (at most 65,536 a side), and near enough that distances and their squares
+# stay finite in the analysis (a center of 1e155 made the grid matching loop for ever).
+_FAR = 1e6
+
+
 def _head_problem(head: Any) -> str | None:
     if not isinstance(head, dict):
         return "not a JSON object"
     center = head.get("center")
-    if not (isinstance(center, list) and len(center) == 2 and all(is_finite(c) for c in center)):
-        return f"center {short_value(center)} is not 2 finite numbers"
+    if not (isinstance(center, list) and len(center) == 2 and all(is_finite(c) and abs(c) <= _FAR for c in center)):
+        return f"center {short_value(center)} is not 2 finite numbers of at most {_FAR:g} tokens"
     distance = head.get("attention_distance")
-    if not (is_finite(distance) and distance >= 0):
-        return f"attention_distance {short_value(distance)} is not a finite number >= 0"
+    if not (is_finite(distance) and 0 <= distance <= _FAR):
+        return f"attention_distance {short_value(distance)} is not a number from 0 to {_FAR:g} tokens"
     if "alpha" in head and not (is_finite(head["alpha"]) and head["alpha"] > 0):
         return f"alpha {short_value(head['alpha'])} is not a finite number > 0"
     cov = head.get("inverse_covariance")

@@ -97,18 +97,20 @@ def recorded_metadata(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _shown_name(name: str) -> str:
-    """A dotted field name as a line shows it: each key escaped (non-ASCII as \\u escapes) and cut to 40 characters."""
-    return ".".join(k if len(k) <= _WIDTH else k[:_WIDTH - 3] + "..." for k in
-                    (json.dumps(key)[1:-1] for key in name.split(".")))
+def _shown_name(path: tuple[str, ...]) -> str:
+    """A field's path as a line shows it: its keys joined by dots, each escaped (non-ASCII as \\u escapes) and cut
+    to 40 characters, and the whole cut to 120 (keys of thousands of characters, or of dots, stay short)."""
+    keys = (json.dumps(key)[1:-1] for key in path)
+    name = ".".join(k if len(k) <= _WIDTH else k[:_WIDTH - 3] + "..." for k in keys)
+    return name if len(name) <= 3 * _WIDTH else name[:3 * _WIDTH - 3] + "..."
 
 
-def _differences(old: Any, new: Any, name: str = "") -> list[tuple[str, Any, Any]]:
-    """(dotted field name, old value, new value) for each field that differs, objects compared field by field
-    (a field missing on one side is None there)."""
+def _differences(old: Any, new: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any, Any]]:
+    """(path of keys, old value, new value) for each field that differs, objects compared field by field (a field
+    missing on one side is None there)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        out: list[tuple[str, Any, Any]] = []
+        out: list[tuple[tuple[str, ...], Any, Any]] = []
         for key in sorted(set(old) | set(new)):
-            out += _differences(old.get(key), new.get(key), f"{name}.{key}" if name else key)
+            out += _differences(old.get(key), new.get(key), (*path, key))
         return out
-    return [] if old == new else [(name, old, new)]
+    return [] if old == new else [(path, old, new)]

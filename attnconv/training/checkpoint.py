@@ -7,12 +7,11 @@ and how a resumed run replays from them (`Checkpointer`).
                         "optimizer": the optimizer's state_dict,
                         "rng": {"torch": [CPU generator state per rank], "cuda": [per rank] or None},
                         "record": config.json as `runs.record.config_record` gives it}
-    model.safetensors  the same weights, metadata {"model", "step", "epoch", "attnconv_run": the record};
-                       written first, so it is
-                       never older than state.pt (after a crash between the two renames it may be one
-                       checkpoint newer, which is still a consistent set of weights)
+    model.safetensors  the same weights, metadata {"model", "step", "epoch", "attnconv_run": the record}
 
-Both are written atomically (`runs.save_weights`, `runs.save_state`: temporary, fsync, rename), and
+Both are written as one pair (`runs.save_checkpoint`: both temporaries written and synced, then both
+renamed with Ctrl-C held back in between; only a crash between the two renames leaves
+model.safetensors one checkpoint newer, which is still a consistent set of weights), and
 state.pt is read with `runs.load_state` (weights_only, structure checked). A resumed run replays
 exactly: batches and the learning rate are pure functions of the counters, dropout draws come from
 the restored RNG states, and the logs are cut back to what the checkpoint knows of
@@ -22,6 +21,7 @@ the restored RNG states, and the logs are cut back to what the checkpoint knows 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +39,55 @@ from attnconv.runs import (
     load_state,
     read_config,
     record_problem,
-    save_state,
-    save_weights,
+    save_checkpoint,
     trim_logs,
     weights_fit,
 )
+from attnconv.runs.values import short_value
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
 
 # The sums a checkpoint adds over the ranks (rank 0 carries them on resume; the others start from 0).
 _SUMS = ("loss_sum", "correct", "seen", "row_loss", "row_correct", "row_seen")
+
+
+def _same_kind(got: Any, want: Any) -> bool:
+    """Whether a saved optimizer setting is of the kind the optimizer's own is (numbers alike, bools apart)."""
+    if isinstance(want, bool) or want is None or isinstance(want, str):
+        return type(got) is type(want)
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
+    if isinstance(want, (tuple, list)):
+        return isinstance(got, (tuple, list)) and len(got) == len(want) and all(map(_same_kind, got, want))
+    if isinstance(want, torch.Tensor):
+        return isinstance(got, torch.Tensor) and got.shape == want.shape
+    return True
+
+
+def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> str | None:
+    """What keeps a saved optimizer state_dict from being this optimizer's, or None: its parameter groups (as
+    many, as many parameters each, each setting of the kind the optimizer's is) and each parameter's state
+    tensors (those with dimensions have the parameter's shape). torch loads such a state without a word."""
+    fresh = optimizer.state_dict()
+    if len(saved["param_groups"]) != len(fresh["param_groups"]):
+        return f"has {len(saved['param_groups'])} parameter groups, the optimizer {len(fresh['param_groups'])}"
+    shapes: dict[Any, tuple[int, ...]] = {}
+    for group, want, params in zip(saved["param_groups"], fresh["param_groups"], optimizer.param_groups):
+        ids = group.get("params")
+        if not isinstance(ids, list) or len(ids) != len(want["params"]):
+            return f"holds a group of {short_value(ids)} parameters, the optimizer's has {len(want['params'])}"
+        for key in set(group) & set(want) - {"params"}:
+            if not _same_kind(group[key], want[key]):
+                return f"setting {key} is {short_value(group[key])}, not of the kind of {short_value(want[key])}"
+        shapes.update({i: tuple(p.shape) for i, p in zip(ids, params["params"])})
+    for pid, per in saved["state"].items():
+        if pid not in shapes or not isinstance(per, dict):
+            return f"holds the state of parameter {short_value(pid)}, which no group has"
+        for name, value in per.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shapes[pid]:
+                return (f"{name} of parameter {short_value(pid)} has shape {tuple(value.shape)}, the parameter "
+                        f"{shapes[pid]}")
+    return None
 
 
 class Checkpointer:
@@ -76,8 +115,8 @@ class Checkpointer:
             return None
 
     def save(self, model: nn.Module, optimizer: torch.optim.Optimizer, progress: RunProgress) -> None:
-        """Write model.safetensors, then state.pt. Collective: the sums are added over the ranks and every
-        rank's RNG state is gathered; rank 0 writes."""
+        """Write model.safetensors and state.pt as one pair (`runs.save_checkpoint`). Collective: the sums
+        are added over the ranks and every rank's RNG state is gathered; rank 0 writes."""
         p = dataclasses.replace(progress)
         totals = self.d.sum([getattr(p, k) for k in _SUMS], self.device)
         for key, value in zip(_SUMS, totals):
@@ -86,7 +125,6 @@ class Checkpointer:
         if not self.d.main:
             return
         meta = {"model": self.model_name, "step": str(p.step), "epoch": str(p.epoch)}
-        save_weights(model, self.out / WEIGHTS_FILE, meta if self.record is None else {**meta, RECORD_KEY: self.record})
         state = {
             "format": STATE_FORMAT,
             "progress": dataclasses.asdict(p),
@@ -95,8 +133,8 @@ class Checkpointer:
             "rng": {"torch": rng_torch, "cuda": rng_cuda},
         }
         if self.record is not None:
-            state["record"] = self.record  # state.pt is the resume point: it knows which run it is, too
-        save_state(state, self.path)
+            meta[RECORD_KEY] = state["record"] = self.record  # both files know which run they are
+        save_checkpoint(model, meta, state, self.out)
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Every rank's CPU (and CUDA) generator state, in rank order (a collective under DDP)."""
@@ -121,6 +159,11 @@ class Checkpointer:
             problem = record_problem({RECORD_KEY: state["record"]}, read_config(self.out), self.path)
             if problem is not None:
                 raise AttnconvError(problem)
+        problem = _optimizer_problem(state["optimizer"], optimizer)
+        if problem is not None:  # torch would load it, and fail at the first step (a traceback), or train on
+            raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt (its optimizer "
+                                f"state {problem}); restore it from a copy of the run; without it the run cannot "
+                                "be resumed: train it again into a new --out, or over this one with --overwrite")
         expected = model.state_dict()
         cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
         if cast is not None:

@@ -58,6 +58,7 @@ from attnconv.runs import (
     RUN_FILES,
     STATE_FILE,
     TENSORBOARD_DIR,
+    WEIGHTS_FILE,
     SetAside,
     append_rows,
     build_run_model,
@@ -357,6 +358,13 @@ class _Trainer:
             return None
         try:
             check_resumable(self.out, self.config, self.info, self.digest, allow_data_change=self.allow_data_change)
+            state, weights = self.out / STATE_FILE, self.out / WEIGHTS_FILE
+            if not state.exists() and (weights.exists() or weights.is_symlink()):  # a checkpoint was whole once
+                what = "a link to nothing" if state.is_symlink() else "missing"
+                raise ParameterError(None, None, f"{state}: {what}, while {WEIGHTS_FILE} shows the run has "
+                                     "checkpointed (the two are written as one pair): it was moved or deleted; "
+                                     "restore it from a copy of the run, or train the run again over this one with "
+                                     "{overwrite}", mentions=("overwrite",))
         except AttnconvError as err:
             return err
         return None
@@ -442,9 +450,9 @@ class _Trainer:
             }
             write_config(out, meta)
         self.checkpoint.record = config_record(read_config(out))  # what model.safetensors records of config.json
-        if self.resume and not self.restored and (out / METRICS_FILE).exists():
-            print(f"{out}: no checkpoint to resume from (state.pt): training starts again from step 0 and its "
-                  "logs are written anew", file=sys.stderr)
+        if self.resume and not self.restored and (out / METRICS_FILE).exists():  # no checkpoint was ever whole
+            print(f"{out}: no checkpoint to resume from (it stopped before its first): training starts again from "
+                  "step 0 and its logs are written anew", file=sys.stderr)
         self.checkpoint.replay_logs(self.progress, heads=self.heads is not None, restored=self.restored)
         if self.heads is not None and self.progress.step == 0 and self.progress.snapshots == 0:
             self.heads.append(0, self.progress)  # the heads at initialization
