@@ -91,7 +91,11 @@ def test_ddp_checkpoint_saved_by_rank_0_restores_every_rank_exactly(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(script), str(out), str(found)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = all((found / f"rank{rank}.json").is_file() for rank in (0, 1))
+    # gloo's teardown on a loaded 2-core machine can abort a rank after its last line ("terminate called without an
+    # active exception"): once both ranks have written their results, that exit is not what this test checks
+    teardown = written and "terminate called without an active exception" in proc.stderr
+    assert proc.returncode == 0 or teardown, proc.stderr[-3000:]
     results = [json.loads((found / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["same"] for r in results), results  # the replay matches training straight on, on both ranks

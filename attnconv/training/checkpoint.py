@@ -159,11 +159,6 @@ class Checkpointer:
             problem = record_problem({RECORD_KEY: state["record"]}, read_config(self.out), self.path)
             if problem is not None:
                 raise AttnconvError(problem)
-        problem = _optimizer_problem(state["optimizer"], optimizer)
-        if problem is not None:  # torch would load it, and fail at the first step (a traceback), or train on
-            raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt (its optimizer "
-                                f"state {problem}); restore it from a copy of the run; without it the run cannot "
-                                "be resumed: train it again into a new --out, or over this one with --overwrite")
         expected = model.state_dict()
         cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
         if cast is not None:
@@ -172,8 +167,10 @@ class Checkpointer:
                 f"{expected[cast].dtype}: not a checkpoint of this run; resume from another copy of the run")
         try:
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            progress = RunProgress(**state["progress"])
+            problem = _optimizer_problem(state["optimizer"], optimizer)  # the weights fit: is the rest this model's?
+            if problem is None:
+                optimizer.load_state_dict(state["optimizer"])
+                progress = RunProgress(**state["progress"])
         except (KeyError, RuntimeError, ValueError, TypeError) as err:
             # torch's first line is "Error(s) in loading state_dict for X:"; the next says what differs.
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
@@ -187,6 +184,10 @@ class Checkpointer:
             raise AttnconvError(
                 f"{self.path} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
                 f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
+        if problem is not None:  # torch would load it, and fail at the first step (a traceback), or train on
+            raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt (its optimizer "
+                                f"state {problem}); restore it from a copy of the run; without it the run cannot be "
+                                "resumed: train it again into a new --out, or over this one with --overwrite")
         if not self.d.main:
             for key in _SUMS:
                 setattr(progress, key, 0.0)
