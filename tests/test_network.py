@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -522,7 +523,9 @@ def _reshaped_conv() -> nn.Conv2d:
 
 
 @pytest.mark.parametrize("attr, value, padding, mode", [("padding", 1, 0, "zeros"), ("stride", 2, 1, "zeros"),
-                                                        ("dilation", 2, 2, "zeros"), ("stride", 2, 1, "reflect")])
+                                                        ("dilation", 2, 2, "zeros"), ("stride", 2, 1, "reflect"),
+                                                        ("kernel_size", 3, 1, "zeros"), ("dilation", np.int64(2), 2,
+                                                                                         "zeros")])
 def test_conversions_never_silently_wrong_a_bare_int_set_after_the_conv_was_made(attr, value, padding, mode):
     """`conv.padding = 1` (or stride, dilation) after the conv was made: the conv runs (F.conv2d takes ints), the
     conversion raised a bare TypeError. A bare int counts for every axis, as in the conv's forward."""
@@ -533,6 +536,27 @@ def test_conversions_never_silently_wrong_a_bare_int_set_after_the_conv_was_made
     want = conv(x)
     for got in (attnconv.conv_to_attention(conv)(x), cnn_to_attention(nn.Sequential(conv))(x)):
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-10), (attr, mode)
+
+
+@pytest.mark.parametrize("value", [torch.tensor(3), (3,)])
+def test_conversions_never_silently_wrong_a_kernel_size_that_is_not_one_per_axis_is_named(value):
+    """kernel_size set to a 0-d tensor, or one value for a 2-d kernel: a TypeError, or a line blaming the stride."""
+    conv = nn.Conv2d(4, 6, 3, padding=1)
+    conv.kernel_size = value
+    with pytest.raises(AttnconvError, match=r"Conv2d has kernel_size .*, not a whole number or one per axis of its "
+                                            r"2-d kernel; make the conv anew with that kernel_size"):
+        attnconv.conv_to_attention(conv)
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+def test_conversions_never_silently_wrong_channels_last_output_laid_out_as_the_conv_s(mode):
+    """A channels-last input through a circular-padded conv: the conv's output is contiguous (its padded copy is),
+    the converted layer's was channels-last, so a `.view()` after it failed. Each mode now lays out as the conv."""
+    x = torch.randn(2, 4, 10, 10).to(memory_format=torch.channels_last)
+    conv = nn.Conv2d(4, 6, 3, stride=2, padding=1, padding_mode=mode).eval()
+    want, got = conv(x), cnn_to_attention(nn.Sequential(conv)).eval()(x)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt), (mode, fmt)
 
 
 @pytest.mark.parametrize("mode", ["reflect", "circular", "replicate"])

@@ -437,16 +437,17 @@ class ConvAttention(nn.Module):
         y = self._conv_layout(y, x)
         return y.squeeze(0) if unbatched else y
 
-    @staticmethod
-    def _conv_layout(y: Tensor, x: Tensor) -> Tensor:
+    def _conv_layout(self, y: Tensor, x: Tensor) -> Tensor:
         """y (B, C_out, *S_out) laid out in memory as nn.ConvNd lays out its output for input x.
 
         The einsums leave y strided as they please; a convolution returns a contiguous tensor
-        (channels-last for a channels-last input), and code after a convolution may rely on that
-        (`.view()`), so the converted layer does too.
+        (channels-last for a channels-last input, except after circular padding, whose padded copy is
+        contiguous), and code after a convolution may rely on that (`.view()`), so the converted layer
+        does too.
         """
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-        if fmt is not None and x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride():
+        if fmt is not None and self.padding_mode != "circular" \
+                and x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride():
             return y.contiguous(memory_format=fmt)
         return y.contiguous()
 

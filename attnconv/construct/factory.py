@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
@@ -60,12 +62,12 @@ def unconvertible_reason(module: nn.Module) -> str | None:
         )
     if not module.weight.is_floating_point():
         return f"{name} has {module.weight.dtype} weights; the attention layer needs floating point"
-    n = len(module.kernel_size)
-    for attr in ("stride", "dilation") + (() if isinstance(module.padding, str) else ("padding",)):
+    n = module.weight.dim() - 2  # the forward reads the weights, never kernel_size
+    for attr in ("kernel_size", "stride", "dilation") + (() if isinstance(module.padding, str) else ("padding",)):
         if _per_axis(getattr(module, attr), n) is None:
             return (f"{name} has {attr} {getattr(module, attr)!r}, not a whole number or one per axis of its "
                     f"{n}-d kernel; make the conv anew with that {attr}")
-    shape = (module.out_channels, module.in_channels // module.groups, *module.kernel_size)
+    shape = (module.out_channels, module.in_channels // module.groups, *_per_axis(module.kernel_size, n))
     if tuple(module.weight.shape) != shape or (module.bias is not None and tuple(module.bias.shape) != shape[:1]):
         got = tuple(module.weight.shape) if tuple(module.weight.shape) != shape else f"bias {tuple(module.bias.shape)}"
         return (f"{name} has weights of shape {got}, not the {shape} of its out_channels, in_channels / groups and "
@@ -79,13 +81,15 @@ def unconvertible_reason(module: nn.Module) -> str | None:
 
 
 def _per_axis(value: object, n: int) -> tuple[int, ...] | None:
-    """A conv's stride, dilation or padding as one whole number per axis, as its forward reads it (a bare int, set
-    after the conv was made, counts for every axis), or None when it is neither."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,) * n
-    if isinstance(value, (tuple, list)) and len(value) == n and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
+    """A conv's kernel_size, stride, dilation or padding as one whole number per axis, as its forward reads it (a
+    bare int, numpy's included, set after the conv was made, counts for every axis), or None when it is neither."""
+    def whole(v: object) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    if whole(value):
+        return (int(value),) * n
+    if isinstance(value, (tuple, list)) and len(value) == n and all(whole(v) for v in value):
+        return tuple(int(v) for v in value)
     return None
 
 
@@ -93,16 +97,16 @@ def _conv_padding(conv: nn.Module) -> tuple[tuple[int, int], ...]:
     """Per-axis (low, high) padding of a conv, as nn.ConvNd's forward applies it (incl. 'same'/'valid'): from
     `padding` for zeros, from `_reversed_padding_repeated_twice` (set when the conv was made) for the other modes,
     whatever `padding` was set to since."""
+    n = conv.weight.dim() - 2
     if conv.padding_mode != "zeros":
         r = conv._reversed_padding_repeated_twice  # (last axis low, high, ..., first axis low, high)
-        n = len(conv.kernel_size)
         return tuple((int(r[2 * (n - 1 - i)]), int(r[2 * (n - 1 - i) + 1])) for i in range(n))
     if conv.padding == "valid":
-        return tuple((0, 0) for _ in conv.kernel_size)
+        return ((0, 0),) * n
     if conv.padding == "same":  # total dilation*(K-1); the odd pixel goes to the high side
-        totals = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size)]
+        totals = [d * (k - 1) for d, k in zip(_per_axis(conv.dilation, n), conv.weight.shape[2:])]
         return tuple((t // 2, t - t // 2) for t in totals)
-    return tuple((p, p) for p in _per_axis(conv.padding, len(conv.kernel_size)))
+    return tuple((p, p) for p in _per_axis(conv.padding, n))
 
 
 def conv_to_attention(
@@ -148,7 +152,7 @@ def conv_to_attention(
     layer = (LearnableConvAttention if learnable else ConvAttention)(
         conv.in_channels,
         conv.out_channels,
-        conv.kernel_size,
+        _per_axis(conv.kernel_size, ndim),
         stride=_per_axis(conv.stride, ndim),
         padding=_conv_padding(conv),
         dilation=_per_axis(conv.dilation, ndim),

@@ -145,7 +145,7 @@ def cnn_to_attention(
     replaced: dict[int, nn.Module] = {}
     for key, conv in convs.items():
         try:
-            taps = math.prod(conv.kernel_size)
+            taps = math.prod(conv.weight.shape[2:])  # the forward reads the weights, not kernel_size
             layer = conv_to_attention(conv, alpha=alpha, learnable=learnable, key_dim=key_dim if taps > 1 else 0)
         except AttnconvError as err:  # not expected after unconvertible_reason; say which module
             raise AttnconvError(f"{_label(paths[key], conv)}: {err}") from None
