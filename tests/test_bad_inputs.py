@@ -737,6 +737,7 @@ _DAMAGE = {
     # finite, but past any grid: the grid matching of analyze and report ran for ever (distances overflowed)
     "center-1e155": lambda rec: rec["layers"][0][0].update(center=[1e155, 0.0]),
     "distance-1e308": lambda rec: rec["layers"][0][0].update(attention_distance=1e308),
+    "alpha-1e308": lambda rec: rec["layers"][0][0].update(alpha=1e308),
     "no-attention-distance": lambda rec: rec["layers"][1][2].pop("attention_distance"),
     "epoch-1e308": lambda rec: rec.update(epoch=1e308),
     "step-negative": lambda rec: rec.update(step=-1),
@@ -1318,7 +1319,8 @@ def test_run_files_read_with_checks_class_lists_are_shown_where_they_differ(tiny
     assert '"Ankle boot"]' in line and '"Ankle Boot"]' in line, line
 
 
-@pytest.mark.parametrize("damage", ["a-tensor-of-another-shape", "a-setting-of-another-kind", "a-group-more"])
+@pytest.mark.parametrize("damage", ["a-tensor-of-another-shape", "a-setting-of-another-kind", "a-group-more",
+                                    "a-setting-missing", "a-state-key-missing", "a-tensor-of-another-dtype"])
 def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_path, capsys, damage):
     """state.pt's optimizer state was loaded as torch takes it: a moment estimate of shape (3, 3), or betas "ab",
     gave a traceback at the first step. It is checked against the optimizer before anything is restored."""
@@ -1331,8 +1333,17 @@ def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_pat
         per[name] = torch.zeros(3, 3)
     elif damage == "a-setting-of-another-kind":
         opt["param_groups"][0]["lr"] = "ab"
-    else:
+    elif damage == "a-group-more":
         opt["param_groups"].append(dict(opt["param_groups"][0]))
+    elif damage == "a-setting-missing":  # a traceback (KeyError) at the first step
+        del opt["param_groups"][0]["lr"]
+    elif damage == "a-state-key-missing":  # likewise
+        per = next(iter(opt["state"].values()))
+        per.pop(next(iter(per)))
+    else:  # trained on with other numbers
+        per = next(iter(opt["state"].values()))
+        name = next(k for k, v in per.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        per[name] = per[name].to(torch.int64)
     torch.save(state, run / "state.pt")
     line = _one_error(RESUME[:2] + [run] + RESUME[3:], capsys)
     assert line.startswith(f"error: {run / 'state.pt'}: cannot read the training state: the file is corrupt (its "
@@ -1349,3 +1360,15 @@ def test_run_files_read_with_checks_eval_names_the_step_it_measured(tiny, tmp_pa
     assert main(["eval", str(run), "--data-dir", str(tiny["data"])]) == 0
     out = capsys.readouterr().out
     assert "(epoch 1, step 2 in metrics.csv; measured: the weights of step 3)" in out, out
+
+
+def test_run_files_read_with_checks_a_converted_run_is_not_resumed(tmp_path, capsys):
+    """`train --resume` on a run `convert` wrote was told its state.pt was moved or deleted (convert writes none),
+    with --overwrite as a fix that would replace the converted weights. It is named for what it is."""
+    runs = train_folder_runs(tmp_path, [("resnet18", {"width": 4})])
+    converted = tmp_path / "converted"
+    assert main(["convert", str(runs["resnet18"]), "--out", str(converted), "--no-eval"]) == 0
+    line = _one_error(["train", "--out", converted, "--resume", "--no-progress"], capsys)
+    assert line.startswith(f"error: --out {converted}: written by `attnconv convert` (from "), line
+    assert "there is nothing to resume; to train attention that starts from that CNN, `attnconv train --init-from " \
+        "CNN_RUN --out NEW_DIR`" in line and "--overwrite" not in line, line

@@ -111,7 +111,8 @@ def _order_problem(record: dict[str, Any], before: dict[str, Any]) -> str | None
 
 
 # Farther than any token grid reaches (at most 65,536 a side), and near enough that distances and their squares
-# stay finite in the analysis (a center of 1e155 made the grid matching loop for ever).
+# stay finite in the analysis (a center of 1e155 made the grid matching loop for ever); alpha and the inverse
+# covariance (sharper than any pixel by far) have the same bound, for the same overflow in the figures.
 _FAR = 1e6
 
 
@@ -124,13 +125,14 @@ def _head_problem(head: Any) -> str | None:
     distance = head.get("attention_distance")
     if not (is_finite(distance) and 0 <= distance <= _FAR):
         return f"attention_distance {short_value(distance)} is not a number from 0 to {_FAR:g} tokens"
-    if "alpha" in head and not (is_finite(head["alpha"]) and head["alpha"] > 0):
-        return f"alpha {short_value(head['alpha'])} is not a finite number > 0"
+    if "alpha" in head and not (is_finite(head["alpha"]) and 0 < head["alpha"] <= _FAR):
+        return f"alpha {short_value(head['alpha'])} is not a number > 0 and at most {_FAR:g}"
     cov = head.get("inverse_covariance")
     if "inverse_covariance" in head and not (
             isinstance(cov, list) and len(cov) == 2
-            and all(isinstance(row, list) and len(row) == 2 and all(is_finite(v) for v in row) for row in cov)):
-        return f"inverse_covariance {short_value(cov)} is not 2x2 finite numbers"
+            and all(isinstance(row, list) and len(row) == 2 and all(is_finite(v) and abs(v) <= _FAR for v in row)
+                    for row in cov)):
+        return f"inverse_covariance {short_value(cov)} is not 2x2 finite numbers of at most {_FAR:g}"
     return None
 
 

@@ -66,28 +66,59 @@ def _same_kind(got: Any, want: Any) -> bool:
 
 def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> str | None:
     """What keeps a saved optimizer state_dict from being this optimizer's, or None: its parameter groups (as
-    many, as many parameters each, each setting of the kind the optimizer's is) and each parameter's state
-    tensors (those with dimensions have the parameter's shape). torch loads such a state without a word."""
+    many, as many parameters each, every numeric setting present and of the kind the optimizer's is) and each
+    parameter's state (the keys, dtypes and shapes a step of this optimizer makes: found by one step of a copy on
+    zero gradients). torch loads such a state without a word, then fails at the first step or trains on."""
     fresh = optimizer.state_dict()
     if len(saved["param_groups"]) != len(fresh["param_groups"]):
         return f"has {len(saved['param_groups'])} parameter groups, the optimizer {len(fresh['param_groups'])}"
-    shapes: dict[Any, tuple[int, ...]] = {}
-    for group, want, params in zip(saved["param_groups"], fresh["param_groups"], optimizer.param_groups):
-        ids = group.get("params")
-        if not isinstance(ids, list) or len(ids) != len(want["params"]):
-            return f"holds a group of {short_value(ids)} parameters, the optimizer's has {len(want['params'])}"
-        for key in set(group) & set(want) - {"params"}:
-            if not _same_kind(group[key], want[key]):
-                return f"setting {key} is {short_value(group[key])}, not of the kind of {short_value(want[key])}"
-        shapes.update({i: tuple(p.shape) for i, p in zip(ids, params["params"])})
-    for pid, per in saved["state"].items():
-        if pid not in shapes or not isinstance(per, dict):
+    ids: list[Any] = []
+    for group, want in zip(saved["param_groups"], fresh["param_groups"]):
+        params = group.get("params")
+        if not isinstance(params, list) or len(params) != len(want["params"]):
+            return f"holds a group of {short_value(params)} parameters, the optimizer's has {len(want['params'])}"
+        ids += params
+        for key, value in want.items():
+            if key == "params" or (key not in group and (value is None or isinstance(value, (bool, str)))):
+                continue  # flags a later torch adds are defaulted on load; numeric settings never are
+            if key not in group:
+                return f"has no setting {key} (the optimizer's is {short_value(value)})"
+            if not _same_kind(group[key], value):
+                return f"setting {key} is {short_value(group[key])}, not of the kind of {short_value(value)}"
+    made = _one_step_state(optimizer)
+    for pid, per in saved["state"].items() if made is not None else ():
+        if pid not in ids or not isinstance(per, dict):
             return f"holds the state of parameter {short_value(pid)}, which no group has"
+        want = made.get(ids.index(pid), {})
+        if set(per) != set(want):
+            return (f"holds {sorted(per)} for parameter {short_value(pid)}, where this optimizer keeps "
+                    f"{sorted(want)}")
         for name, value in per.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shapes[pid]:
-                return (f"{name} of parameter {short_value(pid)} has shape {tuple(value.shape)}, the parameter "
-                        f"{shapes[pid]}")
+            expected = want[name]
+            if isinstance(expected, torch.Tensor) and not (isinstance(value, torch.Tensor) and value.dtype ==
+                                                            expected.dtype and value.shape == expected.shape):
+                got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else short_value(value)
+                return (f"{name} of parameter {short_value(pid)} is {got}, this optimizer's "
+                        f"{expected.dtype} {tuple(expected.shape)}")
     return None
+
+
+def _one_step_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]] | None:
+    """The per-parameter state one step of `optimizer`'s kind makes, by parameter index: one step of a copy over
+    parameters of the same shapes, dtypes and devices, on zero gradients (the model and the optimizer are not
+    touched); None for an optimizer that cannot be remade from its groups."""
+    groups = []
+    for group in optimizer.param_groups:
+        params = [torch.zeros_like(p, requires_grad=True) for p in group["params"]]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": params})
+    try:
+        copy = type(optimizer)(groups)
+        copy.step()
+    except Exception:  # noqa: BLE001 (an optimizer of another form: its state is left to torch)
+        return None
+    return copy.state_dict()["state"]
 
 
 class Checkpointer:

@@ -11,10 +11,13 @@ from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs import (
+    STATE_FILE,
+    WEIGHTS_FILE,
     data_changes,
     data_fingerprint,
     read_config,
 )
+from attnconv.runs.values import short_value
 
 
 def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int) -> None:
@@ -66,6 +69,23 @@ def recorded_log_every(out: Path) -> int:
         return int(read_config(out).get("log_every", LOG_EVERY))
     except AttnconvError:
         return LOG_EVERY
+
+
+def check_resume_point(out: Path) -> None:
+    """--resume: the run has a checkpoint to resume from, or never had one. A converted run (`attnconv convert`)
+    was made by no training; weights without state.pt mean state.pt was lost (the two are written as one pair)."""
+    state, weights = out / STATE_FILE, out / WEIGHTS_FILE
+    converted = read_config(out).get("converted")
+    if converted is not None:  # no training made it: nothing to resume, and its weights are not a CNN's
+        raise ParameterError("out", out, ": written by `attnconv convert` (from "
+                             f"{short_value(converted.get('from'))}), not by training: there is nothing to resume; "
+                             "to train attention that starts from that CNN, `attnconv train --init-from CNN_RUN "
+                             "--out NEW_DIR`", mentions=("out",))
+    if not state.exists() and (weights.exists() or weights.is_symlink()):  # a checkpoint was whole once
+        what = "a link to nothing" if state.is_symlink() else "missing"
+        raise ParameterError(None, None, f"{state}: {what}, while {WEIGHTS_FILE} shows the run has checkpointed (the "
+                             "two are written as one pair): it was moved or deleted; restore it from a copy of the "
+                             "run, or train the run again over this one with {overwrite}", mentions=("overwrite",))
 
 
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,

@@ -58,7 +58,6 @@ from attnconv.runs import (
     RUN_FILES,
     STATE_FILE,
     TENSORBOARD_DIR,
-    WEIGHTS_FILE,
     SetAside,
     append_rows,
     build_run_model,
@@ -77,7 +76,14 @@ from attnconv.runs import (
 )
 from attnconv.training.board import TensorBoardLog, check_board_folder, summary_writer_class
 from attnconv.training.checkpoint import Checkpointer
-from attnconv.training.checks import LOG_EVERY, check_data, check_resumable, recorded_log_every, resolve_overrides
+from attnconv.training.checks import (
+    LOG_EVERY,
+    check_data,
+    check_resumable,
+    check_resume_point,
+    recorded_log_every,
+    resolve_overrides,
+)
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
@@ -358,13 +364,7 @@ class _Trainer:
             return None
         try:
             check_resumable(self.out, self.config, self.info, self.digest, allow_data_change=self.allow_data_change)
-            state, weights = self.out / STATE_FILE, self.out / WEIGHTS_FILE
-            if not state.exists() and (weights.exists() or weights.is_symlink()):  # a checkpoint was whole once
-                what = "a link to nothing" if state.is_symlink() else "missing"
-                raise ParameterError(None, None, f"{state}: {what}, while {WEIGHTS_FILE} shows the run has "
-                                     "checkpointed (the two are written as one pair): it was moved or deleted; "
-                                     "restore it from a copy of the run, or train the run again over this one with "
-                                     "{overwrite}", mentions=("overwrite",))
+            check_resume_point(self.out)
         except AttnconvError as err:
             return err
         return None
