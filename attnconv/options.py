@@ -114,8 +114,11 @@ def check_value(f: dataclasses.Field, value: Any, hint: Any) -> None:
         raise FieldError(f.name, value, f"choose one of {', '.join(m['choices'])}", flag=m.get("flag"))
     if kind in (int, float) and (m["low"] is not None or m["high"] is not None):
         lo, hi = m["low"], m["high"]
-        ok = math.isfinite(value) and (lo is None or value >= lo) and \
-            (hi is None or (value < hi if m["high_open"] else value <= hi))
+        try:  # an integer of 10**400 (JSON reads it) is past any float: out of range, not an OverflowError
+            ok = math.isfinite(value) and (lo is None or value >= lo) and \
+                (hi is None or (value < hi if m["high_open"] else value <= hi))
+        except OverflowError:
+            ok = False
         if not ok:
             raise FieldError(f.name, value, m["fix"] or range_words(f, kind), flag=m.get("flag"))
 

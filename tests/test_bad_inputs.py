@@ -738,6 +738,9 @@ _DAMAGE = {
     "center-1e155": lambda rec: rec["layers"][0][0].update(center=[1e155, 0.0]),
     "distance-1e308": lambda rec: rec["layers"][0][0].update(attention_distance=1e308),
     "alpha-1e308": lambda rec: rec["layers"][0][0].update(alpha=1e308),
+    # an integer past any float (JSON reads 10**400): an OverflowError traceback in the range checks
+    "center-10-to-400": lambda rec: rec["layers"][0][0].update(center=[10**400, 0]),
+    "epoch-10-to-400": lambda rec: rec.update(epoch=10**400),
     "no-attention-distance": lambda rec: rec["layers"][1][2].pop("attention_distance"),
     "epoch-1e308": lambda rec: rec.update(epoch=1e308),
     "step-negative": lambda rec: rec.update(step=-1),
@@ -1372,3 +1375,11 @@ def test_run_files_read_with_checks_a_converted_run_is_not_resumed(tmp_path, cap
     assert line.startswith(f"error: --out {converted}: written by `attnconv convert` (from "), line
     assert "there is nothing to resume; to train attention that starts from that CNN, `attnconv train --init-from " \
         "CNN_RUN --out NEW_DIR`" in line and "--overwrite" not in line, line
+
+
+@pytest.mark.parametrize("field", ["lr", "weight_decay"])
+def test_run_files_read_with_checks_an_integer_past_any_float_is_out_of_range(tiny, tmp_path, capsys, field):
+    """config.json's lr of 10**400 (an integer JSON reads): an OverflowError traceback from the range check."""
+    run = _edit_config(tmp_path, tiny, **{field: 10**400})["run"]
+    line = _one_error(["table", run], capsys)
+    assert line.startswith(f"error: {run / 'config.json'}: corrupt run config (field {field} "), line

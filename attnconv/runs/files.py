@@ -464,7 +464,8 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
         missing = [c for c in columns if c not in header]
         if missing:
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
-        twice = next((c for c in header if header.count(c) > 1), None)
+        seen: set[str] = set()
+        twice = next((c for c in header if c in seen or seen.add(c)), None)  # linear: headers of 10^5 columns
         if twice is not None:
             raise AttnconvError(f"the header names column {short_value(twice)} twice")
         rows: list[dict[str, float]] = []

@@ -12,7 +12,7 @@ from typing import Any
 from attnconv.errors import AttnconvError
 from attnconv.fileio import read_regular
 from attnconv.runs.files import HEADS_FILE
-from attnconv.runs.values import file_text, is_finite, is_number, is_whole, json_loads, path_kind, short_value
+from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value
 
 _MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
 
@@ -85,7 +85,7 @@ def snapshot_problem(record: Any, like: dict[str, Any] | None = None) -> str | N
     if not isinstance(record, dict):
         return "not a JSON object"
     epoch, step, layers = record.get("epoch"), record.get("step"), record.get("layers")
-    if not (is_number(epoch) and float(epoch).is_integer() and 0 <= epoch <= _MAX_EPOCH):
+    if not (is_finite(epoch) and float(epoch).is_integer() and 0 <= epoch <= _MAX_EPOCH):
         return f"epoch {short_value(epoch)} is not a whole number from 0 to {_MAX_EPOCH}"
     if not (is_whole(step) and step >= 0):
         return f"step {short_value(step)} is not a whole number >= 0"

@@ -33,7 +33,11 @@ def is_number(v: Any) -> bool:
 
 
 def is_finite(v: Any) -> bool:
-    return is_number(v) and math.isfinite(v)
+    """A number (not a bool) that a float holds finitely: an integer of 10**400 (JSON reads it) is not."""
+    try:
+        return is_number(v) and math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def short_value(v: Any) -> str:

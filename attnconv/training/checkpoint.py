@@ -21,7 +21,6 @@ the restored RNG states, and the logs are cut back to what the checkpoint knows 
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from attnconv.runs import (
     trim_logs,
     weights_fit,
 )
-from attnconv.runs.values import short_value
+from attnconv.runs.values import is_finite, short_value
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
 
@@ -56,7 +55,7 @@ def _same_kind(got: Any, want: Any) -> bool:
     if isinstance(want, bool) or want is None or isinstance(want, str):
         return type(got) is type(want)
     if isinstance(want, (int, float)):
-        return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got)
+        return is_finite(got)
     if isinstance(want, (tuple, list)):
         return isinstance(got, (tuple, list)) and len(got) == len(want) and all(map(_same_kind, got, want))
     if isinstance(want, torch.Tensor):
