@@ -35,6 +35,7 @@ from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
 from attnconv.runs import WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
+from attnconv.runs.record import recorded_step
 from attnconv.tables import format_table
 
 __all__ = [
@@ -241,10 +242,9 @@ def describe_run(
             note = (f"{run_dir}: the dataset changed since training ({'; '.join(changes)}); the accuracy below is "
                     "on the data as it is now")
             summary["warning"] = f"{summary['warning']}; {note}" if "warning" in summary else note
-        step = recorded_metadata(run_dir / WEIGHTS_FILE).get("step")  # a checkpoint past metrics.csv's last row
-        if isinstance(step, str) and step.isascii() and step.isdigit() and len(step) <= 18 \
-                and int(step) != summary["step"]:
-            summary["weights_step"] = int(step)
+        step = recorded_step(recorded_metadata(run_dir / WEIGHTS_FILE))  # a checkpoint past metrics.csv's last row
+        if step is not None and step != summary["step"]:
+            summary["weights_step"] = step
         result = predict_all(model, test, info, batch_size, device)
         summary["test_loss"], summary["test_acc"] = result["loss"], result["accuracy"]
         confusion = confusion_matrix(test.labels, result["predictions"], info.num_classes)

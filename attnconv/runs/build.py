@@ -39,7 +39,7 @@ from attnconv.runs.files import (
     weights_metadata,
     write_config,
 )
-from attnconv.runs.record import RECORD_KEY, config_record, record_problem
+from attnconv.runs.record import RECORD_KEY, config_record, record_problem, recorded_step
 from attnconv.runs.run_data import run_info
 
 
@@ -168,22 +168,22 @@ def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:
     metrics.csv may not go past it (a checkpoint follows every epoch's row). Either the run was stopped between
     its last row and its checkpoint (its state.pt is at the weights' step: `--resume` cuts the logs back), or
     the file is an older copy of the run's weights, or another run's."""
-    step = metadata.get("step")
-    if not isinstance(step, str) or not (step.isascii() and step.isdigit() and len(step) <= 18):
-        return None  # weights that record no step (a converted run's), or none attnconv wrote
+    step = recorded_step(metadata)
+    if step is None:
+        return None
     run = path.parent
     try:
         rows = read_metrics(run)
     except AttnconvError:
         return None  # the metrics' own readers say what is wrong with them
-    if not rows or rows[-1]["step"] <= int(step):
+    if not rows or rows[-1]["step"] <= step:
         return None
     last = int(rows[-1]["step"])
     try:
         saved = load_state(run / STATE_FILE)["progress"]["step"]
     except AttnconvError:
         saved = None
-    if saved == int(step):
+    if saved == step:
         return (f"{path} holds the weights of step {step}, the run's last checkpoint, and {run / METRICS_FILE} goes on "
                 f"to step {last}: the run was stopped between its last row and its checkpoint; continue it with "
                 f"`attnconv train --out {run} --resume` (which cuts the logs back to the checkpoint)")

@@ -82,6 +82,15 @@ def check_record(run_dir: Path, meta: dict[str, Any]) -> None:
         raise AttnconvError(problem)
 
 
+def recorded_step(metadata: dict[str, Any]) -> int | None:
+    """The step a checkpoint's model.safetensors records (its metadata's "step", ASCII digits as attnconv writes
+    them), or None: a converted run's weights record none, and any other text is none attnconv wrote."""
+    step = metadata.get("step")
+    if not isinstance(step, str) or not (step.isascii() and step.isdigit() and len(step) <= 18):
+        return None
+    return int(step)
+
+
 def recorded_metadata(path: Path) -> dict[str, Any]:
     """The "__metadata__" of the safetensors file `path`, read from its header alone (the header `load_weights`
     reads, up to safetensors' limit); {} when there is none or the file cannot be read (where the weights are
