@@ -51,7 +51,6 @@ from attnconv.runs.files import (
     read_metrics,
     read_steps,
     save_checkpoint,
-    save_state,
     save_weights,
     write_config,
 )
@@ -94,7 +93,6 @@ __all__ = [
     "record_problem",
     "check_record",
     "recorded_metadata",
-    "save_state",
     "load_state",
     "read_config",
     "read_metrics",

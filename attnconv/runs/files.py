@@ -81,10 +81,6 @@ def save_weights(model: nn.Module, path: Path, metadata: dict[str, str]) -> None
     atomic_write(path, write_bytes(weights_bytes(model, metadata)))
 
 
-def save_state(state: dict[str, Any], path: Path) -> None:
-    atomic_write(path, write_bytes(state_bytes(state)))
-
-
 def save_checkpoint(model: nn.Module, metadata: dict[str, str], state: dict[str, Any], run_dir: Path) -> None:
     """model.safetensors and state.pt as one pair (`fileio.atomic_write_all`): a full disk or a Ctrl-C while
     they are written leaves both of the last checkpoint (or neither, before the first), never one of each."""
