@@ -59,8 +59,10 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
     Ctrl-C held back until the last rename (it is delivered then). A failure while writing (a full disk) leaves
     every old file as it was and no temporary; a new set never stands beside part of an old one."""
     temps: list[tuple[Path, Path]] = []
+    made: list[Path] = []  # the parent folders made here, deepest last: removed again unless the writes land
     try:
         for target, write in files:
+            made += make_parents(Path(target))
             path = Path(target)
             fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
             os.close(fd)
@@ -79,18 +81,43 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
                 if err.filename is None and err.errno is not None:  # a failed write() names no file: name ours
                     raise OSError(err.errno, err.strerror, str(path)) from err
                 raise
-        with _interrupts_held(len(temps) > 1):
+        with interrupts_held(len(temps) > 1):
             for path, tmp in temps:
                 os.replace(tmp, path)
+        made.clear()
     finally:
         for _, tmp in temps:
             tmp.unlink(missing_ok=True)
+        remove_empty(made)
     for parent in {path.parent for path, _ in temps}:
         fsync_dir(parent)
 
 
+def make_parents(path: Path) -> list[Path]:
+    """Make the missing parent folders of `path`; the ones made, outermost first (for `remove_empty`)."""
+    missing = [p for p in reversed(path.parents) if not p.exists()]
+    made: list[Path] = []
+    try:
+        for folder in missing:
+            folder.mkdir()
+            made.append(folder)
+    except BaseException:
+        remove_empty(made)
+        raise
+    return made
+
+
+def remove_empty(folders: Sequence[Path]) -> None:
+    """Remove the folders `make_parents` made, innermost first, as far as they are still empty."""
+    for folder in reversed(folders):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 @contextlib.contextmanager
-def _interrupts_held(hold: bool) -> Iterator[None]:
+def interrupts_held(hold: bool = True) -> Iterator[None]:
     """While the block runs, a SIGINT (Ctrl-C) is only noted; it is delivered, to the handler in place before,
     when the block ends. Only where Python can set handlers (the main thread) and when `hold`."""
     if not hold or threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
@@ -179,8 +206,10 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
                         flag: str | None = None) -> Path:
     """Check, before any long work, that the file `path` can be written; raise one clear error if not.
 
-    The parent folder is created if missing. `suffixes`: the allowed file name endings. Errors are
-    ParameterErrors naming the parameter `name` (the CLI's flag: `flag`, default the name with dashes).
+    Nothing is made: a missing parent folder must be creatable (its nearest existing ancestor a writable
+    folder); `atomic_write_all` makes it when the file is written, and removes it again if the write fails.
+    `suffixes`: the allowed file name endings. Errors are ParameterErrors naming the parameter `name` (the
+    CLI's flag: `flag`, default the name with dashes).
     """
     path = Path(path).expanduser()
 
@@ -192,16 +221,15 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
     if path.is_dir():
         raise bad("is a directory; give a file name inside it")
     parent = path.parent
-    blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    blocking = next((p for p in (parent, *parent.parents) if p.exists() or p.is_symlink()), None)
     if blocking is not None and not blocking.is_dir():
-        raise bad(f": {blocking} is a file, not a folder; choose another location")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise bad(f": cannot create {parent} ({err.strerror or err}); choose another location") from None
-    if not parent.is_dir():
-        raise bad(f": {parent} is not a directory; choose another location")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        what = "a link to nothing" if not blocking.exists() else "a file"
+        raise bad(f": {blocking} is {what}, not a folder; choose another location")
+    if blocking is None:
+        raise bad(f": cannot create {parent} (no folder on its path exists); choose another location")
+    if blocking != parent and not os.access(blocking, os.W_OK | os.X_OK):
+        raise bad(f": cannot create {parent} ({blocking} is not writable); choose another location")
+    if not os.access(blocking, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise bad(": not writable; choose another location")
     return path
 

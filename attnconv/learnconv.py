@@ -255,8 +255,7 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
     if note:
         result["note"] = note
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = Path(out)  # made by the writes (and removed again if they fail)
         text = json.dumps({"generator": SIGNATURE, **result}, indent=1) + "\n"
         # the result and its figure as one pair (checked before training): a failure or Ctrl-C leaves the old pair
         atomic_write_all([(out / "learn-conv.json", lambda tmp: tmp.write_text(text)),

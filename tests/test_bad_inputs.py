@@ -1323,7 +1323,9 @@ def test_run_files_read_with_checks_class_lists_are_shown_where_they_differ(tiny
 
 
 @pytest.mark.parametrize("damage", ["a-tensor-of-another-shape", "a-setting-of-another-kind", "a-group-more",
-                                    "a-setting-missing", "a-state-key-missing", "a-tensor-of-another-dtype"])
+                                    "a-setting-missing", "a-state-key-missing", "a-tensor-of-another-dtype",
+                                    "maximize", "nesterov", "differentiable", "another-weight-decay",
+                                    "a-sparse-tensor", "an-expanded-tensor", "a-parameter-named-twice"])
 def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_path, capsys, damage):
     """state.pt's optimizer state was loaded as torch takes it: a moment estimate of shape (3, 3), or betas "ab",
     gave a traceback at the first step. It is checked against the optimizer before anything is restored."""
@@ -1343,6 +1345,19 @@ def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_pat
     elif damage == "a-state-key-missing":  # likewise
         per = next(iter(opt["state"].values()))
         per.pop(next(iter(per)))
+    elif damage in ("maximize", "nesterov", "differentiable"):  # checked by kind only: trained on, other numbers
+        for group in opt["param_groups"]:
+            assert group[damage] is False
+            group[damage] = True
+    elif damage == "another-weight-decay":  # trained on with other numbers
+        opt["param_groups"][0]["weight_decay"] = 5.0
+    elif damage in ("a-sparse-tensor", "an-expanded-tensor"):  # tracebacks at the first step
+        per = next(iter(opt["state"].values()))
+        name = next(k for k, v in per.items() if isinstance(v, torch.Tensor) and v.numel() > 1)
+        per[name] = per[name].to_sparse() if damage == "a-sparse-tensor" else torch.zeros(()).expand(per[name].shape)
+    elif damage == "a-parameter-named-twice":  # a traceback (sizes that do not match) at the first step
+        group = opt["param_groups"][0]
+        group["params"] = [group["params"][0]] * len(group["params"])
     else:  # trained on with other numbers
         per = next(iter(opt["state"].values()))
         name = next(k for k, v in per.items() if isinstance(v, torch.Tensor) and v.dim() > 0)
@@ -1352,6 +1367,54 @@ def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_pat
     assert line.startswith(f"error: {run / 'state.pt'}: cannot read the training state: the file is corrupt (its "
                            "optimizer state "), line
     assert line.endswith("train it again into a new --out, or over this one with --overwrite"), line
+
+
+@pytest.mark.parametrize("setting, value", [("amsgrad", True), ("capturable", True), ("maximize", True),
+                                            ("betas", [0.9, 0.99]), ("eps", float("nan")), ("lr", float("inf"))])
+def test_run_files_read_with_checks_adamw_settings_are_the_ones_the_config_makes(setting, value):
+    """AdamW's saved amsgrad or capturable (of the right kind) gave a traceback at the first step, maximize trained
+    on: each setting must equal the optimizer's own, except the learning rate, which the schedule sets (and which
+    must be a finite number); betas saved as a list are the same betas."""
+    from attnconv.training.checkpoint import _optimizer_problem
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    saved = optimizer.state_dict()
+    saved["param_groups"][0]["betas"] = list(saved["param_groups"][0]["betas"])
+    saved["param_groups"][0]["lr"] = 0.5  # what a schedule leaves: accepted
+    assert _optimizer_problem(saved, optimizer) is None
+    saved["param_groups"][0][setting] = value
+    problem = _optimizer_problem(saved, optimizer)
+    assert problem is not None and problem.startswith(f"setting {setting} is "), problem
+
+
+@pytest.mark.parametrize("argv", [["report", "{run}", "--out", "{new}/r.html"],
+                                  ["explore", "{run}", "--export", "{new}/e.html"],
+                                  ["plot", "maps", "{run}", "--out", "{new}/m.png"]], ids=lambda a: a[0])
+def test_outputs_refused_leave_no_parent_folder(tiny, tmp_path, capsys, argv):
+    """A command refused after its output check (here, data that is not there) left the output's missing parent
+    folders behind, empty. They are made only when the file is written."""
+    run = _copy(tmp_path, tiny)
+    new = tmp_path / "new" / "deeper"
+    line = _one_error([a.format(run=run, new=new) for a in argv] + ["--dataset", f"folder:{tmp_path / 'none'}"],
+                      capsys)
+    assert "does not exist" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+def test_run_files_read_with_checks_the_cpu_generator_state_is_one_torch_can_set(tiny, tmp_path, capsys):
+    """Random bytes of the right size as the CPU generator state: `RuntimeError: Invalid mt19937 state` on
+    --resume (only the size was checked). It is tried on a new generator when state.pt is read."""
+    run = _copy(tmp_path, tiny)
+    state = torch.load(run / "state.pt", weights_only=True)
+    rng = state["rng"]["torch"]
+    rng[0] = torch.randint(0, 256, rng[0].shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    torch.save(state, run / "state.pt")
+    line = _one_error(RESUME[:2] + [run] + RESUME[3:], capsys)
+    assert line.startswith(f"error: {run / 'state.pt'}: cannot read the training state: the file is corrupt (the "
+                           "CPU random number generator state of process 0 is not one torch can set)"), line
 
 
 def test_run_files_read_with_checks_eval_names_the_step_it_measured(tiny, tmp_path, capsys):

@@ -150,6 +150,34 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_even_after_kill_9(
     assert tree(out) == before
 
 
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_while_the_old_run_goes(
+        run_with_user_files, monkeypatch):
+    """A Ctrl-C right after the new run's first checkpoint, while the old run was being deleted, left
+    `.replaced-run.done.attnconv-tmp/` (once holding the whole old run). The deletion holds Ctrl-C back, which
+    arrives once it is done."""
+    import signal
+
+    import attnconv.runs.directory as directory
+
+    out = run_with_user_files
+    lock = loop.DirectoryLock(out)
+    names = claim_run_dir(out, lock, resume=False, overwrite=True)
+    lock.release()
+    aside = SetAside(out, names)
+    aside.move()
+    rmtree = shutil.rmtree
+
+    def interrupted(path, **kwargs):  # Ctrl-C as the deletion starts
+        os.kill(os.getpid(), signal.SIGINT)
+        rmtree(path, **kwargs)
+
+    monkeypatch.setattr(directory.shutil, "rmtree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        aside.discard()
+    assert not (out / SET_ASIDE).exists() and not (out / directory.DISCARDED).exists()
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "tensorboard"]
+
+
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_users_folder_of_the_set_aside_name_stays(
         run_with_user_files, data_dir, capsys):  # noqa: F811
     """A folder named as --overwrite's set-aside one but without its manifest (a user's, or a copy) is not

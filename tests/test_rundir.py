@@ -206,6 +206,37 @@ def test_atomic_write_all_replaces_a_pair_whole_or_not_at_all(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]
 
 
+def test_atomic_write_all_makes_parent_folders_only_for_what_it_writes(tmp_path):
+    """The output check made --out's missing parent folders, which stayed, empty, when the command then failed
+    or was refused (learn-conv, report, export, explore --export; a full disk whose line said "nothing was
+    written"). The check makes nothing; the write makes them, and removes them again when it fails."""
+    from attnconv.errors import ParameterError
+    from attnconv.fileio import atomic_write_all, check_output_file
+
+    target = tmp_path / "a" / "b" / "r.json"
+    assert check_output_file(target, "out", (".json",)) == target and not (tmp_path / "a").exists()
+    (tmp_path / "a").mkdir()  # one of the two exists: only b is made, and only b goes
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_all([(target, full)])
+    assert [p.name for p in tmp_path.rglob("*")] == ["a"]
+    atomic_write_all([(target, lambda tmp: tmp.write_text("{}")), (tmp_path / "c" / "r.png", lambda tmp: None)])
+    assert target.read_text() == "{}" and (tmp_path / "c" / "r.png").is_file()
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    for parent, why in (("file", "a file"), ("gone", "a link to nothing")):
+        with pytest.raises(ParameterError, match=f"is {why}, not a folder"):
+            check_output_file(tmp_path / parent / "sub" / "r.json", "out", (".json",))
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(ParameterError, match="is not writable"):
+            check_output_file(tmp_path / "ro" / "sub" / "r.json", "out", (".json",))
+
+
 def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoint_survives(
         tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
     out = tmp_path / "run"

@@ -44,7 +44,7 @@ def check_out(path: str | os.PathLike, name: str = "out", *, overwrite: bool = F
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, name: str = "out", overwrite: bool = False
                 ) -> Path:
-    """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically; create parent folders.
+    """Write a matplotlib Figure to `path` (.png, .svg or .pdf) atomically (parent folders made as needed).
 
     The file carries attnconv's name (PNG "Software", SVG/PDF "Creator"), so a later command
     knows it may replace it (`fileio.written_by_attnconv`). A bad `path` is a ParameterError naming `name`.
@@ -52,7 +52,6 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, name: str = "ou
     from attnconv.fileio import atomic_write
 
     path = check_out(path, name, overwrite=overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, figure_writer(fig, path.suffix[1:].lower(), dpi))
     return path
 

@@ -18,6 +18,7 @@ from attnconv.fileio import (
     atomic_write,
     describe_os_error,
     fsync_dir,
+    interrupts_held,
     is_temporary,
     write_bytes,
 )
@@ -137,11 +138,13 @@ class SetAside:
         fsync_dir(self.out)
 
     def discard(self) -> None:
-        """The new run's first checkpoint is written: the old run goes for good."""
+        """The new run's first checkpoint is written: the old run goes for good (renamed first, so a half-deleted
+        one is never taken for a run to restore; Ctrl-C held back until it is gone)."""
         if self.pending:
-            os.replace(self.folder, self.out / DISCARDED)
-            self.pending = False
-            shutil.rmtree(self.out / DISCARDED, ignore_errors=True)
+            with interrupts_held():
+                os.replace(self.folder, self.out / DISCARDED)
+                self.pending = False
+                shutil.rmtree(self.out / DISCARDED, ignore_errors=True)
 
     def restore(self) -> None:
         """The command failed before the new run's first checkpoint: the old run comes back as it was."""

@@ -178,10 +178,21 @@ def _state_problem(state: Any) -> str | None:
     size = torch.get_rng_state().numel()
     if not isinstance(cpu, list) or not cpu or not all(_byte_vector(t, size) for t in cpu):
         return f"the CPU random number generator states are not ByteTensors of {size} bytes, one per process"
+    bad = next((i for i, t in enumerate(cpu) if not _cpu_generator_state(t)), None)
+    if bad is not None:  # the right size, yet not a state torch can set (a traceback at resume otherwise)
+        return f"the CPU random number generator state of process {bad} is not one torch can set"
     if cuda is not None and (not isinstance(cuda, list) or len(cuda) != len(cpu)
                              or not all(_byte_vector(t) for t in cuda)):
         return "the CUDA random number generator states are not ByteTensors, one per process"
     return None
+
+def _cpu_generator_state(t: torch.Tensor) -> bool:
+    """Whether `t` is a state a CPU generator takes (tried on a new generator; the global one is untouched)."""
+    try:
+        torch.Generator().set_state(t)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
 
 def _byte_vector(t: Any, size: int | None = None) -> bool:
     return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1

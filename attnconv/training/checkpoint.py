@@ -63,11 +63,28 @@ def _same_kind(got: Any, want: Any) -> bool:
     return True
 
 
+def _same_setting(got: Any, want: Any) -> bool:
+    """Whether a saved optimizer setting equals the optimizer's own (a tuple saved as a list alike; NaN never)."""
+    if not _same_kind(got, want):
+        return False
+    if isinstance(want, (tuple, list)):
+        return all(map(_same_setting, got, want))
+    if isinstance(want, torch.Tensor):
+        return got.dtype == want.dtype and bool(torch.equal(got.cpu(), want.cpu()))
+    return bool(got == want)
+
+
+# The one setting a run changes as it goes: the learning rate, set before every step from the counters.
+_SCHEDULED = frozenset({"lr"})
+
+
 def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> str | None:
     """What keeps a saved optimizer state_dict from being this optimizer's, or None: its parameter groups (as
-    many, as many parameters each, every numeric setting present and of the kind the optimizer's is) and each
-    parameter's state (the keys, dtypes and shapes a step of this optimizer makes: found by one step of a copy on
-    zero gradients). torch loads such a state without a word, then fails at the first step or trains on."""
+    many, as many parameters each, each parameter in one group only, every setting equal to the optimizer's,
+    which the run's config made; the learning rate, which the schedule sets, of its kind) and each parameter's
+    state (the keys, dtypes, shapes and strides a step of this optimizer makes, dense: found by one step of a
+    copy on zero gradients). torch loads such a state without a word, then fails at the first step or trains
+    on with other settings."""
     fresh = optimizer.state_dict()
     if len(saved["param_groups"]) != len(fresh["param_groups"]):
         return f"has {len(saved['param_groups'])} parameter groups, the optimizer {len(fresh['param_groups'])}"
@@ -82,24 +99,48 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) 
                 continue  # flags a later torch adds are defaulted on load; numeric settings never are
             if key not in group:
                 return f"has no setting {key} (the optimizer's is {short_value(value)})"
-            if not _same_kind(group[key], value):
-                return f"setting {key} is {short_value(group[key])}, not of the kind of {short_value(value)}"
+            if not (_same_kind if key in _SCHEDULED else _same_setting)(group[key], value):
+                return (f"setting {key} is {short_value(group[key])}, where the optimizer that config.json makes "
+                        f"has {short_value(value)}")
+    seen: set[int] = set()
+    for pid in ids:
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid in seen:
+            return f"names parameter {short_value(pid)} twice, or by something other than a whole number"
+        seen.add(pid)
     made = _one_step_state(optimizer)
     for pid, per in saved["state"].items() if made is not None else ():
-        if pid not in ids or not isinstance(per, dict):
+        if pid not in seen or not isinstance(per, dict):
             return f"holds the state of parameter {short_value(pid)}, which no group has"
         want = made.get(ids.index(pid), {})
         if set(per) != set(want):
             return (f"holds {sorted(per)} for parameter {short_value(pid)}, where this optimizer keeps "
                     f"{sorted(want)}")
         for name, value in per.items():
-            expected = want[name]
-            if isinstance(expected, torch.Tensor) and not (isinstance(value, torch.Tensor) and value.dtype ==
-                                                            expected.dtype and value.shape == expected.shape):
-                got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else short_value(value)
-                return (f"{name} of parameter {short_value(pid)} is {got}, this optimizer's "
-                        f"{expected.dtype} {tuple(expected.shape)}")
+            problem = _state_tensor_problem(value, want[name])
+            if problem is not None:
+                return f"{name} of parameter {short_value(pid)} is {problem}"
     return None
+
+
+def _state_tensor_problem(value: Any, expected: Any) -> str | None:
+    """How a saved per-parameter optimizer value differs from the one a step of this optimizer makes (for a
+    tensor: dtype, shape, a dense layout and its strides: a sparse or overlapping one fails the next step)."""
+    if not isinstance(expected, torch.Tensor):
+        return None
+    want = f"this optimizer's {expected.dtype} {tuple(expected.shape)}"
+    if not isinstance(value, torch.Tensor):
+        return f"{short_value(value)}, {want}"
+    if value.layout != torch.strided:
+        return f"a {value.layout} tensor, {want} dense"
+    if value.dtype != expected.dtype or value.shape != expected.shape:
+        return f"{value.dtype} {tuple(value.shape)}, {want}"
+    if _strides(value) != _strides(expected):  # a dimension of size 1 can have any stride
+        return f"laid out with strides {value.stride()}, {want} with strides {expected.stride()}"
+    return None
+
+
+def _strides(t: torch.Tensor) -> list[int]:
+    return [stride for stride, size in zip(t.stride(), t.shape) if size > 1]
 
 
 def _one_step_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]] | None:
@@ -225,7 +266,13 @@ class Checkpointer:
         if len(rng["torch"]) == self.d.world_size:
             torch.set_rng_state(rng["torch"][self.d.rank])
             if self.device.type == "cuda" and rng["cuda"] is not None:
-                torch.cuda.set_rng_state(rng["cuda"][self.d.rank], self.device)
+                try:  # only its size is checked before (a CPU machine cannot try it)
+                    torch.cuda.set_rng_state(rng["cuda"][self.d.rank], self.device)
+                except RuntimeError:
+                    raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt (the CUDA "
+                                        "random number generator state is not one torch can set); restore it from a "
+                                        "copy of the run; without it the run cannot be resumed: train it again into "
+                                        "a new --out, or over this one with --overwrite") from None
         else:
             torch.manual_seed(seed + self.d.rank + 7919 * progress.step)
         return progress
