@@ -62,12 +62,13 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
     made: list[Path] = []  # the parent folders made here, deepest last: removed again unless the writes land
     try:
         for target, write in files:
-            made += make_parents(Path(target))
             path = Path(target)
-            fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-            os.close(fd)
-            tmp = Path(name)
-            temps.append((path, tmp))
+            made += make_parents(path)
+            with interrupts_held():  # a temporary made is a temporary known: removed whatever happens next
+                fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+                tmp = Path(name)
+                temps.append((path, tmp))
+                os.close(fd)
             try:
                 write(tmp)
                 # mkstemp makes the file 0600: give it the mode of the file it replaces, else what the umask allows.
@@ -84,7 +85,7 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
         with interrupts_held(len(temps) > 1):
             for path, tmp in temps:
                 os.replace(tmp, path)
-        made.clear()
+        made.clear()  # they hold what was written (or the path passes through them: a/../b keeps a, as mkdir -p)
     finally:
         for _, tmp in temps:
             tmp.unlink(missing_ok=True)
@@ -94,13 +95,21 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
 
 
 def make_parents(path: Path) -> list[Path]:
-    """Make the missing parent folders of `path`; the ones made, outermost first (for `remove_empty`)."""
+    """Make the missing parent folders of `path`; the ones made, outermost first (for `remove_empty`). A folder
+    that exists by the time it is made (`a/..` once `a` is made, or made by another process meanwhile) is not
+    this call's."""
     missing = [p for p in reversed(path.parents) if not p.exists()]
     made: list[Path] = []
     try:
         for folder in missing:
-            folder.mkdir()
-            made.append(folder)
+            with interrupts_held():
+                try:
+                    folder.mkdir()
+                except FileExistsError:
+                    if folder.is_dir():
+                        continue
+                    raise
+                made.append(folder)
     except BaseException:
         remove_empty(made)
         raise
@@ -108,12 +117,12 @@ def make_parents(path: Path) -> list[Path]:
 
 
 def remove_empty(folders: Sequence[Path]) -> None:
-    """Remove the folders `make_parents` made, innermost first, as far as they are still empty."""
+    """Remove the folders `make_parents` made that are empty, innermost first."""
     for folder in reversed(folders):
         try:
             folder.rmdir()
         except OSError:
-            return
+            pass
 
 
 @contextlib.contextmanager

@@ -68,6 +68,28 @@ def test_convert_refuses_bad_requests_without_writing(cnn_run, data_dir, tmp_pat
     assert not (tmp_path / "x").exists()
 
 
+def test_convert_on_a_full_disk_leaves_no_parent_folder(cnn_run, tmp_path, capsys, monkeypatch):
+    """A full disk: `convert` said "nothing was written" and left --out's missing parent folders, empty. They go
+    with the temporary; a path through `..` under folders not made yet was refused ("File exists")."""
+    import errno
+
+    import attnconv.runs.build as build
+
+    new = tmp_path / "new" / "deeper" / "cv"
+    real = build.save_weights
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(build, "save_weights", no_room)
+    assert main(["convert", str(cnn_run), "--out", str(new), "--no-eval"]) == 2
+    assert "(no space left on the device; free some space); nothing was written" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(build, "save_weights", real)
+    assert main(["convert", str(cnn_run), "--out", str(tmp_path / "a" / ".." / "b" / "cv"), "--no-eval"]) == 0
+    assert (tmp_path / "b" / "cv" / "config.json").is_file()
+
+
 def test_convert_rejects_a_model_without_convolutions(data_dir, tmp_path, capsys):
     run = tmp_path / "sa"
     assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4",

@@ -138,6 +138,35 @@ def test_ctrl_c_after_the_command_returned_is_one_line(tmp_path):
     assert err.splitlines()[0].startswith("error: ") and len(err.splitlines()) == 2
 
 
+def test_ctrl_c_that_python_cannot_raise_where_it_lands_still_stops_the_command(monkeypatch, capsys):
+    """A SIGINT handled while the garbage collector ran a weakref callback (`report`, 8 of 15 tries): Python printed
+    "Exception ignored in: <function WeakKeyDictionary...>" and its traceback, and the command went on to exit 0.
+    The KeyboardInterrupt is raised again at the command's next call: one line, 130, and the command stops."""
+    import weakref
+
+    import attnconv.cli.evaluate as evaluate
+
+    reached, hook = [], sys.unraisablehook
+
+    def table(args):
+        class Held:
+            pass
+
+        def callback(ref):  # what the SIGINT's KeyboardInterrupt does when it lands in such a callback
+            raise KeyboardInterrupt
+
+        held = Held()
+        ref = weakref.ref(held, callback)  # noqa: F841 (kept alive, so that the callback runs)
+        del held
+        reached.append("went on")
+        return 0
+
+    monkeypatch.setattr(evaluate, "run_table", table)
+    assert main(["table", "x"]) == 130
+    assert capsys.readouterr().err == "interrupted\n" and reached == []
+    assert sys.unraisablehook is hook and sys.getprofile() is None
+
+
 def test_main_called_in_process_leaves_sigint_alone():
     before = signal.getsignal(signal.SIGINT)
     assert main(["eval", "no-such-run"]) == 2

@@ -226,6 +226,14 @@ def test_atomic_write_all_makes_parent_folders_only_for_what_it_writes(tmp_path)
     atomic_write_all([(target, lambda tmp: tmp.write_text("{}")), (tmp_path / "c" / "r.png", lambda tmp: None)])
     assert target.read_text() == "{}" and (tmp_path / "c" / "r.png").is_file()
 
+    through = tmp_path / "x" / "y" / ".." / "z" / "r.json"  # was refused: "x/y/..: File exists"
+    check_output_file(through, "out", (".json",))
+    atomic_write_all([(through, lambda tmp: tmp.write_text("{}"))])
+    assert (tmp_path / "x" / "z" / "r.json").is_file() and (tmp_path / "x" / "y").is_dir()  # as mkdir -p
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_all([(tmp_path / "v" / "w" / ".." / "u" / "r.json", full)])
+    assert not (tmp_path / "v").exists()
+
     (tmp_path / "file").write_text("x")
     (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
     for parent, why in (("file", "a file"), ("gone", "a link to nothing")):
@@ -235,6 +243,27 @@ def test_atomic_write_all_makes_parent_folders_only_for_what_it_writes(tmp_path)
         (tmp_path / "ro").mkdir(mode=0o555)
         with pytest.raises(ParameterError, match="is not writable"):
             check_output_file(tmp_path / "ro" / "sub" / "r.json", "out", (".json",))
+
+
+def test_atomic_write_all_ctrl_c_as_a_temporary_is_made_leaves_none(tmp_path, monkeypatch):
+    """A Ctrl-C right after `mkstemp` made a temporary, before it was recorded: `train` left
+    `.model.safetensors.*.attnconv-tmp` (0 bytes) beside the run. Ctrl-C is held back until it is recorded."""
+    import signal
+    import tempfile
+
+    from attnconv.fileio import atomic_write_all
+
+    mkstemp = tempfile.mkstemp
+
+    def interrupted(*args, **kwargs):
+        made = mkstemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return made
+
+    monkeypatch.setattr(tempfile, "mkstemp", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_all([(tmp_path / "new" / "r.json", lambda tmp: tmp.write_text("{}"))])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_disk_full_while_checkpointing_is_one_clear_error_and_the_last_checkpoint_survives(

@@ -9,6 +9,7 @@ the parsed args and returning an exit code). `main` dispatches and turns an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import math
@@ -18,7 +19,8 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError
 
@@ -161,6 +163,38 @@ def _exit_on_interrupt() -> Callable | None:
     return previous
 
 
+@contextlib.contextmanager
+def _interrupts_not_lost() -> Iterator[None]:
+    """A Ctrl-C whose KeyboardInterrupt lands where Python cannot raise it (a weakref callback or a `__del__`, as
+    the garbage collector runs) was printed as "Exception ignored in ..." with its traceback, and the command went
+    on to exit 0. Here it is raised again at the command's next call or return (a profile function set for that
+    one event; a profiler in place before is put back), and nothing is printed for it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not (isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, KeyboardInterrupt)
+                and threading.current_thread() is threading.main_thread()):
+            previous(unraisable)
+            return
+        profiler = sys.getprofile()
+
+        def deliver(frame: Any, event: str, arg: Any) -> None:
+            if frame.f_code is not hook.__code__:  # the hook's own return: not yet
+                sys.setprofile(profiler)
+                raise KeyboardInterrupt
+
+        sys.setprofile(deliver)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def _interrupted_exit(signum: int, frame: object) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -182,7 +216,7 @@ def _run(argv: list[str] | None, process: bool) -> int:
             signal.signal(signal.SIGINT, previous)
         args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
         check_ranges(args, parser)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _interrupts_not_lost():
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)
     except ParameterError as err:  # the library names the parameter (epochs); the command line, its flag (--epochs)

@@ -19,8 +19,12 @@ from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_att
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import (
     current_umask,
+    describe_os_error,
+    interrupts_held,
+    make_parents,
     open_regular,
     read_regular,
+    remove_empty,
 )
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
@@ -290,20 +294,28 @@ def convert_run(
     meta = {k: v for k, v in meta.items() if k != "params"}
     meta.update(converted={"from": str(run_dir), "fold_bn": fold_bn, "alpha": alpha},
                 parameters=sum(p.numel() for p in converted.parameters()))
+    made: list[Path] = []  # out's missing parents: removed again unless the run lands
+    tmp: Path | None = None
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".attnconv-tmp", dir=out.parent))
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the run is a folder like any other
-    except OSError as err:
-        raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another directory") \
-            from None
-    try:
-        save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir), RECORD_KEY: config_record(meta)})
-        write_config(tmp, meta)
-        os.replace(tmp, out)  # the run directory appears whole or not at all
-    except OSError as err:
-        raise ParameterError("out", out, f": could not write the converted run ({err.strerror or err}); "
-                             "nothing was written") from None
+        try:
+            made = make_parents(out)
+            with interrupts_held():  # a temporary made is a temporary known
+                tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".attnconv-tmp", dir=out.parent))
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the run is a folder like any other
+        except OSError as err:
+            raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another "
+                                 "directory") from None
+        try:
+            save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir),
+                                                         RECORD_KEY: config_record(meta)})
+            write_config(tmp, meta)
+            os.replace(tmp, out)  # the run directory appears whole or not at all
+            made = []  # out's parents now hold it (or its path passes through them, as mkdir -p makes it)
+        except OSError as err:
+            raise ParameterError("out", out, f": could not write the converted run ({describe_os_error(err)}); "
+                                 "nothing was written") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(made)
     return out
