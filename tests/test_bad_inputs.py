@@ -514,6 +514,9 @@ CASES = [
      "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
     ("resume-state-epoch-500", state_progress(epoch=500), RESUME,
      "the file is corrupt (progress step 2 is fewer than its epoch 500 and batch 0 took)", None),
+    ("resume-state-loss-sum-10-to-400", state_progress(loss_sum=10**400), RESUME,  # was an OverflowError traceback
+     "the file is corrupt (progress loss_sum is 1000000000000000000000000000000000000..., not a finite number)",
+     None),
     ("resume-state-counts-no-rows", state_progress(rows=0, snapshots=1), RESUME,
      "metrics.csv: row 1 is of step 2, not after the checkpoint's step 2, yet the checkpoint counts only 0 rows", None),
 ]
@@ -1325,7 +1328,8 @@ def test_run_files_read_with_checks_class_lists_are_shown_where_they_differ(tiny
 @pytest.mark.parametrize("damage", ["a-tensor-of-another-shape", "a-setting-of-another-kind", "a-group-more",
                                     "a-setting-missing", "a-state-key-missing", "a-tensor-of-another-dtype",
                                     "maximize", "nesterov", "differentiable", "another-weight-decay",
-                                    "a-sparse-tensor", "an-expanded-tensor", "a-parameter-named-twice"])
+                                    "a-sparse-tensor", "an-expanded-tensor", "a-parameter-named-twice",
+                                    "a-parameters-state-deleted", "a-setting-as-a-tensor"])
 def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_path, capsys, damage):
     """state.pt's optimizer state was loaded as torch takes it: a moment estimate of shape (3, 3), or betas "ab",
     gave a traceback at the first step. It is checked against the optimizer before anything is restored."""
@@ -1355,6 +1359,10 @@ def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_pat
         per = next(iter(opt["state"].values()))
         name = next(k for k, v in per.items() if isinstance(v, torch.Tensor) and v.numel() > 1)
         per[name] = per[name].to_sparse() if damage == "a-sparse-tensor" else torch.zeros(()).expand(per[name].shape)
+    elif damage == "a-parameters-state-deleted":  # the twelfth round: torch starts it afresh, other numbers
+        del opt["state"][next(iter(opt["state"]))]
+    elif damage == "a-setting-as-a-tensor":  # refused, but described as "a deeply nested Tensor"
+        opt["param_groups"][0]["momentum"] = torch.tensor(opt["param_groups"][0]["momentum"])
     elif damage == "a-parameter-named-twice":  # a traceback (sizes that do not match) at the first step
         group = opt["param_groups"][0]
         group["params"] = [group["params"][0]] * len(group["params"])
@@ -1366,6 +1374,7 @@ def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_pat
     line = _one_error(RESUME[:2] + [run] + RESUME[3:], capsys)
     assert line.startswith(f"error: {run / 'state.pt'}: cannot read the training state: the file is corrupt (its "
                            "optimizer state "), line
+    assert "nested" not in line and ("(a float32 tensor of shape ())" in line) == (damage == "a-setting-as-a-tensor")
     assert line.endswith("train it again into a new --out, or over this one with --overwrite"), line
 
 

@@ -159,8 +159,8 @@ def _state_problem(state: Any) -> str | None:
         return f"progress finished is {progress['finished']!r}, not true or false"
     for key in _STATE_SUMS:
         v = progress.get(key, 0.0)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-            return f"progress {key} is {v!r}, not a finite number"
+        if not is_finite(v):
+            return f"progress {key} is {short_value(v)}, not a finite number"
     model = state.get("model")
     if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
                                               for k, t in model.items()):

@@ -41,11 +41,22 @@ def is_finite(v: Any) -> bool:
 
 
 def short_value(v: Any) -> str:
+    """`v` as JSON (a float that is not finite as Python writes it, anything else by its kind), at most 40
+    characters."""
     try:
         text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
-    except (RecursionError, ValueError, TypeError):
+    except RecursionError:
         text = f"(a deeply nested {type(v).__name__})"
+    except (ValueError, TypeError):  # not JSON: a tensor, a set, a container holding one
+        text = _described(v)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _described(v: Any) -> str:
+    shape = getattr(v, "shape", None)
+    if shape is not None and hasattr(v, "dtype"):  # a tensor (or an array): its kind, not its values
+        return f"(a {str(v.dtype).removeprefix('torch.')} tensor of shape {tuple(shape)})"
+    return f"(a {type(v).__name__})"
 
 
 def json_loads(text: str) -> Any:

@@ -83,8 +83,9 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) 
     many, as many parameters each, each parameter in one group only, every setting equal to the optimizer's,
     which the run's config made; the learning rate, which the schedule sets, of its kind) and each parameter's
     state (the keys, dtypes, shapes and strides a step of this optimizer makes, dense: found by one step of a
-    copy on zero gradients). torch loads such a state without a word, then fails at the first step or trains
-    on with other settings."""
+    copy on zero gradients), for every parameter or none (a step gives each of these models' parameters a
+    gradient; none before the first step, or when a mixed-precision step was skipped). torch loads such a
+    state without a word, then fails at the first step or trains on with other settings."""
     fresh = optimizer.state_dict()
     if len(saved["param_groups"]) != len(fresh["param_groups"]):
         return f"has {len(saved['param_groups'])} parameter groups, the optimizer {len(fresh['param_groups'])}"
@@ -92,7 +93,8 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) 
     for group, want in zip(saved["param_groups"], fresh["param_groups"]):
         params = group.get("params")
         if not isinstance(params, list) or len(params) != len(want["params"]):
-            return f"holds a group of {short_value(params)} parameters, the optimizer's has {len(want['params'])}"
+            held = len(params) if isinstance(params, list) else short_value(params)
+            return f"holds a group of {held} parameters where the optimizer's has {len(want['params'])}"
         ids += params
         for key, value in want.items():
             if key == "params" or (key not in group and (value is None or isinstance(value, (bool, str)))):
@@ -108,7 +110,14 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) 
             return f"names parameter {short_value(pid)} twice, or by something other than a whole number"
         seen.add(pid)
     made = _one_step_state(optimizer)
-    for pid, per in saved["state"].items() if made is not None else ():
+    if made is None:
+        return None
+    missing = [pid for i, pid in enumerate(ids) if i in made and pid not in saved["state"]]
+    if saved["state"] and missing:  # every parameter of these models has a gradient at every step: all or none
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return (f"holds no state for parameter {short_value(missing[0])}{more}, while it holds one for "
+                f"{len(saved['state'])} others: a step gives every parameter one")
+    for pid, per in saved["state"].items():
         if pid not in seen or not isinstance(per, dict):
             return f"holds the state of parameter {short_value(pid)}, which no group has"
         want = made.get(ids.index(pid), {})
