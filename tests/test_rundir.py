@@ -298,7 +298,20 @@ def test_no_room_at_all_leaves_no_empty_run_folder(tmp_path, data_dir, monkeypat
     monkeypatch.setattr(loop, "write_config", no_room)
     assert main(one_epoch(out, data_dir)) == 2
     assert "no space left" in capsys.readouterr().err
-    assert not out.exists()
+    assert not (tmp_path / "new").exists()  # nor the folder made to hold it
+
+
+def test_ctrl_c_before_anything_is_written_leaves_no_folder(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
+    """`train --out x/y/run` stopped by Ctrl-C before it wrote anything removed run/ but left x/y/, empty."""
+    (tmp_path / "x").mkdir()
+
+    def interrupted(run_dir, meta):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "write_config", interrupted)
+    assert main(one_epoch(tmp_path / "x" / "y" / "z" / "run", data_dir)) == 130
+    assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted")
+    assert list(tmp_path.iterdir()) == [tmp_path / "x"] and not any((tmp_path / "x").iterdir())
 
 
 def test_convert_never_touches_a_users_folder_next_to_its_output(tmp_path, data_dir):  # noqa: F811

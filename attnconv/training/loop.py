@@ -43,11 +43,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError, Interrupted, ParameterError
 from attnconv.evaluate import evaluate
-from attnconv.fileio import (
-    DirectoryLock,
-    describe_os_error,
-    remove_temporaries,
-)
+from attnconv.fileio import DirectoryLock, describe_os_error, remove_empty, remove_temporaries
 from attnconv.limits import out_of_memory
 from attnconv.models.sites import records_heads
 from attnconv.precision import check_amp, precision_name
@@ -136,6 +132,7 @@ def train(
                              mentions=("overwrite",))
     out = Path(out)
     fresh = not out.exists()
+    new_parents = [p for p in reversed(out.parents) if not p.exists()]  # `claim_run_dir` makes them with out
     d = init_distributed(config)
     lock = DirectoryLock(out, "out") if d.main else None
     trainer = interrupts = None
@@ -157,6 +154,7 @@ def train(
             lock.release()
             if fresh and out.is_dir() and not any(out.iterdir()):
                 out.rmdir()  # a run that failed before writing anything leaves no directory behind
+                remove_empty(new_parents)  # nor the folders made to hold it
         trainer = None  # DDP's reducer holds the process group: it goes first
         d.shutdown()
         if interrupts is not None:
