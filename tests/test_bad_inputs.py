@@ -515,8 +515,16 @@ CASES = [
     ("resume-state-epoch-500", state_progress(epoch=500), RESUME,
      "the file is corrupt (progress step 2 is fewer than its epoch 500 and batch 0 took)", None),
     ("resume-state-loss-sum-10-to-400", state_progress(loss_sum=10**400), RESUME,  # was an OverflowError traceback
-     "the file is corrupt (progress loss_sum is 1000000000000000000000000000000000000..., not a finite number)",
+     "the file is corrupt (progress loss_sum is 1000000000000000000000000000000000000..., not a finite number >= 0)",
      None),
+    ("resume-state-rows-10-to-17", state_progress(rows=10**17), RESUME,  # was blamed on metrics.csv
+     "the file is corrupt (progress rows 100000000000000000 is more than its ", None),
+    ("resume-state-loss-sum-minus-1", state_progress(loss_sum=-1.0), RESUME,  # trained on: a wrong epoch row
+     "the file is corrupt (progress loss_sum is -1.0, not a finite number >= 0)", None),
+    ("resume-state-correct-past-seen", state_progress(correct=5.0), RESUME,
+     "the file is corrupt (progress correct 5 is more than the 0 images seen)", None),
+    ("resume-state-seen-not-its-batches", state_progress(seen=7.0), RESUME,
+     "the file is corrupt (progress seen 7 is not the ", None),
     ("resume-state-counts-no-rows", state_progress(rows=0, snapshots=1), RESUME,
      "metrics.csv: row 1 is of step 2, not after the checkpoint's step 2, yet the checkpoint counts only 0 rows", None),
 ]
@@ -1329,7 +1337,8 @@ def test_run_files_read_with_checks_class_lists_are_shown_where_they_differ(tiny
                                     "a-setting-missing", "a-state-key-missing", "a-tensor-of-another-dtype",
                                     "maximize", "nesterov", "differentiable", "another-weight-decay",
                                     "a-sparse-tensor", "an-expanded-tensor", "a-parameter-named-twice",
-                                    "a-parameters-state-deleted", "a-setting-as-a-tensor"])
+                                    "a-parameters-state-deleted", "a-setting-as-a-tensor", "every-state-deleted",
+                                    "a-momentum-not-finite"])
 def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_path, capsys, damage):
     """state.pt's optimizer state was loaded as torch takes it: a moment estimate of shape (3, 3), or betas "ab",
     gave a traceback at the first step. It is checked against the optimizer before anything is restored."""
@@ -1361,6 +1370,11 @@ def test_run_files_read_with_checks_the_optimizer_state_is_checked(tiny, tmp_pat
         per[name] = per[name].to_sparse() if damage == "a-sparse-tensor" else torch.zeros(()).expand(per[name].shape)
     elif damage == "a-parameters-state-deleted":  # the twelfth round: torch starts it afresh, other numbers
         del opt["state"][next(iter(opt["state"]))]
+    elif damage == "every-state-deleted":  # the thirteenth round: trained on from a fresh state, other numbers
+        opt["state"].clear()
+    elif damage == "a-momentum-not-finite":  # blamed on the learning rate (weights became non-finite)
+        per = next(iter(opt["state"].values()))
+        per["momentum_buffer"][0] = float("nan")
     elif damage == "a-setting-as-a-tensor":  # refused, but described as "a deeply nested Tensor"
         opt["param_groups"][0]["momentum"] = torch.tensor(opt["param_groups"][0]["momentum"])
     elif damage == "a-parameter-named-twice":  # a traceback (sizes that do not match) at the first step
@@ -1393,9 +1407,9 @@ def test_run_files_read_with_checks_adamw_settings_are_the_ones_the_config_makes
     saved = optimizer.state_dict()
     saved["param_groups"][0]["betas"] = list(saved["param_groups"][0]["betas"])
     saved["param_groups"][0]["lr"] = 0.5  # what a schedule leaves: accepted
-    assert _optimizer_problem(saved, optimizer) is None
+    assert _optimizer_problem(saved, optimizer, 1) is None
     saved["param_groups"][0][setting] = value
-    problem = _optimizer_problem(saved, optimizer)
+    problem = _optimizer_problem(saved, optimizer, 1)
     assert problem is not None and problem.startswith(f"setting {setting} is "), problem
 
 
@@ -1411,6 +1425,40 @@ def test_outputs_refused_leave_no_parent_folder(tiny, tmp_path, capsys, argv):
                       capsys)
     assert "does not exist" in line, line
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("one-deleted", "holds no state for parameter 0 after 1 steps"), ("all-deleted", "holds no state for parameter 0 "
+     "and 1 more after 1 steps"), ("a-step-count", "step of parameter 1 is 7, where the checkpoint has taken 1 steps"),
+    ("negative-squares", "exp_avg_sq of parameter 0 is negative somewhere"),
+    ("inf", "exp_avg of parameter 1 is not finite everywhere")])
+def test_run_files_read_with_checks_adamw_state_that_no_step_makes_is_refused(damage, message):
+    """The thirteenth round: AdamW's state with every parameter's entry deleted, a step count other than the
+    checkpoint's, or a negative second moment was loaded; the run trained on with other numbers (or its weights
+    became non-finite, blamed on the learning rate)."""
+    import copy
+
+    from attnconv.training.checkpoint import _optimizer_problem
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())
+    assert _optimizer_problem(saved, optimizer, 1) is None
+    assert _optimizer_problem(saved, optimizer, 0) == "holds the state of 2 parameters before the first step"
+    per = saved["state"]
+    if damage == "one-deleted":
+        del per[0]
+    elif damage == "all-deleted":
+        per.clear()
+    elif damage == "a-step-count":
+        per[1]["step"] = torch.tensor(7.0)
+    elif damage == "negative-squares":
+        per[0]["exp_avg_sq"][0, 0] = -1.0
+    else:
+        per[1]["exp_avg"][0] = float("inf")
+    assert _optimizer_problem(saved, optimizer, 1).startswith(message)
 
 
 def test_run_files_read_with_checks_the_cpu_generator_state_is_one_torch_can_set(tiny, tmp_path, capsys):

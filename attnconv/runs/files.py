@@ -157,10 +157,15 @@ def _state_problem(state: Any) -> str | None:
         return f"progress step_rows {progress['step_rows']} is more than its {step} steps"
     if not isinstance(progress.get("finished", False), bool):
         return f"progress finished is {progress['finished']!r}, not true or false"
+    if rows > epoch + 1:  # metrics.csv: a row per epoch done, and one for a run stopped by --max-steps
+        return f"progress rows {short_value(rows)} is more than its {epoch} epochs done and one"
     for key in _STATE_SUMS:
         v = progress.get(key, 0.0)
-        if not is_finite(v):
-            return f"progress {key} is {short_value(v)}, not a finite number"
+        if not is_finite(v) or v < 0:  # losses, counts of images and seconds
+            return f"progress {key} is {short_value(v)}, not a finite number >= 0"
+    for correct, seen in (("correct", "seen"), ("row_correct", "row_seen")):
+        if progress.get(correct, 0.0) > progress.get(seen, 0.0):
+            return f"progress {correct} {progress[correct]:g} is more than the {progress.get(seen, 0.0):g} images {seen}"
     model = state.get("model")
     if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
                                               for k, t in model.items()):

@@ -78,14 +78,15 @@ def _same_setting(got: Any, want: Any) -> bool:
 _SCHEDULED = frozenset({"lr"})
 
 
-def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> str | None:
+def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer, steps: int) -> str | None:
     """What keeps a saved optimizer state_dict from being this optimizer's, or None: its parameter groups (as
     many, as many parameters each, each parameter in one group only, every setting equal to the optimizer's,
     which the run's config made; the learning rate, which the schedule sets, of its kind) and each parameter's
     state (the keys, dtypes, shapes and strides a step of this optimizer makes, dense: found by one step of a
-    copy on zero gradients), for every parameter or none (a step gives each of these models' parameters a
-    gradient; none before the first step, or when a mixed-precision step was skipped). torch loads such a
-    state without a word, then fails at the first step or trains on with other settings."""
+    copy on zero gradients; finite, a sum of squares not negative, a step count equal to the checkpoint's
+    `steps`), for every parameter once `steps` > 0, for none before (every step gives each parameter of these
+    models a gradient, and no step is skipped: bf16 needs no loss scaling). torch loads such a state without a
+    word, then fails at the first step or trains on with other numbers."""
     fresh = optimizer.state_dict()
     if len(saved["param_groups"]) != len(fresh["param_groups"]):
         return f"has {len(saved['param_groups'])} parameter groups, the optimizer {len(fresh['param_groups'])}"
@@ -113,10 +114,12 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) 
     if made is None:
         return None
     missing = [pid for i, pid in enumerate(ids) if i in made and pid not in saved["state"]]
-    if saved["state"] and missing:  # every parameter of these models has a gradient at every step: all or none
+    if steps > 0 and missing:  # every parameter of these models has a gradient at every step
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        return (f"holds no state for parameter {short_value(missing[0])}{more}, while it holds one for "
-                f"{len(saved['state'])} others: a step gives every parameter one")
+        return (f"holds no state for parameter {short_value(missing[0])}{more} after {steps} steps, each of which "
+                "gives every parameter one")
+    if steps == 0 and saved["state"]:
+        return f"holds the state of {len(saved['state'])} parameters before the first step"
     for pid, per in saved["state"].items():
         if pid not in seen or not isinstance(per, dict):
             return f"holds the state of parameter {short_value(pid)}, which no group has"
@@ -125,9 +128,27 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer) 
             return (f"holds {sorted(per)} for parameter {short_value(pid)}, where this optimizer keeps "
                     f"{sorted(want)}")
         for name, value in per.items():
-            problem = _state_tensor_problem(value, want[name])
+            problem = _state_tensor_problem(value, want[name]) or _state_value_problem(name, value, steps)
             if problem is not None:
                 return f"{name} of parameter {short_value(pid)} is {problem}"
+    return None
+
+
+# Per-parameter state that sums squares (Adam's second moments, amsgrad's maximum of them): never negative.
+_SQUARES = frozenset({"exp_avg_sq", "max_exp_avg_sq"})
+
+
+def _state_value_problem(name: str, value: Any, steps: int) -> str | None:
+    """What is impossible in a per-parameter state of the right kind, or None: values that are not finite, a
+    negative sum of squares, a step count other than the checkpoint's (`steps`: every step is every parameter's)."""
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return None
+    if not bool(torch.isfinite(value).all()):
+        return "not finite everywhere"
+    if name in _SQUARES and bool((value < 0).any()):
+        return "negative somewhere, and it sums squares"
+    if name == "step" and value.numel() == 1 and float(value) != steps:
+        return f"{float(value):g}, where the checkpoint has taken {steps} steps"
     return None
 
 
@@ -168,6 +189,12 @@ def _one_step_state(optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any
     except Exception:  # noqa: BLE001 (an optimizer of another form: its state is left to torch)
         return None
     return copy.state_dict()["state"]
+
+
+def _images_counted(progress: RunProgress, batch_size: int) -> int:
+    """The images the epoch's sums count: every batch done is whole, and the sums start again once the epoch's
+    metrics row is written (a row for the epoch in progress: a run that --max-steps ended)."""
+    return 0 if progress.rows > progress.epoch else progress.batch * batch_size
 
 
 class Checkpointer:
@@ -227,8 +254,10 @@ class Checkpointer:
             rng_cuda = [g[1] for g in gathered] if rng_cuda else None
         return rng_torch, rng_cuda
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> RunProgress:
-        """Load state.pt into `model` and `optimizer` and set this rank's RNG state; the counters it saved.
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, seed: int,
+                batch_size: int | None = None) -> RunProgress:
+        """Load state.pt into `model` and `optimizer` and set this rank's RNG state; the counters it saved
+        (with `batch_size`, the run's global batch: the images the epoch's sums count must be its batches').
 
         Weights of another dtype are refused (load_state_dict would cast them); weights that do not fit
         the model are blamed on state.pt when model.safetensors fits it (config.json and the weights agree,
@@ -247,7 +276,7 @@ class Checkpointer:
                 f"{expected[cast].dtype}: not a checkpoint of this run; resume from another copy of the run")
         try:
             model.load_state_dict(state["model"])
-            problem = _optimizer_problem(state["optimizer"], optimizer)  # the weights fit: is the rest this model's?
+            problem = _optimizer_problem(state["optimizer"], optimizer, state["progress"]["step"])  # the rest too?
             if problem is None:
                 optimizer.load_state_dict(state["optimizer"])
                 progress = RunProgress(**state["progress"])
@@ -265,9 +294,14 @@ class Checkpointer:
                 f"{self.path} does not fit the model that {self.out / CONFIG_FILE} describes ({detail}); "
                 f"if {CONFIG_FILE} was edited, restore it (the checkpoint is kept as it is)") from None
         if problem is not None:  # torch would load it, and fail at the first step (a traceback), or train on
-            raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt (its optimizer "
-                                f"state {problem}); restore it from a copy of the run; without it the run cannot be "
-                                "resumed: train it again into a new --out, or over this one with --overwrite")
+            problem = f"its optimizer state {problem}"
+        elif batch_size is not None and progress.seen != _images_counted(progress, batch_size):
+            problem = (f"progress seen {progress.seen:g} is not the {_images_counted(progress, batch_size)} images of "
+                       f"its {progress.batch} batches of {batch_size}, counted until the epoch's row is written")
+        if problem is not None:
+            raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt ({problem}); "
+                                "restore it from a copy of the run; without it the run cannot be resumed: train it "
+                                "again into a new --out, or over this one with --overwrite")
         if not self.d.main:
             for key in _SUMS:
                 setattr(progress, key, 0.0)

@@ -322,7 +322,7 @@ class _Trainer:
             if d.main and records_heads(self.model) else None
         self.progress = RunProgress()
         if has_state:
-            self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed)
+            self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
             if not self.allow_data_change:  # the same data: the run's length is the checkpoint's
                 self.checkpoint.check_length(self.progress, self.total_steps)
             if self.progress.batch >= self.steps_per_epoch:  # --allow-data-change: the epochs got shorter
