@@ -302,15 +302,19 @@ def test_no_room_at_all_leaves_no_empty_run_folder(tmp_path, data_dir, monkeypat
 
 
 def test_ctrl_c_before_anything_is_written_leaves_no_folder(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
-    """`train --out x/y/run` stopped by Ctrl-C before it wrote anything removed run/ but left x/y/, empty."""
+    """`train --out x/y/run` stopped by Ctrl-C before it wrote anything removed run/ but left x/y/, empty; and its
+    line said that `--resume` of the folder it had just removed would start the run again."""
     (tmp_path / "x").mkdir()
 
     def interrupted(run_dir, meta):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "write_config", interrupted)
-    assert main(one_epoch(tmp_path / "x" / "y" / "z" / "run", data_dir)) == 130
-    assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted")
+    out = tmp_path / "x" / "y" / "z" / "run"
+    assert main(one_epoch(out, data_dir)) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at step 0 of 8; nothing was written, and {out} is removed with it (give the same command to "
+        "start the run)")
     assert list(tmp_path.iterdir()) == [tmp_path / "x"] and not any((tmp_path / "x").iterdir())
 
 

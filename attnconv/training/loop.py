@@ -145,7 +145,7 @@ def train(
     except BaseException as err:
         if isinstance(err, KeyboardInterrupt):  # a second Ctrl-C must not cut the line saying where it stopped
             interrupts = _CleanupInterrupts()
-        stopped = _stopped(err, out, trainer)  # --overwrite before the first checkpoint: the old run comes back
+        stopped = _stopped(err, out, trainer, fresh)  # --overwrite before the first checkpoint: the old run is back
         if stopped is None:
             raise
         raise stopped from None
@@ -161,14 +161,14 @@ def train(
             interrupts.restore()
 
 
-def _stopped(err: BaseException, out: Path, trainer: _Trainer | None) -> Exception | None:
+def _stopped(err: BaseException, out: Path, trainer: _Trainer | None, fresh: bool) -> Exception | None:
     """After any failure, the run --overwrite set aside is put back if the new run has no checkpoint yet.
     Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
     the run directory holds now; None to let `err` itself through (an AttnconvError says it already)."""
     restored = _restore_set_aside(out, trainer)
     if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
         return None
-    stands = RESTORED if restored else _last_checkpoint(out)
+    stands = RESTORED if restored else _last_checkpoint(out, fresh)
     where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
     if isinstance(err, KeyboardInterrupt):  # Ctrl-C: say where the run stands and how to go on
         return Interrupted(f"interrupted{where}; {stands}", mentions=("overwrite",))
@@ -217,10 +217,12 @@ class _CleanupInterrupts:
             self.previous = None
 
 
-def _last_checkpoint(out: Path) -> str:
+def _last_checkpoint(out: Path, fresh: bool) -> str:
     try:
         step = load_state(out / STATE_FILE)["progress"]["step"]
     except AttnconvError:
+        if fresh and not (out.is_dir() and any(out.iterdir())):  # `train` removes the folder it made: no --resume
+            return f"nothing was written, and {out} is removed with it (give the same command to start the run)"
         return (f"no checkpoint was written yet (`attnconv train --out {out} --resume` starts the run again from "
                 "step 0)")
     return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
