@@ -508,7 +508,7 @@ CASES = [
     ("resume-steps-accuracy-minus-3", _edit_text("steps.csv", lambda t: t + "1,0,0.5,-3,0.1,10,0.1\n"), RESUME,
      "steps.csv: corrupt steps log (line 2: accuracy -3.0 is not an accuracy from 0 to 1)", None),
     ("resume-state-past-the-run", state_progress(step=10**12, finished=False), RESUME,
-     "state.pt: the training state does not fit this run (at step 1000000000000, past the run's 2 steps, yet not "
+     "state.pt: the training state does not fit this run (at step 1000000000000, at or past the run's 2 steps, yet not "
      "finished)", None),
     ("resume-state-finished-early", state_progress(step=1), RESUME,
      "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
@@ -518,15 +518,17 @@ CASES = [
      "the file is corrupt (progress loss_sum is 1000000000000000000000000000000000000..., not a finite number >= 0)",
      None),
     ("resume-state-rows-10-to-17", state_progress(rows=10**17), RESUME,  # was blamed on metrics.csv
-     "the file is corrupt (progress rows 100000000000000000 is more than its ", None),
+     "the file is corrupt (progress rows 100000000000000000 does not fit its ", None),
     ("resume-state-loss-sum-minus-1", state_progress(loss_sum=-1.0), RESUME,  # trained on: a wrong epoch row
      "the file is corrupt (progress loss_sum is -1.0, not a finite number >= 0)", None),
     ("resume-state-correct-past-seen", state_progress(correct=5.0), RESUME,
      "the file is corrupt (progress correct 5 is more than the 0 images seen)", None),
     ("resume-state-seen-not-its-batches", state_progress(seen=7.0), RESUME,
      "the file is corrupt (progress seen 7 is not the ", None),
-    ("resume-state-counts-no-rows", state_progress(rows=0, snapshots=1), RESUME,
-     "metrics.csv: row 1 is of step 2, not after the checkpoint's step 2, yet the checkpoint counts only 0 rows", None),
+    ("resume-state-counts-no-rows", state_progress(rows=0, snapshots=1), RESUME,  # finished, so it wrote a row
+     "the file is corrupt (progress rows 0 does not fit its 1 epochs done, finished)", None),
+    ("resume-state-a-row-mid-epoch", state_progress(rows=2, snapshots=2, finished=False), RESUME,  # was blamed
+     "the file is corrupt (progress rows 2 does not fit its 1 epochs done, not finished)", None),  # on metrics.csv
 ]
 
 
@@ -1429,7 +1431,7 @@ def test_outputs_refused_leave_no_parent_folder(tiny, tmp_path, capsys, argv):
 
 @pytest.mark.parametrize("damage, message", [
     ("one-deleted", "holds no state for parameter 0 after 1 steps"), ("all-deleted", "holds no state for parameter 0 "
-     "and 1 more after 1 steps"), ("a-step-count", "step of parameter 1 is 7, where the checkpoint has taken 1 steps"),
+     "and 1 more after 1 steps"), ("a-step-count", "step of parameter 1 is 7.0, where the checkpoint has taken 1 steps"),
     ("negative-squares", "exp_avg_sq of parameter 0 is negative somewhere"),
     ("inf", "exp_avg of parameter 1 is not finite everywhere")])
 def test_run_files_read_with_checks_adamw_state_that_no_step_makes_is_refused(damage, message):
@@ -1459,6 +1461,16 @@ def test_run_files_read_with_checks_adamw_state_that_no_step_makes_is_refused(da
     else:
         per[1]["exp_avg"][0] = float("inf")
     assert _optimizer_problem(saved, optimizer, 1).startswith(message)
+
+
+def test_run_files_read_with_checks_a_step_count_is_compared_as_its_dtype_counts():
+    """AdamW keeps its step count in float32, which stops counting at 2**24: an honest run past 16,777,216 steps
+    was refused. The count is compared with the run's step as that dtype holds it, and shown exactly."""
+    from attnconv.training.checkpoint import _state_value_problem
+
+    assert _state_value_problem("step", torch.tensor(2.0**24), 2**24 + 1) is None
+    assert _state_value_problem("step", torch.tensor(3.0000002), 3) == (
+        "3.000000238418579, where the checkpoint has taken 3 steps")
 
 
 def test_run_files_read_with_checks_the_cpu_generator_state_is_one_torch_can_set(tiny, tmp_path, capsys):

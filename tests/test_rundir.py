@@ -513,6 +513,12 @@ def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, cap
     assert "normalization" in err and err.count("\n") == 1
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main([*args, "--resume", "--allow-data-change"]) == 0  # asked for: continues on the new data
+    # Lost images: the checkpoint's batch 2 is the new epoch's end. The epoch ended there without its row, its sums
+    # carried into the next one (which counted 16 images), and a second resume was refused as a corrupt state.pt.
+    if change == "lost images":
+        rows = runs.read_metrics(out)
+        assert [r["epoch"] for r in rows] == [1, 2, 3], rows
+        assert rows[1]["images_per_s"] > 0 and load_state(out / "state.pt")["progress"]["seen"] == 0
 
 
 # ---------------------------------------------------------------------------------- smaller things done right

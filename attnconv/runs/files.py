@@ -157,8 +157,11 @@ def _state_problem(state: Any) -> str | None:
         return f"progress step_rows {progress['step_rows']} is more than its {step} steps"
     if not isinstance(progress.get("finished", False), bool):
         return f"progress finished is {progress['finished']!r}, not true or false"
-    if rows > epoch + 1:  # metrics.csv: a row per epoch done, and one for a run stopped by --max-steps
-        return f"progress rows {short_value(rows)} is more than its {epoch} epochs done and one"
+    finished = progress.get("finished", False)
+    if not epoch <= rows <= epoch + (finished is True) or (finished is True and rows == 0):
+        # metrics.csv: a row per epoch done, and one for the epoch a finished run ended in (--max-steps)
+        return (f"progress rows {short_value(rows)} does not fit its {epoch} epochs done, "
+                f"{'finished' if finished is True else 'not finished'}")
     for key in _STATE_SUMS:
         v = progress.get(key, 0.0)
         if not is_finite(v) or v < 0:  # losses, counts of images and seconds

@@ -147,8 +147,8 @@ def _state_value_problem(name: str, value: Any, steps: int) -> str | None:
         return "not finite everywhere"
     if name in _SQUARES and bool((value < 0).any()):
         return "negative somewhere, and it sums squares"
-    if name == "step" and value.numel() == 1 and float(value) != steps:
-        return f"{float(value):g}, where the checkpoint has taken {steps} steps"
+    if name == "step" and value.numel() == 1 and value.item() != torch.tensor(steps, dtype=value.dtype).item():
+        return f"{short_value(value.item())}, where the checkpoint has taken {steps} steps"  # as its dtype counts
     return None
 
 
@@ -322,11 +322,12 @@ class Checkpointer:
 
     def check_length(self, progress: RunProgress, total_steps: int) -> None:
         """The counters `restore` gave must fit a run of `total_steps` (on the data it was trained on): a run not
-        finished before its last step, or finished at it; an AttnconvError naming state.pt otherwise."""
+        finished before its last step, or finished at it; an AttnconvError naming state.pt otherwise. (Not the step
+        against the epoch and batch: a resume with --allow-data-change changes the epochs' length mid-run.)"""
         if progress.finished == (progress.step >= total_steps):
             return
         why = (f"finished at step {progress.step}, before the run's last step {total_steps}" if progress.finished else
-               f"at step {progress.step}, past the run's {total_steps} steps, yet not finished")
+               f"at step {progress.step}, at or past the run's {total_steps} steps, yet not finished")
         raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); restore it from a copy "
                             "of the run; without it the run cannot be resumed: train it again into a new --out, or "
                             "over this one with --overwrite")

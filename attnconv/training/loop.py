@@ -327,8 +327,8 @@ class _Trainer:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
             if not self.allow_data_change:  # the same data: the run's length is the checkpoint's
                 self.checkpoint.check_length(self.progress, self.total_steps)
-            if self.progress.batch >= self.steps_per_epoch:  # --allow-data-change: the epochs got shorter
-                self.progress.epoch, self.progress.batch = self.progress.epoch + 1, 0
+            # --allow-data-change, the epochs got shorter: the epoch in progress ends where it stands (its row next)
+            self.progress.batch = min(self.progress.batch, self.steps_per_epoch)
 
         net: nn.Module = self.model
         if d.active:
