@@ -517,6 +517,8 @@ CASES = [
     ("resume-state-loss-sum-10-to-400", state_progress(loss_sum=10**400), RESUME,  # was an OverflowError traceback
      "the file is corrupt (progress loss_sum is 1000000000000000000000000000000000000..., not a finite number >= 0)",
      None),
+    ("resume-state-step-past-the-first-epochs-batch", state_progress(epoch=0, batch=1, rows=1), RESUME,  # trained
+     "the file is corrupt (progress step 2 is not its batch 1 of the first epoch)", None),  # on, other numbers
     ("resume-state-rows-10-to-17", state_progress(rows=10**17), RESUME,  # was blamed on metrics.csv
      "the file is corrupt (progress rows 100000000000000000 does not fit its ", None),
     ("resume-state-loss-sum-minus-1", state_progress(loss_sum=-1.0), RESUME,  # trained on: a wrong epoch row

@@ -47,6 +47,7 @@ def steps(net, opt, progress, first, count):
         loss.backward()
         opt.step()
         progress.step += 1
+        progress.batch += 1  # one epoch: its steps are its batches
         progress.loss_sum += float(loss) * len(y)
         progress.seen += len(y)
 

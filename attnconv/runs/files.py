@@ -151,6 +151,8 @@ def _state_problem(state: Any) -> str | None:
     step, epoch, batch, rows = (progress[k] for k in _STATE_COUNTERS)
     if step < epoch + batch:  # every epoch done took a step at least, and so did every batch of this one
         return f"progress step {step} is fewer than its epoch {epoch} and batch {batch} took"
+    if epoch == 0 and step != batch:  # the first epoch's steps are its batches (later ones may change length)
+        return f"progress step {step} is not its batch {batch} of the first epoch"
     if progress.get("snapshots", 0) > rows + 1:  # heads.jsonl: one line at the start, one per metrics row
         return f"progress snapshots {progress['snapshots']} is more than its {rows} metrics rows and the first"
     if progress.get("step_rows", 0) > step:  # steps.csv: at most one row per step
