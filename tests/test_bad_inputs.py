@@ -510,6 +510,8 @@ CASES = [
     ("resume-state-past-the-run", state_progress(step=10**12, finished=False), RESUME,
      "state.pt: the training state does not fit this run (at step 1000000000000, at or past the run's 2 steps, yet not "
      "finished)", None),
+    ("resume-state-finished-early-allow-data-change", state_progress(step=1), [*RESUME, "--allow-data-change"],
+     "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
     ("resume-state-finished-early", state_progress(step=1), RESUME,
      "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
     ("resume-state-epoch-500", state_progress(epoch=500), RESUME,
@@ -794,6 +796,22 @@ def test_run_files_read_with_checks_damaged_heads_lines_are_skipped_with_one_war
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"warning: {run / 'heads.jsonl'}: skipped 1 damaged line (2); using the other {sound}"]
     assert (tmp_path / "d.png").stat().st_size > 0
+
+
+def test_run_files_read_with_checks_a_heads_line_cut_short_is_named_where_it_is_skipped(tiny, tmp_path, capsys):
+    """A last heads.jsonl line cut short (a crash mid-write) was left out of plots, reports and the explorer without
+    a word, where a whole damaged line is named. It is named the same way (resuming trims it, as before)."""
+    from attnconv.runs import read_heads
+
+    run = _copy(tmp_path, tiny)
+    path = run / "heads.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    assert len(read_heads(run)) == len(lines)  # what resume reads: the whole lines
+    capsys.readouterr()
+    assert main(["plot", "distance", str(run), "--out", str(tmp_path / "d.png")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: {path}: skipped 1 damaged line ({len(lines) + 1}); using the other {len(lines)}"]
 
 
 def test_run_files_read_with_checks_analyze_report_and_explorer_skip_damaged_heads_lines(tiny, tmp_path, capsys):

@@ -178,6 +178,23 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_while_the_o
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "tensorboard"]
 
 
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_before_anything_moved(
+        run_with_user_files, data_dir, monkeypatch, capsys):  # noqa: F811
+    """Ctrl-C during `train --overwrite`'s checks, before the old run was set aside: the line said `the last good
+    checkpoint (step 12) is intact; continue with ... --resume`, which only answers `run already finished`."""
+    out = run_with_user_files
+    before = tree(out)
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SetAside, "move", interrupted)
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--overwrite", "--seed", "3")) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at step 0 of 8; the run in {out} is as it was (stopped before anything of it was replaced)")
+    assert tree(out) == before
+
+
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_users_folder_of_the_set_aside_name_stays(
         run_with_user_files, data_dir, capsys):  # noqa: F811
     """A folder named as --overwrite's set-aside one but without its manifest (a user's, or a copy) is not

@@ -301,6 +301,45 @@ def test_no_room_at_all_leaves_no_empty_run_folder(tmp_path, data_dir, monkeypat
     assert not (tmp_path / "new").exists()  # nor the folder made to hold it
 
 
+def test_ctrl_c_before_anything_is_written_leaves_the_users_empty_folder_as_it_was(  # noqa: F811
+        tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
+    """An empty folder the user made, Ctrl-C before the first file: the folder stays (it is the user's), and the line
+    named a `--resume` of it, which has no run to read ("missing --model and --dataset")."""
+    out = tmp_path / "mine"
+    out.mkdir()
+
+    def interrupted(run_dir, meta):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "write_config", interrupted)
+    assert main(one_epoch(out, data_dir)) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at step 0 of 8; nothing was written, and {out} is left as it was (give the same command to "
+        "start the run)")
+    assert out.is_dir() and not any(out.iterdir())
+
+
+def test_resume_on_data_of_other_channels_names_the_run_not_a_flag():
+    """`train --resume --dataset folder:GREY` of a colour run said `--in-channels 3 does not match ...; drop
+    --in-channels`, a flag the user never gave: the value is the run's."""
+    from attnconv.config import TrainConfig
+    from attnconv.runs import run_info
+    from attnconv.training.checks import resolve_overrides
+
+    config = TrainConfig(model="sa-quadratic", dataset="fashion-mnist", model_overrides={"in_channels": 3})
+    info = run_info(config)
+    with pytest.raises(AttnconvError) as given:  # a value the user gave: the flag is the fix
+        resolve_overrides(config, info)
+    assert given.value.as_flag().endswith("; drop --in-channels")
+    with pytest.raises(AttnconvError) as refused:
+        resolve_overrides(config, info, resuming=True)
+    assert refused.value.as_flag() == ("the run's model was built for in_channels = 3, and fashion-mnist has "
+                                       "in_channels = 1: resume it on the data it was trained on, or train on this "
+                                       "data into a new --out")
+    assert resolve_overrides(TrainConfig(model="sa-quadratic", dataset="fashion-mnist"), info,
+                             resuming=True).model_overrides["in_channels"] == 1
+
+
 def test_ctrl_c_before_anything_is_written_leaves_no_folder(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
     """`train --out x/y/run` stopped by Ctrl-C before it wrote anything removed run/ but left x/y/, empty; and its
     line said that `--resume` of the folder it had just removed would start the run again."""

@@ -120,12 +120,14 @@ class SetAside:
         self.out, self.names = out, list(names)
         self.folder = out / SET_ASIDE
         self.pending = False  # moved, neither discarded nor restored yet
+        self.moved = False  # move() has begun: the old run is no longer as it was
 
     def move(self) -> None:
         if not self.names:
             return
         board = self.out / TENSORBOARD_DIR
         manifest = {"files": self.names, "board": board.is_dir() and not board.is_symlink()}
+        self.moved = True
         self.folder.mkdir()
         self.pending = True
         atomic_write(self.folder / _MANIFEST, write_bytes(json.dumps(manifest).encode()))

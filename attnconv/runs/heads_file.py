@@ -32,8 +32,9 @@ def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]
     """heads.jsonl's sound snapshots, and the numbers of the lines skipped as damaged.
 
     For what needs only some snapshots (figures, the report, the explorer): a line that
-    `read_heads` would refuse is left out instead. The file itself (missing, unreadable, too
-    large, binary) is checked as `read_heads` checks it."""
+    `read_heads` would refuse is left out instead, and so is a last line cut short (both
+    numbered). The file itself (missing, unreadable, too large, binary) is checked as
+    `read_heads` checks it."""
     return _read_heads(Path(run_dir), None, skip_bad=True)
 
 
@@ -47,7 +48,8 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
     if path.stat().st_size > _MAX_HEADS_BYTES:
         raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
     try:
-        lines = file_text(read_regular(path, fix)).split("\n")[:-1]
+        lines = file_text(read_regular(path, fix)).split("\n")
+        cut = lines.pop()  # "" after a last newline; else a last line cut short by a crash (skipped)
     except UnicodeDecodeError:
         raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
     except OSError as err:
@@ -68,6 +70,8 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
             skipped.append(number)
         else:
             raise AttnconvError(f"{path}: corrupt heads file (line {number}: {problem}); {fix}")
+    if skip_bad and cut.strip():  # what reads only some snapshots says it left this one out too
+        skipped.append(len(lines) + 1)
     return records, skipped
 
 

@@ -15,6 +15,7 @@ from attnconv.runs import (
     WEIGHTS_FILE,
     data_changes,
     data_fingerprint,
+    load_state,
     read_config,
 )
 from attnconv.runs.values import short_value
@@ -39,19 +40,24 @@ def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_
         raise ParameterError("batch_size", batch_size, f"(global) is not divisible by the {world_size} processes")
 
 
-def resolve_overrides(config: TrainConfig, info: D.DatasetInfo) -> TrainConfig:
+def resolve_overrides(config: TrainConfig, info: D.DatasetInfo, *, resuming: bool = False) -> TrainConfig:
     """The config with the overrides the data decides (channels, image size, classes) filled in.
 
-    A conflicting explicit value is an error, and so is a model that cannot be built from the
-    overrides, or one too large for the machine (refused before allocating: `AllocationLimit`).
+    A conflicting explicit value is an error (`resuming`: a value the run's config.json holds, which the
+    user did not give), and so is a model that cannot be built from the overrides, or one too large for
+    the machine (refused before allocating: `AllocationLimit`).
     """
     derived = {"in_channels": info.channels, "image_size": info.size, "num_classes": info.num_classes}
     overrides = dict(config.model_overrides)
     for key, value in derived.items():
-        if overrides.get(key, value) != value:
-            raise ParameterError(key, overrides[key], f"does not match {info.name} ({key} = {value}); drop {{{key}}}",
-                                 mentions=(key,))
-        overrides[key] = value
+        if overrides.setdefault(key, value) == value:
+            continue
+        if resuming:
+            raise ParameterError(None, None, f"the run's model was built for {key} = {overrides[key]}, and "
+                                 f"{info.name} has {key} = {value}: resume it on the data it was trained on, or train "
+                                 "on this data into a new {out}", mentions=("out",))
+        raise ParameterError(key, overrides[key], f"does not match {info.name} ({key} = {value}); drop {{{key}}}",
+                             mentions=(key,))
     config = dataclasses.replace(config, model_overrides=overrides)
     with AllocationLimit(parameter_limit(), f"model {config.model!r} with {overrides}", "lower the sizes"):
         build_model(config.model, **overrides)
@@ -105,3 +111,20 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest:
     if diff:
         raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
                              "resume with the same settings, or choose a new {out}", mentions=("out",))
+
+
+def where_the_run_stands(out: Path, fresh: bool, untouched: bool) -> str:
+    """How a `train` stopped early leaves `out` (the end of its one line): an old run `--overwrite` had not begun to
+    replace (`untouched`) as it was, nothing written (the folder removed if `fresh`, as `train` does), no checkpoint
+    yet, or the last good one; each with the command that goes on from there."""
+    try:
+        step = load_state(out / STATE_FILE)["progress"]["step"]
+    except AttnconvError:
+        if not (out.is_dir() and any(out.iterdir())):  # no run there to --resume (`train` removes a folder it made)
+            kept = f"{out} is removed with it" if fresh else f"{out} is left as it was"
+            return f"nothing was written, and {kept} (give the same command to start the run)"
+        return (f"no checkpoint was written yet (`attnconv train --out {out} --resume` starts the run again from "
+                "step 0)")
+    if untouched:
+        return f"the run in {out} is as it was (stopped before anything of it was replaced)"
+    return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"

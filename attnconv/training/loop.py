@@ -52,7 +52,6 @@ from attnconv.runs import (
     METRICS_COLUMNS,
     METRICS_FILE,
     RUN_FILES,
-    STATE_FILE,
     TENSORBOARD_DIR,
     SetAside,
     append_rows,
@@ -62,7 +61,6 @@ from attnconv.runs import (
     config_record,
     data_digest,
     data_fingerprint,
-    load_state,
     nonfinite_tensor,
     read_config,
     read_metrics,
@@ -79,6 +77,7 @@ from attnconv.training.checks import (
     check_resume_point,
     recorded_log_every,
     resolve_overrides,
+    where_the_run_stands,
 )
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
@@ -145,7 +144,7 @@ def train(
     except BaseException as err:
         if isinstance(err, KeyboardInterrupt):  # a second Ctrl-C must not cut the line saying where it stopped
             interrupts = _CleanupInterrupts()
-        stopped = _stopped(err, out, trainer, fresh)  # --overwrite before the first checkpoint: the old run is back
+        stopped = _stopped(err, out, trainer, fresh, overwrite)  # --overwrite before the first checkpoint: the old run is back
         if stopped is None:
             raise
         raise stopped from None
@@ -161,14 +160,16 @@ def train(
             interrupts.restore()
 
 
-def _stopped(err: BaseException, out: Path, trainer: _Trainer | None, fresh: bool) -> Exception | None:
+def _stopped(err: BaseException, out: Path, trainer: _Trainer | None, fresh: bool, overwrite: bool
+             ) -> Exception | None:
     """After any failure, the run --overwrite set aside is put back if the new run has no checkpoint yet.
     Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
     the run directory holds now; None to let `err` itself through (an AttnconvError says it already)."""
     restored = _restore_set_aside(out, trainer)
     if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
         return None
-    stands = RESTORED if restored else _last_checkpoint(out, fresh)
+    untouched = overwrite and (trainer is None or not trainer.set_aside.moved)  # --overwrite stopped in its checks
+    stands = RESTORED if restored else where_the_run_stands(out, fresh, untouched)
     where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
     if isinstance(err, KeyboardInterrupt):  # Ctrl-C: say where the run stands and how to go on
         return Interrupted(f"interrupted{where}; {stands}", mentions=("overwrite",))
@@ -215,17 +216,6 @@ class _CleanupInterrupts:
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             self.previous = None
-
-
-def _last_checkpoint(out: Path, fresh: bool) -> str:
-    try:
-        step = load_state(out / STATE_FILE)["progress"]["step"]
-    except AttnconvError:
-        if fresh and not (out.is_dir() and any(out.iterdir())):  # `train` removes the folder it made: no --resume
-            return f"nothing was written, and {out} is removed with it (give the same command to start the run)"
-        return (f"no checkpoint was written yet (`attnconv train --out {out} --resume` starts the run again from "
-                "step 0)")
-    return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
 
 
 def _same_folder(a: Path, b: Path) -> bool:
@@ -287,7 +277,7 @@ class _Trainer:
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
         error = None
         try:  # bad overrides fail here, before any file is written; too large ones before allocating
-            config = resolve_overrides(config, self.info)
+            config = resolve_overrides(config, self.info, resuming=self.resume and (self.out / CONFIG_FILE).exists())
         except AttnconvError as err:
             error = err
         d.agree(error)
@@ -325,8 +315,8 @@ class _Trainer:
         self.progress = RunProgress()
         if has_state:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
-            if not self.allow_data_change:  # the same data: the run's length is the checkpoint's
-                self.checkpoint.check_length(self.progress, self.total_steps)
+            if not self.allow_data_change or read_config(self.out).get("total_steps") == self.total_steps:
+                self.checkpoint.check_length(self.progress, self.total_steps)  # the length the checkpoint knows
             # --allow-data-change, the epochs got shorter: the epoch in progress ends where it stands (its row next)
             self.progress.batch = min(self.progress.batch, self.steps_per_epoch)
 
