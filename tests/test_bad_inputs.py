@@ -510,8 +510,6 @@ CASES = [
     ("resume-state-past-the-run", state_progress(step=10**12, finished=False), RESUME,
      "state.pt: the training state does not fit this run (at step 1000000000000, at or past the run's 2 steps, yet not "
      "finished)", None),
-    ("resume-state-finished-early-allow-data-change", state_progress(step=1), [*RESUME, "--allow-data-change"],
-     "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
     ("resume-state-finished-early", state_progress(step=1), RESUME,
      "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
     ("resume-state-epoch-500", state_progress(epoch=500), RESUME,
@@ -1314,8 +1312,15 @@ def test_run_files_read_with_checks_weights_that_are_not_there_or_too_large(tiny
     weights = run / "model.safetensors"
     weights.unlink()
     line = _one_error(["eval", run], capsys)
-    assert line == (f"error: {weights}: missing, although the run has checkpointed (state.pt and metrics.csv say so): "
+    assert line == (f"error: {weights}: missing, although the run has checkpointed (state.pt says so): "
                     "it was moved or deleted; restore it from a copy of the run"), line
+    state = (run / "state.pt").read_bytes()
+    (run / "state.pt").unlink()  # as a first checkpoint that failed after the epoch's row (a full disk)
+    line = _one_error(["eval", run], capsys)  # was "the run has checkpointed (metrics.csv says so) ... restore it"
+    assert line == (f"error: {weights}: missing, and so is state.pt, while metrics.csv has rows: the run stopped "
+                    f"before its first checkpoint was whole (`attnconv train --out {run} --resume` starts it again "
+                    "from step 0), or its files were moved or deleted (restore them from a copy of the run)"), line
+    (run / "state.pt").write_bytes(state)
     weights.symlink_to(tmp_path / "nonexistent" / "w")
     line = _one_error(["eval", run], capsys)
     assert line.startswith(f"error: {weights}: a link to {tmp_path / 'nonexistent' / 'w'}, which does not exist"), line

@@ -195,6 +195,21 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_before_anyt
     assert tree(out) == before
 
 
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_before_anything_moved_of_a_run_without_state(
+        run_with_user_files, data_dir, monkeypatch, capsys):  # noqa: F811
+    """The same over an old run that never checkpointed (no state.pt): the line named its `--resume`, which trains
+    the old config, not the one given with --overwrite."""
+    out = run_with_user_files
+    (out / "state.pt").unlink()
+    (out / "model.safetensors").unlink()
+    before = tree(out)
+    monkeypatch.setattr(SetAside, "move", lambda self: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--overwrite", "--seed", "3")) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at step 0 of 8; the run in {out} is as it was (stopped before anything of it was replaced)")
+    assert tree(out) == before
+
+
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_users_folder_of_the_set_aside_name_stays(
         run_with_user_files, data_dir, capsys):  # noqa: F811
     """A folder named as --overwrite's set-aside one but without its manifest (a user's, or a copy) is not

@@ -160,10 +160,13 @@ def _missing(path: Path) -> str:
     if path.is_symlink():
         return (f"{path}: a link to {os.readlink(path)}, which does not exist; restore the run's weights from a copy "
                 "of the run")
-    written = [name for name in (STATE_FILE, METRICS_FILE) if (run / name).exists()]
-    if written:
-        return (f"{path}: missing, although the run has checkpointed ({' and '.join(written)} say so): it was moved or "
-                "deleted; restore it from a copy of the run")
+    if (run / STATE_FILE).exists():
+        return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
+                "restore it from a copy of the run")
+    if (run / METRICS_FILE).exists():  # a row is written before the epoch's checkpoint, which may have failed
+        return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has rows: the run stopped before its "
+                f"first checkpoint was whole (`attnconv train --out {run} --resume` starts it again from step 0), or "
+                "its files were moved or deleted (restore them from a copy of the run)")
     return f"{path}: missing (the run has not written a checkpoint yet)"
 
 

@@ -328,9 +328,10 @@ class Checkpointer:
             return
         why = (f"finished at step {progress.step}, before the run's last step {total_steps}" if progress.finished else
                f"at step {progress.step}, at or past the run's {total_steps} steps, yet not finished")
-        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); restore it from a copy "
-                            "of the run; without it the run cannot be resumed: train it again into a new --out, or "
-                            "over this one with --overwrite")
+        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); if it was resumed with "
+                            "--allow-data-change on data of another size, give that flag again; else restore it from "
+                            "a copy of the run; without it the run cannot be resumed: train it again into a new "
+                            "--out, or over this one with --overwrite")
 
     def replay_logs(self, progress: RunProgress, heads: bool, *, restored: bool = True) -> None:
         """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to

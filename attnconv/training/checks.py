@@ -11,6 +11,7 @@ from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs import (
+    CONFIG_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
     data_changes,
@@ -101,22 +102,24 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest:
     data at hand (`runs.data_digest`) (unless `allow_data_change`)."""
     meta = read_config(out)
     saved = TrainConfig.from_dict(meta["config"]).to_dict()
+    new = config.to_dict()  # the settings first: a flag given on resume also changes the data it decodes
+    diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
+    if diff:
+        raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
+                             "resume with the same settings, or choose a new {out}", mentions=("out",))
     changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:
         raise ParameterError("out", out, f": the dataset changed since this run started ({'; '.join(changes)}); "
                              "resuming would continue on other data: restore the data, train into a new {out}, or "
                              "pass {allow_data_change} to continue anyway", mentions=("out", "allow_data_change"))
-    new = config.to_dict()
-    diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
-    if diff:
-        raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
-                             "resume with the same settings, or choose a new {out}", mentions=("out",))
 
 
 def where_the_run_stands(out: Path, fresh: bool, untouched: bool) -> str:
     """How a `train` stopped early leaves `out` (the end of its one line): an old run `--overwrite` had not begun to
     replace (`untouched`) as it was, nothing written (the folder removed if `fresh`, as `train` does), no checkpoint
     yet, or the last good one; each with the command that goes on from there."""
+    if untouched and (out / CONFIG_FILE).exists():  # the old run, whatever it holds: nothing of it moved
+        return f"the run in {out} is as it was (stopped before anything of it was replaced)"
     try:
         step = load_state(out / STATE_FILE)["progress"]["step"]
     except AttnconvError:
@@ -125,6 +128,4 @@ def where_the_run_stands(out: Path, fresh: bool, untouched: bool) -> str:
             return f"nothing was written, and {kept} (give the same command to start the run)"
         return (f"no checkpoint was written yet (`attnconv train --out {out} --resume` starts the run again from "
                 "step 0)")
-    if untouched:
-        return f"the run in {out} is as it was (stopped before anything of it was replaced)"
     return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"

@@ -315,8 +315,8 @@ class _Trainer:
         self.progress = RunProgress()
         if has_state:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
-            if not self.allow_data_change or read_config(self.out).get("total_steps") == self.total_steps:
-                self.checkpoint.check_length(self.progress, self.total_steps)  # the length the checkpoint knows
+            if not self.allow_data_change:  # the same data: the run's length is the checkpoint's
+                self.checkpoint.check_length(self.progress, self.total_steps)
             # --allow-data-change, the epochs got shorter: the epoch in progress ends where it stands (its row next)
             self.progress.batch = min(self.progress.batch, self.steps_per_epoch)
 
