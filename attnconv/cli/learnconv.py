@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -46,16 +45,10 @@ def _learnconv_doc() -> str:
 def run_learn_conv(args: argparse.Namespace) -> int:
     from attnconv.learnconv import learn_conv
 
-    out = Path(args.out)
-    new = not out.exists()  # the output check makes the folder; a run that ends without results takes it back
-    try:
-        r = learn_conv(args.kernel, args.heads, args.steps, args.channels, args.size, seed=args.seed,
-                       source=args.source, batch_size=args.batch_size, lr=args.lr, out=args.out,
-                       data_dir=args.data_dir, progress=args.progress, overwrite=args.overwrite)
-    except BaseException:  # an error, Ctrl-C: no empty folder is left
-        if new and out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
-            out.rmdir()
-        raise
+    # --out's folder is made by the write of its results (and removed again if that write fails)
+    r = learn_conv(args.kernel, args.heads, args.steps, args.channels, args.size, seed=args.seed,
+                   source=args.source, batch_size=args.batch_size, lr=args.lr, out=args.out,
+                   data_dir=args.data_dir, progress=args.progress, overwrite=args.overwrite)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

@@ -87,6 +87,11 @@ def save_checkpoint(model: nn.Module, metadata: dict[str, str], state: dict[str,
     atomic_write_all([(run_dir / WEIGHTS_FILE, write_bytes(weights_bytes(model, metadata))),
                       (run_dir / STATE_FILE, write_bytes(state_bytes(state)))])
 
+# What every line about a damaged state.pt ends with.
+STATE_FIX = ("restore it from a copy of the run; without it the run cannot be resumed: train it again into a new "
+             "--out, or over this one with --overwrite")
+
+
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
     """Read a training-state file and check its structure; one AttnconvError if it is not sound.
 
@@ -100,8 +105,7 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
     """
     path = Path(path)
-    fix = ("restore it from a copy of the run; without it the run cannot be resumed: train it again into a new "
-           "--out, or over this one with --overwrite")
+    fix = STATE_FIX
     try:
         with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
             warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file
@@ -160,10 +164,10 @@ def _state_problem(state: Any) -> str | None:
     if not isinstance(progress.get("finished", False), bool):
         return f"progress finished is {progress['finished']!r}, not true or false"
     finished = progress.get("finished", False)
-    if not epoch <= rows <= epoch + (finished is True) or (finished is True and rows == 0):
+    if not epoch <= rows <= epoch + finished or (finished and rows == 0):
         # metrics.csv: a row per epoch done, and one for the epoch a finished run ended in (--max-steps)
         return (f"progress rows {short_value(rows)} does not fit its {epoch} epochs done, "
-                f"{'finished' if finished is True else 'not finished'}")
+                f"{'finished' if finished else 'not finished'}")
     for key in _STATE_SUMS:
         v = progress.get(key, 0.0)
         if not is_finite(v) or v < 0:  # losses, counts of images and seconds

@@ -42,6 +42,7 @@ from attnconv.runs import (
     trim_logs,
     weights_fit,
 )
+from attnconv.runs.files import STATE_FIX
 from attnconv.runs.values import is_finite, short_value
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
@@ -105,11 +106,11 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer, 
             if not (_same_kind if key in _SCHEDULED else _same_setting)(group[key], value):
                 return (f"setting {key} is {short_value(group[key])}, where the optimizer that config.json makes "
                         f"has {short_value(value)}")
-    seen: set[int] = set()
-    for pid in ids:
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid in seen:
+    position: dict[int, int] = {}  # parameter id -> its index among the groups' parameters
+    for i, pid in enumerate(ids):
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid in position:
             return f"names parameter {short_value(pid)} twice, or by something other than a whole number"
-        seen.add(pid)
+        position[pid] = i
     made = _one_step_state(optimizer)
     if made is None:
         return None
@@ -121,9 +122,9 @@ def _optimizer_problem(saved: dict[str, Any], optimizer: torch.optim.Optimizer, 
     if steps == 0 and saved["state"]:
         return f"holds the state of {len(saved['state'])} parameters before the first step"
     for pid, per in saved["state"].items():
-        if pid not in seen or not isinstance(per, dict):
+        if pid not in position or not isinstance(per, dict):
             return f"holds the state of parameter {short_value(pid)}, which no group has"
-        want = made.get(ids.index(pid), {})
+        want = made.get(position[pid], {})
         if set(per) != set(want):
             return (f"holds {sorted(per)} for parameter {short_value(pid)}, where this optimizer keeps "
                     f"{sorted(want)}")
@@ -300,8 +301,7 @@ class Checkpointer:
                        f"its {progress.batch} batches of {batch_size}, counted until the epoch's row is written")
         if problem is not None:
             raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt ({problem}); "
-                                "restore it from a copy of the run; without it the run cannot be resumed: train it "
-                                "again into a new --out, or over this one with --overwrite")
+                                f"{STATE_FIX}")
         if not self.d.main:
             for key in _SUMS:
                 setattr(progress, key, 0.0)
@@ -313,9 +313,8 @@ class Checkpointer:
                     torch.cuda.set_rng_state(rng["cuda"][self.d.rank], self.device)
                 except RuntimeError:
                     raise AttnconvError(f"{self.path}: cannot read the training state: the file is corrupt (the CUDA "
-                                        "random number generator state is not one torch can set); restore it from a "
-                                        "copy of the run; without it the run cannot be resumed: train it again into "
-                                        "a new --out, or over this one with --overwrite") from None
+                                        f"random number generator state is not one torch can set); {STATE_FIX}"
+                                        ) from None
         else:
             torch.manual_seed(seed + self.d.rank + 7919 * progress.step)
         return progress
@@ -329,9 +328,7 @@ class Checkpointer:
         why = (f"finished at step {progress.step}, before the run's last step {total_steps}" if progress.finished else
                f"at step {progress.step}, at or past the run's {total_steps} steps, yet not finished")
         raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); if it was resumed with "
-                            "--allow-data-change on data of another size, give that flag again; else restore it from "
-                            "a copy of the run; without it the run cannot be resumed: train it again into a new "
-                            "--out, or over this one with --overwrite")
+                            f"--allow-data-change on data of another size, give that flag again; else {STATE_FIX}")
 
     def replay_logs(self, progress: RunProgress, heads: bool, *, restored: bool = True) -> None:
         """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to
