@@ -510,6 +510,9 @@ CASES = [
     ("resume-state-past-the-run", state_progress(step=10**12, finished=False), RESUME,
      "state.pt: the training state does not fit this run (at step 1000000000000, at or past the run's 2 steps, yet not "
      "finished)", None),
+    ("resume-state-past-the-epochs-data-change", state_progress(step=10**12, finished=False),  # counted in epochs
+     [*RESUME, "--allow-data-change"], "state.pt: the training state does not fit this run (at step 1000000000000 "
+     "(epoch 2 of 1), at or past the run's end, yet not finished); restore it from a copy", None),
     ("resume-state-finished-early", state_progress(step=1), RESUME,
      "state.pt: the training state does not fit this run (finished at step 1, before the run's last step 2)", None),
     ("resume-state-epoch-500", state_progress(epoch=500), RESUME,

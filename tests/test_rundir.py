@@ -552,12 +552,20 @@ def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, cap
     assert "normalization" in err and err.count("\n") == 1
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert main([*args, "--resume", "--allow-data-change"]) == 0  # asked for: continues on the new data
-    # Lost images: the checkpoint's batch 2 is the new epoch's end. The epoch ended there without its row, its sums
-    # carried into the next one (which counted 16 images), and a second resume was refused as a corrupt state.pt.
-    if change == "lost images":
-        rows = runs.read_metrics(out)
-        assert [r["epoch"] for r in rows] == [1, 2, 3], rows
-        assert rows[1]["images_per_s"] > 0 and load_state(out / "state.pt")["progress"]["seen"] == 0
+    # The run counts in epochs on the new data: three epochs, the last one whole. Lost images: the checkpoint's
+    # batch 2 is the new epoch's end (it ended there without its row, its sums carried into the next one, and a
+    # second resume was refused as a corrupt state.pt); then one epoch of 2 steps, not a last epoch cut at the old
+    # run's 9 - 3 steps. Gained images: 2 more steps, then 4 (counted in steps, 12 in all, an epoch 4 was written,
+    # which eval and table then refused).
+    rows = runs.read_metrics(out)
+    assert [r["epoch"] for r in rows] == [1, 2, 3], rows
+    assert [r["step"] for r in rows] == ([3, 5, 7] if change == "lost images" else [3, 7, 11]), rows
+    assert rows[1]["images_per_s"] > 0 and load_state(out / "state.pt")["progress"]["seen"] == 0
+    assert load_state(out / "state.pt")["progress"]["finished"]
+    capsys.readouterr()
+    assert main([*args, "--resume", "--allow-data-change"]) == 0  # finished: nothing more, no length refused
+    assert "run already finished" in capsys.readouterr().err
+    assert main(["eval", str(out), "--allow-data-change"]) == 0
 
 
 # ---------------------------------------------------------------------------------- smaller things done right

@@ -319,16 +319,21 @@ class Checkpointer:
             torch.manual_seed(seed + self.d.rank + 7919 * progress.step)
         return progress
 
-    def check_length(self, progress: RunProgress, total_steps: int) -> None:
-        """The counters `restore` gave must fit a run of `total_steps` (on the data it was trained on): a run not
-        finished before its last step, or finished at it; an AttnconvError naming state.pt otherwise. (Not the step
-        against the epoch and batch: a resume with --allow-data-change changes the epochs' length mid-run.)"""
+    def check_length(self, progress: RunProgress, total_steps: int, *, epochs: int | None = None) -> None:
+        """The counters `restore` gave must fit a run of `total_steps`: a run not finished before its last step, or
+        finished at it; an AttnconvError naming state.pt otherwise. (Not the step against the epoch and batch: a
+        resume with --allow-data-change changes the epochs' length mid-run.) `epochs`: the run's, when that flag
+        is given (`total_steps` then counts the epochs left at the data's length now)."""
         if progress.finished == (progress.step >= total_steps):
             return
+        where = f"at step {progress.step}" if epochs is None else \
+            f"at step {progress.step} (epoch {progress.epoch + 1} of {epochs})"
         why = (f"finished at step {progress.step}, before the run's last step {total_steps}" if progress.finished else
-               f"at step {progress.step}, at or past the run's {total_steps} steps, yet not finished")
-        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); if it was resumed with "
-                            f"--allow-data-change on data of another size, give that flag again; else {STATE_FIX}")
+               f"{where}, at or past the run's end, yet not finished" if epochs is not None else
+               f"{where}, at or past the run's {total_steps} steps, yet not finished")
+        hint = "" if epochs is not None else ("if it was resumed with --allow-data-change on data of another size, "
+                                              "give that flag again; else ")
+        raise AttnconvError(f"{self.path}: the training state does not fit this run ({why}); {hint}{STATE_FIX}")
 
     def replay_logs(self, progress: RunProgress, heads: bool, *, restored: bool = True) -> None:
         """Rank 0, before the first step: cut metrics.csv, steps.csv (and heads.jsonl when `heads`) back to

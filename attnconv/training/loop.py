@@ -293,6 +293,17 @@ class _Trainer:
             self.total_steps = min(self.total_steps, config.max_steps)
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)  # the epochs that will run (--max-steps)
 
+    def _count_in_epochs(self) -> None:
+        """--allow-data-change: the steps left are the rest of the epoch in progress and the epochs after it, at the
+        data's steps per epoch now (an epoch of the old data may have had other steps: counted in steps, the run
+        would end inside its last epoch or run one past it). Epochs that got shorter end the epoch in progress
+        where it stands (its row next)."""
+        p, cfg, per_epoch = self.progress, self.config, self.steps_per_epoch
+        p.batch = min(p.batch, per_epoch)
+        left = per_epoch - p.batch + (cfg.epochs - p.epoch - 1) * per_epoch if p.epoch < cfg.epochs else 0
+        self.total_steps = p.step + left if cfg.max_steps is None else min(p.step + left, cfg.max_steps)
+        self.epochs = p.epoch + max(1, math.ceil((self.total_steps - p.step + p.batch) / per_epoch))
+
     def _build(self) -> None:
         """Model, optimizer and counters (restored from the checkpoint on --resume), then the DDP, compile
         and autocast wrappers."""
@@ -315,10 +326,11 @@ class _Trainer:
         self.progress = RunProgress()
         if has_state:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
-            if not self.allow_data_change:  # the same data: the run's length is the checkpoint's
-                self.checkpoint.check_length(self.progress, self.total_steps)
-            # --allow-data-change, the epochs got shorter: the epoch in progress ends where it stands (its row next)
-            self.progress.batch = min(self.progress.batch, self.steps_per_epoch)
+            if self.allow_data_change and not self.progress.finished:
+                self._count_in_epochs()
+            if not self.allow_data_change or not self.progress.finished:  # a finished run's length is its own
+                self.checkpoint.check_length(self.progress, self.total_steps,
+                                            epochs=config.epochs if self.allow_data_change else None)
 
         net: nn.Module = self.model
         if d.active:
@@ -464,7 +476,7 @@ class _Trainer:
             augment=cfg.augment, rank=d.rank, world_size=d.world_size, drop_last=True, start_batch=p.batch,
             device=self.device, pad=cfg.crop_pad, flip=cfg.flip,
         )
-        epoch_steps = max(p.batch, min(self.steps_per_epoch, self.total_steps - p.epoch * self.steps_per_epoch))
+        epoch_steps = min(self.steps_per_epoch, p.batch + self.total_steps - p.step)  # --max-steps may cut it
         bar = ProgressLog(self.progress_mode, total_steps=self.total_steps, epoch_steps=epoch_steps,
                           initial=p.batch, desc=f"epoch {p.epoch + 1}/{self.epochs}", log_every=self.log_every)
         self._synced = p.step
