@@ -1323,6 +1323,11 @@ def test_run_files_read_with_checks_weights_that_are_not_there_or_too_large(tiny
     assert line == (f"error: {weights}: missing, and so is state.pt, while metrics.csv has rows: the run stopped "
                     f"before its first checkpoint was whole (`attnconv train --out {run} --resume` starts it again "
                     "from step 0), or its files were moved or deleted (restore them from a copy of the run)"), line
+    metrics = (run / "metrics.csv").read_bytes()
+    (run / "metrics.csv").write_bytes(metrics.split(b"\n")[0] + b"\n")  # only its header: stopped in epoch 1
+    line = _one_error(["eval", run], capsys)  # was "while metrics.csv has rows: ... first checkpoint was whole"
+    assert line == f"error: {weights}: missing (the run has not written a checkpoint yet)", line
+    (run / "metrics.csv").write_bytes(metrics)
     (run / "state.pt").write_bytes(state)
     weights.symlink_to(tmp_path / "nonexistent" / "w")
     line = _one_error(["eval", run], capsys)

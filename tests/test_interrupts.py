@@ -217,11 +217,11 @@ def test_a_third_ctrl_c_while_the_run_cleans_up_ends_it_at_once():
     """A cleanup that hangs can still be stopped: the third Ctrl-C exits with `interrupted`, 130; the second is
     let pass; afterwards SIGINT raises KeyboardInterrupt again."""
     code = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from attnconv.training.loop import _CleanupInterrupts\n"
-            "c = _CleanupInterrupts(); os.kill(os.getpid(), signal.SIGINT); print('passed', flush=True)\n"
+            "from attnconv.training.stopping import CleanupInterrupts\n"
+            "c = CleanupInterrupts(); os.kill(os.getpid(), signal.SIGINT); print('passed', flush=True)\n"
             "c.restore()\n"
             "try:\n    os.kill(os.getpid(), signal.SIGINT)\nexcept KeyboardInterrupt:\n    print('raised', flush=True)\n"
-            "c = _CleanupInterrupts(); os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGINT)\n"
+            "c = CleanupInterrupts(); os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGINT)\n"
             "print('not reached', flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           preexec_fn=_as_in_a_terminal)

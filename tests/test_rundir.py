@@ -568,6 +568,95 @@ def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, cap
     assert main(["eval", str(out), "--allow-data-change"]) == 0
 
 
+@pytest.mark.parametrize("epochs", [2, 3])
+def test_allow_data_change_onto_shorter_epochs_ends_the_epoch_in_progress_even_the_last(tmp_path, monkeypatch, capsys,
+                                                                                       epochs):
+    """12 images (3 steps an epoch) cut to 8 (2) with the checkpoint at epoch 2, batch 2: that epoch ends where it
+    stands, with its row. When it was the last epoch the run, counted in epochs, had no step left and its state
+    was refused as "at or past the run's end, yet not finished"; the row took the learning rate of a next step
+    (not the one its last step ran at); a resume stopped under --allow-data-change named a plain --resume, which
+    the data at hand is refused for."""
+    from attnconv.config import TrainConfig
+    from attnconv.training.schedule import learning_rate
+
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", str(epochs), "--checkpoint-every", "1")
+    original = Checkpointer.save
+    stop_at = {5}
+
+    def checkpoint_then_die(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step in stop_at:
+            stop_at.discard(progress.step)
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Checkpointer, "save", checkpoint_then_die)
+        assert main(args) == 130  # at step 5: epoch 2, batch 2
+        for cls in ("cat", "dog"):
+            for p in sorted((tmp_path / "imgs" / "train" / cls).glob("*.*"))[:2]:
+                if p.suffix != ".txt":
+                    p.unlink()
+        capsys.readouterr()
+        if epochs == 3:
+            stop_at.add(5)  # the epoch's end, checkpointed after its row: stopped there again
+        code = main([*args, "--resume", "--allow-data-change"])
+        err = capsys.readouterr().err
+    if epochs == 2:  # the last epoch: the run ends with that row
+        assert code == 0, err
+    else:
+        assert code == 130 and err.strip().splitlines()[-1].endswith(
+            f"continue with `attnconv train --out {out} --resume --allow-data-change`"), err
+        assert main([*args, "--resume", "--allow-data-change"]) == 0
+    rows = runs.read_metrics(out)
+    assert [(r["epoch"], r["step"]) for r in rows] == [(1, 3), (2, 5), (3, 7)][:epochs], rows
+    config = TrainConfig.from_dict(json.loads((out / "config.json").read_text())["config"])
+    assert rows[1]["lr"] == pytest.approx(learning_rate(config, 4, 3 * epochs))  # step 5's, of the run as it was
+    assert load_state(out / "state.pt")["progress"]["finished"]
+
+
+def test_resume_starts_from_the_runs_own_config_whatever_flags_are_given(tmp_path, monkeypatch, capsys):
+    """`--resume --model M` (the run's own model) took the dataset's preset as the base: "missing --dataset", or,
+    with --dataset, a different config listing epochs, batch size and seed the user never gave; another model met
+    the run's model options ("no option 'hidden'"). Data smaller than one batch named --batch-size, which
+    --resume refuses to change. A model option changed is named by its key, not as two whole dicts."""
+    from fixtures_data import write_image_folder
+
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "1")
+    assert main(args) == 0
+    resume = ["train", "--out", str(out), "--resume", "--no-progress"]
+    folder = f"folder:{tmp_path / 'imgs'}"
+    for given in (["--model", "sa-quadratic"], ["--model", "sa-quadratic", "--dataset", folder], ["--dataset", folder]):
+        capsys.readouterr()
+        assert main([*resume, *given]) == 0, given
+        assert "run already finished" in capsys.readouterr().err
+    changed = {("--model", "resnet18"): "(model: 'sa-quadratic' -> 'resnet18')",
+               ("--hidden", "16"): "(model_overrides.hidden: 8 -> 16)",
+               ("--model", "sa-quadratic", "--epochs", "3"): "(epochs: 1 -> 3)",
+               # the settings before the data: a flag given is named, not only what the other data does not fit
+               ("--image-size", "24", "--dataset", f"folder:{tmp_path / 'grey'}"):
+                   f"(dataset: '{folder}' -> 'folder:{tmp_path / 'grey'}'; model_overrides.image_size: 32 -> 24)"}
+    write_image_folder(tmp_path / "grey", grey=True)
+    for given, what in changed.items():
+        capsys.readouterr()
+        assert main([*resume, *given]) == 2
+        assert capsys.readouterr().err == (f"error: --out {out} holds a run with a different config {what}; resume "
+                                           "with the same settings, or choose a new --out\n"), given
+    for cls in ("bird", "cat", "dog"):  # one image each
+        for p in sorted((tmp_path / "imgs" / "train" / cls).glob(f"{cls}*"))[1:]:
+            p.unlink()
+    capsys.readouterr()
+    for flag in ([], ["--allow-data-change"]):
+        assert main([*resume, *flag]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: the run's batch size 4 is larger than the training set of folder:") and \
+            "(3 images): resume it on the data it was trained on, or train on this data into a new --out" in err, err
+    new = [str(tmp_path / "new") if a == str(out) else a for a in args]
+    assert main([*new, "--allow-data-change"]) == 2  # a new run has no data to compare
+    assert capsys.readouterr().err == "error: --allow-data-change goes with --resume (a run continued on other data); " \
+                                      "leave it out\n"
+    assert not (tmp_path / "new").exists()
+
+
 # ---------------------------------------------------------------------------------- smaller things done right
 
 

@@ -12,7 +12,7 @@
 Without --preset, the preset registered for the dataset is the base (Fashion-MNIST: the
 CPU presets; CIFAR-10: the paper's; folder:PATH: AdamW scaled to the image size and count;
 see attnconv.dataset_presets) and the line `preset: ...` says what it set. Explicit flags override
-the preset or preset; model flags (--hidden, --layers, ...) override the model's defaults.
+the preset; model flags (--hidden, --layers, ...) override the model's defaults.
 With --resume, a run directory's saved config is the base, and
 only --device, --workers, --data-dir, --checkpoint-every and --compile may change.
 With --init-from, the architecture, dataset and preset are the CNN run's (optimization
@@ -30,6 +30,7 @@ parameters, the paper's quadratic attention models too).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -112,16 +113,22 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
     from attnconv.options import option_fields
-    from attnconv.runs import CONFIG_FILE, read_config
+    from attnconv.runs import CONFIG_FILE
+    from attnconv.runs.directory import run_config
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
+    from attnconv.training.checks import check_same_config
 
     if args.tensorboard:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)
     base = None
-    if args.resume and args.preset is None and args.model is None and (out / CONFIG_FILE).exists():
-        base = TrainConfig.from_dict(read_config(out)["config"])
+    # --resume: the run's own config is the base, the flags given are changes to it (a --model or --dataset equal
+    # to the run's is none; the dataset's preset, which flags not given would otherwise take, plays no part)
+    if args.resume and args.preset is None and (out / CONFIG_FILE).exists():
+        base = TrainConfig.from_dict(run_config(out, foreign_only=True)["config"])
+        if args.model is not None and args.model != base.model:  # before the run's model options meet another model
+            check_same_config(out, base, dataclasses.replace(base, model=args.model))
     overrides = {name: getattr(args, dest) for _, name, dest in _model_fields()}
     changes = {f.name: getattr(args, f.name) for f in option_fields(TrainConfig)
                if f.metadata["cli"] or f.name in ("model", "dataset", "milestones")}
@@ -168,8 +175,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
     """--init-from: the CNN run's config is the base (architecture, data, preset), plus init_from."""
-    import dataclasses
-
     from attnconv.config import InitFrom, TrainConfig
     from attnconv.runs import read_config
 

@@ -163,11 +163,20 @@ def _missing(path: Path) -> str:
     if (run / STATE_FILE).exists():
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
                 "restore it from a copy of the run")
-    if (run / METRICS_FILE).exists():  # a row is written before the epoch's checkpoint, which may have failed
+    if _has_a_row(run):  # a row is written before the epoch's checkpoint, which may have failed
         return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has rows: the run stopped before its "
                 f"first checkpoint was whole (`attnconv train --out {run} --resume` starts it again from step 0), or "
                 "its files were moved or deleted (restore them from a copy of the run)")
     return f"{path}: missing (the run has not written a checkpoint yet)"
+
+
+def _has_a_row(run: Path) -> bool:
+    """Whether metrics.csv holds a row (not only its header: a run stopped inside its first epoch); a file that does
+    not read counts as none (its own reader says what is wrong with it)."""
+    try:
+        return (run / METRICS_FILE).exists() and bool(read_metrics(run, limit=1))
+    except AttnconvError:
+        return False
 
 
 def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:

@@ -30,6 +30,7 @@ from attnconv.runs.files import (
     STEPS_COLUMNS,
     STEPS_FILE,
     TENSORBOARD_DIR,
+    NotARunConfig,
     metrics_text,
     read_config,
     read_metrics,
@@ -44,6 +45,21 @@ DISCARDED = ".replaced-run.done" + TMP_SUFFIX
 _MANIFEST = "manifest.json"
 # What `train --tensorboard` writes into tensorboard/ (torch's SummaryWriter): only these files there are ours.
 EVENTS_PREFIX = "events.out.tfevents."
+
+
+def run_config(out: Path, *, foreign_only: bool = False) -> dict:
+    """config.json of the run `train` is to resume or replace in `out` (`read_config`); a file attnconv did not
+    write (a Hugging Face model folder's) or cannot read is `is not an attnconv run`, naming {out}
+    (`foreign_only`: only one that holds no "config" object; a damaged run config is named as `read_config` names
+    it)."""
+    try:
+        return read_config(out)
+    except AttnconvError as err:
+        if foreign_only and not isinstance(err, NotARunConfig):
+            raise
+        raise ParameterError("out", out, f"is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
+                             f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty "
+                             "directory") from None
 
 
 def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bool) -> list[str]:
@@ -75,12 +91,7 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
             raise ParameterError("out", out, f"is not empty and holds no attnconv run ({shown}); "
                                  "choose a new or empty directory")
         return []
-    try:  # only a config.json that attnconv wrote makes the folder a run to resume or replace
-        read_config(out)
-    except AttnconvError as err:
-        raise ParameterError("out", out, f"is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
-                             f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty "
-                             "directory") from None
+    run_config(out)  # only a config.json that attnconv wrote makes the folder a run to resume or replace
     if resume:
         return []
     if not overwrite:

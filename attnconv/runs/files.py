@@ -212,6 +212,11 @@ def _byte_vector(t: Any, size: int | None = None) -> bool:
     return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
             and (size is None or t.numel() == size))
 
+class NotARunConfig(AttnconvError):
+    """A config.json that is JSON but holds no "config" object: corrupt, or another program's (a Hugging Face
+    model folder's)."""
+
+
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The parsed config.json of a run directory (with the TrainConfig under "config").
 
@@ -242,9 +247,9 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise AttnconvError(f"{path}: corrupt run config (not JSON: {err}); {fix}") from None
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the run config ({err.strerror or err}); {fix}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):  # another program's config.json?
+        raise NotARunConfig(f'{path}: corrupt run config (no "config" object); {fix}')
     try:
-        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
-            raise AttnconvError('no "config" object')
         problem = strings_problem(meta)
         if problem is not None:
             raise AttnconvError(problem)

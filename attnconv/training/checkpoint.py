@@ -319,12 +319,15 @@ class Checkpointer:
             torch.manual_seed(seed + self.d.rank + 7919 * progress.step)
         return progress
 
-    def check_length(self, progress: RunProgress, total_steps: int, *, epochs: int | None = None) -> None:
+    def check_length(self, progress: RunProgress, total_steps: int, *, epochs: int | None = None,
+                     row_due: bool = False) -> None:
         """The counters `restore` gave must fit a run of `total_steps`: a run not finished before its last step, or
         finished at it; an AttnconvError naming state.pt otherwise. (Not the step against the epoch and batch: a
         resume with --allow-data-change changes the epochs' length mid-run.) `epochs`: the run's, when that flag
-        is given (`total_steps` then counts the epochs left at the data's length now)."""
-        if progress.finished == (progress.step >= total_steps):
+        is given (`total_steps` then counts the epochs left at the data's length now); `row_due`: the epoch in
+        progress ends where it stands (it got shorter), so a run at its last step still has that epoch's row to
+        write."""
+        if progress.finished == (progress.step >= total_steps) or (row_due and progress.step == total_steps):
             return
         where = f"at step {progress.step}" if epochs is None else \
             f"at step {progress.step} (epoch {progress.epoch + 1} of {epochs})"

@@ -22,8 +22,10 @@ from attnconv.runs import (
 from attnconv.runs.values import short_value
 
 
-def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int) -> None:
-    """The (train, test) sets have the dataset's shape and labels, and the batch fits them."""
+def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int, *,
+               resuming: bool = False) -> None:
+    """The (train, test) sets have the dataset's shape and labels, and the batch fits them (`resuming`: the batch
+    size is the run's, which the user did not give and `--resume` cannot change)."""
     for name, s in (("train", train_set), ("test", test_set)):
         if not isinstance(s, D.ImageSet):
             raise AttnconvError(f"{name} set must be an attnconv.data.ImageSet, got {type(s).__name__}")
@@ -36,9 +38,20 @@ def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_
         if s.labels.min() < 0 or s.labels.max() >= info.num_classes:
             raise AttnconvError(f"{name} labels must be in 0..{info.num_classes - 1}")
     if batch_size > len(train_set):
+        if resuming:
+            raise ParameterError(None, None, f"the run's batch size {batch_size} is larger than the training set of "
+                                 f"{info.name} ({len(train_set)} images): resume it on the data it was trained on, "
+                                 "or train on this data into a new {out}", mentions=("out",))
         raise ParameterError("batch_size", batch_size, f"is larger than the training set ({len(train_set)} images)")
     if batch_size % world_size:
+        if resuming:
+            raise ParameterError(None, None, f"the run's batch size {batch_size} is not divisible by the {world_size} "
+                                 "processes: resume it with a number of processes that divides it")
         raise ParameterError("batch_size", batch_size, f"(global) is not divisible by the {world_size} processes")
+
+
+# The model options the data decides (`resolve_overrides`): a config may leave them out.
+DERIVED = ("in_channels", "image_size", "num_classes")
 
 
 def resolve_overrides(config: TrainConfig, info: D.DatasetInfo, *, resuming: bool = False) -> TrainConfig:
@@ -48,7 +61,7 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo, *, resuming: boo
     user did not give), and so is a model that cannot be built from the overrides, or one too large for
     the machine (refused before allocating: `AllocationLimit`).
     """
-    derived = {"in_channels": info.channels, "image_size": info.size, "num_classes": info.num_classes}
+    derived = dict(zip(DERIVED, (info.channels, info.size, info.num_classes)))
     overrides = dict(config.model_overrides)
     for key, value in derived.items():
         if overrides.setdefault(key, value) == value:
@@ -95,18 +108,32 @@ def check_resume_point(out: Path) -> None:
                              "run, or train the run again over this one with {overwrite}", mentions=("overwrite",))
 
 
+def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> None:
+    """--resume: `config` is the run's `saved` one but for `RESUMABLE_CHANGES`; else one line naming each field that
+    differs (a model override by its key)."""
+    old, new = saved.to_dict(), config.to_dict()
+    diff = []
+    for k in new:
+        if k in RESUMABLE_CHANGES or new[k] == old.get(k):
+            continue
+        if isinstance(new[k], dict) and isinstance(old.get(k), dict):  # model options; the data's may be left out
+            diff += [f"{k}.{key}: {old[k].get(key)!r} -> {new[k].get(key)!r}" for key in {**old[k], **new[k]}
+                     if old[k].get(key) != new[k].get(key) and (key in new[k] or key not in DERIVED)]
+        else:
+            diff.append(f"{k}: {old.get(k)!r} -> {new[k]!r}")
+    if diff:
+        raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
+                             "resume with the same settings, or choose a new {out}", mentions=("out",))
+
+
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,
                     allow_data_change: bool) -> None:
     """A run in `out` that --resume continues: its saved config matches `config` except for
     `RESUMABLE_CHANGES`, and its recorded dataset matches `info` and the content `digest` of the
     data at hand (`runs.data_digest`) (unless `allow_data_change`)."""
     meta = read_config(out)
-    saved = TrainConfig.from_dict(meta["config"]).to_dict()
-    new = config.to_dict()  # the settings first: a flag given on resume also changes the data it decodes
-    diff = [f"{k}: {saved[k]!r} -> {new[k]!r}" for k in new if k not in RESUMABLE_CHANGES and new[k] != saved[k]]
-    if diff:
-        raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
-                             "resume with the same settings, or choose a new {out}", mentions=("out",))
+    # the settings first: a flag given on resume also changes the data it decodes
+    check_same_config(out, TrainConfig.from_dict(meta["config"]), config)
     changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:
         raise ParameterError("out", out, f": the dataset changed since this run started ({'; '.join(changes)}); "
@@ -114,10 +141,12 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest:
                              "pass {allow_data_change} to continue anyway", mentions=("out", "allow_data_change"))
 
 
-def where_the_run_stands(out: Path, fresh: bool, untouched: bool) -> str:
+def where_the_run_stands(out: Path, fresh: bool, untouched: bool, *, data_change: bool = False) -> str:
     """How a `train` stopped early leaves `out` (the end of its one line): an old run `--overwrite` had not begun to
     replace (`untouched`) as it was, nothing written (the folder removed if `fresh`, as `train` does), no checkpoint
-    yet, or the last good one; each with the command that goes on from there."""
+    yet, or the last good one; each with the command that goes on from there (`data_change`: its `--resume` with
+    `--allow-data-change`, as the stopped one was given)."""
+    resume = f"attnconv train --out {out} --resume" + (" --allow-data-change" if data_change else "")
     if untouched and (out / CONFIG_FILE).exists():  # the old run, whatever it holds: nothing of it moved
         return f"the run in {out} is as it was (stopped before anything of it was replaced)"
     try:
@@ -126,6 +155,5 @@ def where_the_run_stands(out: Path, fresh: bool, untouched: bool) -> str:
         if not (out.is_dir() and any(out.iterdir())):  # no run there to --resume (`train` removes a folder it made)
             kept = f"{out} is removed with it" if fresh else f"{out} is left as it was"
             return f"nothing was written, and {kept} (give the same command to start the run)"
-        return (f"no checkpoint was written yet (`attnconv train --out {out} --resume` starts the run again from "
-                "step 0)")
-    return f"the last good checkpoint (step {step}) is intact; continue with `attnconv train --out {out} --resume`"
+        return f"no checkpoint was written yet (`{resume}` starts the run again from step 0)"
+    return f"the last good checkpoint (step {step}) is intact; continue with `{resume}`"

@@ -28,9 +28,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -41,10 +39,9 @@ import torch.nn as nn
 import attnconv
 from attnconv import data as D
 from attnconv.config import TrainConfig
-from attnconv.errors import AttnconvError, Interrupted, ParameterError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.evaluate import evaluate
-from attnconv.fileio import DirectoryLock, describe_os_error, remove_empty, remove_temporaries
-from attnconv.limits import out_of_memory
+from attnconv.fileio import DirectoryLock, remove_empty, remove_temporaries
 from attnconv.models.sites import records_heads
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
@@ -75,15 +72,16 @@ from attnconv.training.checks import (
     check_data,
     check_resumable,
     check_resume_point,
+    check_same_config,
     recorded_log_every,
     resolve_overrides,
-    where_the_run_stands,
 )
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
 from attnconv.training.schedule import learning_rate, make_optimizer
 from attnconv.training.step import train_step
+from attnconv.training.stopping import RESTORED, CleanupInterrupts, stopped_line
 
 # Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
 _SYNC_EVERY = 10
@@ -129,6 +127,9 @@ def train(
     if resume and overwrite:
         raise ParameterError("resume", resume, "and {overwrite} contradict each other: give one", shown="",
                              mentions=("overwrite",))
+    if allow_data_change and not resume:  # a new run records the data it starts on: there is nothing to compare
+        raise ParameterError("allow_data_change", allow_data_change, "goes with {resume} (a run continued on other "
+                             "data); leave it out", shown="", mentions=("resume",))
     out = Path(out)
     fresh = not out.exists()
     new_parents = [p for p in reversed(out.parents) if not p.exists()]  # `claim_run_dir` makes them with out
@@ -143,8 +144,9 @@ def train(
         return row
     except BaseException as err:
         if isinstance(err, KeyboardInterrupt):  # a second Ctrl-C must not cut the line saying where it stopped
-            interrupts = _CleanupInterrupts()
-        stopped = _stopped(err, out, trainer, fresh, overwrite)  # --overwrite before the first checkpoint: the old run is back
+            interrupts = CleanupInterrupts()
+        # --overwrite before the first checkpoint: the old run is back
+        stopped = stopped_line(err, out, trainer, fresh, overwrite, allow_data_change)
         if stopped is None:
             raise
         raise stopped from None
@@ -160,74 +162,12 @@ def train(
             interrupts.restore()
 
 
-def _stopped(err: BaseException, out: Path, trainer: _Trainer | None, fresh: bool, overwrite: bool
-             ) -> Exception | None:
-    """After any failure, the run --overwrite set aside is put back if the new run has no checkpoint yet.
-    Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
-    the run directory holds now; None to let `err` itself through (an AttnconvError says it already)."""
-    restored = _restore_set_aside(out, trainer)
-    if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
-        return None
-    untouched = overwrite and (trainer is None or not trainer.set_aside.moved)  # --overwrite stopped in its checks
-    stands = RESTORED if restored else where_the_run_stands(out, fresh, untouched)
-    where = f" at step {trainer.progress.step} of {trainer.total_steps}" if trainer is not None else ""
-    if isinstance(err, KeyboardInterrupt):  # Ctrl-C: say where the run stands and how to go on
-        return Interrupted(f"interrupted{where}; {stands}", mentions=("overwrite",))
-    if isinstance(err, OSError):  # disk full or the folder gone while writing: one line, the last checkpoint kept
-        what = f" {err.filename}" if err.filename else ""
-        return ParameterError("out", out, f": could not write{what} ({describe_os_error(err)}); {stands}",
-                              mentions=("overwrite",))
-    return ParameterError(None, None, f"out of memory{where}; give smaller sizes ({{batch_size}}, the model's); "
-                          f"{stands}", mentions=("batch_size", "overwrite"))
-
-
-def _restore_set_aside(out: Path, trainer: _Trainer | None) -> bool:
-    """Put back the run --overwrite set aside, if the new run has no checkpoint yet; whether it did."""
-    if trainer is None or not trainer.set_aside.pending:
-        return False
-    try:
-        trainer.set_aside.restore()
-    except OSError as err:
-        raise ParameterError("out", out, f": the new run failed before its first checkpoint, and the run it was "
-                             f"replacing could not be put back ({describe_os_error(err)}); its files are in "
-                             f"{trainer.set_aside.folder}: move them back into {out}") from None
-    return True
-
-
-class _CleanupInterrupts:
-    """While a run stopped by Ctrl-C cleans up (the set-aside run put back, the lock released, the line saying
-    where it stopped): a second SIGINT is let pass, so that it cannot cut that short; a third ends the process
-    at once (`interrupted`, exit 130), for a cleanup that hangs. Only in the main thread of a process whose
-    SIGINT raises KeyboardInterrupt (Python's default); `restore` puts that handler back."""
-
-    def __init__(self):
-        self.previous, self.count = None, 0
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self.previous = signal.signal(signal.SIGINT, self._interrupt)
-
-    def _interrupt(self, signum: int, frame: object) -> None:
-        self.count += 1
-        if self.count >= 2:
-            os.write(2, b"interrupted\n")
-            os._exit(130)
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
-
-
 def _same_folder(a: Path, b: Path) -> bool:
     """Whether the paths `a` and `b` name one folder (through links too)."""
     try:
         return a.samefile(b)
     except OSError:  # one of them does not exist (yet)
         return a.resolve() == b.resolve()
-
-
-# What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
-RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
 
 
 class _Trainer:
@@ -267,7 +207,8 @@ class _Trainer:
         try:
             self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
                 config.dataset, config.data_dir, download=True, image_size=run_image_size(config))
-            check_data(self.info, self.train_set, self.test_set, config.batch_size, d.world_size)
+            check_data(self.info, self.train_set, self.test_set, config.batch_size, d.world_size,
+                       resuming=self.resume and (self.out / CONFIG_FILE).exists())
         except AttnconvError as err:
             d.agree(err)  # every rank fails the same way here; agree keeps them in step anyway
         d.agree(None)
@@ -328,9 +269,11 @@ class _Trainer:
             self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
             if self.allow_data_change and not self.progress.finished:
                 self._count_in_epochs()
-            if not self.allow_data_change or not self.progress.finished:  # a finished run's length is its own
-                self.checkpoint.check_length(self.progress, self.total_steps,
-                                            epochs=config.epochs if self.allow_data_change else None)
+            p, changed = self.progress, self.allow_data_change
+            if not changed or not p.finished:  # under the flag, a finished run's length is its own
+                row_due = changed and p.batch == self.steps_per_epoch and p.epoch < config.epochs  # an epoch cut short
+                self.checkpoint.check_length(p, self.total_steps, epochs=config.epochs if changed else None,
+                                             row_due=row_due)
 
         net: nn.Module = self.model
         if d.active:
@@ -351,8 +294,10 @@ class _Trainer:
                 raise ParameterError("init_from", init.run, "is {out} itself: the CNN run would be replaced by the run "
                                      "that starts from it; give another {out}", mentions=("out",))
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
-            if self.resume and (self.out / CONFIG_FILE).exists():  # before the data is read: an edit is named as one
-                check_record(self.out, read_config(self.out))
+            if self.resume and (self.out / CONFIG_FILE).exists():  # before the data is read: an edit is named as one,
+                meta = read_config(self.out)  # and so is a flag given (--image-size: the data would be blamed)
+                check_record(self.out, meta)
+                check_same_config(self.out, TrainConfig.from_dict(meta["config"]), self.config)
             self.set_aside = SetAside(self.out, replaced)
             if self.writer_class is not None:
                 check_board_folder(self.out)
@@ -484,7 +429,8 @@ class _Trainer:
         # Device-side accumulators: no host sync per step (a sync per step stalls a GPU).
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss_sum, correct, seen
         first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)
-        lr = learning_rate(cfg, p.step, self.total_steps)
+        group = self.optimizer.param_groups[0]  # the last step's rate: an epoch ended where it stands takes no step
+        lr = group["lr"] / group.get("lr_scale", 1.0)
         tick = time.perf_counter()
         for x, y in batches:
             lr = learning_rate(cfg, p.step, self.total_steps)
