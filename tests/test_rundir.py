@@ -657,6 +657,40 @@ def test_resume_starts_from_the_runs_own_config_whatever_flags_are_given(tmp_pat
     assert not (tmp_path / "new").exists()
 
 
+def test_resume_with_a_preset_and_the_api_with_a_relative_folder_start_from_the_runs_config(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """`--resume --preset P` (the run's own preset) rebuilt the config from the preset: a "different config" listing
+    the dataset, sizes, epochs and batch size the user never gave. The Python API recorded `folder:imgs` as given
+    (the CLI records it absolute): a resume naming the same folder was a "different config", and readers started
+    from another folder looked for the images there."""
+    from fixtures_data import write_image_folder
+
+    import attnconv
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "imgs")
+    out = tmp_path / "run"
+    flags = ["--dataset", "folder:imgs", "--hidden", "8", "--layers", "1", "--heads", "4", "--epochs", "1",
+             "--batch-size", "4", "--workers", "1", "--no-progress", "--out", str(out)]
+    assert main(["train", "--preset", "fmnist-sa-quadratic", *flags]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--preset", "fmnist-sa-quadratic"]) == 0
+    assert "run already finished" in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--preset", "fmnist-vit"]) == 2  # what it would change
+    err = capsys.readouterr().err
+    assert "holds a run with a different config (" in err and "model: 'sa-quadratic' -> 'vit'" in err, err
+
+    config = attnconv.make_config(model="sa-quadratic", dataset="folder:imgs", epochs=1, batch_size=4, workers=1,
+                                  model_overrides={"hidden": 8, "layers": 1, "heads": 4})
+    api = tmp_path / "api"
+    attnconv.train(config, api, progress=False)
+    assert runs.read_config(api)["config"]["dataset"] == f"folder:{tmp_path / 'imgs'}"
+    attnconv.train(config, api, resume=True, progress=False)  # the same folder, named as before: finished
+    monkeypatch.chdir(tmp_path / "cache")
+    assert main(["eval", str(api)]) == 0  # from another folder: the images are where they were
+
+
 # ---------------------------------------------------------------------------------- smaller things done right
 
 

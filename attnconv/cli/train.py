@@ -123,12 +123,14 @@ def run(args: argparse.Namespace) -> int:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)
     base = None
-    # --resume: the run's own config is the base, the flags given are changes to it (a --model or --dataset equal
-    # to the run's is none; the dataset's preset, which flags not given would otherwise take, plays no part)
-    if args.resume and args.preset is None and (out / CONFIG_FILE).exists():
+    # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
+    # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
+    if args.resume and (out / CONFIG_FILE).exists():
         base = TrainConfig.from_dict(run_config(out, foreign_only=True)["config"])
         if args.model is not None and args.model != base.model:  # before the run's model options meet another model
             check_same_config(out, base, dataclasses.replace(base, model=args.model))
+        if args.preset is not None and args.preset != base.preset:  # what that preset would change
+            check_same_config(out, base, make_config(preset=args.preset))
     overrides = {name: getattr(args, dest) for _, name, dest in _model_fields()}
     changes = {f.name: getattr(args, f.name) for f in option_fields(TrainConfig)
                if f.metadata["cli"] or f.name in ("model", "dataset", "milestones")}
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         if missing:
             them = "them" if len(missing) > 1 else "it"
             raise AttnconvError(f"missing {' and '.join(missing)}: give {them}, or a --preset ({', '.join(PRESETS)})")
-    config = make_config(preset=args.preset, base=base, model_overrides=overrides, **changes)
+    config = make_config(preset=args.preset if base is None else None, base=base, model_overrides=overrides, **changes)
     config.validate()  # a bad flag is one error line, before anything else is printed
     announce = None if preset is None else \
         f"preset: {preset}, with your flags on top: {describe(config)} (--preset NAME for another)"

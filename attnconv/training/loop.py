@@ -25,6 +25,7 @@ aside). With `tensorboard=True` the same scalars also go to RUN_DIR/tensorboard/
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -121,6 +122,8 @@ def train(
     Launched by torchrun, trains with DDP.
     """
     config.validate()
+    if D.folder_path(config.dataset) is not None:  # folder:PATH recorded absolute (readers run from anywhere)
+        config = dataclasses.replace(config, dataset=D.canonical_name(config.dataset))
     if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
         raise ParameterError("log_every", log_every, "is invalid: give a number of steps >= 1")
     writer_class = summary_writer_class() if tensorboard else None
