@@ -652,8 +652,11 @@ def test_resume_starts_from_the_runs_own_config_whatever_flags_are_given(tmp_pat
             "(3 images): resume it on the data it was trained on, or train on this data into a new --out" in err, err
     new = [str(tmp_path / "new") if a == str(out) else a for a in args]
     assert main([*new, "--allow-data-change"]) == 2  # a new run has no data to compare
-    assert capsys.readouterr().err == "error: --allow-data-change goes with --resume (a run continued on other data); " \
-                                      "leave it out\n"
+    line = "error: --allow-data-change goes with --resume: give both to continue a run on other data (a new run " \
+           "records the data it starts on)\n"
+    assert capsys.readouterr().err == line
+    assert main(["train", "--out", str(out), "--allow-data-change"]) == 2  # before "missing --model and --dataset"
+    assert capsys.readouterr().err == line
     assert not (tmp_path / "new").exists()
 
 

@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.runs.directory import run_config
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
-    from attnconv.training.checks import check_same_config
+    from attnconv.training.checks import check_run_flags, check_same_config
 
+    check_run_flags(args.resume, args.overwrite, args.allow_data_change)
     if args.tensorboard:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)

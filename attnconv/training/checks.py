@@ -22,6 +22,17 @@ from attnconv.runs import (
 from attnconv.runs.values import short_value
 
 
+def check_run_flags(resume: bool, overwrite: bool, allow_data_change: bool) -> None:
+    """The flags that say what `train` does with --out go together (checked first, by the CLI too)."""
+    if resume and overwrite:
+        raise ParameterError("resume", resume, "and {overwrite} contradict each other: give one", shown="",
+                             mentions=("overwrite",))
+    if allow_data_change and not resume:  # a new run records the data it starts on: there is nothing to compare
+        raise ParameterError("allow_data_change", allow_data_change, "goes with {resume}: give both to continue a "
+                             "run on other data (a new run records the data it starts on)", shown="",
+                             mentions=("resume",))
+
+
 def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_size: int, *,
                resuming: bool = False) -> None:
     """The (train, test) sets have the dataset's shape and labels, and the batch fits them (`resuming`: the batch

@@ -73,6 +73,7 @@ from attnconv.training.checks import (
     check_data,
     check_resumable,
     check_resume_point,
+    check_run_flags,
     check_same_config,
     recorded_log_every,
     resolve_overrides,
@@ -127,12 +128,7 @@ def train(
     if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
         raise ParameterError("log_every", log_every, "is invalid: give a number of steps >= 1")
     writer_class = summary_writer_class() if tensorboard else None
-    if resume and overwrite:
-        raise ParameterError("resume", resume, "and {overwrite} contradict each other: give one", shown="",
-                             mentions=("overwrite",))
-    if allow_data_change and not resume:  # a new run records the data it starts on: there is nothing to compare
-        raise ParameterError("allow_data_change", allow_data_change, "goes with {resume} (a run continued on other "
-                             "data); leave it out", shown="", mentions=("resume",))
+    check_run_flags(resume, overwrite, allow_data_change)
     out = Path(out)
     fresh = not out.exists()
     new_parents = [p for p in reversed(out.parents) if not p.exists()]  # `claim_run_dir` makes them with out
