@@ -1,5 +1,6 @@
 """The run directory contract: train writes only where it may, one writer at a time, never a user's file."""
 
+import dataclasses
 import errno
 import io
 import json
@@ -690,6 +691,9 @@ def test_resume_with_a_preset_and_the_api_with_a_relative_folder_start_from_the_
     attnconv.train(config, api, progress=False)
     assert runs.read_config(api)["config"]["dataset"] == f"folder:{tmp_path / 'imgs'}"
     attnconv.train(config, api, resume=True, progress=False)  # the same folder, named as before: finished
+    with pytest.raises(AttnconvError, match=r"model_overrides.intermediate: default -> 16\)"):  # not None
+        attnconv.train(dataclasses.replace(config, model_overrides={**config.model_overrides, "intermediate": 16}),
+                       api, resume=True, progress=False)
     monkeypatch.chdir(tmp_path / "cache")
     assert main(["eval", str(api)]) == 0  # from another folder: the images are where they were
 

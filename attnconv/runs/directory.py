@@ -24,6 +24,7 @@ from attnconv.fileio import (
 )
 from attnconv.runs.files import (
     CONFIG_FILE,
+    CONFIG_FIX,
     HEADS_FILE,
     METRICS_FILE,
     RUN_FILES,
@@ -57,9 +58,11 @@ def run_config(out: Path, *, foreign_only: bool = False) -> dict:
     except AttnconvError as err:
         if foreign_only and not isinstance(err, NotARunConfig):
             raise
+        why = str(err).split(": ", 1)[-1].removesuffix(f"; {CONFIG_FIX}")  # the reader's fix is for a run's file
+        if why.startswith("corrupt run config (") and why.endswith(")"):
+            why = why[len("corrupt run config ("):-1]
         raise ParameterError("out", out, f"is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
-                             f"({str(err).split(': ', 1)[-1]}); nothing was changed there; choose a new or empty "
-                             "directory") from None
+                             f"({why}); nothing was changed there; choose a new or empty directory") from None
 
 
 def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bool) -> list[str]:

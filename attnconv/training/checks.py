@@ -128,13 +128,18 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
         if k in RESUMABLE_CHANGES or new[k] == old.get(k):
             continue
         if isinstance(new[k], dict) and isinstance(old.get(k), dict):  # model options; the data's may be left out
-            diff += [f"{k}.{key}: {old[k].get(key)!r} -> {new[k].get(key)!r}" for key in {**old[k], **new[k]}
+            diff += [f"{k}.{key}: {_option(old[k], key)} -> {_option(new[k], key)}" for key in {**old[k], **new[k]}
                      if old[k].get(key) != new[k].get(key) and (key in new[k] or key not in DERIVED)]
         else:
             diff.append(f"{k}: {old.get(k)!r} -> {new[k]!r}")
     if diff:
         raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
                              "resume with the same settings, or choose a new {out}", mentions=("out",))
+
+
+def _option(options: dict, key: str) -> str:
+    """A model option as a config difference names it: its value, or `default` where the config leaves it out."""
+    return repr(options[key]) if key in options else "default"
 
 
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,

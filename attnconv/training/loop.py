@@ -296,6 +296,7 @@ class _Trainer:
             if self.resume and (self.out / CONFIG_FILE).exists():  # before the data is read: an edit is named as one,
                 meta = read_config(self.out)  # and so is a flag given (--image-size: the data would be blamed)
                 check_record(self.out, meta)
+                check_resume_point(self.out)  # a converted run has nothing to resume, whatever flags are given
                 check_same_config(self.out, TrainConfig.from_dict(meta["config"]), self.config)
             self.set_aside = SetAside(self.out, replaced)
             if self.writer_class is not None:
