@@ -311,7 +311,6 @@ class _Trainer:
             return None
         try:
             check_resumable(self.out, self.config, self.info, self.digest, allow_data_change=self.allow_data_change)
-            check_resume_point(self.out)
         except AttnconvError as err:
             return err
         return None
