@@ -626,7 +626,8 @@ def test_resume_starts_from_the_runs_own_config_whatever_flags_are_given(tmp_pat
     assert main(args) == 0
     resume = ["train", "--out", str(out), "--resume", "--no-progress"]
     folder = f"folder:{tmp_path / 'imgs'}"
-    for given in (["--model", "sa-quadratic"], ["--model", "sa-quadratic", "--dataset", folder], ["--dataset", folder]):
+    for given in (["--model", "sa-quadratic"], ["--model", "sa-quadratic", "--dataset", folder], ["--dataset", folder],
+                  ["--init", "paper", "--impl", "auto", "--locality", "1"]):  # the defaults config.json leaves out
         capsys.readouterr()
         assert main([*resume, *given]) == 0, given
         assert "run already finished" in capsys.readouterr().err
@@ -691,11 +692,33 @@ def test_resume_with_a_preset_and_the_api_with_a_relative_folder_start_from_the_
     attnconv.train(config, api, progress=False)
     assert runs.read_config(api)["config"]["dataset"] == f"folder:{tmp_path / 'imgs'}"
     attnconv.train(config, api, resume=True, progress=False)  # the same folder, named as before: finished
-    with pytest.raises(AttnconvError, match=r"model_overrides.intermediate: default -> 16\)"):  # not None
+    with pytest.raises(AttnconvError, match=r"model_overrides.intermediate: default 512 -> 16\)"):
         attnconv.train(dataclasses.replace(config, model_overrides={**config.model_overrides, "intermediate": 16}),
                        api, resume=True, progress=False)
     monkeypatch.chdir(tmp_path / "cache")
     assert main(["eval", str(api)]) == 0  # from another folder: the images are where they were
+
+
+def test_a_run_started_again_on_other_data_records_that_data(tmp_path, monkeypatch, capsys):
+    """A run stopped before its first checkpoint, its data then changed, resumed with --allow-data-change: it
+    starts again from step 0 on the new data, and config.json kept the old data's record, so every reader called
+    the run's own data changed (`eval`: "restore the data it was trained on", data the model never saw)."""
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "1")
+
+    def die(self, model, optimizer, progress):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Checkpointer, "save", die)
+        assert main(args) == 130  # after epoch 1's row, before its checkpoint
+    for i in range(4):
+        _add_image(tmp_path / "imgs" / "train" / "cat", f"more{i}.png", seed=i)
+    assert main([*args, "--resume", "--allow-data-change"]) == 0
+    assert runs.read_config(out)["data"]["train_size"] == 16
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    assert "changed" not in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0  # finished, on the data it was trained on: no flag needed
 
 
 # ---------------------------------------------------------------------------------- smaller things done right

@@ -195,6 +195,7 @@ def _factory(encoding: str):
         return AttentionClassifier(ClassifierConfig(encoding=encoding, **overrides))
 
     build.__doc__ = f"The paper's attention classifier with the {encoding!r} encoding."
+    build.config_class = ClassifierConfig  # its options' defaults (`registry.model_defaults`)
     return build
 
 

@@ -7,6 +7,8 @@ imports them, so `build_model` sees every model once `attnconv.models` is import
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,21 @@ def run_blocks(blocks: nn.ModuleList, h: Tensor, checkpointed: bool) -> Tensor:
 
 def list_models() -> list[str]:
     return sorted(REGISTRY)
+
+
+def model_defaults(name: str) -> dict[str, Any]:
+    """The options of the named model that a config may leave out, with the values the model then takes: its
+    config class's field defaults (a constructor's `config_class`), else its keyword defaults ({} for an unknown
+    name)."""
+    fn = REGISTRY.get(name)
+    if fn is None:
+        return {}
+    cls = getattr(fn, "config_class", None)
+    if cls is not None:
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cls) if f.init and (f.default is not dataclasses.MISSING
+                                                                or f.default_factory is not dataclasses.MISSING)}
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values() if p.default is not p.empty}
 
 
 def build_model(name: str, **overrides: Any) -> nn.Module:

@@ -177,3 +177,6 @@ class ViT(nn.Module):
 def vit(**overrides) -> ViT:
     """A plain ViT (timm-style: patch embedding, class token, absolute positions, pre-LN, SDPA)."""
     return ViT(ViTConfig(**overrides))
+
+
+vit.config_class = ViTConfig  # its options' defaults (`registry.model_defaults`)

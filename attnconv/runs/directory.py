@@ -58,7 +58,8 @@ def run_config(out: Path, *, foreign_only: bool = False) -> dict:
     except AttnconvError as err:
         if foreign_only and not isinstance(err, NotARunConfig):
             raise
-        why = str(err).split(": ", 1)[-1].removesuffix(f"; {CONFIG_FIX}")  # the reader's fix is for a run's file
+        why = 'no "config" object' if isinstance(err, NotARunConfig) else \
+            str(err).split(": ", 1)[-1].removesuffix(f"; {CONFIG_FIX}")  # the reader's fix is for a run's file
         if why.startswith("corrupt run config (") and why.endswith(")"):
             why = why[len("corrupt run config ("):-1]
         raise ParameterError("out", out, f"is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "

@@ -248,7 +248,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     except OSError as err:
         raise AttnconvError(f"{path}: cannot read the run config ({err.strerror or err}); {fix}") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):  # another program's config.json?
-        raise NotARunConfig(f'{path}: corrupt run config (no "config" object); {fix}')
+        raise NotARunConfig(f'{path}: not an attnconv run config (no "config" object: another program\'s config.json, '
+                            f'or a damaged one); {hint}, or restore it from a copy of the run')
     try:
         problem = strings_problem(meta)
         if problem is not None:

@@ -10,6 +10,7 @@ from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
+from attnconv.models.registry import model_defaults
 from attnconv.runs import (
     CONFIG_FILE,
     STATE_FILE,
@@ -121,15 +122,21 @@ def check_resume_point(out: Path) -> None:
 
 def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> None:
     """--resume: `config` is the run's `saved` one but for `RESUMABLE_CHANGES`; else one line naming each field that
-    differs (a model override by its key)."""
+    differs (a model option by its key; an option one of them leaves out has the model's default,
+    `models.registry.model_defaults`, and one the data decides may be left out of `config`)."""
     old, new = saved.to_dict(), config.to_dict()
     diff = []
     for k in new:
         if k in RESUMABLE_CHANGES or new[k] == old.get(k):
             continue
-        if isinstance(new[k], dict) and isinstance(old.get(k), dict):  # model options; the data's may be left out
-            diff += [f"{k}.{key}: {_option(old[k], key)} -> {_option(new[k], key)}" for key in {**old[k], **new[k]}
-                     if old[k].get(key) != new[k].get(key) and (key in new[k] or key not in DERIVED)]
+        if k == "model_overrides" and isinstance(old.get(k), dict):
+            before, after = model_defaults(saved.model), model_defaults(config.model)
+            for key in {**old[k], **new[k]}:
+                if key in DERIVED and key not in new[k]:
+                    continue
+                a, b = old[k].get(key, before.get(key)), new[k].get(key, after.get(key))
+                if a != b or isinstance(a, bool) != isinstance(b, bool):
+                    diff.append(f"{k}.{key}: {_option(old[k], key, a)} -> {_option(new[k], key, b)}")
         else:
             diff.append(f"{k}: {old.get(k)!r} -> {new[k]!r}")
     if diff:
@@ -137,9 +144,9 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
                              "resume with the same settings, or choose a new {out}", mentions=("out",))
 
 
-def _option(options: dict, key: str) -> str:
-    """A model option as a config difference names it: its value, or `default` where the config leaves it out."""
-    return repr(options[key]) if key in options else "default"
+def _option(options: dict, key: str, value: object) -> str:
+    """A model option as a config difference names it: its value, `default VALUE` where the config leaves it out."""
+    return repr(value) if key in options else f"default {value!r}"
 
 
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,

@@ -380,7 +380,9 @@ class _Trainer:
     def _prepare_files(self) -> None:
         out, cfg = self.out, self.config
         remove_temporaries(out, RUN_FILES)  # a killed writer's, and only those
-        if not (out / CONFIG_FILE).exists():
+        # A resume with no checkpoint starts the run again: config.json records the data it now trains on (after
+        # --allow-data-change, the old data's record would make every reader call the run's own data changed).
+        if not (out / CONFIG_FILE).exists() or (self.resume and not self.restored):
             meta = {
                 "config": cfg.to_dict(),
                 "parameters": sum(t.numel() for t in self.model.parameters()),
