@@ -136,7 +136,7 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
                     continue
                 a, b = old[k].get(key, before.get(key)), new[k].get(key, after.get(key))
                 if a != b or isinstance(a, bool) != isinstance(b, bool):
-                    diff.append(f"{k}.{key}: {_option(old[k], key, a)} -> {_option(new[k], key, b)}")
+                    diff.append(f"{k}.{key}: {_option(old[k], key, a, before)} -> {_option(new[k], key, b, after)}")
         else:
             diff.append(f"{k}: {old.get(k)!r} -> {new[k]!r}")
     if diff:
@@ -144,9 +144,10 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
                              "resume with the same settings, or choose a new {out}", mentions=("out",))
 
 
-def _option(options: dict, key: str, value: object) -> str:
-    """A model option as a config difference names it: its value, `default VALUE` where the config leaves it out."""
-    return repr(value) if key in options else f"default {value!r}"
+def _option(options: dict, key: str, value: object, defaults: dict) -> str:
+    """A model option as a config difference names it: its value, `default VALUE` where the config leaves it out,
+    `unset` where the model has no such option."""
+    return repr(value) if key in options else f"default {value!r}" if key in defaults else "unset"
 
 
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,
