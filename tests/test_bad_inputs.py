@@ -1536,7 +1536,7 @@ def test_run_files_read_with_checks_a_converted_run_is_not_resumed(tmp_path, cap
     runs = train_folder_runs(tmp_path, [("resnet18", {"width": 4})])
     converted = tmp_path / "converted"
     assert main(["convert", str(runs["resnet18"]), "--out", str(converted), "--no-eval"]) == 0
-    for flags in ([], ["--width", "8"]):  # a flag changed: still nothing to resume, said first
+    for flags in ([], ["--width", "8"], ["--model", "sa-quadratic"], ["--preset", "fmnist-sa-quadratic"]):  # said first
         line = _one_error(["train", "--out", converted, "--resume", "--no-progress", *flags], capsys)
         assert line.startswith(f"error: --out {converted}: written by `attnconv convert` (from "), line
         assert "there is nothing to resume; to train attention that starts from that CNN, `attnconv train " \

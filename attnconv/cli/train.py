@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.runs.directory import run_config
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
-    from attnconv.training.checks import check_run_flags, check_same_config
+    from attnconv.training.checks import check_resume_point, check_run_flags, check_same_config
 
     check_run_flags(args.resume, args.overwrite, args.allow_data_change)
     if args.tensorboard:
@@ -127,7 +127,10 @@ def run(args: argparse.Namespace) -> int:
     # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
     # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
     if args.resume and (out / CONFIG_FILE).exists():
-        base = TrainConfig.from_dict(run_config(out, foreign_only=True)["config"])
+        meta = run_config(out, foreign_only=True)
+        if "converted" in meta:  # nothing to resume, said before any flag is compared
+            check_resume_point(out)
+        base = TrainConfig.from_dict(meta["config"])
         if args.model is not None and args.model != base.model:  # before the run's model options meet another model
             check_same_config(out, base, dataclasses.replace(base, model=args.model))
         if args.preset is not None and args.preset != base.preset:  # what that preset would change
