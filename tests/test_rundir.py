@@ -721,6 +721,39 @@ def test_a_run_started_again_on_other_data_records_that_data(tmp_path, monkeypat
     assert main([*args, "--resume"]) == 0  # finished, on the data it was trained on: no flag needed
 
 
+@pytest.mark.parametrize("log", ["steps.csv", "metrics.csv"])
+def test_a_damaged_log_on_resume_is_not_told_to_be_deleted(tmp_path, monkeypatch, capsys, log):
+    """`--resume` of a run with a damaged log gave the readers' fix, "restore it from a copy, or delete it"; deleted,
+    the next resume refused the log as rows lost. A resume says only what it can take."""
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "2", "--checkpoint-every", "1", "--log-every", "1")
+    original = Checkpointer.save
+
+    def checkpoint_then_die(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == 4:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Checkpointer, "save", checkpoint_then_die)
+        assert main(args) == 130  # epoch 2, its first row written
+    lines = (out / log).read_text().splitlines()
+    lines[1] = "x" + lines[1]
+    (out / log).write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    err = capsys.readouterr().err
+    if log == "metrics.csv":  # config.json gone too: named, not "missing --model and --dataset"
+        (out / "config.json").rename(tmp_path / "config.json")
+        assert main(["train", "--out", str(out), "--resume"]) == 2
+        assert capsys.readouterr().err == (f"error: --out {out}: config.json is missing, while model.safetensors, "
+                                           "state.pt, metrics.csv show a run was trained here; --resume needs it: "
+                                           "restore it from a copy of the run, or train into a new --out\n")
+        (tmp_path / "config.json").rename(out / "config.json")
+    assert f"{out / log}: corrupt" in err and "delete it" not in err and err.strip().endswith(
+        "restore it from a copy of the run, or train into a new --out (without it the run cannot be resumed: the "
+        "checkpoint counts its rows)"), err
+
+
 # ---------------------------------------------------------------------------------- smaller things done right
 
 

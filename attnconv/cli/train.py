@@ -112,8 +112,9 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
+    from attnconv.errors import ParameterError
     from attnconv.options import option_fields
-    from attnconv.runs import CONFIG_FILE
+    from attnconv.runs import CONFIG_FILE, METRICS_FILE, STATE_FILE, WEIGHTS_FILE
     from attnconv.runs.directory import run_config
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
@@ -124,6 +125,12 @@ def run(args: argparse.Namespace) -> int:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)
     base = None
+    if args.resume and not (out / CONFIG_FILE).exists():
+        found = [n for n in (WEIGHTS_FILE, STATE_FILE, METRICS_FILE) if (out / n).exists()]
+        if found:  # a run whose config.json went: not a new run to ask --model and --dataset for
+            raise ParameterError("out", out, f": {CONFIG_FILE} is missing, while {', '.join(found)} show a run was "
+                                 "trained here; --resume needs it: restore it from a copy of the run, or train into "
+                                 "a new {out}", mentions=("out",))
     # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
     # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
     if args.resume and (out / CONFIG_FILE).exists():

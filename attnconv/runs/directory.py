@@ -226,14 +226,31 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     Logs that lost what the checkpoint counts (rows or lines deleted by hand, a file restored from an older
     copy) are one AttnconvError naming the file, before any file is changed: fewer rows than counted, or,
     with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted)."""
-    metrics = _kept(out / METRICS_FILE, read_metrics(out, limit=rows + 1), rows, "rows", step)
-    steps = _kept(out / STEPS_FILE, read_steps(out, limit=step_rows + 1), step_rows, "rows", step)
-    heads = None if snapshots is None else _kept(out / HEADS_FILE, read_heads(out, limit=snapshots + 1), snapshots,
+    metrics = _kept(out / METRICS_FILE, _resumed(read_metrics, out, rows + 1), rows, "rows", step)
+    steps = _kept(out / STEPS_FILE, _resumed(read_steps, out, step_rows + 1), step_rows, "rows", step)
+    heads = None if snapshots is None else _kept(out / HEADS_FILE, _resumed(read_heads, out, snapshots + 1), snapshots,
                                                  "lines", step)
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
     if heads is not None:
         atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, heads)).encode()))
+
+
+# The readers' fix for a damaged log, which a resume cannot take: a deleted log loses the rows the checkpoint counts.
+_READER_FIX = "; restore it from a copy, or delete it ("
+
+
+def _resumed(read, out: Path, limit: int) -> list[dict[str, Any]]:
+    """`read(out, limit=limit)`, a damaged log named with the fix a resume can take (not the readers' "or delete
+    it", which the next resume refuses as rows lost)."""
+    try:
+        return read(out, limit=limit)
+    except AttnconvError as err:
+        head, cut, _ = str(err).partition(_READER_FIX)
+        if not cut:
+            raise
+        raise AttnconvError(f"{head}; restore it from a copy of the run, or train into a new --out (without it the "
+                            "run cannot be resumed: the checkpoint counts its rows)") from None
 
 
 def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:
