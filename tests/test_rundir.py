@@ -479,6 +479,20 @@ def _folder_run(tmp_path, monkeypatch, *extra):
     return out, args
 
 
+def _stopped_at(monkeypatch, args, step):
+    """`train ARGS` stopped by Ctrl-C right after its checkpoint of `step` (exit 130)."""
+    original = Checkpointer.save
+
+    def checkpoint_then_die(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == step:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(Checkpointer, "save", checkpoint_then_die)
+        assert main(args) == 130
+
+
 def _add_image(folder, name, seed=1):
     from PIL import Image
 
@@ -525,16 +539,7 @@ def test_eval_on_a_test_set_that_grew_is_refused_or_warns_in_one_line(tmp_path, 
 @pytest.mark.parametrize("change", ["gained images", "lost images"])
 def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, capsys, change):
     out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "3", "--checkpoint-every", "5")
-    original = Checkpointer.save
-
-    def checkpoint_then_die(self, model, optimizer, progress):
-        original(self, model, optimizer, progress)
-        if progress.step == 5:
-            raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(Checkpointer, "save", checkpoint_then_die)
-        assert main(args) == 130  # interrupted after 5 of 9 steps
+    _stopped_at(monkeypatch, args, 5)  # interrupted after 5 of 9 steps
     cat = tmp_path / "imgs" / "train" / "cat"
     if change == "gained images":
         for i in range(4):
@@ -726,16 +731,7 @@ def test_a_damaged_log_on_resume_is_not_told_to_be_deleted(tmp_path, monkeypatch
     """`--resume` of a run with a damaged log gave the readers' fix, "restore it from a copy, or delete it"; deleted,
     the next resume refused the log as rows lost. A resume says only what it can take."""
     out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "2", "--checkpoint-every", "1", "--log-every", "1")
-    original = Checkpointer.save
-
-    def checkpoint_then_die(self, model, optimizer, progress):
-        original(self, model, optimizer, progress)
-        if progress.step == 4:
-            raise KeyboardInterrupt
-
-    with monkeypatch.context() as m:
-        m.setattr(Checkpointer, "save", checkpoint_then_die)
-        assert main(args) == 130  # epoch 2, its first row written
+    _stopped_at(monkeypatch, args, 4)  # epoch 2, its first row written
     lines = (out / log).read_text().splitlines()
     lines[1] = "x" + lines[1]
     (out / log).write_text("\n".join(lines) + "\n")
