@@ -125,12 +125,6 @@ def run(args: argparse.Namespace) -> int:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)
     base = None
-    if args.resume and not (out / CONFIG_FILE).exists():
-        found = [n for n in (WEIGHTS_FILE, STATE_FILE, METRICS_FILE) if (out / n).exists()]
-        if found:  # a run whose config.json went: not a new run to ask --model and --dataset for
-            raise ParameterError("out", out, f": {CONFIG_FILE} is missing, while {', '.join(found)} show a run was "
-                                 "trained here; --resume needs it: restore it from a copy of the run, or train into "
-                                 "a new {out}", mentions=("out",))
     # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
     # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
     if args.resume and (out / CONFIG_FILE).exists():
@@ -142,6 +136,12 @@ def run(args: argparse.Namespace) -> int:
             check_same_config(out, base, dataclasses.replace(base, model=args.model))
         if args.preset is not None and args.preset != base.preset:  # what that preset would change
             check_same_config(out, base, make_config(preset=args.preset))
+    elif args.resume:
+        found = [n for n in (WEIGHTS_FILE, STATE_FILE, METRICS_FILE) if (out / n).exists()]
+        if found:  # a run whose config.json went: not a new run to ask --model and --dataset for
+            raise ParameterError("out", out, f": {CONFIG_FILE} is missing, while {', '.join(found)} show a run was "
+                                 "trained here; --resume needs it: restore it from a copy of the run, or train into "
+                                 "a new {out}", mentions=("out",))
     overrides = {name: getattr(args, dest) for _, name, dest in _model_fields()}
     changes = {f.name: getattr(args, f.name) for f in option_fields(TrainConfig)
                if f.metadata["cli"] or f.name in ("model", "dataset", "milestones")}

@@ -26,6 +26,7 @@ from attnconv.runs.files import (
     CONFIG_FILE,
     CONFIG_FIX,
     HEADS_FILE,
+    LOG_FIX,
     METRICS_FILE,
     RUN_FILES,
     STEPS_COLUMNS,
@@ -237,7 +238,7 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
 
 
 # The readers' fix for a damaged log, which a resume cannot take: a deleted log loses the rows the checkpoint counts.
-_READER_FIX = "; restore it from a copy, or delete it ("
+_READER_FIX = f"; {LOG_FIX} ("
 
 
 def _resumed(read, out: Path, limit: int) -> list[dict[str, Any]]:

@@ -87,6 +87,9 @@ def save_checkpoint(model: nn.Module, metadata: dict[str, str], state: dict[str,
     atomic_write_all([(run_dir / WEIGHTS_FILE, write_bytes(weights_bytes(model, metadata))),
                       (run_dir / STATE_FILE, write_bytes(state_bytes(state)))])
 
+# How a line about a damaged log begins its fix (`runs.directory.trim_logs` gives a resume its own).
+LOG_FIX = "restore it from a copy, or delete it"
+
 # What every line about a damaged state.pt ends with.
 STATE_FIX = ("restore it from a copy of the run; without it the run cannot be resumed: train it again into a new "
              "--out, or over this one with --overwrite")
@@ -452,13 +455,13 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
     CSV, or holds a value that is not a number is one AttnconvError naming the file.
     """
     return _read_csv(Path(run_dir) / METRICS_FILE, METRICS_COLUMNS, "metrics file", limit, _MAX_METRICS_BYTES,
-                     "restore it from a copy, or delete it (the run's curves and accuracy are then unknown)", "epoch")
+                     f"{LOG_FIX} (the run's curves and accuracy are then unknown)", "epoch")
 
 def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
     """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most
     `limit`; [] for a run without one. Read and checked as `read_metrics` reads metrics.csv."""
     return _read_csv(Path(run_dir) / STEPS_FILE, STEPS_COLUMNS, "steps log", limit, _MAX_STEPS_BYTES,
-                     "restore it from a copy, or delete it (the run's per-step curves are then unknown)", "step")
+                     f"{LOG_FIX} (the run's per-step curves are then unknown)", "step")
 
 _MAX_STEPS_BYTES = 2**28  # 256 MiB: millions of rows (--log-every 1 on a long run)
 

@@ -156,7 +156,8 @@ def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest:
     `RESUMABLE_CHANGES`, and its recorded dataset matches `info` and the content `digest` of the
     data at hand (`runs.data_digest`) (unless `allow_data_change`)."""
     meta = read_config(out)
-    # the settings first: a flag given on resume also changes the data it decodes
+    # the settings first: a flag given on resume also changes the data it decodes. (Checked before the data is read
+    # too; again here, as the data has filled in the options a config may leave out, `DERIVED`.)
     check_same_config(out, TrainConfig.from_dict(meta["config"]), config)
     changes = data_changes(meta.get("data"), {**data_fingerprint(info), "digest": digest})
     if changes and not allow_data_change:

@@ -203,11 +203,11 @@ class _Trainer:
         every rank fails alike, before any file is written."""
         config, d = self.config, self.d
         self.info = run_info(config)
+        resuming = self.resume and (self.out / CONFIG_FILE).exists()  # the batch and the model are the run's
         try:
             self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
                 config.dataset, config.data_dir, download=True, image_size=run_image_size(config))
-            check_data(self.info, self.train_set, self.test_set, config.batch_size, d.world_size,
-                       resuming=self.resume and (self.out / CONFIG_FILE).exists())
+            check_data(self.info, self.train_set, self.test_set, config.batch_size, d.world_size, resuming=resuming)
         except AttnconvError as err:
             d.agree(err)  # every rank fails the same way here; agree keeps them in step anyway
         d.agree(None)
@@ -217,7 +217,7 @@ class _Trainer:
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
         error = None
         try:  # bad overrides fail here, before any file is written; too large ones before allocating
-            config = resolve_overrides(config, self.info, resuming=self.resume and (self.out / CONFIG_FILE).exists())
+            config = resolve_overrides(config, self.info, resuming=resuming)
         except AttnconvError as err:
             error = err
         d.agree(error)
@@ -265,14 +265,13 @@ class _Trainer:
             if d.main and records_heads(self.model) else None
         self.progress = RunProgress()
         if has_state:
-            self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
-            if self.allow_data_change and not self.progress.finished:
+            p = self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
+            if not self.allow_data_change:
+                self.checkpoint.check_length(p, self.total_steps)
+            elif not p.finished:  # under the flag, a finished run's length is its own
                 self._count_in_epochs()
-            p, changed = self.progress, self.allow_data_change
-            if not changed or not p.finished:  # under the flag, a finished run's length is its own
-                row_due = changed and p.batch == self.steps_per_epoch and p.epoch < config.epochs  # an epoch cut short
-                self.checkpoint.check_length(p, self.total_steps, epochs=config.epochs if changed else None,
-                                             row_due=row_due)
+                row_due = p.batch == self.steps_per_epoch and p.epoch < config.epochs  # an epoch cut short
+                self.checkpoint.check_length(p, self.total_steps, epochs=config.epochs, row_due=row_due)
 
         net: nn.Module = self.model
         if d.active:
