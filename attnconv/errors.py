@@ -12,6 +12,22 @@ class AttnconvError(ValueError):
     """A user-facing error: the message names the bad input and how to fix it."""
 
 
+class DamagedFile(AttnconvError):
+    """A file a command reads that is unsound (corrupt, unreadable, not a regular file). The message is `head; fix`:
+    `head` names the file and what is wrong with it, `fix` how to mend it. `reason` is what is wrong alone (the
+    `X` of `corrupt run config (X)`; `head` where not given), for a caller that words its own line
+    (`runs.directory.run_config`); `with_fix` is the same error with a fix the caller knows better (a resume's,
+    `runs.directory.trim_logs`)."""
+
+    def __init__(self, head: str, fix: str, *, reason: str | None = None):
+        super().__init__(f"{head}; {fix}")
+        self.head, self.fix = head, fix
+        self.reason = head if reason is None else reason
+
+    def with_fix(self, fix: str) -> "DamagedFile":
+        return type(self)(self.head, fix, reason=self.reason)
+
+
 class ParameterError(AttnconvError):
     """A bad argument, named as the caller gave it: from Python its parameter (`out /x is a file; give a
     directory`), from the command line its flag (`as_flag`: `--out /x is a file; give a directory`).

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import DamagedFile, ParameterError
 
 TMP_SUFFIX = ".attnconv-tmp"
 LOCK_FILE = ".attnconv.lock"  # the lock file of earlier versions (the lock is now on the directory)
@@ -153,7 +153,7 @@ def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
     """`path` opened for reading (binary), refused unless it is a regular file (links followed).
 
     Every file a command reads goes through here: a named pipe would block the command forever
-    and a device would be read without end, so either is one AttnconvError naming the path, what
+    and a device would be read without end, so either is one DamagedFile naming the path, what
     it is, and `fix`. The kind is checked before opening and again on the opened descriptor
     (opened without blocking), so a file swapped in between cannot block either. Other failures
     (missing, unreadable) are the OSError of `open`, for the caller to word.
@@ -161,12 +161,12 @@ def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
     path = Path(path)
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
-        raise AttnconvError(f"{path} is {file_kind(mode)}, not a regular file; {fix}")
+        raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise AttnconvError(f"{path} is {file_kind(mode)}, not a regular file; {fix}")
+            raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         return os.fdopen(fd, "rb")
     except BaseException:

@@ -464,6 +464,47 @@ def test_a_folder_with_someone_elses_config_json_is_not_a_run(tmp_path, data_dir
         assert snapshot(out) == before
 
 
+def test_a_folder_whose_config_json_is_a_broken_link_is_not_a_run(tmp_path, data_dir, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").symlink_to(tmp_path / "gone.json")
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        capsys.readouterr()
+        assert main(one_epoch(out, data_dir, *extra)) == 2
+        err = capsys.readouterr().err
+        assert "is not an attnconv run: its config.json is not an attnconv run config (not a regular file: a broken " \
+            "link); nothing was changed there" in err, err
+        assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").is_symlink()
+
+
+def test_a_damaged_run_file_is_one_error_with_its_fix_apart(tmp_path):
+    """Every reader's error for a damaged file keeps what is wrong and the fix apart (`DamagedFile`), so a caller
+    that knows a better fix (a resume) gives it without rewording the reader's text."""
+    from attnconv.errors import DamagedFile
+    from attnconv.runs.directory import _resumed
+    from attnconv.runs.files import LOG_FIX, read_config, read_metrics, read_steps
+    from attnconv.runs.heads_file import read_heads
+
+    (tmp_path / "config.json").write_text("{")
+    (tmp_path / "metrics.csv").write_text("epoch,step\n1,x\n")
+    (tmp_path / "steps.csv").write_bytes(b"\xff\xfe\n")
+    (tmp_path / "heads.jsonl").write_text("[]\n")
+    for read, name, fix in ((read_config, "config.json", "restore it from a copy, or train the run again"),
+                            (read_metrics, "metrics.csv", LOG_FIX), (read_steps, "steps.csv", LOG_FIX),
+                            (read_heads, "heads.jsonl", LOG_FIX)):
+        with pytest.raises(DamagedFile) as caught:
+            read(tmp_path)
+        err = caught.value
+        assert err.head.startswith(f"{tmp_path / name}: corrupt ") and err.fix.startswith(fix), str(err)
+        assert str(err) == f"{err.head}; {err.fix}" and err.reason
+        if read is not read_config:
+            with pytest.raises(DamagedFile) as resumed:
+                _resumed(read, tmp_path, 5)
+            assert resumed.value.head == err.head and "or delete it" not in str(resumed.value)
+            assert resumed.value.fix.startswith("restore it from a copy of the run, or train into a new --out")
+    assert caught.value.reason == caught.value.head
+
+
 # ---------------------------------------------------------------------------------- data that changed under a run
 
 

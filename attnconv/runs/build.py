@@ -16,7 +16,7 @@ from safetensors.torch import load
 
 from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_attention
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import (
     current_umask,
     describe_os_error,
@@ -79,15 +79,17 @@ def build_run_architecture(meta: dict[str, Any]) -> nn.Module:
     except ParameterError as err:
         if err.name != "init_from":
             raise
-        raise AttnconvError(f"corrupt run config (init_from on model {config.model!r}, which has no convolution "
-                            f"to start from); {CONFIG_FIX}") from None
+        raise _corrupt(f"init_from on model {config.model!r}, which has no convolution to start from") from None
     if "converted" in meta:  # written by `attnconv convert`: the CNN's convs as attention layers
         conv = meta["converted"]
         model = cnn_to_attention(model.eval(), fold_bn=bool(conv.get("fold_bn")), alpha=conv.get("alpha"))
         if not any(isinstance(m, ConvAttention) for m in model.modules()):
-            raise AttnconvError(f'corrupt run config ("converted" on model {config.model!r}, which has no '
-                                f"convolution to convert); {CONFIG_FIX}")
+            raise _corrupt(f'"converted" on model {config.model!r}, which has no convolution to convert')
     return model.eval()
+
+
+def _corrupt(reason: str) -> DamagedFile:
+    return DamagedFile(f"corrupt run config ({reason})", CONFIG_FIX, reason=reason)
 
 def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bool = False,
                  meta: dict[str, Any] | None = None) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import DamagedFile, ParameterError
 from attnconv.fileio import (
     LOCK_FILE,
     TMP_SUFFIX,
@@ -24,7 +24,6 @@ from attnconv.fileio import (
 )
 from attnconv.runs.files import (
     CONFIG_FILE,
-    CONFIG_FIX,
     HEADS_FILE,
     LOG_FIX,
     METRICS_FILE,
@@ -56,15 +55,11 @@ def run_config(out: Path, *, foreign_only: bool = False) -> dict:
     it)."""
     try:
         return read_config(out)
-    except AttnconvError as err:
+    except DamagedFile as err:
         if foreign_only and not isinstance(err, NotARunConfig):
             raise
-        why = 'no "config" object' if isinstance(err, NotARunConfig) else \
-            str(err).split(": ", 1)[-1].removesuffix(f"; {CONFIG_FIX}")  # the reader's fix is for a run's file
-        if why.startswith("corrupt run config (") and why.endswith(")"):
-            why = why[len("corrupt run config ("):-1]
         raise ParameterError("out", out, f"is not an attnconv run: its {CONFIG_FILE} is not an attnconv run config "
-                             f"({why}); nothing was changed there; choose a new or empty directory") from None
+                             f"({err.reason}); nothing was changed there; choose a new or empty directory") from None
 
 
 def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bool) -> list[str]:
@@ -237,21 +232,16 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
         atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, heads)).encode()))
 
 
-# The readers' fix for a damaged log, which a resume cannot take: a deleted log loses the rows the checkpoint counts.
-_READER_FIX = f"; {LOG_FIX} ("
-
-
 def _resumed(read, out: Path, limit: int) -> list[dict[str, Any]]:
-    """`read(out, limit=limit)`, a damaged log named with the fix a resume can take (not the readers' "or delete
-    it", which the next resume refuses as rows lost)."""
+    """`read(out, limit=limit)`, a damaged log named with the fix a resume can take, not the readers' `LOG_FIX`
+    ("or delete it", which the next resume refuses as rows lost)."""
     try:
         return read(out, limit=limit)
-    except AttnconvError as err:
-        head, cut, _ = str(err).partition(_READER_FIX)
-        if not cut:
+    except DamagedFile as err:
+        if not err.fix.startswith(LOG_FIX):
             raise
-        raise AttnconvError(f"{head}; restore it from a copy of the run, or train into a new --out (without it the "
-                            "run cannot be resumed: the checkpoint counts its rows)") from None
+        raise err.with_fix("restore it from a copy of the run, or train into a new --out (without it the run cannot "
+                           "be resumed: the checkpoint counts its rows)") from None
 
 
 def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from safetensors.torch import save
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.info import builtin_info
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, DamagedFile
 from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
@@ -118,18 +118,18 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     except FileNotFoundError:
         raise AttnconvError(f"{path}: no training state here (the run has not checkpointed yet)") from None
     except IsADirectoryError:
-        raise AttnconvError(f"{path} is a directory, not a training state; {fix}") from None
+        raise DamagedFile(f"{path} is a directory, not a training state", fix) from None
     except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the training state ({err.strerror or err}); {fix}") from None
+        raise DamagedFile(f"{path}: cannot read the training state ({err.strerror or err})", fix) from None
     except Exception as err:  # corrupt or foreign file: unpickling errors of many kinds
         # torch's own message suggests weights_only=False, which would run whatever the file asks: never.
         asked = re.search(r"GLOBAL ([\w.]+)", str(err))
         why = (f"it asks for {asked.group(1)}, which a training state never holds; refused, nothing ran" if asked
                else "truncated, damaged, or not written by torch.save")
-        raise AttnconvError(f"{path}: cannot read the training state: the file is corrupt ({why}); {fix}") from None
+        raise DamagedFile(f"{path}: cannot read the training state: the file is corrupt ({why})", fix) from None
     problem = _state_problem(state)
     if problem is not None:
-        raise AttnconvError(f"{path}: cannot read the training state: the file is corrupt ({problem}); {fix}")
+        raise DamagedFile(f"{path}: cannot read the training state: the file is corrupt ({problem})", fix)
     return state
 
 _STATE_COUNTERS = ("step", "epoch", "batch", "rows")
@@ -215,7 +215,7 @@ def _byte_vector(t: Any, size: int | None = None) -> bool:
     return (isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
             and (size is None or t.numel() == size))
 
-class NotARunConfig(AttnconvError):
+class NotARunConfig(DamagedFile):
     """A config.json that is JSON but holds no "config" object: corrupt, or another program's (a Hugging Face
     model folder's)."""
 
@@ -234,25 +234,26 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not run_dir.is_dir():
         why = "it is a file" if run_dir.exists() else "no such directory"
         raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
     fix = CONFIG_FIX
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt run config (not a regular file: {path_kind(path)}); {fix}")
+        raise _corrupt(path, f"not a regular file: {path_kind(path)}")
     if path.stat().st_size > _MAX_CONFIG_BYTES:
-        raise AttnconvError(f"{path}: corrupt run config ({format_bytes(path.stat().st_size)}; a run config is a "
-                            f"few KiB); {fix}")
+        raise _corrupt(path, f"{format_bytes(path.stat().st_size)}; a run config is a few KiB")
     try:
         meta = json_loads(file_text(read_regular(path, fix)))
     except UnicodeDecodeError:
-        raise AttnconvError(f"{path}: corrupt run config (binary data, not UTF-8 JSON text); {fix}") from None
+        raise _corrupt(path, "binary data, not UTF-8 JSON text") from None
     except ValueError as err:  # not JSON, or nested too deeply
-        raise AttnconvError(f"{path}: corrupt run config (not JSON: {err}); {fix}") from None
+        raise _corrupt(path, f"not JSON: {err}") from None
     except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the run config ({err.strerror or err}); {fix}") from None
+        why = f"cannot read the run config ({err.strerror or err})"
+        raise DamagedFile(f"{path}: {why}", fix, reason=why) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):  # another program's config.json?
         raise NotARunConfig(f'{path}: not an attnconv run config (no "config" object: another program\'s config.json, '
-                            f'or a damaged one); {hint}, or restore it from a copy of the run')
+                            f'or a damaged one)', f'{hint}, or restore it from a copy of the run',
+                            reason='no "config" object')
     try:
         problem = strings_problem(meta)
         if problem is not None:
@@ -270,8 +271,12 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         if problem is not None:
             raise AttnconvError(problem)
     except AttnconvError as err:
-        raise AttnconvError(f"{path}: corrupt run config ({err}); {fix}") from None
+        raise _corrupt(path, str(err)) from None
     return meta
+
+
+def _corrupt(path: Path, reason: str) -> DamagedFile:
+    return DamagedFile(f"{path}: corrupt run config ({reason})", CONFIG_FIX, reason=reason)
 
 # What a corrupt config.json's message ends with.
 CONFIG_FIX = "restore it from a copy, or train the run again"
@@ -473,15 +478,15 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if not path.exists():
         return []
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt {what} (not a regular file: {path_kind(path)}); {fix}")
+        raise DamagedFile(f"{path}: corrupt {what} (not a regular file: {path_kind(path)})", fix)
     if path.stat().st_size > max_bytes:
-        raise AttnconvError(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB); {fix}")
+        raise DamagedFile(f"{path}: corrupt {what} (over {max_bytes >> 20} MiB)", fix)
     try:
         text = file_text(read_regular(path, fix))
     except UnicodeDecodeError:
-        raise AttnconvError(f"{path}: corrupt {what} (binary data, not CSV text); {fix}") from None
+        raise DamagedFile(f"{path}: corrupt {what} (binary data, not CSV text)", fix) from None
     except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the {what} ({err.strerror or err}); {fix}") from None
+        raise DamagedFile(f"{path}: cannot read the {what} ({err.strerror or err})", fix) from None
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # a file saved by an editor on Windows or an old Mac
     lines = text.split("\n")[:-1]  # the piece after the last newline is empty or cut short
     if not lines:
@@ -509,7 +514,7 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
             rows.append(row)
         return rows
     except (csv.Error, AttnconvError) as err:
-        raise AttnconvError(f"{path}: corrupt {what} ({err}); {fix}") from None
+        raise DamagedFile(f"{path}: corrupt {what} ({err})", fix) from None
 
 
 def _csv_row(header: list[str], fields: list[str], number: int) -> dict[str, float]:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import DamagedFile
 from attnconv.fileio import read_regular
 from attnconv.runs.files import HEADS_FILE, LOG_FIX
 from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value
@@ -44,16 +44,16 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
         return [], []
     fix = f"{LOG_FIX} (the heads' history is then unknown)"
     if not path.is_file():
-        raise AttnconvError(f"{path}: corrupt heads file (not a regular file: {path_kind(path)}); {fix}")
+        raise DamagedFile(f"{path}: corrupt heads file (not a regular file: {path_kind(path)})", fix)
     if path.stat().st_size > _MAX_HEADS_BYTES:
-        raise AttnconvError(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB); {fix}")
+        raise DamagedFile(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB)", fix)
     try:
         lines = file_text(read_regular(path, fix)).split("\n")
         cut = lines.pop()  # "" after a last newline; else a last line cut short by a crash (skipped)
     except UnicodeDecodeError:
-        raise AttnconvError(f"{path}: corrupt heads file (binary data, not JSON lines); {fix}") from None
+        raise DamagedFile(f"{path}: corrupt heads file (binary data, not JSON lines)", fix) from None
     except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the heads file ({err.strerror or err}); {fix}") from None
+        raise DamagedFile(f"{path}: cannot read the heads file ({err.strerror or err})", fix) from None
     records: list[dict[str, Any]] = []
     skipped: list[int] = []
     for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
@@ -69,7 +69,7 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
         elif skip_bad:
             skipped.append(number)
         else:
-            raise AttnconvError(f"{path}: corrupt heads file (line {number}: {problem}); {fix}")
+            raise DamagedFile(f"{path}: corrupt heads file (line {number}: {problem})", fix)
     if skip_bad and cut.strip():  # what reads only some snapshots says it left this one out too
         skipped.append(len(lines) + 1)
     return records, skipped
