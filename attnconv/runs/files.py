@@ -90,6 +90,18 @@ def save_checkpoint(model: nn.Module, metadata: dict[str, str], state: dict[str,
 # How a line about a damaged log begins its fix (`runs.directory.trim_logs` gives a resume its own).
 LOG_FIX = "restore it from a copy, or delete it"
 
+
+def log_fix(lost: str, *, config_edited: bool = False, hint: str = "") -> str:
+    """`LOG_FIX`, saying what deleting the log loses (`the heads' history is`); `config_edited`: the log may be
+    sound and config.json the file edited."""
+    fix = LOG_FIX.replace(" it ", " it (or config.json, if that was edited) ", 1) if config_edited else LOG_FIX
+    return f"{fix} ({lost} then unknown{hint})"
+
+
+# What deleting metrics.csv or heads.jsonl loses (`log_fix`).
+METRICS_LOST = "the run's curves and accuracy are"
+HEADS_LOST = "the heads' history is"
+
 # What every line about a damaged state.pt ends with.
 STATE_FIX = ("restore it from a copy of the run; without it the run cannot be resumed: train it again into a new "
              "--out, or over this one with --overwrite")
@@ -460,13 +472,13 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
     CSV, or holds a value that is not a number is one AttnconvError naming the file.
     """
     return _read_csv(Path(run_dir) / METRICS_FILE, METRICS_COLUMNS, "metrics file", limit, _MAX_METRICS_BYTES,
-                     f"{LOG_FIX} (the run's curves and accuracy are then unknown)", "epoch")
+                     log_fix(METRICS_LOST), "epoch")
 
 def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
     """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most
     `limit`; [] for a run without one. Read and checked as `read_metrics` reads metrics.csv."""
     return _read_csv(Path(run_dir) / STEPS_FILE, STEPS_COLUMNS, "steps log", limit, _MAX_STEPS_BYTES,
-                     f"{LOG_FIX} (the run's per-step curves are then unknown)", "step")
+                     log_fix("the run's per-step curves are"), "step")
 
 _MAX_STEPS_BYTES = 2**28  # 256 MiB: millions of rows (--log-every 1 on a long run)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from attnconv.errors import DamagedFile
 from attnconv.fileio import read_regular
-from attnconv.runs.files import HEADS_FILE, LOG_FIX
+from attnconv.runs.files import HEADS_FILE, HEADS_LOST, log_fix
 from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value
 
 _MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
@@ -42,7 +42,7 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
     path = run_dir / HEADS_FILE
     if not path.exists():
         return [], []
-    fix = f"{LOG_FIX} (the heads' history is then unknown)"
+    fix = log_fix(HEADS_LOST)
     if not path.is_file():
         raise DamagedFile(f"{path}: corrupt heads file (not a regular file: {path_kind(path)})", fix)
     if path.stat().st_size > _MAX_HEADS_BYTES:

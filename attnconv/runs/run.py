@@ -16,13 +16,16 @@ import torch.nn as nn
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
-from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
+from attnconv.errors import AttnconvError, AttnconvWarning, DamagedFile, ParameterError
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
+    HEADS_LOST,
     METRICS_FILE,
+    METRICS_LOST,
+    log_fix,
     read_config,
     read_metrics,
 )
@@ -93,10 +96,9 @@ class Run:
         bounded by config.json's total_steps: a resume with `allow_data_change` may change a run's length.)"""
         rows = read_metrics(self.path)
         if rows and rows[-1]["epoch"] > self.config.epochs:
-            raise AttnconvError(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
-                                f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
-                                "in config.json); restore it (or config.json, if that was edited) from a copy, or "
-                                "delete it (the run's curves and accuracy are then unknown)")
+            raise DamagedFile(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
+                              f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
+                              "in config.json)", log_fix(METRICS_LOST, config_edited=True))
         return rows
 
     @functools.cached_property
@@ -108,9 +110,8 @@ class Run:
         no sound line left is one AttnconvError."""
         records, skipped = read_heads_skipping(self.path)
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
-            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
-                                "is damaged); restore it from a copy, or delete it (the heads' history is then "
-                                "unknown; `attnconv plot centers RUN` draws the final heads)")
+            raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
+                              "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         if skipped:
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
@@ -128,16 +129,13 @@ class Run:
         recorded, expected = [len(layer) for layer in records[0]["layers"]], self.heads_per_layer
         last = records[-1]  # the latest: snapshots rise in epoch and step (`runs.read_heads`); steps as in `metrics`
         if last["epoch"] > self.config.epochs:
-            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (a snapshot of epoch {last['epoch']} "
-                                f"lies past the run's {_count(self.config.epochs, 'epoch')} in config.json); restore "
-                                "it (or config.json, if that was edited) from a copy, or delete it (the heads' history "
-                                "is then unknown)")
+            raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (a snapshot of epoch {last['epoch']} "
+                              f"lies past the run's {_count(self.config.epochs, 'epoch')} in config.json)",
+                              log_fix(HEADS_LOST, config_edited=True))
         if recorded != expected:
-            raise AttnconvError(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
-                                f"{_layers_text(recorded)}, the run's model in config.json has "
-                                f"{_layers_text(expected)}); restore it (or config.json, if that was edited) from "
-                                "a copy, or delete it (the heads' history is then unknown; `attnconv plot centers "
-                                "RUN` draws the final heads)")
+            raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (its snapshots hold "
+                              f"{_layers_text(recorded)}, the run's model in config.json has "
+                              f"{_layers_text(expected)})", log_fix(HEADS_LOST, config_edited=True, hint=_FINAL_HEADS))
 
     @functools.cached_property
     def heads_per_layer(self) -> list[int]:
@@ -270,6 +268,10 @@ def _layers_text(heads: list[int]) -> str:
     if len(set(heads)) == 1:
         return f"{len(heads)} layer{'s' if len(heads) > 1 else ''} of {heads[0]} head{'s' if heads[0] > 1 else ''}"
     return f"layers of {', '.join(map(str, heads))} heads"
+
+
+# What a damaged heads.jsonl leaves: the figure of the final heads, drawn from the weights.
+_FINAL_HEADS = "; `attnconv plot centers RUN` draws the final heads"
 
 
 def _count(n: int, what: str) -> str:
