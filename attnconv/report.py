@@ -57,7 +57,7 @@ from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
-from attnconv.models.sites import needs_inputs
+from attnconv.models.sites import NoAttentionLayers, needs_inputs
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import figure_png
 from attnconv.plots.results import confusion_figure, curves_figure, misclassified_figure
@@ -296,7 +296,7 @@ def _attention_section(run: Run, *, images: int) -> str:
     try:
         sites = run.sites
     except AttnconvError as err:  # a CNN; or attention the per-head analysis cannot take
-        if "no attention layers" in str(err) and not run.converted:
+        if isinstance(err, NoAttentionLayers) and not run.converted:
             return head + _note(f"{config.model} has no attention layers (a convolutional network): the attention "
                                 "figures and analysis are skipped.") + "</section>"
         _missing("the attention section", err)

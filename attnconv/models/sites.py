@@ -70,8 +70,12 @@ class AttentionSite:
         return bool(self.layer.position_only)
 
 
+class NoAttentionLayers(AttnconvError):
+    """A model in which `attention_sites` finds no attention layer (a CNN)."""
+
+
 def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) -> list[AttentionSite]:
-    """Every attention layer of `model`, first to last (AttnconvError for a model without one, a CNN).
+    """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
     found by one forward pass of a zero image (default: the model's config, in_channels and
@@ -107,7 +111,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        raise AttnconvError(
+        raise NoAttentionLayers(
             f"{type(model).__name__} has no attention layers to analyze: it has no SelfAttention2d or ConvAttention, "
             f"and a forward pass of a zero {tuple(input_shape)} image, to capture its attention, failed "
             f"({type(err).__name__}: {first}); give the input shape it takes") from None
@@ -115,7 +119,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     if captured:
         return [AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out),
                               r.size) for r in captured]
-    raise AttnconvError(
+    raise NoAttentionLayers(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
 
