@@ -84,7 +84,10 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
                 raise
         with interrupts_held(len(temps) > 1):
             for path, tmp in temps:
-                os.replace(tmp, path)
+                try:
+                    os.replace(tmp, path)
+                except OSError as err:  # named by the file it was to replace (a folder there), not our temporary
+                    raise OSError(err.errno, err.strerror, str(path)) from err
         made.clear()  # they hold what was written (or the path passes through them: a/../b keeps a, as mkdir -p)
     finally:
         for _, tmp in temps:

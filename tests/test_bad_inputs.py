@@ -1316,11 +1316,12 @@ def test_run_files_read_with_checks_weights_that_are_not_there_or_too_large(tiny
     weights.unlink()
     line = _one_error(["eval", run], capsys)
     assert line == (f"error: {weights}: missing, although the run has checkpointed (state.pt says so): "
-                    "it was moved or deleted; restore it from a copy of the run"), line
+                    f"it was moved or deleted; restore it from a copy of the run, or `attnconv train --out {run} "
+                    "--resume` writes it anew from state.pt (and goes on training, if the run was not finished)"), line
     state = (run / "state.pt").read_bytes()
     (run / "state.pt").unlink()  # as a first checkpoint that failed after the epoch's row (a full disk)
     line = _one_error(["eval", run], capsys)  # was "the run has checkpointed (metrics.csv says so) ... restore it"
-    assert line == (f"error: {weights}: missing, and so is state.pt, while metrics.csv has rows: the run stopped "
+    assert line == (f"error: {weights}: missing, and so is state.pt, while metrics.csv has a row: the run stopped "
                     f"before its first checkpoint was whole (`attnconv train --out {run} --resume` starts it again "
                     "from step 0), or its files were moved or deleted (restore them from a copy of the run)"), line
     metrics = (run / "metrics.csv").read_bytes()

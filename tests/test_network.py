@@ -618,6 +618,11 @@ def test_conversions_never_silently_wrong_torchscript_is_refused_in_words(compil
         with pytest.raises(AttnconvError, match=r"not one compiled by torch.jit.script or traced by torch.jit.trace .*"
                                                 r"convert the nn.Module first, then script or trace the result"):
             cnn_to_attention(scripted, **kwargs)
+    conv = {"script": lambda: torch.jit.script(net[0]), "trace": lambda: torch.jit.trace(net[0], x),
+            "script-inside": lambda: torch.jit.script(nn.Conv2d(3, 4, 1))}[compile_]()
+    with pytest.raises(AttnconvError, match=r"^conv_to_attention: \w+ is compiled by torch.jit.script or traced by "
+                                            r"torch.jit.trace; convert the nn.Module first"):
+        attnconv.conv_to_attention(conv)  # said as cnn_to_attention says it, not "takes nn.Conv1d/2d/3d, got ..."
 
 
 def test_conversions_never_silently_wrong_subclasses_keeping_the_conv_s_forward_convert():

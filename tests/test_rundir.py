@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from fixtures_runs import unrecord
 from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 
@@ -19,7 +20,7 @@ import attnconv.training.loop as loop
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.fileio import LOCK_FILE, TMP_SUFFIX, DirectoryLock, atomic_write, is_temporary
-from attnconv.runs import convert_run, load_state
+from attnconv.runs import convert_run, load_run, load_state
 from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.progress import ProgressLog, format_duration
 
@@ -144,6 +145,13 @@ def test_atomic_write_failure_keeps_the_old_file_and_leaves_no_temporary(tmp_pat
     with pytest.raises(OSError):
         atomic_write(target, full)
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    target.unlink()
+    target.mkdir()  # a folder where the file goes: the rename fails, named by the target, not by the temporary
+    (target / "mine").write_text("x")
+    with pytest.raises(OSError) as caught:
+        atomic_write(target, lambda tmp: tmp.write_text("new"))
+    assert caught.value.filename == str(target) and (target / "mine").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
 
 
 def test_resume_without_a_checkpoint_starts_again_and_writes_the_logs_anew(tmp_path, data_dir, capsys):  # noqa: F811
@@ -477,6 +485,22 @@ def test_a_folder_whose_config_json_is_a_broken_link_is_not_a_run(tmp_path, data
         assert [p.name for p in out.iterdir()] == ["config.json"] and (out / "config.json").is_symlink()
 
 
+def test_a_run_whose_config_json_went_is_named_as_one_by_every_reader(tmp_path, data_dir, capsys):  # noqa: F811
+    """Readers said `not a run directory (no config.json); give the folder that attnconv train --out wrote`: it
+    is that folder."""
+    out = tmp_path / "run"
+    assert main(one_epoch(out, data_dir)) == 0
+    (out / "config.json").unlink()
+    for args in (["eval", str(out)], ["table", str(out)], ["analyze", str(out)]):
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out}: config.json is missing, while model.safetensors, state.pt, metrics.csv "
+                              "show a run was trained here; restore it from a copy of the run\n"), (args, err)
+    with pytest.raises(AttnconvError, match="config.json is missing, while model.safetensors"):
+        load_run(out)
+
+
 def test_a_damaged_run_file_is_one_error_with_its_fix_apart(tmp_path):
     """Every reader's error for a damaged file keeps what is wrong and the fix apart (`DamagedFile`), so a caller
     that knows a better fix (a resume) gives it without rewording the reader's text."""
@@ -789,6 +813,45 @@ def test_a_damaged_log_on_resume_is_not_told_to_be_deleted(tmp_path, monkeypatch
     assert f"{out / log}: corrupt" in err and "delete it" not in err and err.strip().endswith(
         "restore it from a copy of the run, or train into a new --out (without it the run cannot be resumed: the "
         "checkpoint counts its rows)"), err
+
+
+def test_a_resume_checks_the_checkpoint_files_before_it_trains(tmp_path, monkeypatch, capsys):
+    """model.safetensors a folder: a resume trained on, then failed at its checkpoint naming attnconv's temporary and
+    sending the user to the same resume. Both checkpoint files gone under a metrics.csv of two rows: "no checkpoint
+    to resume from (it stopped before its first)", and the finished run was trained again, its logs written anew."""
+    from safetensors.torch import load, load_file
+
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "2")
+    assert main(args) == 0
+    weights, saved = out / "model.safetensors", (out / "model.safetensors").read_bytes()
+    logs = {name: (out / name).read_bytes() for name in ("metrics.csv", "steps.csv", "heads.jsonl")}
+    weights.unlink()
+    weights.mkdir()
+    (weights / "mine.txt").write_text("x")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    assert capsys.readouterr().err == (f"error: {weights} is a directory, not the run's weights file, and the resume "
+                                       "is to write the weights there; move it out of the run folder (the weights are "
+                                       "written anew from state.pt)\n")
+    assert (weights / "mine.txt").read_text() == "x" and not any(TMP_SUFFIX in p.name for p in out.iterdir())
+    (weights / "mine.txt").unlink()
+    weights.rmdir()
+    assert main([*args, "--resume"]) == 0  # the fix the line gives, for a finished run too
+    assert f"{out}: model.safetensors was missing: written anew from state.pt" in capsys.readouterr().err
+    old, new = load(saved), load_file(weights)
+    assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
+    assert {name: (out / name).read_bytes() for name in logs} == logs
+    (out / "state.pt").unlink()
+    weights.unlink()
+    for command in ([*args, "--resume"], ["eval", str(out)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        said = ("state.pt and model.safetensors are missing" if command[0] == "train" else
+                "model.safetensors: missing, and so is state.pt") + ", while metrics.csv has rows past the first, " \
+            "which a run writes only once its first checkpoint is whole: they were moved or deleted; restore them " \
+            "from a copy of the run"
+        assert said in err, err
+    assert {name: (out / name).read_bytes() for name in logs} == logs
 
 
 # ---------------------------------------------------------------------------------- smaller things done right

@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
     from attnconv.errors import ParameterError
     from attnconv.options import option_fields
-    from attnconv.runs import CONFIG_FILE, METRICS_FILE, STATE_FILE, WEIGHTS_FILE
     from attnconv.runs.directory import run_config
+    from attnconv.runs.files import CONFIG_FILE, trained_here
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
     from attnconv.training.checks import check_resume_point, check_run_flags, check_same_config
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         if args.preset is not None and args.preset != base.preset:  # what that preset would change
             check_same_config(out, base, make_config(preset=args.preset))
     elif args.resume:
-        found = [n for n in (WEIGHTS_FILE, STATE_FILE, METRICS_FILE) if (out / n).exists()]
+        found = trained_here(out)
         if found:  # a run whose config.json went: not a new run to ask --model and --dataset for
             raise ParameterError("out", out, f": {CONFIG_FILE} is missing, while {', '.join(found)} show a run was "
                                  "trained here; --resume needs it: restore it from a copy of the run, or train into "

@@ -38,14 +38,14 @@ def unconvertible_reason(module: nn.Module) -> str | None:
             f"{name} is a transposed convolution, which conv_to_attention does not construct; "
             "replace it by an upsampling + Conv, or keep it"
         )
+    if isinstance(module, torch.jit.ScriptModule):  # a scripted conv is no _ConvNd: said before "not a conv"
+        return (f"{name} is compiled by torch.jit.script or traced by torch.jit.trace; convert the nn.Module first, "
+                "then script or trace the result")
     base = next((c for c in _CONVS if isinstance(module, c)), None)
     if base is None:
         return f"{name} is not an nn.Conv1d/2d/3d"
     if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
         return f"{name} is lazy and uninitialized; run the model once on an input before converting"
-    if isinstance(module, torch.jit.ScriptModule):
-        return (f"{name} is compiled by torch.jit.script or traced by torch.jit.trace; convert the nn.Module first, "
-                "then script or trace the result")
     replaced = [attr for attr in ("forward", "_conv_forward", *_CALLS) if attr in vars(module)]
     if replaced:
         return (
@@ -135,6 +135,8 @@ def conv_to_attention(
     it computes, it is not the plain convolution the attention layer reproduces), a lazy
     uninitialized conv, integer weights, and forward hooks or pre-hooks.
     """
+    if isinstance(conv, torch.jit.ScriptModule):
+        raise AttnconvError(f"conv_to_attention: {unconvertible_reason(conv)}")
     if not isinstance(conv, _ConvNd) or isinstance(conv, _ConvTransposeNd):
         raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")
     reason = unconvertible_reason(conv)

@@ -30,6 +30,7 @@ from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs.directory import SET_ASIDE, set_aside_pending
 from attnconv.runs.files import (
+    CHECKPOINT_GONE,
     CONFIG_FILE,
     CONFIG_FIX,
     MAX_HEADER,
@@ -39,6 +40,7 @@ from attnconv.runs.files import (
     load_state,
     read_config,
     read_metrics,
+    rows_logged,
     save_weights,
     weights_metadata,
     write_config,
@@ -164,21 +166,17 @@ def _missing(path: Path) -> str:
                 "of the run")
     if (run / STATE_FILE).exists():
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
-                "restore it from a copy of the run")
-    if _has_a_row(run):  # a row is written before the epoch's checkpoint, which may have failed
-        return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has rows: the run stopped before its "
+                f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from "
+                f"{STATE_FILE} (and goes on training, if the run was not finished)")
+    rows = rows_logged(run, 2)  # not only a header: a run stopped inside its first epoch has none
+    if rows > 1:
+        return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has rows past the first, which a run "
+                f"writes only once its first checkpoint is whole: {CHECKPOINT_GONE}")
+    if rows:  # a row is written before the epoch's checkpoint, which may have failed
+        return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has a row: the run stopped before its "
                 f"first checkpoint was whole (`attnconv train --out {run} --resume` starts it again from step 0), or "
                 "its files were moved or deleted (restore them from a copy of the run)")
     return f"{path}: missing (the run has not written a checkpoint yet)"
-
-
-def _has_a_row(run: Path) -> bool:
-    """Whether metrics.csv holds a row (not only its header: a run stopped inside its first epoch); a file that does
-    not read counts as none (its own reader says what is wrong with it)."""
-    try:
-        return (run / METRICS_FILE).exists() and bool(read_metrics(run, limit=1))
-    except AttnconvError:
-        return False
 
 
 def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:

@@ -232,6 +232,11 @@ class NotARunConfig(DamagedFile):
     model folder's)."""
 
 
+def trained_here(run_dir: Path) -> list[str]:
+    """The files of a trained run in `run_dir` (weights, state, metrics) that show one was trained there."""
+    return [name for name in (WEIGHTS_FILE, STATE_FILE, METRICS_FILE) if (run_dir / name).exists()]
+
+
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The parsed config.json of a run directory (with the TrainConfig under "config").
 
@@ -247,6 +252,10 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         why = "it is a file" if run_dir.exists() else "no such directory"
         raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
     if not path.exists() and not path.is_symlink():
+        found = trained_here(run_dir)
+        if found:  # the folder `train --out` wrote, its config.json gone: not "give the folder train wrote"
+            raise AttnconvError(f"{run_dir}: {CONFIG_FILE} is missing, while {', '.join(found)} show a run was trained "
+                                "here; restore it from a copy of the run")
         raise AttnconvError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); {hint}")
     fix = CONFIG_FIX
     if not path.is_file():
@@ -473,6 +482,18 @@ def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[d
     """
     return _read_csv(Path(run_dir) / METRICS_FILE, METRICS_COLUMNS, "metrics file", limit, _MAX_METRICS_BYTES,
                      log_fix(METRICS_LOST), "epoch")
+
+# Why a run's checkpoint (model.safetensors and state.pt) is gone although its logs show one was whole.
+CHECKPOINT_GONE = "they were moved or deleted; restore them from a copy of the run"
+
+
+def rows_logged(run_dir: str | os.PathLike, limit: int) -> int:
+    """How many rows metrics.csv holds, counted up to `limit`; a file that does not read counts none (its reader
+    says what is wrong with it where the rows are used)."""
+    try:
+        return len(read_metrics(run_dir, limit=limit))
+    except AttnconvError:
+        return 0
 
 def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
     """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most

@@ -39,6 +39,7 @@ from attnconv.runs import (
     read_config,
     record_problem,
     save_checkpoint,
+    save_weights,
     trim_logs,
     weights_fit,
 )
@@ -232,7 +233,7 @@ class Checkpointer:
         rng_torch, rng_cuda = self._rng_states()
         if not self.d.main:
             return
-        meta = {"model": self.model_name, "step": str(p.step), "epoch": str(p.epoch)}
+        meta = self._weights_meta(p)
         state = {
             "format": STATE_FORMAT,
             "progress": dataclasses.asdict(p),
@@ -241,8 +242,23 @@ class Checkpointer:
             "rng": {"torch": rng_torch, "cuda": rng_cuda},
         }
         if self.record is not None:
-            meta[RECORD_KEY] = state["record"] = self.record  # both files know which run they are
+            state["record"] = self.record  # both files know which run they are
         save_checkpoint(model, meta, state, self.out)
+
+    def _weights_meta(self, p: RunProgress) -> dict[str, str]:
+        meta = {"model": self.model_name, "step": str(p.step), "epoch": str(p.epoch)}
+        if self.record is not None:
+            meta[RECORD_KEY] = self.record
+        return meta
+
+    def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> bool:
+        """Rank 0, a finished run resumed: model.safetensors written anew from the restored state if it is missing
+        (deleted, or moved away); True if it was. (An unfinished run writes it at its next checkpoint.)"""
+        path = self.out / WEIGHTS_FILE
+        if path.exists() or path.is_symlink():
+            return False
+        save_weights(model, path, self._weights_meta(progress))
+        return True
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Every rank's CPU (and CUDA) generator state, in rank order (a collective under DDP)."""

@@ -13,6 +13,7 @@ from attnconv.models import build_model
 from attnconv.models.registry import model_defaults
 from attnconv.runs import (
     CONFIG_FILE,
+    METRICS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
     data_changes,
@@ -20,7 +21,8 @@ from attnconv.runs import (
     load_state,
     read_config,
 )
-from attnconv.runs.values import short_value
+from attnconv.runs.files import CHECKPOINT_GONE, rows_logged
+from attnconv.runs.values import path_kind, short_value
 
 
 def check_run_flags(resume: bool, overwrite: bool, allow_data_change: bool) -> None:
@@ -113,11 +115,20 @@ def check_resume_point(out: Path) -> None:
                              f"{short_value(converted.get('from'))}), not by training: there is nothing to resume; "
                              "to train attention that starts from that CNN, `attnconv train --init-from CNN_RUN "
                              "--out NEW_DIR`", mentions=("out",))
+    if weights.exists() and not weights.is_file():  # where the resume is to write the weights: refused before training
+        raise ParameterError(None, None, f"{weights} is {path_kind(weights)}, not the run's weights file, and the "
+                             "resume is to write the weights there; move it out of the run folder (the weights are "
+                             f"written anew from {STATE_FILE})")
     if not state.exists() and (weights.exists() or weights.is_symlink()):  # a checkpoint was whole once
         what = "a link to nothing" if state.is_symlink() else "missing"
         raise ParameterError(None, None, f"{state}: {what}, while {WEIGHTS_FILE} shows the run has checkpointed (the "
                              "two are written as one pair): it was moved or deleted; restore it from a copy of the "
                              "run, or train the run again over this one with {overwrite}", mentions=("overwrite",))
+    if not state.exists() and not state.is_symlink() and rows_logged(out, 2) > 1:
+        raise ParameterError(None, None, f"{out}: {STATE_FILE} and {WEIGHTS_FILE} are missing, while {METRICS_FILE} "
+                             "has rows past the first, which a run writes only once its first checkpoint is whole: "
+                             f"{CHECKPOINT_GONE}, or train the run again over this one with {{overwrite}}",
+                             mentions=("overwrite",))
 
 
 def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> None:

@@ -50,7 +50,9 @@ from attnconv.runs import (
     METRICS_COLUMNS,
     METRICS_FILE,
     RUN_FILES,
+    STATE_FILE,
     TENSORBOARD_DIR,
+    WEIGHTS_FILE,
     SetAside,
     append_rows,
     build_run_model,
@@ -345,6 +347,8 @@ class _Trainer:
                 _write_line(announce)
         if p.finished:
             if self.d.main:
+                if self.checkpoint.rewrite_weights(self.model, p):
+                    print(f"{self.out}: {WEIGHTS_FILE} was missing: written anew from {STATE_FILE}", file=sys.stderr)
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
             return read_metrics(self.out)[-1]
         if self.d.main and p.step:
