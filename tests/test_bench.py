@@ -353,3 +353,16 @@ def test_markdown_and_json_are_written_as_a_pair(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(Path, "write_text", write_text)
     assert main(["bench", "--tiny", "--markdown", str(md), "--json", str(js)]) == 0
     assert md.read_text().startswith("## `attnconv bench --tiny` (new)") and json.loads(js.read_text())["date"] == "new"
+
+
+def test_markdown_and_json_naming_one_file_are_refused_before_any_benchmark(tmp_path, capsys, monkeypatch):
+    """`--markdown X --json X` wrote the Markdown, then the JSON over it, and said `wrote X` twice, exit 0."""
+    monkeypatch.setattr(bench, "run_benchmarks", lambda *a, **k: pytest.fail("benchmarked"))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "sub")
+    for md, js in ((tmp_path / "x", tmp_path / "x"), (tmp_path / "sub" / "x", tmp_path / "link" / "x")):
+        assert main(["bench", "--tiny", "--markdown", str(md), "--json", str(js)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"error: --markdown {md} and --json {js} name one file, which would hold only the JSON; give "
+                       "each its own path\n"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "sub"] and not any((tmp_path / "sub").iterdir())

@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -169,7 +170,7 @@ def test_resume_without_a_checkpoint_starts_again_and_writes_the_logs_anew(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {out / 'state.pt'}: missing, while model.safetensors shows the run has checkpointed (the "
                    "two are written as one pair): it was moved or deleted; restore it from a copy of the run, or "
-                   "train the run again over this one with --overwrite"], err
+                   "train the run again over this one (`attnconv train` with its settings and --overwrite)"], err
     (out / "model.safetensors").unlink()  # what a first checkpoint stopped before its pair was whole leaves
     assert main(one_epoch(out, data_dir, "--resume")) == 0
     err = capsys.readouterr().err
@@ -791,7 +792,7 @@ def test_a_run_started_again_on_other_data_records_that_data(tmp_path, monkeypat
     assert main([*args, "--resume"]) == 0  # finished, on the data it was trained on: no flag needed
 
 
-@pytest.mark.parametrize("log", ["steps.csv", "metrics.csv"])
+@pytest.mark.parametrize("log", ["steps.csv", "metrics.csv", "heads.jsonl"])
 def test_a_damaged_log_on_resume_is_not_told_to_be_deleted(tmp_path, monkeypatch, capsys, log):
     """`--resume` of a run with a damaged log gave the readers' fix, "restore it from a copy, or delete it"; deleted,
     the next resume refused the log as rows lost. A resume says only what it can take."""
@@ -812,7 +813,7 @@ def test_a_damaged_log_on_resume_is_not_told_to_be_deleted(tmp_path, monkeypatch
         (tmp_path / "config.json").rename(out / "config.json")
     assert f"{out / log}: corrupt" in err and "delete it" not in err and err.strip().endswith(
         "restore it from a copy of the run, or train into a new --out (without it the run cannot be resumed: the "
-        "checkpoint counts its rows)"), err
+        f"checkpoint counts its {'lines' if log == 'heads.jsonl' else 'rows'})"), err
 
 
 def test_a_resume_checks_the_checkpoint_files_before_it_trains(tmp_path, monkeypatch, capsys):
@@ -841,17 +842,58 @@ def test_a_resume_checks_the_checkpoint_files_before_it_trains(tmp_path, monkeyp
     old, new = load(saved), load_file(weights)
     assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
     assert {name: (out / name).read_bytes() for name in logs} == logs
+    weights.write_bytes(saved[: len(saved) // 2])  # cut short: as an unfinished run's next checkpoint would
+    assert main([*args, "--resume"]) == 0
+    assert f"{out}: model.safetensors did not hold the run's weights: written anew from state.pt" in \
+        capsys.readouterr().err
+    assert all(torch.equal(old[k], t) for k, t in load_file(weights).items())
+    assert main([*args, "--resume"]) == 0 and "written anew" not in capsys.readouterr().err
     (out / "state.pt").unlink()
     weights.unlink()
     for command in ([*args, "--resume"], ["eval", str(out)]):
         assert main(command) == 2
         err = capsys.readouterr().err
         said = ("state.pt and model.safetensors are missing" if command[0] == "train" else
-                "model.safetensors: missing, and so is state.pt") + ", while metrics.csv has rows past the first, " \
-            "which a run writes only once its first checkpoint is whole: they were moved or deleted; restore them " \
-            "from a copy of the run"
+                "model.safetensors: missing, and so is state.pt") + ", while metrics.csv has a row of step 6, past " \
+            "step 3, where the run writes its first checkpoint and which it goes past only once that checkpoint is " \
+            "whole: they were moved or deleted; restore them from a copy of the run"
         assert said in err, err
     assert {name: (out / name).read_bytes() for name in logs} == logs
+
+
+def test_a_resume_given_the_runs_image_folder_by_a_link_is_no_other_config(tmp_path, monkeypatch, capsys):
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "1")
+    assert main(args) == 0
+    (tmp_path / "link").symlink_to(tmp_path / "imgs")
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--dataset", f"folder:{tmp_path / 'link'}"]) == 0
+    assert "run already finished" in capsys.readouterr().err
+    shutil.copytree(tmp_path / "imgs", tmp_path / "other")  # the same images in another folder: named
+    assert main(["train", "--out", str(out), "--resume", "--dataset", f"folder:{tmp_path / 'other'}"]) == 2
+    assert "holds a run with a different config (dataset: " in capsys.readouterr().err
+
+
+def test_a_resume_without_either_checkpoint_file_starts_again_only_if_the_logs_stop_at_the_first(tmp_path,
+                                                                                                monkeypatch, capsys):
+    """Both files gone from a run checkpointing every step: its steps.csv went past the first checkpoint's step, yet
+    `--resume` said `it stopped before its first` and trained it again, its logs written anew."""
+    out, args = _folder_run(tmp_path, monkeypatch, "--epochs", "2", "--checkpoint-every", "1", "--log-every", "1")
+    _stopped_at(monkeypatch, args, 2)  # in epoch 1: metrics.csv its header alone, steps.csv two rows
+    (out / "state.pt").unlink()
+    (out / "model.safetensors").unlink()
+    logs = {name: (out / name).read_bytes() for name in ("metrics.csv", "steps.csv", "heads.jsonl", "config.json")}
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    assert capsys.readouterr().err == (f"error: {out}: state.pt and model.safetensors are missing, while steps.csv "
+                                       "has a row of step 2, past step 1, where the run writes its first checkpoint "
+                                       "and which it goes past only once that checkpoint is whole: they were moved or "
+                                       "deleted; restore them from a copy of the run, or train the run again over "
+                                       "this one (`attnconv train` with its settings and --overwrite)\n")
+    assert {name: (out / name).read_bytes() for name in logs} == logs
+    lines = (out / "steps.csv").read_text().splitlines()  # logs up to the first checkpoint's step: it may have failed
+    (out / "steps.csv").write_text("\n".join(lines[:2]) + "\n")
+    assert main([*args, "--resume"]) == 0
+    assert "no checkpoint to resume from (it stopped before its first)" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------- smaller things done right

@@ -20,6 +20,7 @@ matmul rate, fp32 and bf16), compile (torch.compile's cost and gain per named mo
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -179,6 +180,9 @@ def run_bench(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     # Before any benchmark runs: an output that cannot be written fails now, not after the whole run.
+    if args.markdown and args.json and _one_file(Path(args.markdown), Path(args.json)):
+        raise AttnconvError(f"--markdown {args.markdown} and --json {args.json} name one file, which would hold only "
+                            "the JSON; give each its own path")
     outputs = {flag: check_output_file(path, flag[2:], (), overwrite=args.overwrite)
                for flag, path in (("--markdown", args.markdown), ("--json", args.json)) if path}
     command = command_line(args)
@@ -193,6 +197,14 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"error: {len(report.failures)} benchmark case(s) failed; their errors are in the notes", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_file(a: Path, b: Path) -> bool:
+    """Two output paths naming one file: the same path, or links to one."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: the same path, its folders' links resolved
+        return a.resolve() == b.resolve()
 
 
 def _write(outputs: dict[str, tuple[Path, str]]) -> None:

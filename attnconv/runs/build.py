@@ -37,6 +37,7 @@ from attnconv.runs.files import (
     METRICS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
+    checkpointed_once,
     load_state,
     read_config,
     read_metrics,
@@ -168,11 +169,13 @@ def _missing(path: Path) -> str:
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
                 f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from "
                 f"{STATE_FILE} (and goes on training, if the run was not finished)")
-    rows = rows_logged(run, 2)  # not only a header: a run stopped inside its first epoch has none
-    if rows > 1:
-        return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has rows past the first, which a run "
-                f"writes only once its first checkpoint is whole: {CHECKPOINT_GONE}")
-    if rows:  # a row is written before the epoch's checkpoint, which may have failed
+    try:
+        shown = checkpointed_once(run, read_config(run))
+    except AttnconvError:  # config.json's own reader names it where it is read
+        shown = None
+    if shown is not None:
+        return f"{path}: missing, and so is {STATE_FILE}, while {shown}: {CHECKPOINT_GONE}"
+    if rows_logged(run, 1):  # a row is written before the epoch's checkpoint, which may have failed
         return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has a row: the run stopped before its "
                 f"first checkpoint was whole (`attnconv train --out {run} --resume` starts it again from step 0), or "
                 "its files were moved or deleted (restore them from a copy of the run)")

@@ -224,15 +224,15 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted)."""
     metrics = _kept(out / METRICS_FILE, _resumed(read_metrics, out, rows + 1), rows, "rows", step)
     steps = _kept(out / STEPS_FILE, _resumed(read_steps, out, step_rows + 1), step_rows, "rows", step)
-    heads = None if snapshots is None else _kept(out / HEADS_FILE, _resumed(read_heads, out, snapshots + 1), snapshots,
-                                                 "lines", step)
+    heads = None if snapshots is None else _kept(out / HEADS_FILE, _resumed(read_heads, out, snapshots + 1, "lines"),
+                                                 snapshots, "lines", step)
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
     if heads is not None:
         atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, heads)).encode()))
 
 
-def _resumed(read, out: Path, limit: int) -> list[dict[str, Any]]:
+def _resumed(read, out: Path, limit: int, unit: str = "rows") -> list[dict[str, Any]]:
     """`read(out, limit=limit)`, a damaged log named with the fix a resume can take, not the readers' `LOG_FIX`
     ("or delete it", which the next resume refuses as rows lost)."""
     try:
@@ -241,7 +241,7 @@ def _resumed(read, out: Path, limit: int) -> list[dict[str, Any]]:
         if not err.fix.startswith(LOG_FIX):
             raise
         raise err.with_fix("restore it from a copy of the run, or train into a new --out (without it the run cannot "
-                           "be resumed: the checkpoint counts its rows)") from None
+                           f"be resumed: the checkpoint counts its {unit})") from None
 
 
 def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:

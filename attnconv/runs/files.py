@@ -495,6 +495,27 @@ def rows_logged(run_dir: str | os.PathLike, limit: int) -> int:
     except AttnconvError:
         return 0
 
+
+def checkpointed_once(run_dir: Path, meta: dict[str, Any]) -> str | None:
+    """What in the logs shows that a run (config.json `meta`) once had a whole checkpoint, or None: a row of a step
+    after the first one it checkpoints at (the first of --checkpoint-every, its first epoch's end, --max-steps),
+    which it reaches only once that checkpoint is whole (a checkpoint that fails stops the run). Rows up to that
+    step are logged before its checkpoint, so they alone show nothing. Logs that do not read show nothing here."""
+    config = TrainConfig.from_dict(meta["config"])
+    first = min((s for s in (config.checkpoint_every, meta.get("steps_per_epoch"), config.max_steps)
+                 if isinstance(s, int) and s > 0), default=None)
+    if first is None:
+        return None
+    for name, read in ((METRICS_FILE, read_metrics), (STEPS_FILE, read_steps)):
+        try:
+            rows = read(run_dir)
+        except AttnconvError:
+            continue
+        if rows and rows[-1]["step"] > first:  # rows rise in step (`read_metrics`)
+            return (f"{name} has a row of step {int(rows[-1]['step'])}, past step {first}, where the run writes its "
+                    "first checkpoint and which it goes past only once that checkpoint is whole")
+    return None
+
 def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
     """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most
     `limit`; [] for a run without one. Read and checked as `read_metrics` reads metrics.csv."""

@@ -251,14 +251,17 @@ class Checkpointer:
             meta[RECORD_KEY] = self.record
         return meta
 
-    def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> bool:
-        """Rank 0, a finished run resumed: model.safetensors written anew from the restored state if it is missing
-        (deleted, or moved away); True if it was. (An unfinished run writes it at its next checkpoint.)"""
+    def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
+        """Rank 0, a finished run resumed: model.safetensors written anew from the restored state where it is
+        missing (deleted, moved away) or a file that does not hold the model's tensors (`runs.weights_fit`: cut
+        short, junk), as an unfinished run's next checkpoint writes it; what it was, or None. (A link is left: its
+        readers name it.)"""
         path = self.out / WEIGHTS_FILE
-        if path.exists() or path.is_symlink():
-            return False
+        if path.is_symlink() or (path.exists() and weights_fit(model, path)):
+            return None
+        why = "was missing" if not path.exists() else "did not hold the run's weights"
         save_weights(model, path, self._weights_meta(progress))
-        return True
+        return why
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Every rank's CPU (and CUDA) generator state, in rank order (a collective under DDP)."""

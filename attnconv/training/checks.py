@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from attnconv import data as D
@@ -13,7 +14,6 @@ from attnconv.models import build_model
 from attnconv.models.registry import model_defaults
 from attnconv.runs import (
     CONFIG_FILE,
-    METRICS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
     data_changes,
@@ -21,7 +21,7 @@ from attnconv.runs import (
     load_state,
     read_config,
 )
-from attnconv.runs.files import CHECKPOINT_GONE, rows_logged
+from attnconv.runs.files import CHECKPOINT_GONE, checkpointed_once
 from attnconv.runs.values import path_kind, short_value
 
 
@@ -105,11 +105,16 @@ def recorded_log_every(out: Path) -> int:
         return LOG_EVERY
 
 
+# The other fix for a run whose checkpoint is lost (`check_resume_point`): --overwrite alone asks for the settings.
+_TRAIN_AGAIN = "train the run again over this one (`attnconv train` with its settings and {overwrite})"
+
+
 def check_resume_point(out: Path) -> None:
     """--resume: the run has a checkpoint to resume from, or never had one. A converted run (`attnconv convert`)
     was made by no training; weights without state.pt mean state.pt was lost (the two are written as one pair)."""
     state, weights = out / STATE_FILE, out / WEIGHTS_FILE
-    converted = read_config(out).get("converted")
+    meta = read_config(out)
+    converted = meta.get("converted")
     if converted is not None:  # no training made it: nothing to resume, and its weights are not a CNN's
         raise ParameterError("out", out, ": written by `attnconv convert` (from "
                              f"{short_value(converted.get('from'))}), not by training: there is nothing to resume; "
@@ -123,11 +128,11 @@ def check_resume_point(out: Path) -> None:
         what = "a link to nothing" if state.is_symlink() else "missing"
         raise ParameterError(None, None, f"{state}: {what}, while {WEIGHTS_FILE} shows the run has checkpointed (the "
                              "two are written as one pair): it was moved or deleted; restore it from a copy of the "
-                             "run, or train the run again over this one with {overwrite}", mentions=("overwrite",))
-    if not state.exists() and not state.is_symlink() and rows_logged(out, 2) > 1:
-        raise ParameterError(None, None, f"{out}: {STATE_FILE} and {WEIGHTS_FILE} are missing, while {METRICS_FILE} "
-                             "has rows past the first, which a run writes only once its first checkpoint is whole: "
-                             f"{CHECKPOINT_GONE}, or train the run again over this one with {{overwrite}}",
+                             f"run, or {_TRAIN_AGAIN}", mentions=("overwrite",))
+    shown = None if state.exists() or state.is_symlink() or weights.is_symlink() else checkpointed_once(out, meta)
+    if shown is not None:  # not a run stopped before its first checkpoint, to start again
+        raise ParameterError(None, None, f"{out}: {STATE_FILE} and {WEIGHTS_FILE} are missing, while {shown}: "
+                             f"{CHECKPOINT_GONE}, or {_TRAIN_AGAIN}",
                              mentions=("overwrite",))
 
 
@@ -138,7 +143,7 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
     old, new = saved.to_dict(), config.to_dict()
     diff = []
     for k in new:
-        if k in RESUMABLE_CHANGES or new[k] == old.get(k):
+        if k in RESUMABLE_CHANGES or new[k] == old.get(k) or (k == "dataset" and _same_folder(old.get(k), new[k])):
             continue
         if k == "model_overrides" and isinstance(old.get(k), dict):
             before, after = model_defaults(saved.model), model_defaults(config.model)
@@ -153,6 +158,16 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
     if diff:
         raise ParameterError("out", out, f"holds a run with a different config ({'; '.join(diff)}); "
                              "resume with the same settings, or choose a new {out}", mentions=("out",))
+
+
+def _same_folder(a: object, b: object) -> bool:
+    """Two `folder:PATH` datasets naming one folder by other paths (a link to it; the data's content is compared
+    apart, `check_resumable`)."""
+    try:
+        paths = [D.folder_path(x) if isinstance(x, str) else None for x in (a, b)]
+        return None not in paths and os.path.samefile(*paths)
+    except (AttnconvError, OSError):
+        return False
 
 
 def _option(options: dict, key: str, value: object, defaults: dict) -> str:

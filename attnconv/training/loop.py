@@ -347,8 +347,9 @@ class _Trainer:
                 _write_line(announce)
         if p.finished:
             if self.d.main:
-                if self.checkpoint.rewrite_weights(self.model, p):
-                    print(f"{self.out}: {WEIGHTS_FILE} was missing: written anew from {STATE_FILE}", file=sys.stderr)
+                why = self.checkpoint.rewrite_weights(self.model, p)
+                if why is not None:
+                    print(f"{self.out}: {WEIGHTS_FILE} {why}: written anew from {STATE_FILE}", file=sys.stderr)
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
             return read_metrics(self.out)[-1]
         if self.d.main and p.step:
