@@ -507,8 +507,9 @@ def test_a_damaged_run_file_is_one_error_with_its_fix_apart(tmp_path):
     that knows a better fix (a resume) gives it without rewording the reader's text."""
     from attnconv.errors import DamagedFile
     from attnconv.runs.directory import _resumed
-    from attnconv.runs.files import LOG_FIX, read_config, read_metrics, read_steps
+    from attnconv.runs.files import LOG_FIX, read_config
     from attnconv.runs.heads_file import read_heads
+    from attnconv.runs.logs_file import read_metrics, read_steps
 
     (tmp_path / "config.json").write_text("{")
     (tmp_path / "metrics.csv").write_text("epoch,step\n1,x\n")

@@ -44,17 +44,14 @@ from attnconv.runs.files import (
     STEPS_FILE,
     TENSORBOARD_DIR,
     WEIGHTS_FILE,
-    append_rows,
     load_state,
-    metrics_text,
     read_config,
-    read_metrics,
-    read_steps,
     save_checkpoint,
     save_weights,
     write_config,
 )
 from attnconv.runs.heads_file import heads_line, read_heads, read_heads_skipping
+from attnconv.runs.logs_file import append_rows, metrics_text, read_metrics, read_steps
 from attnconv.runs.record import RECORD_KEY, check_record, config_record, record_problem, recorded_metadata
 from attnconv.runs.run import Run, as_run
 from attnconv.runs.run_data import (

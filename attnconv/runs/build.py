@@ -30,22 +30,19 @@ from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
 from attnconv.runs.directory import SET_ASIDE, set_aside_pending
 from attnconv.runs.files import (
-    CHECKPOINT_GONE,
     CONFIG_FILE,
     CONFIG_FIX,
     MAX_HEADER,
     METRICS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
-    checkpointed_once,
     load_state,
     read_config,
-    read_metrics,
-    rows_logged,
     save_weights,
     weights_metadata,
     write_config,
 )
+from attnconv.runs.logs_file import CHECKPOINT_GONE, checkpointed_once, read_metrics, rows_logged
 from attnconv.runs.record import RECORD_KEY, config_record, record_problem, recorded_step
 from attnconv.runs.run_data import run_info
 

@@ -32,12 +32,10 @@ from attnconv.runs.files import (
     STEPS_FILE,
     TENSORBOARD_DIR,
     NotARunConfig,
-    metrics_text,
     read_config,
-    read_metrics,
-    read_steps,
 )
 from attnconv.runs.heads_file import heads_line, read_heads
+from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
 # (`SetAside`); renamed to DISCARDED before it is deleted, so a half-deleted one is never restored.

@@ -27,9 +27,9 @@ from attnconv.runs.files import (
     METRICS_LOST,
     log_fix,
     read_config,
-    read_metrics,
 )
 from attnconv.runs.heads_file import read_heads_skipping
+from attnconv.runs.logs_file import read_metrics
 from attnconv.runs.record import check_record
 from attnconv.runs.run_data import (
     check_other_dataset,

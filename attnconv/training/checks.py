@@ -21,7 +21,7 @@ from attnconv.runs import (
     load_state,
     read_config,
 )
-from attnconv.runs.files import CHECKPOINT_GONE, checkpointed_once
+from attnconv.runs.logs_file import CHECKPOINT_GONE, checkpointed_once
 from attnconv.runs.values import path_kind, short_value
 
 
