@@ -625,6 +625,19 @@ def test_conversions_never_silently_wrong_torchscript_is_refused_in_words(compil
         attnconv.conv_to_attention(conv)  # said as cnn_to_attention says it, not "takes nn.Conv1d/2d/3d, got ..."
 
 
+def test_conversions_never_silently_wrong_torch_compile_is_refused_in_words():
+    """`conv_to_attention(torch.compile(conv))` said only `got OptimizedModule`; `cnn_to_attention` of a network
+    holding one said at its first forward that its own forward calls a convolution op."""
+    conv = nn.Conv2d(3, 4, 3)
+    with pytest.raises(AttnconvError, match=r"^conv_to_attention: OptimizedModule is compiled by torch.compile; "
+                                            r"convert the module it wraps \(its _orig_mod\), then compile the result"):
+        attnconv.conv_to_attention(torch.compile(conv))
+    for model, where in ((nn.Sequential(torch.compile(conv)), "0"), (torch.compile(nn.Sequential(conv)), "the model")):
+        with pytest.raises(AttnconvError, match=rf"not one compiled by torch.compile \({where}\); convert the module "
+                                                r"it wraps \(its _orig_mod\) first"):
+            cnn_to_attention(model, example_input=torch.randn(1, 3, 8, 8))
+
+
 def test_conversions_never_silently_wrong_subclasses_keeping_the_conv_s_forward_convert():
     conv = _Tagged(3, 4, 3, padding=1)
     x = torch.randn(2, 3, 7, 6)

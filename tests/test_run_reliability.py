@@ -397,6 +397,11 @@ def test_background_writers_fail_as_one_line_a_file_where_the_folder_should_be( 
     assert tree(out) == before
     assert main(tiny_args(out, data_dir, "--overwrite", "--max-steps", "1")) == 0  # without --tensorboard: not ours
     assert (out / "tensorboard").read_text() == "a file of mine"
+    (out / "tensorboard").unlink()
+    (out / "tensorboard").symlink_to(tmp_path / "nowhere")  # was "is a file"
+    capsys.readouterr()
+    assert main(tiny_args(out, data_dir, "--max-steps", "1", "--resume", "--tensorboard")) == 2
+    _one_error(capsys, "--tensorboard: ", "tensorboard is a broken link, not a folder")
 
 
 FAILING_WRITES = """

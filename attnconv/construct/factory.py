@@ -41,6 +41,9 @@ def unconvertible_reason(module: nn.Module) -> str | None:
     if isinstance(module, torch.jit.ScriptModule):  # a scripted conv is no _ConvNd: said before "not a conv"
         return (f"{name} is compiled by torch.jit.script or traced by torch.jit.trace; convert the nn.Module first, "
                 "then script or trace the result")
+    if isinstance(getattr(module, "_orig_mod", None), nn.Module):  # torch.compile's wrapper (OptimizedModule)
+        return (f"{name} is compiled by torch.compile; convert the module it wraps (its _orig_mod), then compile the "
+                "result")
     base = next((c for c in _CONVS if isinstance(module, c)), None)
     if base is None:
         return f"{name} is not an nn.Conv1d/2d/3d"
@@ -135,7 +138,7 @@ def conv_to_attention(
     it computes, it is not the plain convolution the attention layer reproduces), a lazy
     uninitialized conv, integer weights, and forward hooks or pre-hooks.
     """
-    if isinstance(conv, torch.jit.ScriptModule):
+    if isinstance(conv, torch.jit.ScriptModule) or isinstance(getattr(conv, "_orig_mod", None), nn.Module):
         raise AttnconvError(f"conv_to_attention: {unconvertible_reason(conv)}")
     if not isinstance(conv, _ConvNd) or isinstance(conv, _ConvTransposeNd):
         raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from attnconv.errors import ParameterError
 from attnconv.runs import TENSORBOARD_DIR
+from attnconv.runs.values import path_kind
 
 
 def summary_writer_class() -> Callable[..., Any]:
@@ -32,8 +33,9 @@ def check_board_folder(out: Path) -> None:
     """Before any work: out/tensorboard/ is a folder, or does not exist yet (a file there is a user's)."""
     board = out / TENSORBOARD_DIR
     if (board.exists() or board.is_symlink()) and not board.is_dir():
-        raise ParameterError("tensorboard", True, f": {board} is a file, not a folder, so the event files cannot go "
-                             "there; move it away, or drop {tensorboard}", shown="", mentions=("tensorboard",))
+        kind = "a file" if board.is_file() else path_kind(board)  # a broken link, a FIFO, a device
+        raise ParameterError("tensorboard", True, f": {board} is {kind}, not a folder, so the event files "
+                             "cannot go there; move it away, or drop {tensorboard}", shown="", mentions=("tensorboard",))
 
 
 class TensorBoardLog:
