@@ -632,10 +632,13 @@ def test_conversions_never_silently_wrong_torch_compile_is_refused_in_words():
     with pytest.raises(AttnconvError, match=r"^conv_to_attention: OptimizedModule is compiled by torch.compile; "
                                             r"convert the module it wraps \(its _orig_mod\), then compile the result"):
         attnconv.conv_to_attention(torch.compile(conv))
-    for model, where in ((nn.Sequential(torch.compile(conv)), "0"), (torch.compile(nn.Sequential(conv)), "the model")):
-        with pytest.raises(AttnconvError, match=rf"not one compiled by torch.compile \({where}\); convert the module "
-                                                r"it wraps \(its _orig_mod\) first"):
-            cnn_to_attention(model, example_input=torch.randn(1, 3, 8, 8))
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.raises(AttnconvError, match=r"without torch.compile'd modules inside \(0 is one\); convert the "
+                                            r"module it wraps \(its _orig_mod\) first"):
+        cnn_to_attention(nn.Sequential(torch.compile(conv)), example_input=x)
+    converted = cnn_to_attention(torch.compile(nn.Sequential(conv)), example_input=x)  # compiled whole: converts
+    assert not any(isinstance(m, nn.Conv2d) for m in converted.modules())
+    torch.testing.assert_close(converted(x), conv(x), rtol=1e-4, atol=1e-5)
 
 
 def test_conversions_never_silently_wrong_subclasses_keeping_the_conv_s_forward_convert():

@@ -119,11 +119,11 @@ def cnn_to_attention(
         raise AttnconvError("cnn_to_attention takes an nn.Module, not one compiled by torch.jit.script or traced by "
                             "torch.jit.trace (its modules run TorchScript, not the Python forward the conversion "
                             "replaces); convert the nn.Module first, then script or trace the result")
-    compiled = next((name or "the model" for name, m in model.named_modules()
-                     if isinstance(getattr(m, "_orig_mod", None), nn.Module)), None)
-    if compiled is not None:  # torch.compile's wrapper runs a graph captured from the module it wraps
-        raise AttnconvError(f"cnn_to_attention takes an nn.Module, not one compiled by torch.compile ({compiled}); "
-                            "convert the module it wraps (its _orig_mod) first, then compile the result")
+    compiled = next((name for name, m in model.named_modules()
+                     if name and isinstance(getattr(m, "_orig_mod", None), nn.Module)), None)
+    if compiled is not None:  # a torch.compile wrapper inside: it runs a graph captured from the module it wraps
+        raise AttnconvError(f"cnn_to_attention takes a network without torch.compile'd modules inside ({compiled} "
+                            "is one); convert the module it wraps (its _orig_mod) first, then compile the result")
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
         raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
     check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
