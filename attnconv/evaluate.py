@@ -205,7 +205,7 @@ def describe_run(
                   warn_data_change=False)  # changed data: refused below, or measured with its own warning
     run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics
     model = run.model if recompute else run.architecture
-    flops = count_flops(model, (info.channels, info.size, info.size))
+    flops = count_flops(model, run.input_shape)  # the shape it was trained on, whatever its folder holds now
     summary: dict[str, Any] = {
         "run": str(run_dir),
         "model": config.model + (" (as attention)" if "converted" in meta else

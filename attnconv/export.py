@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,18 +66,26 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     suffix = FORMATS[fmt]
     out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
                             overwrite=overwrite)
-    model, info = run.model.eval(), run.info
+    model = run.model.eval()
     if fmt == "onnx":
         weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         if weights > ONNX_LIMIT:
             raise ParameterError(None, None, f"{run.path}: the model's weights take {format_bytes(weights)}, more than "
                                  "one ONNX file holds (2 GB); export it with {fmt} exported or torchscript instead",
                                  mentions=("fmt",), flags={"fmt": "format"})
-    example = torch.randn(2, info.channels, info.size, info.size, device=next(model.parameters()).device)
+    example = torch.randn(2, *run.input_shape, device=next(model.parameters()).device)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
               "model": run.config.model, "format": fmt}
     with torch.no_grad(), _quiet(), _interruptible():
-        data = _serialize(fmt, model, example, record)
+        try:
+            data = _serialize(fmt, model, example, record)
+        except (AttnconvError, MemoryError, KeyboardInterrupt):
+            raise
+        except Exception as err:  # torch could not trace or export this network: one line, not its traceback
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            raise ParameterError(None, None, f"{run.path}: torch could not export the model as {fmt} "
+                                 f"({type(err).__name__}: {first}); try another {{fmt}}", mentions=("fmt",),
+                                 flags={"fmt": "format"}) from None
         _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
     earlier = out.exists()
     try:
@@ -131,19 +139,30 @@ def _quiet() -> Iterator[None]:
             logging.disable(before)
 
 
+def _dynamic_batch(export: Callable[[Any], Any]) -> Any:
+    """`export(batch)` with the batch size dynamic up to 65,536; where the traced network bounds it (a kernel's guard,
+    e.g. `min(256, batch)`: the export refuses the range), with the range torch finds (`Dim.AUTO`)."""
+    try:
+        return export(torch.export.Dim("batch", min=1, max=1 << 16))
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception:  # torch.export's UserError, or ONNX's error wrapping it: once more, torch choosing the range
+        return export(torch.export.Dim.AUTO)
+
+
 def _serialize(fmt: str, model: torch.nn.Module, example: torch.Tensor, record: dict[str, str]) -> bytes:
     """The export as the bytes of its file, made in memory (nothing on disk yet), marked as attnconv's."""
-    batch = torch.export.Dim("batch", min=1, max=1 << 16)
     buffer = io.BytesIO()
     if fmt == "exported":
-        program = torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}})
+        program = _dynamic_batch(lambda batch: torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}}))
         torch.export.save(program, buffer, extra_files={EXPORT_MARK: json.dumps(record)})
         return buffer.getvalue()
     if fmt == "torchscript":
         traced = torch.jit.trace(model, example, check_trace=False)
         torch.jit.save(traced, buffer, _extra_files={EXPORT_MARK: json.dumps(record)})
         return buffer.getvalue()
-    program = torch.onnx.export(model, (example,), dynamo=True, dynamic_shapes={"x": {0: batch}}, verbose=False)
+    program = _dynamic_batch(lambda batch: torch.onnx.export(model, (example,), dynamo=True,
+                                                             dynamic_shapes={"x": {0: batch}}, verbose=False))
     proto = program.model_proto  # the weights inside, as initializers with their data
     proto.doc_string = f"{record['generator']}: {record['model']} from {record['run']}"
     entry = proto.metadata_props.add()

@@ -67,3 +67,20 @@ def test_onnx_without_its_packages_is_one_clear_line(tiny_attention_runs, monkey
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else real(name, *a))
     assert main(["export", str(tiny_attention_runs["sa-quadratic"]), "--format", "onnx"]) == 2
     assert "pip install onnxscript" in capsys.readouterr().err
+
+
+def test_a_network_whose_kernels_bound_the_batch_exports_with_the_range_torch_finds():
+    """sa-quadratic with downsample 2 (make_config's default) on 32x32 images: a kernel guards `min(256, batch)`,
+    so torch.export refused the batch range 1..65536 and `attnconv export` ended in its traceback (exit 1)."""
+    import io
+
+    import attnconv
+    from attnconv.export import _serialize
+
+    model = attnconv.build_model("sa-quadratic", hidden=8, heads=2, layers=1, downsample=2, image_size=32,
+                                 in_channels=3, num_classes=3).eval()
+    record = {"generator": "attnconv test", "run": "run", "model": "sa-quadratic", "format": "exported"}
+    with torch.no_grad():
+        data = _serialize("exported", model, torch.randn(2, 3, 32, 32), record)
+        x = torch.randn(5, 3, 32, 32)
+        torch.testing.assert_close(torch.export.load(io.BytesIO(data)).module()(x), model(x))

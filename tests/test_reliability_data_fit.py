@@ -159,3 +159,32 @@ def test_data_fit_report_fails_when_the_runs_own_data_no_longer_fits_it(folder, 
     line = _one_error(capsys, ["report", run, "--out", tmp_path / "r.html"])
     assert "the dataset changed since the run was trained: it has 4 classes, the run's model 3" in line
     assert not (tmp_path / "r.html").exists()
+
+
+def test_data_fit_a_runs_own_folder_that_changed_is_named_and_another_folder_is_read_as_the_run_was(
+        folder, tmp_path, capsys):
+    """A run whose image folder changed under it (a class added, the images made grey): `eval --dataset
+    folder:ORIGINAL` was judged by the changed folder (`its classes (a, b, c) are not the run's (a, b, c, d)`, or
+    the model's shape error from the FLOP count), plain `eval` of grey images gave the model's shape error, and the
+    line's fix was `--data-dir`, which a folder run ignores."""
+    from PIL import Image
+
+    run, data = _moved_copy(folder, tmp_path, "sa-quadratic")
+    code, out, _ = _run(capsys, ["eval", run])
+    assert code == 0
+    accuracy = next(line for line in out.splitlines() if "accuracy" in line)
+    shutil.copytree(data, tmp_path / "original")
+    write_class_folder(data, classes=("dog",), train=1, test=1, size=8)
+    changed = ("the dataset changed since the run was trained: it has {} {}, the run's model {}; give the data it "
+               "was trained on (--dataset folder:PATH), or train a new run on this data")
+    assert changed.format(4, "classes", 3) in _one_error(capsys, ["eval", run])
+    code, out, err = _run(capsys, ["eval", run, "--dataset", f"folder:{tmp_path / 'original'}"])
+    assert code == 0 and accuracy in out, err
+    shutil.rmtree(data / "train" / "dog")
+    shutil.rmtree(data / "test" / "dog")
+    for image in data.rglob("*.png"):  # grey, as a folder converted in place
+        Image.open(image).convert("L").save(image)
+    for command in (["eval", run], ["report", run, "--out", tmp_path / "r.html"]):
+        assert changed.format(1, "channels", 3) in _one_error(capsys, command)
+    code, out, err = _run(capsys, ["eval", run, "--dataset", f"folder:{tmp_path / 'original'}"])
+    assert code == 0 and accuracy in out, err

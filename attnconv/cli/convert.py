@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             correct["cnn"] += (a.argmax(1) == y).sum().item()
             correct["attention"] += (b.argmax(1) == y).sum().item()
             disagree += (a.argmax(1) != b.argmax(1)).sum().item()
-    shape = (info.channels, info.size, info.size)
+    shape = source.input_shape
     n = len(test)
     print(f"{'network':<10} {'test acc':>9} {'params':>12} {'FLOPs/image':>15}")
     for name, model in (("cnn", cnn), ("attention", attn)):

@@ -35,6 +35,7 @@ from attnconv.runs.run_data import (
     check_other_dataset,
     data_changes,
     data_fingerprint,
+    recorded_info,
     run_info,
     run_test_set,
     sample_across_classes,
@@ -144,13 +145,24 @@ class Run:
         arch = self.architecture
         if not records_heads(arch):
             return []
-        return [site.layer.heads for site in attention_sites(arch, (self.info.channels, self.info.size,
-                                                                    self.info.size))]
+        return [site.layer.heads for site in attention_sites(arch, self.input_shape)]
 
     @functools.cached_property
     def info(self) -> D.DatasetInfo:
-        """The run's dataset (classes, shape, normalization); what it recorded when its image folder is gone."""
+        """The run's dataset as the run was trained on it (config.json "data": classes, shape, normalization), which
+        the network takes whatever its image folder holds now; `current_info` where the run recorded none."""
+        return recorded_info(self.config, self.meta.get("data")) or self.current_info
+
+    @functools.cached_property
+    def current_info(self) -> D.DatasetInfo:
+        """The run's dataset as it is now (what `test_data_changes` compares with the record); what the run
+        recorded when its image folder is gone."""
         return run_info(self.config, recorded=self.meta.get("data"))
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images the trained network takes (`info`)."""
+        return (self.info.channels, self.info.size, self.info.size)
 
     @functools.cached_property
     def architecture(self) -> nn.Module:
@@ -171,7 +183,7 @@ class Run:
         when the run's own test data is not what it was trained with (`test_data_changes`)."""
         test = run_test_set(self.config, self.data_dir, dataset=self.dataset, info=self.info)
         self._test_changes = [] if self.dataset is not None else data_changes(
-            self.meta.get("data"), {**data_fingerprint(self.info), "digest": {"test": split_digest(test)}})
+            self.meta.get("data"), {**data_fingerprint(self.current_info), "digest": {"test": split_digest(test)}})
         if self._test_changes and self.warn_data_change:
             warnings.warn(f"{self.path}: the test data differs from the run's ({'; '.join(self._test_changes)}); "
                           "what follows is of the data as it is now", AttnconvWarning, stacklevel=2)
@@ -214,7 +226,7 @@ class Run:
     @functools.cached_property
     def sites(self) -> list[AttentionSite]:
         """`attention_sites` of the trained model (AttnconvError for a CNN)."""
-        return attention_sites(self.model, (self.info.channels, self.info.size, self.info.size))
+        return attention_sites(self.model, self.input_shape)
 
     def site_probs(self, images: int = 100, *, term: str = "combined") -> tuple[list[torch.Tensor], int]:
         """Each site's probabilities (`site_probs`) and how many test images they average (0: exact)."""

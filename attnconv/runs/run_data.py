@@ -132,12 +132,13 @@ def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None,
                 f"the usual places either; point at it with --data-dir DIR ({err})") from None
         raise
     info = run_info(config)
+    where = "--dataset folder:PATH" if D.folder_path(config.dataset) is not None else "--data-dir"
     for key, now, what in (("num_classes", info.num_classes, "classes"), ("in_channels", info.channels, "channels")):
         trained = config.model_overrides.get(key)
         if trained is not None and trained != now:
             raise AttnconvError(
                 f"{config.dataset}: the dataset changed since the run was trained: it has {now} {what}, the run's "
-                f"model {trained}; give the data it was trained on (--data-dir), or train a new run on this data")
+                f"model {trained}; give the data it was trained on ({where}), or train a new run on this data")
     return test
 
 
