@@ -145,6 +145,15 @@ def interrupts_held(hold: bool = True) -> Iterator[None]:
             signal.raise_signal(signal.SIGINT)
 
 
+def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether `a` and `b` name one file or folder: the same path, or links to one (when one does not exist yet:
+    the same path once the links of its folders are resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
 def file_kind(mode: int) -> str:
     """What a file of this `st_mode` is, in words ("a named pipe (FIFO)", "a directory", ...)."""
     kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),

@@ -20,13 +20,12 @@ matmul rate, fp32 and bf16), compile (torch.compile's cost and gain per named mo
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from attnconv.errors import AttnconvError
-from attnconv.fileio import atomic_write_all, check_output_file, describe_os_error
+from attnconv.fileio import atomic_write_all, check_output_file, describe_os_error, same_path
 
 
 def register(subparsers) -> None:
@@ -180,7 +179,7 @@ def run_bench(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     cfg.validate()
     # Before any benchmark runs: an output that cannot be written fails now, not after the whole run.
-    if args.markdown and args.json and _one_file(Path(args.markdown), Path(args.json)):
+    if args.markdown and args.json and same_path(args.markdown, args.json):
         raise AttnconvError(f"--markdown {args.markdown} and --json {args.json} name one file, which would hold only "
                             "the JSON; give each its own path")
     outputs = {flag: check_output_file(path, flag[2:], (), overwrite=args.overwrite)
@@ -197,14 +196,6 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"error: {len(report.failures)} benchmark case(s) failed; their errors are in the notes", file=sys.stderr)
         return 1
     return 0
-
-
-def _one_file(a: Path, b: Path) -> bool:
-    """Two output paths naming one file: the same path, or links to one."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one does not exist yet: the same path, its folders' links resolved
-        return a.resolve() == b.resolve()
 
 
 def _write(outputs: dict[str, tuple[Path, str]]) -> None:

@@ -23,6 +23,12 @@ _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _CALLS = ("__call__", "_call_impl", "_wrapped_call_impl")
 
 
+def torch_compiled(module: nn.Module) -> bool:
+    """Whether `module` is torch.compile's wrapper (an OptimizedModule), which runs a graph captured from the module
+    it wraps (`_orig_mod`)."""
+    return isinstance(getattr(module, "_orig_mod", None), nn.Module)
+
+
 def unconvertible_reason(module: nn.Module) -> str | None:
     """Why `module` has no exact Theorem 1 attention layer, with the fix; None if it has one.
 
@@ -41,7 +47,7 @@ def unconvertible_reason(module: nn.Module) -> str | None:
     if isinstance(module, torch.jit.ScriptModule):  # a scripted conv is no _ConvNd: said before "not a conv"
         return (f"{name} is compiled by torch.jit.script or traced by torch.jit.trace; convert the nn.Module first, "
                 "then script or trace the result")
-    if isinstance(getattr(module, "_orig_mod", None), nn.Module):  # torch.compile's wrapper (OptimizedModule)
+    if torch_compiled(module):
         return (f"{name} is compiled by torch.compile; convert the module it wraps (its _orig_mod), then compile the "
                 "result")
     base = next((c for c in _CONVS if isinstance(module, c)), None)
@@ -138,7 +144,7 @@ def conv_to_attention(
     it computes, it is not the plain convolution the attention layer reproduces), a lazy
     uninitialized conv, integer weights, and forward hooks or pre-hooks.
     """
-    if isinstance(conv, torch.jit.ScriptModule) or isinstance(getattr(conv, "_orig_mod", None), nn.Module):
+    if isinstance(conv, torch.jit.ScriptModule) or torch_compiled(conv):  # no _ConvNd: said before "not a conv"
         raise AttnconvError(f"conv_to_attention: {unconvertible_reason(conv)}")
     if not isinstance(conv, _ConvNd) or isinstance(conv, _ConvTransposeNd):
         raise AttnconvError(f"conv_to_attention takes nn.Conv1d/2d/3d, got {type(conv).__name__}")

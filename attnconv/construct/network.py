@@ -31,7 +31,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconv.construct.conv_attention import ConvAttention
-from attnconv.construct.factory import conv_to_attention, unconvertible_reason
+from attnconv.construct.factory import conv_to_attention, torch_compiled, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
 from attnconv.errors import AttnconvError
 
@@ -119,8 +119,7 @@ def cnn_to_attention(
         raise AttnconvError("cnn_to_attention takes an nn.Module, not one compiled by torch.jit.script or traced by "
                             "torch.jit.trace (its modules run TorchScript, not the Python forward the conversion "
                             "replaces); convert the nn.Module first, then script or trace the result")
-    compiled = next((name for name, m in model.named_modules()
-                     if name and isinstance(getattr(m, "_orig_mod", None), nn.Module)), None)
+    compiled = next((name for name, m in model.named_modules() if name and torch_compiled(m)), None)
     if compiled is not None:  # a torch.compile wrapper inside: it runs a graph captured from the module it wraps
         raise AttnconvError(f"cnn_to_attention takes a network without torch.compile'd modules inside ({compiled} "
                             "is one); convert the module it wraps (its _orig_mod) first, then compile the result")

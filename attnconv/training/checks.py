@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
+from attnconv.fileio import same_path
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.models.registry import model_defaults
@@ -165,9 +165,9 @@ def _same_folder(a: object, b: object) -> bool:
     apart, `check_resumable`)."""
     try:
         paths = [D.folder_path(x) if isinstance(x, str) else None for x in (a, b)]
-        return None not in paths and os.path.samefile(*paths)
-    except (AttnconvError, OSError):
+    except AttnconvError:
         return False
+    return None not in paths and same_path(*paths)
 
 
 def _option(options: dict, key: str, value: object, defaults: dict) -> str:

@@ -42,7 +42,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.evaluate import evaluate
-from attnconv.fileio import DirectoryLock, remove_empty, remove_temporaries
+from attnconv.fileio import DirectoryLock, remove_empty, remove_temporaries, same_path
 from attnconv.models.sites import records_heads
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
@@ -161,14 +161,6 @@ def train(
         d.shutdown()
         if interrupts is not None:
             interrupts.restore()
-
-
-def _same_folder(a: Path, b: Path) -> bool:
-    """Whether the paths `a` and `b` name one folder (through links too)."""
-    try:
-        return a.samefile(b)
-    except OSError:  # one of them does not exist (yet)
-        return a.resolve() == b.resolve()
 
 
 class _Trainer:
@@ -290,7 +282,7 @@ class _Trainer:
         """Rank 0: take the run directory (`runs.claim_run_dir`); the error, if any, for every rank."""
         try:
             init = self.config.init_from
-            if init is not None and not self.resume and _same_folder(Path(init.run), self.out):
+            if init is not None and not self.resume and same_path(init.run, self.out):
                 raise ParameterError("init_from", init.run, "is {out} itself: the CNN run would be replaced by the run "
                                      "that starts from it; give another {out}", mentions=("out",))
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
