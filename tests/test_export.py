@@ -69,9 +69,12 @@ def test_onnx_without_its_packages_is_one_clear_line(tiny_attention_runs, monkey
     assert "pip install onnxscript" in capsys.readouterr().err
 
 
-def test_a_network_whose_kernels_bound_the_batch_exports_with_the_range_torch_finds():
-    """sa-quadratic with downsample 2 (make_config's default) on 32x32 images: a kernel guards `min(256, batch)`,
-    so torch.export refused the batch range 1..65536 and `attnconv export` ended in its traceback (exit 1)."""
+@pytest.mark.parametrize("fmt", ["exported", "torchscript", "onnx"])
+def test_an_export_takes_batches_past_one_tile_of_the_fused_path(fmt):
+    """sa-quadratic with downsample 2 (make_config's default) on 32x32 images runs the fused path, which tiles a
+    batch by 256 images with gradients on. Its tile was compared with the traced batch size even without them, so
+    torch.export refused the batch range 1..65536 (`attnconv export` ended in its traceback, exit 1), and once it
+    took the range torch found, the .pt2 failed at run time on any batch past 256 (a guard `min(256, B) >= B`)."""
     import io
 
     import attnconv
@@ -79,8 +82,19 @@ def test_a_network_whose_kernels_bound_the_batch_exports_with_the_range_torch_fi
 
     model = attnconv.build_model("sa-quadratic", hidden=8, heads=2, layers=1, downsample=2, image_size=32,
                                  in_channels=3, num_classes=3).eval()
-    record = {"generator": "attnconv test", "run": "run", "model": "sa-quadratic", "format": "exported"}
+    record = {"generator": "attnconv test", "run": "run", "model": "sa-quadratic", "format": fmt}
     with torch.no_grad():
-        data = _serialize("exported", model, torch.randn(2, 3, 32, 32), record)
-        x = torch.randn(5, 3, 32, 32)
-        torch.testing.assert_close(torch.export.load(io.BytesIO(data)).module()(x), model(x))
+        data = _serialize(fmt, model, torch.randn(2, 3, 32, 32), record)
+        if fmt == "exported":
+            program = torch.export.load(io.BytesIO(data)).module()
+        elif fmt == "torchscript":
+            program = torch.jit.load(io.BytesIO(data))
+        else:
+            import onnxruntime
+
+            session = onnxruntime.InferenceSession(data)
+            def program(x):
+                return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+        for batch in (1, 5, 257):
+            x = torch.randn(batch, 3, 32, 32)
+            torch.testing.assert_close(program(x), model(x), atol=1e-4, rtol=1e-4)

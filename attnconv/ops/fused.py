@@ -72,10 +72,13 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
     heads = row.shape[0]
     row, col = factor_dropout(row.to(dtype), col.to(dtype), B, dropout_p, per_sample=False)
     x, weight = x.to(dtype), weight.to(dtype)
-    if tile is None:  # tiles are for CPU caches; a GPU runs the whole batch's products best
+    # The tile is computed only where tiles can run: comparing it with a traced batch size (torch.export,
+    # torch.jit.trace) would bind the export to the batch sizes of one tile (a guard `min(256, B) >= B`).
+    untiled = (not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
+               or torch.jit.is_scripting() or _functorch_wrapped(x))
+    if not untiled and tile is None:  # tiles are for CPU caches; a GPU runs the whole batch's products best
         tile = fused_tile(B, H, W, C, heads, x.element_size()) if x.device.type == "cpu" else B
-    if (tile >= B or not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch.jit.is_scripting() or _functorch_wrapped(x)):
+    if untiled or tile >= B:
         out = fused_untiled(row, col, x, weight)
     else:
         with torch.autocast(x.device.type, enabled=False):  # every operand is in `dtype` already
