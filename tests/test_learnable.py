@@ -409,6 +409,25 @@ def test_init_from_runs_of_either_config_form_resume_with_their_own_command(
     assert "different config" not in capsys.readouterr().err
 
 
+def test_init_from_resumes_with_the_cnn_run_named_by_a_link(cnn_run, data_dir, tmp_path, capsys):
+    """`--resume --init-from LINK` naming the run's own CNN run through a link is the same config (it was compared
+    as a path: 'different config (init_from: ...)'); another CNN run, or another alpha, is a difference."""
+    import shutil
+
+    out = tmp_path / "attn"
+    command = ["train", "--epochs", "2", "--max-steps", "2", *_common(data_dir, out)]
+    assert main(["train", "--init-from", str(cnn_run), *command[1:]]) == 0
+    (tmp_path / "link").symlink_to(cnn_run)
+    other = tmp_path / "other"
+    shutil.copytree(cnn_run, other)
+    capsys.readouterr()
+    assert main(["train", "--init-from", str(tmp_path / "link"), "--resume", *command[1:]]) == 0
+    assert "different config" not in capsys.readouterr().err
+    for flags in (["--init-from", str(other)], ["--init-from", str(tmp_path / "link"), "--init-alpha", "2"]):
+        assert main(["train", *flags, "--resume", *command[1:]]) == 2
+        assert "different config (init_from: " in capsys.readouterr().err
+
+
 def test_attention_lr_scale_multiplies_the_first_step_of_positions_and_content_only(cnn_run, data_dir, tmp_path):
     """SGD's first step is lr * grad (momentum starts at the gradient): with --attention-lr-scale 10 the
     centers, widths and content query/key move exactly 10x as far, every other weight the same."""

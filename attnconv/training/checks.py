@@ -143,7 +143,8 @@ def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> Non
     old, new = saved.to_dict(), config.to_dict()
     diff = []
     for k in new:
-        if k in RESUMABLE_CHANGES or new[k] == old.get(k) or (k == "dataset" and _same_folder(old.get(k), new[k])):
+        if (k in RESUMABLE_CHANGES or new[k] == old.get(k) or (k == "dataset" and _same_folder(old.get(k), new[k]))
+                or (k == "init_from" and _same_init(old.get(k), new[k]))):
             continue
         if k == "model_overrides" and isinstance(old.get(k), dict):
             before, after = model_defaults(saved.model), model_defaults(config.model)
@@ -168,6 +169,13 @@ def _same_folder(a: object, b: object) -> bool:
     except AttnconvError:
         return False
     return None not in paths and same_path(*paths)
+
+
+def _same_init(a: object, b: object) -> bool:
+    """Two `init_from` blocks alike but for naming one CNN run by other paths (a link to it)."""
+    if not (isinstance(a, dict) and isinstance(b, dict)) or not all(isinstance(x.get("run"), str) for x in (a, b)):
+        return False
+    return {**a, "run": None} == {**b, "run": None} and same_path(a["run"], b["run"])
 
 
 def _option(options: dict, key: str, value: object, defaults: dict) -> str:
