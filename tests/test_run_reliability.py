@@ -150,6 +150,29 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_even_after_kill_9(
     assert tree(out) == before
 
 
+@pytest.mark.parametrize("flag", [("--seed", 5), ("--epochs", 30)], ids=["seed", "epochs"])
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_resume_after_kill_9_continues_the_old_run(
+        run_with_user_files, capsys, flag):
+    """The `--resume` that every reader names after a kill between the set-aside and the new run's first checkpoint
+    puts the old run back and continues it, compared with the old run's own config.json (it read the killed new
+    run's: 'different config (seed: 0 -> 5)', exit 2, for settings the user never gave)."""
+    out = run_with_user_files
+    before = tree(out)
+    lock = loop.DirectoryLock(out)
+    names = claim_run_dir(out, lock, resume=False, overwrite=True)
+    lock.release()
+    SetAside(out, names).move()
+    record = json.loads((out / SET_ASIDE / "config.json").read_text())
+    record["config"][flag[0][2:]] = flag[1]
+    (out / "config.json").write_text(json.dumps(record))  # the new run's config.json, as a kill left it
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "restored the run that an interrupted --overwrite had set aside" in err and "different config" not in err
+    assert "already finished" in err, err
+    assert tree(out) == before
+
+
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_while_the_old_run_goes(
         run_with_user_files, monkeypatch):
     """A Ctrl-C right after the new run's first checkpoint, while the old run was being deleted, left

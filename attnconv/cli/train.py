@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
     from attnconv.errors import ParameterError
     from attnconv.options import option_fields
-    from attnconv.runs.directory import run_config
+    from attnconv.runs.directory import resumed_folder, run_config
     from attnconv.runs.files import CONFIG_FILE, trained_here
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
@@ -127,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
     base = None
     # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
     # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
-    if args.resume and (out / CONFIG_FILE).exists():
-        meta = run_config(out, foreign_only=True)
+    source = resumed_folder(out) if args.resume else out  # an old run an interrupted --overwrite set aside
+    if args.resume and (source / CONFIG_FILE).exists():
+        meta = run_config(source, foreign_only=True)
         if "converted" in meta:  # nothing to resume, said before any flag is compared
             check_resume_point(out)
         base = TrainConfig.from_dict(meta["config"])

@@ -170,6 +170,16 @@ def set_aside_pending(out: Path) -> bool:
     return (out / SET_ASIDE / _MANIFEST).is_file()
 
 
+def resumed_folder(out: Path) -> Path:
+    """The folder whose config.json `train --resume` into `out` continues: `out`, or the set-aside folder where an
+    `--overwrite` killed before its new run's first checkpoint left the old run's config.json (`claim_run_dir`
+    puts that run back before anything else; the config.json in `out` is then the killed new run's)."""
+    aside = out / SET_ASIDE
+    if set_aside_pending(out) and (aside / CONFIG_FILE).is_file() and not (aside / CONFIG_FILE).is_symlink():
+        return aside
+    return out
+
+
 def recover_set_aside(out: Path) -> None:
     """Put back an old run that an --overwrite killed before its new run's first checkpoint left set aside
     (one line on stderr says so), and delete one whose new run had checkpointed. Called with the lock held:
