@@ -173,6 +173,29 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_resume_after_kil
     assert tree(out) == before
 
 
+@pytest.mark.parametrize("kind", ["folder", "broken-link"])
+def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_state_that_is_no_file_is_moved_first(
+        finished, tmp_path, data_dir, capsys, kind):  # noqa: F811
+    """A state.pt that is a folder or a link to nothing: `--resume`'s line said `train it again ... over this one
+    with --overwrite`, which refuses a run file attnconv did not write; it says to move it out first, and that
+    fix, followed, works."""
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    (out / "state.pt").unlink()
+    if kind == "folder":
+        (out / "state.pt").mkdir()
+    else:
+        (out / "state.pt").symlink_to(tmp_path / "nothing")
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 2
+    _one_error(capsys, f"{out / 'state.pt'}", "move it out of the run folder first", "over this one with --overwrite")
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--overwrite")) == 2  # not moved yet: refused, as it says
+    capsys.readouterr()
+    os.rename(out / "state.pt", tmp_path / "moved")
+    assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--overwrite")) == 0
+    assert (out / "state.pt").is_file()
+
+
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_ctrl_c_while_the_old_run_goes(
         run_with_user_files, monkeypatch):
     """A Ctrl-C right after the new run's first checkpoint, while the old run was being deleted, left

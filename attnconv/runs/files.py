@@ -103,6 +103,10 @@ HEADS_LOST = "the heads' history is"
 # What every line about a damaged state.pt ends with.
 STATE_FIX = ("restore it from a copy of the run; without it the run cannot be resumed: train it again into a new "
              "--out, or over this one with --overwrite")
+# ... and about a state.pt that is no file attnconv wrote (a folder, a link, a pipe), which --overwrite refuses to replace.
+STATE_MOVE_FIX = ("move it out of the run folder first (--overwrite replaces only files attnconv wrote), then restore "
+                  "state.pt from a copy of the run; without it the run cannot be resumed: train it again into a new "
+                  "--out, or over this one with --overwrite")
 
 
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
@@ -118,7 +122,7 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     of the size torch.get_rng_state() has), one per process, and CUDA ones or None.
     """
     path = Path(path)
-    fix = STATE_FIX
+    fix = STATE_MOVE_FIX if path.is_symlink() or (path.exists() and not path.is_file()) else STATE_FIX
     try:
         with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
             warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file

@@ -21,6 +21,7 @@ from attnconv.runs import (
     load_state,
     read_config,
 )
+from attnconv.runs.files import STATE_MOVE_FIX
 from attnconv.runs.logs_file import CHECKPOINT_GONE, checkpointed_once
 from attnconv.runs.values import path_kind, short_value
 
@@ -125,8 +126,10 @@ def check_resume_point(out: Path) -> None:
                              "resume is to write the weights there; move it out of the run folder (the weights are "
                              f"written anew from {STATE_FILE})")
     if not state.exists() and (weights.exists() or weights.is_symlink()):  # a checkpoint was whole once
-        what = "a link to nothing" if state.is_symlink() else "missing"
-        raise ParameterError(None, None, f"{state}: {what}, while {WEIGHTS_FILE} shows the run has checkpointed (the "
+        if state.is_symlink():  # which --overwrite would not replace: not a file attnconv wrote
+            raise AttnconvError(f"{state}: a link to nothing, while {WEIGHTS_FILE} shows the run has checkpointed "
+                                f"(the two are written as one pair); {STATE_MOVE_FIX}")
+        raise ParameterError(None, None, f"{state}: missing, while {WEIGHTS_FILE} shows the run has checkpointed (the "
                              "two are written as one pair): it was moved or deleted; restore it from a copy of the "
                              f"run, or {_TRAIN_AGAIN}", mentions=("overwrite",))
     shown = None if state.exists() or state.is_symlink() or weights.is_symlink() else checkpointed_once(out, meta)
