@@ -205,6 +205,21 @@ def current_umask() -> int:
     return mask
 
 
+def append_synced(path: str | os.PathLike, text: str) -> None:
+    """Append `text` to the log `path` and fsync it (a crash loses at most a line cut short, which the readers
+    skip). A failed write (a full disk) is an OSError naming `path`: Python's own, raised by a write or a flush to
+    an open file, names none."""
+    try:
+        with open(path, "a", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        if err.filename is None:
+            err.filename = os.fspath(path)
+        raise
+
+
 def write_bytes(data: bytes) -> Callable[[Path], None]:
     """A writer for `atomic_write` that writes `data`."""
     return lambda tmp: tmp.write_bytes(data)

@@ -484,3 +484,26 @@ def test_background_writers_fail_as_one_line_when_the_event_file_cannot_be_writt
                                                "(no space left on the device"), proc.stderr
     step = load_state(out / "state.pt")["progress"]["step"]
     assert f"the last good checkpoint (step {step}) is intact" in err[0] and step > 0
+
+
+def test_a_full_disk_while_a_log_line_is_appended_names_the_log(tmp_path, data_dir, monkeypatch, capsys):  # noqa: F811
+    """A write to an open file that fails (a full disk: here the log is /dev/full) raises an OSError naming no file;
+    the stop line said `could not write (no space left ...)`. It names the log now."""
+    import errno
+
+    from attnconv.fileio import append_synced
+    from attnconv.training.logs import HeadsLog
+
+    with pytest.raises(OSError) as caught:
+        append_synced("/dev/full", "a line\n")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
+    real = HeadsLog.__init__
+
+    def onto_a_full_disk(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.path = Path("/dev/full")
+
+    monkeypatch.setattr(HeadsLog, "__init__", onto_a_full_disk)
+    out = tmp_path / "run"
+    assert main(tiny_args(out, data_dir, "--max-steps", "1")) == 2
+    _one_error(capsys, f"--out {out}: could not write /dev/full (no space left on the device")

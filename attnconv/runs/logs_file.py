@@ -13,7 +13,7 @@ from typing import Any
 
 from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError, DamagedFile
-from attnconv.fileio import read_regular
+from attnconv.fileio import append_synced, read_regular
 from attnconv.runs.files import (
     METRICS_COLUMNS,
     METRICS_FILE,
@@ -167,12 +167,8 @@ def metrics_text(rows: list[dict[str, float]], columns: tuple[str, ...] = METRIC
     return out.getvalue()
 
 def append_rows(path: Path, rows: list[dict[str, float]], columns: tuple[str, ...]) -> None:
-    """Append `rows` to a run's CSV log (metrics.csv, steps.csv), fsync'd: a crash loses at most a
-    line cut short, which the readers skip."""
-    with open(path, "a", newline="") as f:
-        f.write(metrics_text(rows, columns).split("\n", 1)[1])
-        f.flush()
-        os.fsync(f.fileno())
+    """Append `rows` to a run's CSV log (metrics.csv, steps.csv), fsync'd (`fileio.append_synced`)."""
+    append_synced(path, metrics_text(rows, columns).split("\n", 1)[1])
 
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 2**53 else repr(float(v))

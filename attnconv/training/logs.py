@@ -7,7 +7,6 @@ knows of (`Checkpointer.replay_logs`) and logs the rest anew.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ import torch.nn as nn
 
 from attnconv import data as D
 from attnconv.analysis import SNAPSHOT_IMAGES, head_snapshot
+from attnconv.fileio import append_synced
 from attnconv.models.sites import attention_sites, needs_inputs
 from attnconv.runs import HEADS_FILE, STEPS_COLUMNS, STEPS_FILE, append_rows, heads_line
 from attnconv.training.board import TensorBoardLog
@@ -60,8 +60,5 @@ class HeadsLog:
         if needs_inputs(attention_sites(self.model)):
             x = D.normalize(self.test_set.images[:SNAPSHOT_IMAGES], self.info)
         record = {"epoch": epoch, "step": progress.step, "layers": head_snapshot(self.model, x)}
-        with open(self.path, "a") as f:
-            f.write(heads_line(record))
-            f.flush()
-            os.fsync(f.fileno())
+        append_synced(self.path, heads_line(record))
         progress.snapshots += 1
