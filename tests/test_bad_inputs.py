@@ -586,6 +586,8 @@ HANG_CASES = [
      f"config.json: corrupt run config (not a regular file: {PIPE})"),
     ("table-metrics-fifo", _not_regular("metrics.csv", "fifo"), ["table", "{run}"],
      f"metrics.csv: corrupt metrics file (not a regular file: {PIPE})"),
+    ("compare-metrics-fifo", _not_regular("metrics.csv", "fifo"), ["compare", "{run}"],  # was 'holds no run'
+     f"metrics.csv: corrupt metrics file (not a regular file: {PIPE})"),
     ("plot-heads-fifo", _not_regular("heads.jsonl", "fifo"), ["plot", "distance", "{run}", "--out", "{tmp}/d.png"],
      f"heads.jsonl: corrupt heads file (not a regular file: {PIPE})"),
     ("predict-image-fifo", fifo_image, ["predict", "{run}", "{image}"], f"photo.png is {PIPE}, not an image file"),

@@ -34,14 +34,15 @@ from attnconv.tables import format_table
 
 
 def group_runs(group: str | os.PathLike) -> list[Path]:
-    """The run directories of a group: its `seed*/` folders with a metrics.csv, or the folder itself."""
+    """The run directories of a group: its `seed*/` folders with a metrics.csv, or the folder itself. A metrics.csv
+    that is there but no regular file (a FIFO, a folder, a broken link) makes a run, for its reader to name."""
     root = Path(group)
     if not root.is_dir():
         raise AttnconvError(f"{root}: no such folder; give a folder of seed*/ runs or one run directory")
-    if (root / "metrics.csv").is_file():
+    if os.path.lexists(root / "metrics.csv"):
         return [root]
     seeds = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("seed")
-                   and (p / "metrics.csv").is_file())
+                   and os.path.lexists(p / "metrics.csv"))
     if not seeds:
         raise AttnconvError(f"{root}: holds no run (no metrics.csv in it or in a seed*/ folder below it)")
     return seeds
