@@ -188,3 +188,30 @@ def test_data_fit_a_runs_own_folder_that_changed_is_named_and_another_folder_is_
         assert changed.format(1, "channels", 3) in _one_error(capsys, command)
     code, out, err = _run(capsys, ["eval", run, "--dataset", f"folder:{tmp_path / 'original'}"])
     assert code == 0 and accuracy in out, err
+
+
+def test_data_fit_a_cnn_runs_folder_that_changed_converts_and_starts_attention_as_the_run_was(tmp_path, capsys,
+                                                                                              monkeypatch):
+    """A CNN run whose image folder was made grey after training: `convert` built its example input from the
+    folder as it is now (`the converted network failed on example_input ... got (1, 1, 16, 16)`, with --no-eval and
+    --dataset folder:ORIGINAL too); `train --init-from` blamed a flag nobody gave (`--in-channels 3 does not match
+    ...; drop --in-channels`)."""
+    from PIL import Image
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    runs = train_folder_runs(tmp_path, [("resnet18", {"width": 4})])
+    cnn, data = runs["resnet18"], runs["data"]
+    shutil.copytree(data, tmp_path / "original")
+    for image in data.rglob("*.png"):
+        Image.open(image).convert("L").save(image)
+    code, _, err = _run(capsys, ["convert", cnn, "--out", tmp_path / "cv", "--no-eval"])
+    assert code == 0, err
+    code, out, err = _run(capsys, ["convert", cnn, "--out", tmp_path / "cv2", "--dataset",
+                                   f"folder:{tmp_path / 'original'}"])
+    assert code == 0, err
+    line = _one_error(capsys, ["train", "--init-from", cnn, "--out", tmp_path / "attn", "--max-steps", "1",
+                               "--batch-size", "4", "--no-progress"])
+    assert line.startswith(f"error: --init-from {cnn}: the CNN was built for in_channels = 3, and its dataset "), line
+    assert line.endswith("has in_channels = 1 now (it changed since the CNN was trained); restore the data the CNN "
+                         "was trained on"), line
+    assert not (tmp_path / "attn").exists()

@@ -44,7 +44,7 @@ from attnconv.runs.files import (
 )
 from attnconv.runs.logs_file import CHECKPOINT_GONE, checkpointed_once, read_metrics, rows_logged
 from attnconv.runs.record import RECORD_KEY, config_record, record_problem, recorded_step
-from attnconv.runs.run_data import run_info
+from attnconv.runs.run_data import recorded_info, run_info
 
 
 def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -298,7 +298,8 @@ def convert_run(
     if "converted" in meta:
         raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")
     model, config = load_run(run_dir)
-    info = run_info(config, recorded=meta.get("data"))
+    # The images the network was trained on, as config.json recorded them (its folder may have changed since)
+    info = recorded_info(config, meta.get("data")) or run_info(config, recorded=meta.get("data"))
     example = torch.zeros(1, info.channels, info.size, info.size)  # finds convolutions the forward calls itself
     converted = cnn_to_attention(model, fold_bn=fold_bn, alpha=alpha, example_input=example)
     if not any(isinstance(m, ConvAttention) for m in converted.modules()):

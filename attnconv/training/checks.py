@@ -85,6 +85,10 @@ def resolve_overrides(config: TrainConfig, info: D.DatasetInfo, *, resuming: boo
             raise ParameterError(None, None, f"the run's model was built for {key} = {overrides[key]}, and "
                                  f"{info.name} has {key} = {value}: resume it on the data it was trained on, or train "
                                  "on this data into a new {out}", mentions=("out",))
+        if config.init_from is not None:  # the CNN run's own value, which the user did not give: its data changed
+            raise ParameterError("init_from", config.init_from.run, f": the CNN was built for {key} = "
+                                 f"{overrides[key]}, and its dataset {info.name} has {key} = {value} now (it changed "
+                                 "since the CNN was trained); restore the data the CNN was trained on")
         raise ParameterError(key, overrides[key], f"does not match {info.name} ({key} = {value}); drop {{{key}}}",
                              mentions=(key,))
     config = dataclasses.replace(config, model_overrides=overrides)
