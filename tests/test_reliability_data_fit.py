@@ -215,3 +215,25 @@ def test_data_fit_a_cnn_runs_folder_that_changed_converts_and_starts_attention_a
     assert line.endswith("has in_channels = 1 now (it changed since the CNN was trained); restore the data the CNN "
                          "was trained on"), line
     assert not (tmp_path / "attn").exists()
+
+
+def test_data_fit_a_resume_whose_image_folder_moved_names_the_folder_to_move_back(folder, tmp_path, capsys):
+    """`train --resume` of a run whose image folder was moved: it said the folder's expected layout (`image folder
+    ... does not exist; expected PATH/train/<class>/...`), as to a new dataset, and the readers' fix `--dataset
+    folder:PATH` is a different config to a resume. It names the run's folder and the fix that works."""
+    run, data = _moved_copy(folder, tmp_path, "sa-quadratic")
+    data.rename(tmp_path / "elsewhere")
+    line = _one_error(capsys, ["train", "--out", run, "--resume", "--no-progress"])
+    assert line == (f"error: --out {run}: the run's image folder {data} no longer exists (moved or deleted); --resume "
+                    f"continues on the folder the run was trained on: move it back to {data}, or train on the images "
+                    "where they are now into a new --out")
+    import attnconv
+    from attnconv.config import TrainConfig
+    from attnconv.errors import ParameterError
+
+    config = TrainConfig.from_dict(json.loads((run / "config.json").read_text())["config"])
+    with pytest.raises(ParameterError, match=f"the run's image folder {data} no longer exists .* move it back to "):
+        attnconv.train(config, run, resume=True, progress=False)
+    (tmp_path / "elsewhere").rename(data)
+    code, _, err = _run(capsys, ["train", "--out", run, "--resume", "--no-progress"])
+    assert code == 0 and "already finished" in err, err

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.runs.files import CONFIG_FILE, trained_here
     from attnconv.training import train
     from attnconv.training.board import summary_writer_class
-    from attnconv.training.checks import check_resume_point, check_run_flags, check_same_config
+    from attnconv.training.checks import check_folder_there, check_resume_point, check_run_flags, check_same_config
 
     check_run_flags(args.resume, args.overwrite, args.allow_data_change)
     if args.tensorboard:
@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
             them = "them" if len(missing) > 1 else "it"
             raise AttnconvError(f"missing {' and '.join(missing)}: give {them}, or a --preset ({', '.join(PRESETS)})")
     config = make_config(preset=args.preset if base is None else None, base=base, model_overrides=overrides, **changes)
+    if args.resume and base is not None:  # the run's own folder, gone: said as such (validate scans it as new data)
+        check_folder_there(out, config)
     config.validate()  # a bad flag is one error line, before anything else is printed
     announce = None if preset is None else \
         f"preset: {preset}, with your flags on top: {describe(config)} (--preset NAME for another)"

@@ -143,6 +143,17 @@ def check_resume_point(out: Path) -> None:
                              mentions=("overwrite",))
 
 
+def check_folder_there(out: Path, config: TrainConfig) -> None:
+    """--resume of a run on an image folder: the folder the run was trained on is where config.json says (a resume
+    takes no other: `--dataset` naming where it is now would be another config)."""
+    folder = D.folder_path(config.dataset)
+    if folder is not None and not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "no longer exists (moved or deleted)"
+        raise ParameterError("out", out, f": the run's image folder {folder} {what}; --resume continues on the "
+                             f"folder the run was trained on: move it back to {folder}, or train on the images where "
+                             "they are now into a new {out}", mentions=("out",))
+
+
 def check_same_config(out: Path, saved: TrainConfig, config: TrainConfig) -> None:
     """--resume: `config` is the run's `saved` one but for `RESUMABLE_CHANGES`; else one line naming each field that
     differs (a model option by its key; an option one of them leaves out has the model's default,

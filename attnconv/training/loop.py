@@ -73,6 +73,7 @@ from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.checks import (
     LOG_EVERY,
     check_data,
+    check_folder_there,
     check_resumable,
     check_resume_point,
     check_run_flags,
@@ -124,6 +125,8 @@ def train(
     the `tensorboard` package; checked first).
     Launched by torchrun, trains with DDP.
     """
+    if resume and dataset is None and (Path(out) / CONFIG_FILE).is_file():  # before validate scans it as new data
+        check_folder_there(Path(out), config)
     config.validate()
     if D.folder_path(config.dataset) is not None:  # folder:PATH recorded absolute (readers run from anywhere)
         config = dataclasses.replace(config, dataset=D.canonical_name(config.dataset))
