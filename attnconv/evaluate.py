@@ -233,6 +233,8 @@ def describe_run(
         changes = run.test_data_changes
         if run.dataset is not None:
             summary["test_dataset"] = D.canonical_name(run.dataset)
+            if D.dataset_info(run.dataset, image_size=run.info.size).channels != run.info.channels:
+                summary["test_widened"] = True  # grey images given a colour run's three channels (`other_test_set`)
         summary["test_images"] = len(test)
         if changes and not allow_data_change:
             raise ParameterError(None, None, f"{run_dir}: the dataset changed since training ({'; '.join(changes)}), "

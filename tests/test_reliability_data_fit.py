@@ -104,6 +104,22 @@ def test_data_fit_a_dataset_with_the_runs_classes_is_used(folder, tmp_path, caps
     assert f"of folder:{copy} (given with --dataset; the run's classes)" in page
 
 
+def test_data_fit_grey_images_for_a_colour_run_are_measured_and_said_to_be_widened(folder, tmp_path, capsys):
+    """Grey images given with --dataset to a colour run are given three equal channels and measured (nothing is
+    lost); eval said nothing of it, as though they were the run's kind. A colour folder says nothing extra."""
+    from PIL import Image
+
+    grey, colour = tmp_path / "grey", tmp_path / "colour"
+    shutil.copytree(folder["data"], grey)
+    shutil.copytree(folder["data"], colour)
+    for image in grey.rglob("*.png"):
+        Image.open(image).convert("L").save(image)
+    code, out, err = _run(capsys, ["eval", folder["sa-quadratic"], "--dataset", f"folder:{grey}"])
+    assert code == 0 and "(12 images, the run's classes; grey, each given the run's 3 equal channels)" in out, err
+    code, out, err = _run(capsys, ["eval", folder["sa-quadratic"], "--dataset", f"folder:{colour}"])
+    assert code == 0 and "(12 images, the run's classes)" in out, err
+
+
 def test_data_fit_centers_over_training_refuse_data_flags_they_would_ignore(folder, tmp_path, capsys):
     run = folder["sa-quadratic"]
     line = _one_error(capsys, ["plot", "centers", run, "--layer", "1", "--dataset", f"folder:{folder['data']}",

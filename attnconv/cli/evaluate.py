@@ -123,7 +123,8 @@ def run_eval(args: argparse.Namespace) -> int:
         f"epoch {s['epochs']}, step {s['step']} in metrics.csv; measured: the weights of step {s['weights_step']}"
     out(f"model        {s['model']} on {s['dataset']} ({where})")
     if "test_dataset" in s:
-        out(f"test set     {s['test_dataset']} ({s['test_images']:,} images, the run's classes)")
+        widened = "; grey, each given the run's 3 equal channels" if s.get("test_widened") else ""
+        out(f"test set     {s['test_dataset']} ({s['test_images']:,} images, the run's classes{widened})")
     out(f"test acc     {s['test_acc']:.4f}  (loss {s['test_loss']:.4f})")
     out(f"parameters   {s['params']:,}")
     out(f"FLOPs/image  {s['flops_total']:,} (all ops counted by torch.utils.flop_counter)")
