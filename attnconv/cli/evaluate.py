@@ -14,7 +14,8 @@ predicted; column names abbreviated). --json holds the same as "classes", "per_c
 The run's own test data must be the data it recorded when it was trained (config.json "data": classes,
 image counts, normalization, and a digest of the test images' pixels and labels): data that changed
 since (an image replaced, labels swapped, images added) is one error saying what changed, unless
---allow-data-change, which measures it anyway with a warning line.
+--allow-data-change, which measures it anyway with a warning line (not data the model cannot take:
+another class count or other channels).
 
 --dataset folder:PATH measures the run on another image folder's test split (PATH/test/ or
 PATH/val/, in the ImageFolder layout, PATH/train/ naming the classes): its classes must be the
@@ -56,8 +57,9 @@ DATASET_HELP = ("take the test images from this dataset instead of the run's (e.
 
 
 ALLOW_HELP = ("measure the run although its test data changed since it was trained (refused by default: another "
-              "class or image count, normalization, or test images whose pixels or labels differ); a warning says "
-              "what changed")
+              "image count, normalization, or test images whose pixels or labels differ); a warning says what "
+              "changed. Data the run's model cannot take (another class count, other channels) stays refused: "
+              "give the data it was trained on with --dataset folder:PATH")
 
 
 def register(subparsers) -> None:
