@@ -331,7 +331,7 @@ def _one_error(capsys, *pieces):
 def test_run_knows_its_data_by_content_labels_swapped_refuse_resume(tmp_path, monkeypatch, capsys):
     out, args = _folder_run(tmp_path, monkeypatch)
     digest = read_config(out)["data"]["digest"]
-    assert sorted(digest) == ["test", "train"] and all(len(v) == 32 for v in digest.values())
+    assert sorted(digest) == ["test", "test_unordered", "train", "train_unordered"] and all(len(v) == 32 for v in digest.values())
     train = tmp_path / "imgs" / "train"
     os.rename(train / "cat" / "cat0.png", train / "dog" / "cat0.png")  # two images change class: same counts,
     os.rename(train / "dog" / "dog0.png", train / "cat" / "dog0.png")  # same pixels, same normalization
@@ -507,3 +507,92 @@ def test_a_full_disk_while_a_log_line_is_appended_names_the_log(tmp_path, data_d
     out = tmp_path / "run"
     assert main(tiny_args(out, data_dir, "--max-steps", "1")) == 2
     _one_error(capsys, f"--out {out}: could not write /dev/full (no space left on the device")
+
+
+# ---------------------------------------------------------------------------------- class 7: data by content, order
+
+
+def _rename_within_class(folder: Path) -> None:
+    """A file renamed in its class folder: the same images and labels, listed in another order."""
+    first = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.endswith(".txt"))[0]
+    os.rename(first, folder / f"zz-{first.name}")
+
+
+def test_run_knows_its_data_by_content_a_renamed_test_image_is_the_same_test_data(tmp_path, monkeypatch, capsys):
+    """The test split in another order (a file renamed within its class) is the same test data: `eval` measures
+    it without a word, to the same accuracy; the run records both digests of both splits."""
+    out, _ = _folder_run(tmp_path, monkeypatch)
+    digest = read_config(out)["data"]["digest"]
+    assert sorted(digest) == ["test", "test_unordered", "train", "train_unordered"]
+    assert all(len(v) == 32 for v in digest.values())
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0
+    before = capsys.readouterr()
+    assert before.err == "" and "test acc" in before.out
+    _rename_within_class(tmp_path / "imgs" / "test" / "cat")
+    assert main(["eval", str(out)]) == 0
+    after = capsys.readouterr()
+    assert after.err == "" and after.out == before.out
+
+
+def test_run_knows_its_data_by_content_a_renamed_training_image_refuses_resume_naming_the_order(
+        tmp_path, monkeypatch, capsys):
+    """The training split in another order changes the shuffle: `train --resume` of an unfinished run refuses it
+    in words that are true (its order, not its content), and goes on with --allow-data-change."""
+    from fixtures_data import write_image_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_image_folder(tmp_path / "imgs")
+    out = tmp_path / "run"
+    args = ["train", "--model", "sa-quadratic", "--dataset", f"folder:{tmp_path / 'imgs'}", "--hidden", "8",
+            "--layers", "1", "--heads", "4", "--intermediate", "8", "--batch-size", "4", "--workers", "1",
+            "--no-progress", "--epochs", "1", "--max-steps", "1", "--out", str(out)]
+    assert main(args) == 0
+    _rename_within_class(tmp_path / "imgs" / "train" / "cat")
+    before = tree(out)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    _one_error(capsys, "the dataset changed since this run started (the training images' order (the same images and "
+                       "labels, in another order: a file renamed?))", "--allow-data-change")
+    assert tree(out) == before
+    assert main([*args, "--resume", "--allow-data-change"]) == 0
+
+
+def test_run_knows_its_data_by_content_an_old_record_cannot_tell_order_from_content(tmp_path, monkeypatch, capsys):
+    """A run written before the order-free digests (its "digest" only "train" and "test") reads as before: a
+    changed test image, or a renamed one (it cannot tell), is refused by `eval`, in words that say both."""
+    from fixtures_runs import rerecord
+    from PIL import Image
+
+    out, _ = _folder_run(tmp_path, monkeypatch)
+    meta = json.loads((out / "config.json").read_text())
+    meta["data"]["digest"] = {k: meta["data"]["digest"][k] for k in ("train", "test")}
+    (out / "config.json").write_text(json.dumps(meta))
+    rerecord(out)  # the weights' record of config.json: as written then
+    capsys.readouterr()
+    assert main(["eval", str(out)]) == 0 and capsys.readouterr().err == ""  # the data as recorded
+    _rename_within_class(tmp_path / "imgs" / "test" / "cat")
+    assert main(["eval", str(out)]) == 2
+    _one_error(capsys, "the dataset changed since training (the test images' content: an image, a label or their "
+                       "order differs)", "--allow-data-change")
+    image = sorted((tmp_path / "imgs" / "test" / "dog").iterdir())[0]
+    size = Image.open(image).size
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(image)
+    assert main(["eval", str(out)]) == 2
+    _one_error(capsys, "(the test images' content: an image, a label or their order differs)")
+
+
+@pytest.mark.parametrize("value", ["x", 7, "0" * 31, "A" * 32, None])
+def test_run_knows_its_data_by_content_an_unordered_digest_that_is_no_digest_is_a_corrupt_config(
+        finished, tmp_path, value):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    meta = json.loads((out / "config.json").read_text())
+    assert len(meta["data"]["digest"]["test_unordered"]) == 32
+    meta["data"]["digest"]["test_unordered"] = value
+    (out / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(AttnconvError, match='"data" digest test_unordered .* is not 32 hex digits'):
+        read_config(out)
+    del meta["data"]["digest"]["test_unordered"], meta["data"]["digest"]["train_unordered"]  # an old run's record
+    (out / "config.json").write_text(json.dumps(meta))
+    assert sorted(read_config(out)["data"]["digest"]) == ["test", "train"]

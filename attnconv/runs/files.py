@@ -377,7 +377,7 @@ def data_problem(data: Any) -> str | None:
     was), or None: classes a list of distinct names (none empty, none with a control character), image
     counts whole numbers >= 0, channels 1 or 3, size 1..65536, mean and std one number per channel of
     pixels scaled to 0..1 (mean 0..1, std above 0, at most 1), the content's "digest" (where present) 32
-    hex digits for each split. Other keys are ignored."""
+    hex digits for each split (and for "train_unordered", "test_unordered" where present). Other keys are ignored."""
     if not isinstance(data, dict):
         return f'"data" is {short_value(data)}, not an object'
     missing = [k for k in ("classes", "train_size", "test_size", "channels", "size", "mean", "std") if k not in data]
@@ -407,6 +407,10 @@ def data_problem(data: Any) -> str | None:
     if "digest" in data and not (isinstance(digest, dict) and all(
             isinstance(digest.get(k), str) and re.fullmatch(r"[0-9a-f]{32}", digest[k]) for k in ("train", "test"))):
         return f'"data" digest {short_value(digest)} is not {{"train": ..., "test": ...}} of 32 hex digits each'
+    for key in ("train_unordered", "test_unordered"):  # the order-free digests: runs written before have none
+        if "digest" in data and key in digest and not (
+                isinstance(digest[key], str) and re.fullmatch(r"[0-9a-f]{32}", digest[key])):
+            return f'"data" digest {key} {short_value(digest[key])} is not 32 hex digits'
     return None
 
 

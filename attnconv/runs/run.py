@@ -183,7 +183,8 @@ class Run:
         when the run's own test data is not what it was trained with (`test_data_changes`)."""
         test = run_test_set(self.config, self.data_dir, dataset=self.dataset, info=self.info)
         self._test_changes = [] if self.dataset is not None else data_changes(
-            self.meta.get("data"), {**data_fingerprint(self.current_info), "digest": {"test": split_digest(test)}})
+            self.meta.get("data"), {**data_fingerprint(self.current_info), "digest": {
+                "test": split_digest(test), "test_unordered": split_digest(test, ordered=False)}})
         if self._test_changes and self.warn_data_change:
             warnings.warn(f"{self.path}: the test data differs from the run's ({'; '.join(self._test_changes)}); "
                           "what follows is of the data as it is now", AttnconvWarning, stacklevel=2)

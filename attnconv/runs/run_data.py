@@ -239,30 +239,56 @@ def data_fingerprint(info: D.DatasetInfo) -> dict[str, Any]:
 _DIGEST_CHUNK = 1 << 26  # bytes of images hashed at a time: a memory-mapped set is never copied whole
 
 
-def split_digest(images: D.ImageSet) -> str:
+def _split_digests(images: D.ImageSet) -> tuple[str, str]:
+    """`split_digest` of one split both ways, (ordered, unordered), in one chunked read of its images."""
+    ordered, unordered = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
+    pixels, labels = images.images.cpu(), images.labels.cpu()
+    shape = repr(tuple(pixels.shape)).encode()
+    ordered.update(shape)
+    unordered.update(shape)
+    step = max(1, _DIGEST_CHUNK // max(1, pixels[0].numel() * pixels.element_size() if len(pixels) else 1))
+    label_bytes = labels.contiguous().numpy().astype("<i8")
+    each: list[bytes] = []  # one hash per image: its pixels, then its label (little-endian int64)
+    for start in range(0, len(pixels), step):
+        chunk = pixels[start:start + step].contiguous().numpy()
+        ordered.update(chunk)
+        rows = chunk.reshape(len(chunk), -1).view(np.uint8)
+        joined = np.concatenate([rows, label_bytes[start:start + len(chunk)].reshape(-1, 1).view(np.uint8)], axis=1)
+        width, flat = joined.shape[1], memoryview(joined.reshape(-1))
+        each.extend(hashlib.blake2b(flat[i:i + width], digest_size=16).digest()
+                    for i in range(0, len(flat), width))
+    ordered.update(label_bytes)
+    each.sort()
+    unordered.update(b"".join(each))
+    return ordered.hexdigest(), unordered.hexdigest()
+
+
+def split_digest(images: D.ImageSet, *, ordered: bool = True) -> str:
     """The content of one split as 32 hex digits: a blake2b hash of its shape, every image's pixels and every
     label, in order. Another image, a changed pixel, labels swapped between two images or a new order all
-    change it; the file names and times do not (a copy of the data has the same digest)."""
-    h = hashlib.blake2b(digest_size=16)
-    pixels, labels = images.images.cpu(), images.labels.cpu()
-    h.update(repr(tuple(pixels.shape)).encode())
-    step = max(1, _DIGEST_CHUNK // max(1, pixels[0].numel() if len(pixels) else 1))
-    for start in range(0, len(pixels), step):
-        h.update(pixels[start:start + step].contiguous().numpy())
-    h.update(labels.contiguous().numpy().astype("<i8"))
-    return h.hexdigest()
+    change it; the file names and times do not (a copy of the data has the same digest).
+
+    ordered=False: the same content in any order: a blake2b hash of the shape and the sorted hashes of each
+    image's pixels with its label (as little-endian int64). A new order (a file renamed within its class)
+    leaves it as it was; another image or label changes it."""
+    return _split_digests(images)[0 if ordered else 1]
 
 
 def data_digest(train_set: D.ImageSet, test_set: D.ImageSet) -> dict[str, str]:
     """What a run records of its data's content (config.json "data" "digest"): `split_digest` of each split,
-    compared on `train --resume` (both) and by `eval` (the test split)."""
-    return {"train": split_digest(train_set), "test": split_digest(test_set)}
+    in order ("train", "test") and in any order ("train_unordered", "test_unordered"), compared on
+    `train --resume` (both splits) and by `eval` (the test split)."""
+    train, train_unordered = _split_digests(train_set)
+    test, test_unordered = _split_digests(test_set)
+    return {"train": train, "test": test, "train_unordered": train_unordered, "test_unordered": test_unordered}
 
 
 def data_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
     """What differs between a run's recorded dataset and `now` (`data_fingerprint`, with the "digest" of the
     splits at hand, if any), in words; [] if nothing does, or if the run recorded none (written before runs
-    recorded their data). Content is compared where both recorded a split's digest and its count is the same."""
+    recorded their data). Content is compared where both recorded a split's digest and its count is the same:
+    a new order alone (the order-free digests, where both have them, equal) is a change of the training split
+    (it changes the shuffle), none of the test split."""
     if not isinstance(saved, dict):
         return []
     changes = []
@@ -284,5 +310,21 @@ def data_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]
         for split, count, what in (("train", "train_size", "training"), ("test", "test_size", "test")):
             if split in after and split in before and before[split] != after[split] \
                     and saved.get(count) == now[count]:
-                changes.append(f"the {what} images' content: an image or a label differs")
+                change = _content_change(split, what, before, after)
+                if change:
+                    changes.append(change)
     return changes
+
+
+def _content_change(split: str, what: str, before: dict[str, Any], after: dict[str, Any]) -> str | None:
+    """How a split whose ordered digests differ changed, in words; None when only its order did and the split
+    is the test split (measuring a test set does not depend on its order). Without an order-free digest on
+    both sides (a run written before runs recorded one), a new order cannot be told from new content."""
+    unordered = f"{split}_unordered"
+    if unordered not in before or unordered not in after:
+        return f"the {what} images' content: an image, a label or their order differs"
+    if before[unordered] != after[unordered]:
+        return f"the {what} images' content: an image or a label differs"
+    if split == "test":
+        return None
+    return f"the {what} images' order (the same images and labels, in another order: a file renamed?)"
