@@ -637,7 +637,12 @@ def test_resume_refuses_a_changed_dataset_unless_told(tmp_path, monkeypatch, cap
     capsys.readouterr()
     assert main([*args, "--resume", "--allow-data-change"]) == 0  # finished: nothing more, no length refused
     assert "run already finished" in capsys.readouterr().err
-    assert main(["eval", str(out), "--allow-data-change"]) == 0
+    assert main(["eval", str(out), "--allow-data-change", "--json"]) == 0
+    # The weights went on with the run's normalization (config.json's, which every reader takes), so eval measures
+    # what the last epoch's row measured: the resume normalized by the new images' statistics, and eval did not.
+    measured = json.loads(capsys.readouterr().out)
+    assert measured["test_loss"] == pytest.approx(rows[-1]["test_loss"], rel=1e-5), (measured, rows[-1])
+    assert json.loads((out / "config.json").read_text())["data"]["train_size"] == 12  # the data it started on
 
 
 @pytest.mark.parametrize("epochs", [2, 3])

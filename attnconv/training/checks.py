@@ -202,6 +202,20 @@ def _option(options: dict, key: str, value: object, defaults: dict) -> str:
     return repr(value) if key in options else f"default {value!r}" if key in defaults else "unset"
 
 
+def kept_normalization(info: D.DatasetInfo, recorded: dict | None) -> D.DatasetInfo:
+    """The data at hand (`info`) normalized as the run recorded (config.json "data" mean and std): weights
+    trained on one normalization go on with it. Only `--allow-data-change` resumes data whose statistics
+    changed; counted in other statistics, its images would be normalized otherwise than every reader of the
+    run normalizes them (`Run.info`, from the record), and `eval` would not measure what training measured."""
+    mean, std = (recorded.get(key) if isinstance(recorded, dict) else None for key in ("mean", "std"))
+    if not (isinstance(mean, list) and isinstance(std, list) and len(mean) == len(std) == info.channels):
+        return info  # a run that recorded none (written before runs recorded their data)
+    mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+    if (mean, std) == (tuple(info.mean), tuple(info.std)):
+        return info
+    return dataclasses.replace(info, mean=mean, std=std, stats_source='recorded by the run (config.json "data")')
+
+
 def check_resumable(out: Path, config: TrainConfig, info: D.DatasetInfo, digest: dict[str, str] | None = None, *,
                     allow_data_change: bool) -> None:
     """A run in `out` that --resume continues: its saved config matches `config` except for

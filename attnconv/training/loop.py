@@ -78,6 +78,7 @@ from attnconv.training.checks import (
     check_resume_point,
     check_run_flags,
     check_same_config,
+    kept_normalization,
     recorded_log_every,
     resolve_overrides,
 )
@@ -199,8 +200,10 @@ class _Trainer:
         """The train and test sets (checked against the batch and the ranks) and the config resolved for them;
         every rank fails alike, before any file is written."""
         config, d = self.config, self.d
-        self.info = run_info(config)
+        self.info = self.data_info = run_info(config)  # the data as it is now (`data_info`: what config.json records)
         resuming = self.resume and (self.out / CONFIG_FILE).exists()  # the batch and the model are the run's
+        if resuming and (self.out / STATE_FILE).exists():  # weights trained with the run's normalization keep it
+            self.info = kept_normalization(self.info, read_config(self.out).get("data"))
         try:
             self.train_set, self.test_set = dataset if dataset is not None else D.load_dataset(
                 config.dataset, config.data_dir, download=True, image_size=run_image_size(config))
@@ -306,7 +309,8 @@ class _Trainer:
         if self.overwrite or not (self.out / CONFIG_FILE).exists():
             return None
         try:
-            check_resumable(self.out, self.config, self.info, self.digest, allow_data_change=self.allow_data_change)
+            check_resumable(self.out, self.config, self.data_info, self.digest,
+                            allow_data_change=self.allow_data_change)
         except AttnconvError as err:
             return err
         return None
@@ -389,7 +393,7 @@ class _Trainer:
                 "total_steps": self.total_steps,
                 "world_size": self.d.world_size,
                 "log_every": self.log_every,
-                "data": {**data_fingerprint(self.info), "digest": self.digest},
+                "data": {**data_fingerprint(self.data_info), "digest": self.digest},
                 "precision": precision_name(cfg.amp),
                 "torch": torch.__version__,
                 "attnconv": attnconv.__version__,
