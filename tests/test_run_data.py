@@ -123,6 +123,9 @@ def test_a_run_whose_image_folder_is_gone_says_where_it_was_and_how_to_point_at_
     # pointed at the folder's new place, everything is back
     after = _eval_json(capsys, run, "--dataset", f"folder:{moved}")
     assert (after["test_acc"], after["confusion"]) == (before["test_acc"], before["confusion"])
+    data.write_text("a file where the folder was")  # was "no longer exists (moved or deleted)"
+    assert f"the run's image folder {data} is no longer a folder; point at the images with --dataset folder:PATH" \
+        in _error(capsys, ["eval", run])
     assert "Accuracy per class" in build_report(run, images=2, dataset=f"folder:{moved}")
 
 

@@ -83,9 +83,9 @@ def _folder_gone(config: TrainConfig) -> Path | None:
 
 
 def _gone_message(config: TrainConfig, folder: Path) -> str:
-    return (f"{shortened(config.dataset)}: the run's image folder {shortened(str(folder))} no longer exists (moved or "
-            "deleted); point at the images with --dataset folder:PATH (where the folder is now, or another folder "
-            "with the same classes)")
+    what = "is no longer a folder" if folder.exists() else "no longer exists (moved or deleted)"
+    return (f"{shortened(config.dataset)}: the run's image folder {shortened(str(folder))} {what}; point at the "
+            "images with --dataset folder:PATH (where the folder is now, or another folder with the same classes)")
 
 
 
