@@ -26,7 +26,9 @@ import io
 import json
 import logging
 import os
+import re
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -82,9 +84,8 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
         except (AttnconvError, MemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # torch could not trace or export this network: one line, not its traceback
-            first = (str(err).strip().splitlines() or [""])[0][:300]
             raise ParameterError(None, None, f"{run.path}: torch could not export the model as {fmt} "
-                                 f"({type(err).__name__}: {first}); try another {{fmt}}", mentions=("fmt",),
+                                 f"({_cause_line(err)}); try another {{fmt}}", mentions=("fmt",),
                                  flags={"fmt": "format"}) from None
         _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
     earlier = out.exists()
@@ -125,11 +126,31 @@ def _interruptible() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")  # color codes and other controls
+_ONNX_PROSE = re.compile(r"\s*This is step \d+/\d+ of exporting the model to ONNX\..*$")  # its advice follows
+
+
+def _cause_line(err: BaseException) -> str:
+    """`Type: first line` of what torch raised at the bottom of its `raise ... from` chain (the ONNX exporter wraps
+    torch.export's error in prose of its own), without terminal color codes or control characters, at most 300
+    characters."""
+    seen = {id(err)}
+    while isinstance(err.__cause__, Exception) and id(err.__cause__) not in seen:
+        err = err.__cause__
+        seen.add(id(err))
+    lines = [line.strip() for line in _ANSI.sub("", str(err)).splitlines()]
+    first = _ONNX_PROSE.sub("", next((line for line in lines if line), "")).strip()
+    return f"{type(err).__name__}: {first}"[:300] if first else type(err).__name__
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """The tracers' and exporters' notes silenced: their warnings (shape checks) and their log lines (the ONNX
-    exporter's "torchvision is not installed" at WARNING); errors still raise."""
-    with warnings.catch_warnings():
+    """The tracers' and exporters' notes silenced: their warnings (shape checks), their log lines (the ONNX
+    exporter's "torchvision is not installed" at WARNING) and what they print: torch.export prints the partial FX
+    graph of a failed export to sys.stderr (77 lines before attnconv's own one), and native code (onnxruntime's
+    session notes) writes to the file descriptors themselves, so both sys.stdout/sys.stderr and fds 1 and 2 point
+    to nothing meanwhile; errors still raise, and attnconv's own line comes after."""
+    with warnings.catch_warnings(), _silent_output():
         warnings.simplefilter("ignore")
         before = logging.root.manager.disable
         logging.disable(max(before, logging.WARNING))
@@ -137,6 +158,37 @@ def _quiet() -> Iterator[None]:
             yield
         finally:
             logging.disable(before)
+
+
+@contextlib.contextmanager
+def _silent_output() -> Iterator[None]:
+    """sys.stdout and sys.stderr, and file descriptors 1 and 2 where the process has them, to nothing."""
+    sink = io.StringIO()
+    saved: list[tuple[int, int]] = []
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()  # what was written before goes out first
+    devnull = None
+    try:
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):
+                with contextlib.suppress(OSError):  # a closed fd (a daemon): nothing to silence there
+                    copy = os.dup(fd)
+                    saved.append((fd, copy))
+                    os.dup2(devnull, fd)
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        for stream in (sys.__stdout__, sys.__stderr__):
+            with contextlib.suppress(Exception):
+                stream.flush()  # what was buffered meanwhile goes to nothing too
+        for fd, copy in reversed(saved):
+            with contextlib.suppress(OSError):
+                os.dup2(copy, fd)
+            os.close(copy)
+        if devnull is not None:
+            os.close(devnull)
 
 
 def _dynamic_batch(export: Callable[[Any], Any]) -> Any:

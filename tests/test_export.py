@@ -98,3 +98,87 @@ def test_an_export_takes_batches_past_one_tile_of_the_fused_path(fmt):
         for batch in (1, 5, 257):
             x = torch.randn(batch, 3, 32, 32)
             torch.testing.assert_close(program(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def _content_cnn(in_channels=1, num_classes=10):
+    """What `attnconv train --init-from CNN_RUN --init-content 4` trains (`runs.build.build_run_model`): a CIFAR
+    ResNet-18 turned into learnable conv-attention with content attention, its query projections moved off zero
+    (as training moves them) so that the content term counts."""
+    import attnconv
+    from attnconv.construct.learnable import LearnableConvAttention
+
+    torch.manual_seed(0)
+    cnn = attnconv.build_model("resnet18", width=2, in_channels=in_channels, num_classes=num_classes, image_size=28)
+    model = attnconv.cnn_to_attention(cnn.eval(), fold_bn=False, alpha=3.0, learnable=True, key_dim=4)
+    layers = [m for m in model.modules() if isinstance(m, LearnableConvAttention) and not m.position_only]
+    assert layers and any(m.stride != (1, 1) for m in layers)
+    with torch.no_grad():
+        for m in layers:
+            m.query.weight.normal_(0, 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("fmt", ["exported", "torchscript", "onnx"])
+def test_a_cnn_turned_into_content_attention_exports_and_matches_at_any_batch(tiny_attention_runs, tmp_path, capfd,
+                                                                              fmt):
+    """An `--init-from CNN_RUN --init-content 4` run: its content layers sliced the padded grid at the first query,
+    read as `int(tensor)`, a data-dependent value to torch.export, so `exported` and `onnx` failed
+    (GuardOnDataDependentSymNode), torch printing a 77-line FX graph before attnconv's error line. That start is
+    the layer's dilation * anchor, an int from its config: every format exports, and matches the model."""
+    if fmt == "onnx":
+        _needs("onnx", "onnxscript", "onnxruntime")
+    run = Run(tiny_attention_runs["sa-quadratic"])  # 1x28x28 images, 10 classes
+    run.__dict__["model"] = model = _content_cnn()  # the trained network, as `Run.model` caches it
+    capfd.readouterr()
+    path = export_run(run, fmt, tmp_path / f"m.{ {'exported': 'pt2', 'torchscript': 'ts', 'onnx': 'onnx'}[fmt]}")
+    assert capfd.readouterr() == ("", "")  # nothing printed on the way
+    if fmt == "exported":
+        program = torch.export.load(str(path)).module()
+    elif fmt == "torchscript":
+        program = torch.jit.load(str(path))
+    else:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(path))
+
+        def program(x):
+            return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    for batch in (1, 2, 5):
+        x = torch.randn(batch, 1, 28, 28)
+        with torch.no_grad():
+            torch.testing.assert_close(program(x), model(x), atol=1e-4, rtol=1e-4)
+
+
+def _query_tokens_by_int_of_a_tensor(self, z, size):
+    """`LearnableConvAttention._query_tokens` as it was: the first query's position read as `int(tensor)`."""
+    out = self.output_size(size)
+    pick = tuple(slice(q0, q0 + s * (n - 1) + 1, s) for q0, s, n in
+                 zip((int(q[0]) for q in self._padded_query_axes(size, out)), self.stride, out))
+    return z[(slice(None), slice(None), *pick)].flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("fmt", ["exported", "onnx"])
+def test_a_network_torch_cannot_export_is_one_error_line_without_its_graph_or_colors(tiny_attention_runs, tmp_path,
+                                                                                    capfd, monkeypatch, fmt):
+    """torch.export prints the partial FX graph of a failed export to stderr (77 lines before attnconv's own), and
+    the ONNX exporter's error opens with colored prose ("\\x1b[96mThis is step 1/3\\x1b[0m ... Next steps:"): one
+    `error:` line quoting torch's own cause, nothing else, exit 2. (The network: a content layer that reads a
+    tensor's value as an int, as they did.)"""
+    import attnconv.export as export_module
+    from attnconv.construct.learnable import LearnableConvAttention
+
+    if fmt == "onnx":
+        _needs("onnx", "onnxscript")
+    monkeypatch.setattr(LearnableConvAttention, "_query_tokens", _query_tokens_by_int_of_a_tensor)
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.__dict__["model"] = _content_cnn()
+    monkeypatch.setattr(export_module, "as_run", lambda _: run)
+    target = tmp_path / f"m{export_module.FORMATS[fmt]}"
+    capfd.readouterr()
+    assert main(["export", str(run.path), "--format", fmt, "--out", str(target)]) == 2
+    out, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith("error: "), err[:3000]
+    assert "\x1b" not in err and "step 1/3" not in err and "Next steps" not in err, err
+    assert f"could not export the model as {fmt} (GuardOnDataDependentSymNode: Could not extract" in err, err
+    assert not target.exists()

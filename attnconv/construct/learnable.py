@@ -163,10 +163,14 @@ class LearnableConvAttention(ConvAttention):
     # -- content attention ---------------------------------------------------------------
 
     def _query_tokens(self, z: Tensor, size: Sequence[int]) -> Tensor:
-        """The tokens of the padded input z (B, C, *P) at the queries' positions: (B, T_out, C)."""
+        """The tokens of the padded input z (B, C, *P) at the queries' positions: (B, T_out, C).
+
+        The first query sits at dilation * anchor on every axis (`_padded_query_axes` at o = 0), a Python int
+        from the layer's config: read from that tensor (`int(q[0])`) it would be a data-dependent value to
+        torch.export, which refuses to slice by it (GuardOnDataDependentSymNode), and ONNX export with it."""
         out = self.output_size(size)
         pick = tuple(slice(q0, q0 + s * (n - 1) + 1, s) for q0, s, n in
-                     zip((int(q[0]) for q in self._padded_query_axes(size, out)), self.stride, out))
+                     zip((d * c for d, c in zip(self.dilation, self.anchor)), self.stride, out))
         return z[(slice(None), slice(None), *pick)].flatten(2).transpose(1, 2)
 
     def _content_qk(self, z: Tensor, size: Sequence[int]) -> tuple[Tensor, Tensor]:
