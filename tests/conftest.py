@@ -1,4 +1,8 @@
 import os
+import signal
+import threading
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +18,41 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def _sigint_state() -> str | None:
+    """What is wrong with this process's Ctrl-C, or None: SIGINT must reach Python's default handler (tests send
+    themselves SIGINT and expect a KeyboardInterrupt). Python's handler, and the kernel's view of the main thread:
+    SIGINT blocked, ignored, or not caught (a library's own sigaction in place of Python's)."""
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not signal.default_int_handler:
+        return f"the SIGINT handler is {handler!r}"
+    try:
+        fields = dict(line.split(":\t", 1) for line in Path(f"/proc/self/task/{os.getpid()}/status").read_text()
+                      .splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except (OSError, ValueError):
+        return None
+    bit = 1 << (signal.SIGINT - 1)
+    blocked, ignored, caught = (int(fields.get(k, "0"), 16) & bit for k in ("SigBlk", "SigIgn", "SigCgt"))
+    if blocked or ignored or not caught:
+        return f"SIGINT is {'blocked' if blocked else 'ignored' if ignored else 'not caught'} by the kernel"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_reaches_python(request):
+    """A test that leaves Ctrl-C changed (a handler not put back) is named in a warning, and Python's default is
+    put back for the tests after it: three tests that send themselves SIGINT once failed together on one worker
+    (`DID NOT RAISE KeyboardInterrupt`) after some earlier test there had changed it."""
+    yield
+    if threading.current_thread() is not threading.main_thread():
+        return
+    wrong = _sigint_state()
+    if wrong is not None:
+        warnings.warn(f"{request.node.nodeid} left Ctrl-C changed ({wrong}); Python's default is put back",
+                      stacklevel=1)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
