@@ -34,6 +34,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
+from attnconv.modes import eval_mode
 from attnconv.runs import WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
 from attnconv.runs.record import recorded_step
 from attnconv.tables import format_table
@@ -70,23 +71,19 @@ def evaluate(
 
     With world_size > 1 (inside an initialized process group) each rank evaluates a
     contiguous slice of the set and the sums are all-reduced, so every rank returns
-    the result for the whole set. The model's train/eval mode is restored afterwards.
+    the result for the whole set. Every module's train/eval mode is restored afterwards.
     """
     n = len(imageset)
     if n == 0:
         raise AttnconvError("cannot evaluate on an empty image set")
     lo, hi = rank * n // world_size, (rank + 1) * n // world_size
     part = imageset if world_size == 1 else D.ImageSet(imageset.images[lo:hi], imageset.labels[lo:hi])
-    was_training = model.training
-    model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss_sum, correct
-    try:
+    with eval_mode(model):
         if len(part):
             for logits, y in _logits(model, part, info, batch_size, device):
                 sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
                 sums[1] += (logits.argmax(1) == y).sum().double()
-    finally:
-        model.train(was_training)
     if world_size > 1:
         dist.all_reduce(sums)
     loss_sum, correct = sums.tolist()
@@ -115,22 +112,18 @@ def predict_all(
     Returns "predictions" (N,) int64 and "probabilities" (N,) float32 (the softmax
     probability of the predicted class), on the CPU, and "loss" and "accuracy" summed
     exactly as `evaluate` sums them, so a caller that needs both gets them from this one
-    pass. The model's train/eval mode is restored afterwards.
+    pass. Every module's train/eval mode is restored afterwards.
     """
     if len(imageset) == 0:
         raise AttnconvError("cannot evaluate on an empty image set")
-    was_training = model.training
-    model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     predictions, probabilities = [], []
-    try:
+    with eval_mode(model):
         for logits, y in _logits(model, imageset, info, batch_size, device):
             loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
             p, k = logits.softmax(1).max(1)
             predictions.append(k.cpu())
             probabilities.append(p.cpu())
-    finally:
-        model.train(was_training)
     predictions = torch.cat(predictions).to(torch.int64)
     correct = int((predictions == imageset.labels.cpu().to(torch.int64)).sum())
     return {"predictions": predictions, "probabilities": torch.cat(probabilities),

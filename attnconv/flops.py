@@ -45,6 +45,7 @@ from torch.utils import flop_counter as _torch_flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnconv.errors import AttnconvError
+from attnconv.modes import eval_mode
 
 
 def sdpa_flops(query_shape: torch.Size, key_shape: torch.Size, value_shape: torch.Size, *args: Any,
@@ -134,13 +135,10 @@ def count_flops(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, Any
     hooks = [m.register_forward_hook(count_linear) for m in model.modules() if isinstance(m, nn.Linear)]
     # a module that applies a Linear child inside its own products (the fused attention path) names it
     hooks += [m.register_forward_hook(count_folded) for m in model.modules() if hasattr(m, "folded_linears")]
-    was_training = model.training
-    model.eval()
     try:
-        with flop_counter() as counter:
+        with eval_mode(model), flop_counter() as counter:
             model(x)
     finally:
-        model.train(was_training)
         for h in hooks:
             h.remove()
     by_op = {str(op): int(v) // batch for op, v in counter.get_flop_counts().get("Global", {}).items()}

@@ -1,5 +1,6 @@
 """attnconv.capture_attention: the attention of any model, and the per-head measures on it."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -316,3 +317,75 @@ def test_conv_likeness_applies_where_value_maps_are_known():
     assert all(x["conv_likeness"] is not None for x in result["layers"]) and result["size"] == [3, 3]
     with pytest.raises(AttnconvError, match="saw no attention"):
         analyze_captured([])
+
+
+# ------------------------------------------------------------------------------------------ modes and refusals
+
+
+class FrozenNormDropout(nn.Module):
+    """A Tokens model with a BatchNorm kept in eval mode while the rest trains (frozen statistics) and a dropout
+    kept in train mode while the rest evaluates (Monte-Carlo dropout): each module's flag is its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(2)
+        self.drop = nn.Dropout(0.5)
+        self.body = Tokens(2, 4, MHABody(nn.MultiheadAttention(4, 2, batch_first=True), lambda t: {}))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.drop(self.body(self.norm(x)).mean(1)))
+
+
+@pytest.mark.parametrize("outer", [True, False])
+def test_every_pass_puts_back_each_modules_own_training_flag(outer):
+    """`model.train(was_training)` after a pass set every submodule to the model's flag: a frozen BatchNorm came back
+    training (its statistics then updated by the next step), an MC dropout came back off. Each pass that switches
+    to eval mode (capture_attention, capture_inputs of the sites, count_flops, evaluate, predict_all) leaves each
+    module's flag as it found it, whether the model was training or not."""
+    from attnconv.data import ImageSet, dataset_info
+    from attnconv.evaluate import count_flops, evaluate, predict_all
+    from attnconv.models.sites import capture_inputs
+
+    torch.manual_seed(3)
+    model = FrozenNormDropout().train(outer)
+    model.norm.train(not outer)
+    model.drop.train(not outer)
+    flags = {name: m.training for name, m in model.named_modules()}
+    x = torch.randn(4, 2, 3, 3)
+    info = dataclasses.replace(dataset_info("fashion-mnist"), channels=2, size=3, mean=(0.5, 0.5), std=(0.25, 0.25))
+    images = ImageSet((torch.rand(4, 2, 3, 3) * 255).to(torch.uint8), torch.tensor([0, 1, 2, 0]))
+    passes = {"capture_attention": lambda: capture_attention(model, x),
+              "capture_inputs": lambda: capture_inputs(model, [model.body.body.mha], x),
+              "count_flops": lambda: count_flops(model, (2, 3, 3)),
+              "evaluate": lambda: evaluate(model, images, info, batch_size=2),
+              "predict_all": lambda: predict_all(model, images, info, batch_size=2)}
+    for name, run in passes.items():
+        run()
+        now = {n: m.training for n, m in model.named_modules()}
+        assert now == flags, (name, {n: v for n, v in now.items() if v != flags[n]})
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("how", ["trace", "script", "compile", "inner trace"])
+def test_a_model_whose_forward_runs_outside_python_is_refused_in_words(how):
+    """A traced model gave no records (an empty list, silently: its forward runs no Python hooks), a scripted one a
+    torch error, a compiled one a dynamo AssertionError: each is one AttnconvError naming it and the fix, from
+    capture_attention and from attention_sites."""
+    torch.manual_seed(0)
+    model = Tokens(2, 4, SDPABlock(4, 2)).eval()
+    x = torch.randn(1, 2, 3, 3)
+    if how == "trace":
+        model = torch.jit.trace(model, x)
+    elif how == "script":
+        model = torch.jit.script(nn.Sequential(nn.Conv2d(2, 4, 1), nn.Flatten()))
+    elif how == "compile":
+        model = torch.compile(model)
+    else:
+        model.body = torch.jit.trace(model.body, model.tokens(x))
+    want = ("torch.compile", "_orig_mod") if how == "compile" else ("torch.jit", "the nn.Module it was made from")
+    for call in (lambda: capture_attention(model, x), lambda: attention_sites(model, tuple(x.shape[1:]))):
+        with pytest.raises(AttnconvError) as err:
+            call()
+        assert all(w in str(err.value) for w in want), str(err.value)
+        assert ("its module body" in str(err.value)) == (how == "inner trace"), str(err.value)

@@ -143,3 +143,24 @@ def test_analyze_plots_report_and_explore_work_on_a_vit_run(vit_run, data_dir, c
     torch.testing.assert_close(torch.tensor(probs["layers"][0]), want.float(), rtol=1e-5, atol=1e-6)
     assert torch.tensor(scores["layers"][0]).softmax(-1).allclose(torch.tensor(probs["layers"][0]), atol=1e-5)
     assert len(explorer.heads()["snapshots"]) == 2
+
+
+def test_a_vit_with_its_patch_embedding_converted_keeps_its_attention_blocks(vit_run, data_dir, tmp_path,  # noqa: F811
+                                                                              capsys):
+    """`convert` of a ViT run turns its patch embedding (a 4x4 stride-4 conv) into attention: the converted run's
+    sites are that layer and the ViT's own blocks (they were dropped, leaving only the patch embedding, when a
+    model held both kinds), and `convert` neither claims a BatchNorm folded (a ViT has none) nor calls the ViT a
+    CNN in its table."""
+    out = tmp_path / "converted"
+    capsys.readouterr()
+    assert main(["convert", str(vit_run), "--out", str(out), "--data-dir", str(data_dir), "--eval-images", "8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"converted {vit_run} -> {out}  (no BatchNorm to fold)", lines
+    assert [line.split()[0] for line in lines[1:4]] == ["network", "vit", "converted"], lines
+    run = Run(out)
+    assert [(s.path, s.size) for s in run.sites] == [("patch_embed", (28, 28)), ("blocks.0.attn", (7, 7)),
+                                                     ("blocks.1.attn", (7, 7))]
+    assert run.sites[0].layer.heads == 16 and run.sites[1].layer.heads == 3
+    assert main(["analyze", str(out), "--json", "--data-dir", str(data_dir), "--images", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [x["path"] for x in result["layers"]] == ["patch_embed", "blocks.0.attn", "blocks.1.attn"]

@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     cnn, info = source.model, source.info
     test = source.test_set if args.evaluate else None
     out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
-    print(f"converted {args.run_dir} -> {out}  (BatchNorm {'folded' if args.fold_bn else 'kept'})")
+    norms = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in cnn.modules())
+    print(f"converted {args.run_dir} -> {out}  "
+          f"({('BatchNorm folded' if args.fold_bn else 'BatchNorm kept') if norms else 'no BatchNorm to fold'})")
     if test is None:
         return 0
     if args.eval_images is not None:
@@ -69,11 +71,13 @@ def run(args: argparse.Namespace) -> int:
             disagree += (a.argmax(1) != b.argmax(1)).sum().item()
     shape = source.input_shape
     n = len(test)
-    print(f"{'network':<10} {'test acc':>9} {'params':>12} {'FLOPs/image':>15}")
+    names = {"cnn": source.config.model, "attention": "converted"}  # a ViT's patch embedding is a conv too
+    width = max(10, *(len(v) for v in names.values()))
+    print(f"{'network':<{width}} {'test acc':>9} {'params':>12} {'FLOPs/image':>15}")
     for name, model in (("cnn", cnn), ("attention", attn)):
         flops = count_flops(model, shape)["total"]
-        print(f"{name:<10} {correct[name] / n:>9.4f} {count_params(model):>12,} {flops:>15,}")
+        print(f"{names[name]:<{width}} {correct[name] / n:>9.4f} {count_params(model):>12,} {flops:>15,}")
     print(f"predictions that differ: {disagree} of {n}; max relative difference of the logits per batch: {max_rel:.2e}")
     if correct["cnn"] != correct["attention"]:
-        raise AttnconvError("the converted network's accuracy differs from the CNN's; please report this")
+        raise AttnconvError(f"the converted network's accuracy differs from the {names['cnn']}'s; please report this")
     return 0

@@ -46,8 +46,10 @@ from torch.overrides import TorchFunctionMode
 
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
+from attnconv.construct.factory import torch_compiled
 from attnconv.errors import AttnconvError
 from attnconv.limits import format_bytes
+from attnconv.modes import eval_mode
 
 __all__ = ["MAX_BYTES", "MAX_EXTRA", "CapturedAttention", "CapturedLayer", "capture_attention", "image_tokens",
            "left_out_note"]
@@ -388,6 +390,15 @@ def _native_record(capture: _Capture, where: str, layer: nn.Module, x: Tensor) -
                              left_out=(0, 0, 0), extra_mass=None, images=len(x), module=layer, scores=scores)
 
 
+def _native_grid(capture: _Capture, where: str, layer: nn.Module, x: Tensor) -> CapturedAttention:
+    """A SelfAttention2d / ConvAttention's call without its probabilities (`probs` empty): where it is, on which grid."""
+    size = (int(x.shape[-2]), int(x.shape[-1]))
+    out = tuple(layer.output_size(size)) if hasattr(layer, "output_size") else size
+    kind = "ConvAttention" if isinstance(layer, ConvAttention) else "SelfAttention2d"
+    return CapturedAttention(path=where, kind=kind, call=0, probs=x.new_empty(0), size=size, query_size=out,
+                             left_out=(0, 0, 0), extra_mass=None, images=len(x), module=layer)
+
+
 def _native(module: nn.Module) -> bool:
     """The layers whose own attention_probs are used (as `attention_sites` lists them)."""
     return isinstance(module, SelfAttention2d) or (isinstance(module, ConvAttention) and module.ndim == 2
@@ -397,9 +408,10 @@ def _native(module: nn.Module) -> bool:
 class _Capture(TorchFunctionMode):
     """The pass: a stack of the modules running (pre/post hooks), records in call order, the byte budget."""
 
-    def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool):
+    def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
+                 native_probs: bool = True):
         super().__init__()
-        self.grid, self.max_bytes, self.scores = grid, max_bytes, scores
+        self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.records: list[CapturedAttention] = []
@@ -435,7 +447,8 @@ class _Capture(TorchFunctionMode):
             return
         where = self.names.get(module, "")
         if _native(module) and args:
-            self._add(where, module, "", _native_record(self, where, module, args[0].detach()))
+            record = _native_record if self.native_probs else _native_grid
+            self._add(where, module, "", record(self, where, module, args[0].detach()))
         elif isinstance(module, nn.MultiheadAttention):
             self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs))
 
@@ -473,14 +486,40 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
         raise AttnconvError(f"grid {grid!r} is invalid: give the image positions' (H, W), two positive integers")
     if max_bytes < 1:
         raise AttnconvError(f"max_bytes {max_bytes} is invalid: give a positive number of bytes")
-    capture = _Capture(model, grid, max_bytes, scores)
-    was_training = model.training
+    check_capturable(model, "capture_attention")
+    return _capture_pass(model, images, grid, max_bytes, scores, native_probs=True)
+
+
+def check_capturable(model: nn.Module, what: str) -> None:
+    """One AttnconvError unless `model` runs its Python forward, where attention is seen: not TorchScript (traced
+    or scripted: its calls run outside Python, and a traced one would give no records, silently) and without a
+    torch.compile wrapper (a captured graph; its hooks and function modes are not the module's)."""
+    if not isinstance(model, nn.Module):
+        raise AttnconvError(f"{what} takes an nn.Module, got {type(model).__name__}")
+    scripted = next((name for name, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        where = "the model" if not scripted else f"its module {scripted}"
+        raise AttnconvError(f"{what}: {where} is compiled by torch.jit.script or traced by torch.jit.trace, whose "
+                            "forward runs outside Python, where its attention cannot be seen; give the nn.Module it "
+                            "was made from")
+    compiled = next((name for name, m in model.named_modules() if torch_compiled(m)), None)
+    if compiled is not None:
+        where = "the model" if not compiled else f"its module {compiled}"
+        raise AttnconvError(f"{what}: {where} is compiled by torch.compile, which runs a captured graph, where its "
+                            "attention cannot be seen; give the module it wraps (its _orig_mod)")
+
+
+def _capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
+                  native_probs: bool) -> list[CapturedAttention]:
+    """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
+    hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
+    layers themselves."""
+    capture = _Capture(model, grid, max_bytes, scores, native_probs)
     with contextlib.ExitStack() as stack:
-        stack.callback(model.train, was_training)
+        stack.enter_context(eval_mode(model))
         for m in model.modules():
             stack.callback(m.register_forward_pre_hook(capture.pre, with_kwargs=True).remove)
             stack.callback(m.register_forward_hook(capture.post, always_call=True).remove)
-        model.eval()
         with capture:
             model(images)
     return capture.records

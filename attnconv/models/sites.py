@@ -26,7 +26,16 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError
-from attnconv.models.capture import CapturedAttention, CapturedLayer, capture_attention
+from attnconv.models.capture import (
+    MAX_BYTES,
+    CapturedAttention,
+    CapturedLayer,
+    _capture_pass,
+    _native,
+    capture_attention,
+    check_capturable,
+)
+from attnconv.modes import eval_mode
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
 BATCH = 16
@@ -79,10 +88,12 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
     found by one forward pass of a zero image (default: the model's config, in_channels and
-    image_size, when it has one); classifiers know their token grid. A model without
-    `SelfAttention2d` or multi-head `ConvAttention` layers gets the computations
-    `capture_attention` sees on an image grid, as `CapturedLayer`s (their probabilities come from
-    running the model: `site_probs`).
+    image_size, when it has one); classifiers know their token grid. Other models get, in call
+    order, their `SelfAttention2d` and multi-head 2-d `ConvAttention` layers and the other
+    computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
+    `scaled_dot_product_attention`: a ViT with a converted patch embedding has both), these as
+    `CapturedLayer`s (their probabilities come from running the model: `site_probs`). A TorchScript
+    or torch.compile'd model is refused in words (`capture.check_capturable`).
     """
     layers = getattr(model, "attention_layers", None)
     if layers:
@@ -91,34 +102,40 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     config = getattr(model, "config", None)
     if input_shape is None and hasattr(config, "in_channels") and hasattr(config, "image_size"):
         input_shape = (config.in_channels, config.image_size, config.image_size)
-    # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), and the
-    # SelfAttention2d layers of any other model (called as modules, so pre-hooks see their inputs).
-    found = {m: name for name, m in model.named_modules()
-             if (isinstance(m, ConvAttention) and m.ndim == 2 and m.heads > 1) or isinstance(m, SelfAttention2d)}
+    # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), the SelfAttention2d
+    # layers of any other model (called as modules, so pre-hooks see their inputs), and every other attention
+    # computation the pass sees (nn.MultiheadAttention, scaled_dot_product_attention: a ViT whose patch
+    # embedding was converted keeps its own attention blocks), in call order.
+    native = any(_native(m) for m in model.modules())
     if input_shape is None:
-        if found:
+        if native:
             raise AttnconvError("this network's attention layers need its input shape (C, H, W) to find their grids")
         raise AttnconvError(f"{type(model).__name__}: give its input shape (C, H, W) to find its attention")
+    check_capturable(model, "attention_sites")
     param = next(iter(model.parameters()), None)
     zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
-    if found:
-        seen = capture_inputs(model, list(found), zero)
-        return [AttentionSite(found[m], m, (int(x.shape[-2]), int(x.shape[-1]))) for m, x in seen.items()]
     try:
-        records = capture_attention(model, zero)
+        records = _capture_pass(model, zero, None, MAX_BYTES, False, native_probs=False)
     except AttnconvError:
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise NoAttentionLayers(
-            f"{type(model).__name__} has no attention layers to analyze: it has no SelfAttention2d or ConvAttention, "
-            f"and a forward pass of a zero {tuple(input_shape)} image, to capture its attention, failed "
-            f"({type(err).__name__}: {first}); give the input shape it takes") from None
-    captured = [r for r in records if r.size is not None and r.query_size == r.size]
-    if captured:
-        return [AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out),
-                              r.size) for r in captured]
+            f"{type(model).__name__} has no attention layers to analyze: a forward pass of a zero "
+            f"{tuple(input_shape)} image, to find its attention, failed ({type(err).__name__}: {first}); give the "
+            "input shape it takes") from None
+    sites, seen = [], set()
+    for r in records:
+        if _native(r.module):
+            if r.module not in seen:  # a layer called more than once: its first call's grid
+                seen.add(r.module)
+                sites.append(AttentionSite(r.path, r.module, r.size))
+        elif r.size is not None and r.query_size == r.size:
+            sites.append(AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size,
+                                                             r.left_out), r.size))
+    if sites:
+        return sites
     raise NoAttentionLayers(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
@@ -309,12 +326,10 @@ def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) ->
     def grab(module, args):
         seen.setdefault(module, args[0].detach())
 
-    was_training = model.training
-    with contextlib.ExitStack() as hooks, torch.no_grad():
-        hooks.callback(model.train, was_training)
+    with contextlib.ExitStack() as hooks, torch.no_grad(), eval_mode(model):
         for m in modules:
             hooks.callback(m.register_forward_pre_hook(grab).remove)
-        model.eval()(x)
+        model(x)
     return seen
 
 
