@@ -84,8 +84,11 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
         except (AttnconvError, MemoryError, KeyboardInterrupt):
             raise
         except Exception as err:  # torch could not trace or export this network: one line, not its traceback
+            again = ("; an earlier export in this Python process was stopped by Ctrl-C, which can leave torch's "
+                     "exporter half-loaded: run it again in a new process, or try another {fmt}"
+                     if _INTERRUPTED else "; try another {fmt}")
             raise ParameterError(None, None, f"{run.path}: torch could not export the model as {fmt} "
-                                 f"({_cause_line(err)}); try another {{fmt}}", mentions=("fmt",),
+                                 f"({_cause_line(err)}){again}", mentions=("fmt",),
                                  flags={"fmt": "format"}) from None
         _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
     earlier = out.exists()
@@ -98,19 +101,28 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     return out
 
 
+# Set once a Ctrl-C stopped an export in this process: an import it cut short (sympy, torch._dynamo) stays
+# half-done, so a later export's failure names that as the likely cause instead of torch's AttributeError alone.
+_INTERRUPTED = False
+
+
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """A Ctrl-C while torch traces, exports and checks is one KeyboardInterrupt (the CLI's `interrupted`, 130),
     however torch wraps it: torch.export's tracer turns the KeyboardInterrupt raised in its frames into errors of
     its own (an AttributeError of torch._dynamo, a TypeError ending in KeyboardInterrupt), and may go on. The
-    signal is noted here, and whatever the block then raises, or if it ends, a KeyboardInterrupt follows."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+    signal is noted here, and whatever the block then raises, or if it ends, a KeyboardInterrupt follows.
+    Only Python's own Ctrl-C is taken over: a SIGINT the caller ignores or handles itself stays theirs."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield
         return
     noted: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
+        global _INTERRUPTED
         noted.append(signum)
+        _INTERRUPTED = True
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, handler)

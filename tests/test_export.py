@@ -182,3 +182,53 @@ def test_a_network_torch_cannot_export_is_one_error_line_without_its_graph_or_co
     assert "\x1b" not in err and "step 1/3" not in err and "Next steps" not in err, err
     assert f"could not export the model as {fmt} (GuardOnDataDependentSymNode: Could not extract" in err, err
     assert not target.exists()
+
+
+@pytest.mark.parametrize("handler", ["ignored", "own"])
+def test_an_export_leaves_a_sigint_it_does_not_own_alone(tiny_attention_runs, tmp_path, monkeypatch, handler):
+    """The export turned Ctrl-C into its own KeyboardInterrupt whatever SIGINT was: a caller that ignores it (a
+    background job, `nohup`) or handles it itself had its export stopped by a Ctrl-C meant for no one, or its own
+    handler skipped. Only Python's default handler is taken over; others are in place during the export."""
+    import signal
+
+    import attnconv.export as export_module
+
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    real = export_module._serialize
+
+    def serialize(*args, **kwargs):
+        seen.append(signal.getsignal(signal.SIGINT))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "_serialize", serialize)
+    wanted = signal.SIG_IGN if handler == "ignored" else mine
+    previous = signal.signal(signal.SIGINT, wanted)
+    try:
+        export_run(tiny_attention_runs["sa-quadratic"], "torchscript", tmp_path / "m.ts")
+        assert seen == [wanted] and signal.getsignal(signal.SIGINT) is wanted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_an_export_after_one_stopped_by_ctrl_c_names_that_as_the_likely_cause(tiny_attention_runs, tmp_path,
+                                                                              monkeypatch, capsys):
+    """A Ctrl-C during an export in Python can cut an import of torch's exporter short (sympy, torch._dynamo),
+    after which every export of the process failed with a false cause ("module 'sympy' has no attribute
+    'printing'"). The failure then says an earlier export was stopped, and to run it in a new process."""
+    import attnconv.export as export_module
+
+    def half_imported(*args, **kwargs):
+        raise AttributeError("module 'sympy' has no attribute 'printing'")
+
+    monkeypatch.setattr(export_module, "_serialize", half_imported)
+    run = tiny_attention_runs["sa-quadratic"]
+    assert main(["export", str(run), "--format", "exported", "--out", str(tmp_path / "a.pt2")]) == 2
+    assert "new process" not in capsys.readouterr().err
+    monkeypatch.setattr(export_module, "_INTERRUPTED", True)
+    assert main(["export", str(run), "--format", "exported", "--out", str(tmp_path / "b.pt2")]) == 2
+    err = capsys.readouterr().err
+    assert "has no attribute 'printing'" in err and "stopped by Ctrl-C" in err and "in a new process" in err, err
