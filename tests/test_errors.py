@@ -127,3 +127,26 @@ def test_a_directory_another_process_writes_is_named_by_its_parameter(tmp_path):
     with DirectoryLock(tmp_path), pytest.raises(ParameterError, match=f"^out {re.escape(str(tmp_path))}: another") as info:
         DirectoryLock(tmp_path).acquire()
     assert info.value.as_flag().startswith(f"--out {tmp_path}: another attnconv process is writing there")
+
+
+EXPRESS = ["express", "--dim", "2", "--kernel", "3", "--in-channels", "2", "--out-channels", "2"]
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_output_to_a_full_device_names_standard_output_and_errors_never_go_to_stdout():
+    """`attnconv express ... > /dev/full` said "error: no space left on the device; free some space", naming no
+    file (the lines the command prints were what could not be written); with stderr closed (`2>&-`), the error line
+    went to stdout (print(file=None) writes there). Now: the full device is named standard output, and with
+    stderr closed an error is not printed at all, to stdout least of all. Each in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "attnconv", *EXPRESS], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == "error: standard output: no space left on the device; free some " \
+                                                   "space\n", proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "attnconv", *EXPRESS, "--kernel", "0"], capture_output=True,
+                          text=True, timeout=120, preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == "", (proc.stdout, proc.stderr)

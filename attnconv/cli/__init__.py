@@ -134,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     command (no `argv`, as `attnconv` and `python -m attnconv` call it), a Ctrl-C after it returns,
     while the interpreter shuts down, exits at once with the same line."""
     process = argv is None
+    if sys.stderr is None:  # started with stderr closed (`2>&-`): print(file=None) would write errors to stdout
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the process's stderr from now on)
+    stdout = sys.stdout
+    if stdout is not None:
+        sys.stdout = _NamedStdout(stdout)
     try:
         try:
             return _run(argv, process)
@@ -141,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             print(one_line(err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted", file=sys.stderr)
             return 130
     finally:
+        if isinstance(sys.stdout, _NamedStdout):
+            sys.stdout = stdout
         if process:
             _exit_on_interrupt()
 
@@ -203,6 +210,33 @@ def _interrupted_exit(signum: int, frame: object) -> None:
             pass
     os.write(2, b"interrupted\n")
     os._exit(130)
+
+
+class _NamedStdout:
+    """sys.stdout during a command: an OSError writing it (`attnconv export RUN > /dev/full`) names "standard
+    output" as its file, so the error line says where the disk is full; everything else is the stream's own."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise _named_stdout(err) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise _named_stdout(err) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _named_stdout(err: OSError) -> OSError:
+    return err if err.filename else OSError(err.errno, err.strerror, "standard output")  # EPIPE: BrokenPipeError
 
 
 def _run(argv: list[str] | None, process: bool) -> int:
