@@ -112,3 +112,17 @@ def test_cli_prints_the_table_and_json_and_refuses_bad_kernels(tmp_path, capsys)
     assert main(["compare", str(tmp_path / "r"), "--kernels", "3,x"]) == 2
     assert "--kernels" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "nope")]) == 2
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "config.json", "heads.jsonl"])
+def test_a_run_file_that_is_a_link_to_nothing_is_named_not_taken_for_a_file_not_written(tmp_path, capsys, name):
+    """A metrics.csv, heads.jsonl or config.json that is a link whose file is gone read as no file at all: a run
+    "with no finished epoch yet", a run without heads, a copy of the logs alone. Each is one error naming the
+    link and where it points."""
+    run = write_run(tmp_path / "g" / "seed0", [0.9], [_snap(0, [([[0, 0]], [1.0])]), _snap(1, [([[1, 0]], [1.0])])])
+    (run / name).unlink(missing_ok=True)
+    (run / name).symlink_to(tmp_path / "elsewhere" / name)
+    assert main(["compare", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / name}: ") and err.count("\n") == 1, err
+    assert ("a link to" in err and "elsewhere" in err) or "broken link" in err, err

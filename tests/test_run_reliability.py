@@ -285,8 +285,17 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_run_being_replac
     before = tree(out)
     capsys.readouterr()
     assert main(["eval", str(out)]) == 2
-    _one_error(capsys, f"model.safetensors: missing: a `train --overwrite` into {out} has not reached its first "
+    _one_error(capsys, f"{out}: no whole run: a `train --overwrite` into {out} has not reached its first "
                        f"checkpoint", f"kept in {out / SET_ASIDE}", f"`attnconv train --out {out} --resume` puts it back")
+    assert tree(out) == before
+    # readers of the logs alone (`table` without --recompute, `compare`) showed the killed new run's rows, or
+    # "metrics.csv has no finished epoch yet": the same line
+    (out / "metrics.csv").write_bytes((out / SET_ASIDE / "metrics.csv").read_bytes()[:120])  # a row of the new run
+    before = tree(out)
+    for command in (["table", str(out)], ["compare", str(out)], ["analyze", str(out)]):
+        assert main(command) == 2, command
+        _one_error(capsys, f"{out}: no whole run: a `train --overwrite` into {out} has not reached its first "
+                           "checkpoint", f"`attnconv train --out {out} --resume` puts it back")
     assert tree(out) == before
 
 
@@ -305,6 +314,22 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_
                      "--no-progress"]) == 2
         _one_error(capsys, f"--init-from {spelled} is --out itself", "give another --out")
         assert tree(cnn) == before
+    # A run started from the CNN and killed before its first checkpoint (config.json alone) starts again from the
+    # CNN's weights on --resume; the CNN folder moved, or a file in its place, said "not a run directory ...; give
+    # the folder that `attnconv train --out` wrote", which no flag of a resume can do: it says to move it back.
+    run = tmp_path / "attn"
+    assert main(["train", "--init-from", str(cnn), "--out", str(run), "--max-steps", "1", "--no-progress"]) == 0
+    for name in ("model.safetensors", "state.pt", "metrics.csv", "steps.csv", "heads.jsonl"):
+        (run / name).unlink(missing_ok=True)
+    cnn.rename(tmp_path / "moved")
+    for now in ("gone", "a file now"):
+        capsys.readouterr()
+        assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
+        _one_error(capsys, f"{cnn}: the CNN run this run starts from", f"is {now}", f"move the CNN run back to {cnn}")
+        cnn.write_text("not a run")
+    cnn.unlink()
+    (tmp_path / "moved").rename(cnn)
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
 
 
 # ---------------------------------------------------------------------------------- class 7: data by content
@@ -325,7 +350,7 @@ def _folder_run(tmp_path, monkeypatch):
 
 def _one_error(capsys, *pieces):
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and all(p in err for p in pieces), err
+    assert err.startswith("error: ") and err.count("\n") == 1 and all(p in err for p in pieces), (err, pieces)
 
 
 def test_run_knows_its_data_by_content_labels_swapped_refuse_resume(tmp_path, monkeypatch, capsys):

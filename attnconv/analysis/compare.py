@@ -30,6 +30,7 @@ import numpy as np
 from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError
 from attnconv.runs import CONFIG_FILE, Run, read_heads, read_metrics
+from attnconv.runs.directory import check_not_replaced
 from attnconv.tables import format_table
 
 
@@ -190,8 +191,11 @@ def format_comparison(rows: list[dict[str, Any]], *, kernels: tuple[int, ...] = 
 
 
 def _whole_run(run: Path) -> Run | None:
-    """The run as a `Run` when its folder holds config.json (copied whole, not only its two logs), else None."""
-    return Run(run) if (run / CONFIG_FILE).exists() else None
+    """The run as a `Run` when its folder holds config.json (copied whole, not only its two logs), else None. A
+    config.json that is there but no regular file (a broken link, a FIFO) is a whole run's, for `Run` to name; a
+    run that `train --overwrite` is replacing is refused here, whether or not its config.json is written yet."""
+    check_not_replaced(run)
+    return Run(run) if os.path.lexists(run / CONFIG_FILE) else None
 
 
 def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:

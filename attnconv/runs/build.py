@@ -28,7 +28,7 @@ from attnconv.fileio import (
 )
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
-from attnconv.runs.directory import SET_ASIDE, set_aside_pending
+from attnconv.runs.directory import replaced_run_line, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
     CONFIG_FIX,
@@ -155,10 +155,7 @@ def _missing(path: Path) -> str:
     checkpointed (state.pt or metrics.csv say so), or one that has not yet."""
     run = path.parent
     if set_aside_pending(run):
-        return (f"{path}: missing: a `train --overwrite` into {run} has not reached its first checkpoint (it is "
-                f"running, or was killed), and the run it replaces is kept in {run / SET_ASIDE}; if no train is "
-                f"running there, `attnconv train --out {run} --resume` puts it back first (and then continues it, if "
-                "it was not finished)")
+        return f"{path}: missing: {replaced_run_line(run)}"
     if path.is_symlink():
         return (f"{path}: a link to {os.readlink(path)}, which does not exist; restore the run's weights from a copy "
                 "of the run")
@@ -265,6 +262,11 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
         return model
     if source_weights:
         run = Path(src.run)
+        if not run.is_dir():  # moved or replaced since this run was started from it (`--resume` before a checkpoint)
+            why = "a file now" if run.exists() else "gone"
+            raise AttnconvError(f"{run}: the CNN run this run starts from (its config.json's init_from.run) is {why}: "
+                                f"move the CNN run back to {run}, or start over from where it is now "
+                                "(`attnconv train --init-from ITS_FOLDER --out THIS_RUN --overwrite`)")
         meta = read_config(run)
         if "converted" in meta or meta["config"].get("init_from"):
             raise ParameterError("init_from", run, ": is already an attention network; give the run of a CNN")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnconv.errors import DamagedFile, ParameterError
+from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import (
     LOCK_FILE,
     TMP_SUFFIX,
@@ -168,6 +168,21 @@ def set_aside_pending(out: Path) -> bool:
     """Whether `out` holds an old run that `train --overwrite` set aside (its manifest written) and has not put
     back or deleted yet: that train is still before its first checkpoint, or was killed there."""
     return (out / SET_ASIDE / _MANIFEST).is_file()
+
+
+def replaced_run_line(out: Path) -> str:
+    """Why a reader of `out` finds no whole run there while `set_aside_pending(out)`: the words after `out`'s name
+    (or its weights file's) in the error, and the fix."""
+    return (f"a `train --overwrite` into {out} has not reached its first checkpoint (it is running, or was "
+            f"killed), and the run it replaces is kept in {out / SET_ASIDE}; if no train is running there, "
+            f"`attnconv train --out {out} --resume` puts it back first (and then continues it, if it was not finished)")
+
+
+def check_not_replaced(out: Path) -> None:
+    """One AttnconvError if `out` is a run being replaced (`replaced_run_line`): what its folder holds then is the
+    new run's first files (config.json, a row or two of logs), not a run to read."""
+    if set_aside_pending(out):
+        raise AttnconvError(f"{out}: no whole run: {replaced_run_line(out)}")
 
 
 def resumed_folder(out: Path) -> Path:

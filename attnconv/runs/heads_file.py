@@ -40,9 +40,11 @@ def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]
 
 def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[dict[str, Any]], list[int]]:
     path = run_dir / HEADS_FILE
-    if not path.exists():
-        return [], []
     fix = log_fix(HEADS_LOST)
+    if not path.exists():
+        if path.is_symlink():  # a link whose file is gone is no "run without heads"
+            raise DamagedFile(f"{path}: a link to {os.readlink(path)}, which does not exist", fix)
+        return [], []
     if not path.is_file():
         raise DamagedFile(f"{path}: corrupt heads file (not a regular file: {path_kind(path)})", fix)
     if path.stat().st_size > _MAX_HEADS_BYTES:

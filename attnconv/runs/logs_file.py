@@ -83,6 +83,8 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     Line ends of any system (LF, CRLF, CR); every column named once; the `order` column rising from row to row (an
     epoch or step logged twice, or rows out of order, would leave two answers to one question)."""
     if not path.exists():
+        if path.is_symlink():  # a link whose file is gone is no log "not written yet"
+            raise DamagedFile(f"{path}: a link to {os.readlink(path)}, which does not exist", fix)
         return []
     if not path.is_file():
         raise DamagedFile(f"{path}: corrupt {what} (not a regular file: {path_kind(path)})", fix)

@@ -19,6 +19,7 @@ from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, AttnconvWarning, DamagedFile, ParameterError
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
+from attnconv.runs.directory import check_not_replaced
 from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
@@ -72,6 +73,7 @@ class Run:
                  data_dir: str | os.PathLike | None = None, dataset: str | None = None,
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
         self.path = Path(path)
+        check_not_replaced(self.path)  # an --overwrite before its first checkpoint: the old run is set aside
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
         check_record(self.path, self.meta)  # config.json as the weights record it: not edited, not another run's
         self.config = TrainConfig.from_dict(self.meta["config"])
