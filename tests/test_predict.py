@@ -66,12 +66,21 @@ def test_the_command_line_prints_each_image_and_json(folder_run, capsys):
     (["{kept}/nope.png"], "nope.png: no such file or folder"),
     (["{empty}"], "no image files in it"),
     (["{bad}"], "bad.png"),
+    # a loop of links said "no such file or folder"; a folder's image-named link to nothing was skipped in silence
+    (["{loop}"], "loop.png: a link to again.png, which loops back through links"),
+    (["{links}"], "links/gone.png: a link to nowhere.png, which does not exist; fix or remove the link"),
 ])
 def test_bad_images_are_one_line(folder_run, tmp_path, capsys, args, message):
     out, kept, _ = folder_run
     (tmp_path / "empty").mkdir()
     (tmp_path / "bad.png").write_bytes(b"not a png")
-    names = {"kept": kept, "empty": tmp_path / "empty", "bad": tmp_path / "bad.png"}
+    (tmp_path / "loop.png").symlink_to("again.png")
+    (tmp_path / "again.png").symlink_to("loop.png")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "a.png").symlink_to(kept / "cat0.png")
+    (tmp_path / "links" / "gone.png").symlink_to("nowhere.png")
+    names = {"kept": kept, "empty": tmp_path / "empty", "bad": tmp_path / "bad.png", "loop": tmp_path / "loop.png",
+             "links": tmp_path / "links"}
     assert main(["predict", str(out), *[a.format(**names) for a in args]]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message.format(**names) in err

@@ -36,8 +36,11 @@ def image_files(args: list[str]) -> list[Path]:
     for arg in args:
         path = Path(arg)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()
-                           and not p.name.startswith("."))
+            named = [p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
+            dangling = next((p for p in sorted(named) if p.is_symlink() and not p.exists()), None)
+            if dangling is not None:  # an image the folder names but does not hold: not skipped in silence
+                raise AttnconvError(f"{_dangling(dangling)}; fix or remove the link, or name the images one by one")
+            found = sorted(p for p in named if p.is_file())
             if not found:
                 raise AttnconvError(f"{path}: no image files in it ({', '.join(IMAGE_EXTENSIONS)})")
             files += found
@@ -45,9 +48,25 @@ def image_files(args: list[str]) -> list[Path]:
             files.append(path)
         elif path.exists():  # a named pipe would block the command, a device never end
             raise AttnconvError(f"{path} is {file_kind(path.stat().st_mode)}, not an image file; give an image file")
+        elif path.is_symlink():
+            raise AttnconvError(f"{_dangling(path)}; give an image file")
         else:
             raise AttnconvError(f"{path}: no such file or folder")
     return files
+
+
+def _dangling(path: Path) -> str:
+    """A link that leads nowhere, in words: to a missing file, or around a loop of links."""
+    import errno
+    import os
+
+    try:
+        os.stat(path)
+        why = "which does not exist"
+    except OSError as err:
+        why = "which loops back through links (too many levels of symbolic links)" if err.errno == errno.ELOOP \
+            else "which does not exist"
+    return f"{path}: a link to {os.readlink(path)}, {why}"
 
 
 def run(args: argparse.Namespace) -> int:
