@@ -38,8 +38,8 @@ def test_convert_writes_an_attention_run_with_identical_accuracy(cnn_run, data_d
     new = tmp_path / "resnet-attn"
     assert main(["convert", str(cnn_run), "--out", str(new), "--data-dir", str(data_dir)]) == 0
     out = capsys.readouterr().out
-    accs = {line.split()[0]: float(line.split()[1]) for line in out.splitlines()
-            if line.split()[:1] in (["resnet18"], ["converted"])}
+    rows = out.splitlines()[2:4]  # after the `converted ... -> ...` line and the table's header
+    accs = {line.split()[0]: float(line.split()[1]) for line in rows}
     assert accs["resnet18"] == accs["converted"]  # rows named by the run's model, not "cnn" (a ViT is none)
     assert "predictions that differ: 0 of 64" in out
 

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnconv"
 # belongs to the layer of its package (attnconv.data.idx -> attnconv.data).
 LAYERS = [
     ["attnconv.errors", "attnconv.fileio", "attnconv.tables", "attnconv.limits", "attnconv.options"],
-    ["attnconv.precision", "attnconv.flops"],
+    ["attnconv.precision", "attnconv.flops", "attnconv.modes"],
     ["attnconv.ops"],
     ["attnconv.positional"],
     ["attnconv.attention"],

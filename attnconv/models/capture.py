@@ -399,7 +399,7 @@ def _native_grid(capture: _Capture, where: str, layer: nn.Module, x: Tensor) -> 
                              left_out=(0, 0, 0), extra_mass=None, images=len(x), module=layer)
 
 
-def _native(module: nn.Module) -> bool:
+def native_layer(module: nn.Module) -> bool:
     """The layers whose own attention_probs are used (as `attention_sites` lists them)."""
     return isinstance(module, SelfAttention2d) or (isinstance(module, ConvAttention) and module.ndim == 2
                                                    and module.heads > 1)
@@ -429,7 +429,7 @@ class _Capture(TorchFunctionMode):
 
     def _inside_owner(self) -> bool:
         """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""
-        return any(_native(m) or isinstance(m, nn.MultiheadAttention) for m in self.stack)
+        return any(native_layer(m) or isinstance(m, nn.MultiheadAttention) for m in self.stack)
 
     def _add(self, path: str, module: nn.Module, kind: str, made: _Accumulator | CapturedAttention) -> None:
         call = self.calls.get(path, 0)
@@ -446,7 +446,7 @@ class _Capture(TorchFunctionMode):
         if owned:
             return
         where = self.names.get(module, "")
-        if _native(module) and args:
+        if native_layer(module) and args:
             record = _native_record if self.native_probs else _native_grid
             self._add(where, module, "", record(self, where, module, args[0].detach()))
         elif isinstance(module, nn.MultiheadAttention):
@@ -487,7 +487,7 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     if max_bytes < 1:
         raise AttnconvError(f"max_bytes {max_bytes} is invalid: give a positive number of bytes")
     check_capturable(model, "capture_attention")
-    return _capture_pass(model, images, grid, max_bytes, scores, native_probs=True)
+    return capture_pass(model, images, grid, max_bytes, scores, native_probs=True)
 
 
 def check_capturable(model: nn.Module, what: str) -> None:
@@ -509,7 +509,7 @@ def check_capturable(model: nn.Module, what: str) -> None:
                             "attention cannot be seen; give the module it wraps (its _orig_mod)")
 
 
-def _capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
+def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
                   native_probs: bool) -> list[CapturedAttention]:
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the

@@ -30,10 +30,10 @@ from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
     CapturedLayer,
-    _capture_pass,
-    _native,
     capture_attention,
+    capture_pass,
     check_capturable,
+    native_layer,
 )
 from attnconv.modes import eval_mode
 
@@ -106,7 +106,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     # layers of any other model (called as modules, so pre-hooks see their inputs), and every other attention
     # computation the pass sees (nn.MultiheadAttention, scaled_dot_product_attention: a ViT whose patch
     # embedding was converted keeps its own attention blocks), in call order.
-    native = any(_native(m) for m in model.modules())
+    native = any(native_layer(m) for m in model.modules())
     if input_shape is None:
         if native:
             raise AttnconvError("this network's attention layers need its input shape (C, H, W) to find their grids")
@@ -116,7 +116,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
-        records = _capture_pass(model, zero, None, MAX_BYTES, False, native_probs=False)
+        records = capture_pass(model, zero, None, MAX_BYTES, False, native_probs=False)
     except AttnconvError:
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
@@ -127,7 +127,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
             "input shape it takes") from None
     sites, seen = [], set()
     for r in records:
-        if _native(r.module):
+        if native_layer(r.module):
             if r.module not in seen:  # a layer called more than once: its first call's grid
                 seen.add(r.module)
                 sites.append(AttentionSite(r.path, r.module, r.size))
