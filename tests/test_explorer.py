@@ -752,3 +752,23 @@ def test_the_pages_numbers_have_3_significant_digits_as_the_report(servers):
         page.wait_for_selector('#maps[data-status="ready"]')
         assert page.evaluate("(values) => values.map(fmt)", values) == [significant(v) for v in values]
         assert not errors, errors
+
+
+def test_layers_with_other_head_counts_are_drawn_each_with_its_own_in_chromium(tmp_path):
+    """A converted ViT (patch 2: a 4-head patch layer, then blocks of 6 heads): the page drew every layer with
+    the first layer's 4 columns and failed on the fifth head ("Cannot read properties of null"). Every layer's
+    heads are drawn, the missing cells left empty, the subtitle says both counts."""
+    from attnconv.runs import convert_run
+
+    runs = train_tiny_runs(tmp_path, [("vit", dict(patch=2, hidden=12, heads=6, layers=1, intermediate=8))],
+                           epochs=1, max_steps=1)
+    explorer = Explorer(convert_run(runs["vit"], tmp_path / "converted"), images=2)
+    assert explorer.info()["layer_heads"] == [4, 6] and explorer.info()["heads"] == 6
+    _playwright()
+    with _served(explorer) as url, _chromium_page(url + "/") as (page, errors):
+        page.wait_for_selector('#maps[data-status="ready"]')
+        assert page.locator("#map-1-5 canvas").count() == 1 and page.locator("#map-0-3 canvas").count() == 1
+        assert page.locator("#map-0-4").count() == 0 and page.locator("#maps .no-head").count() == 2
+        assert "4 to 6 heads" in page.text_content("#subtitle")
+        assert page.get_attribute("#map-1-5", "data-max") not in (None, "")
+        assert errors == []

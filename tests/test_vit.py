@@ -164,3 +164,33 @@ def test_a_vit_with_its_patch_embedding_converted_keeps_its_attention_blocks(vit
     assert main(["analyze", str(out), "--json", "--data-dir", str(data_dir), "--images", "4"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [x["path"] for x in result["layers"]] == ["patch_embed", "blocks.0.attn", "blocks.1.attn"]
+
+
+def test_figures_report_and_explorer_draw_each_layer_with_its_own_heads(vit_run, data_dir, tmp_path, capsys):  # noqa: F811
+    """A converted ViT's patch layer has 16 heads (patch 4), its blocks 3: the maps and centers figures and the
+    report took the first layer's count for every layer (IndexError: index 3 is out of bounds), and the explorer
+    drew 16 columns for every layer. Each layer is drawn with its own heads; `plot distance` on a converted run
+    says it records no heads (not "train the run again", which records none either)."""
+    from attnconv.explorer import Explorer
+    from attnconv.plots.figures import centers_figure, distance_figure
+
+    out = tmp_path / "converted"
+    assert main(["convert", str(vit_run), "--out", str(out), "--no-eval"]) == 0
+    common = ["--data-dir", str(data_dir), "--images", "4"]
+    for command in (["plot", "maps", str(out), *common], ["plot", "centers", str(out), *common],
+                    ["report", str(out), *common]):
+        assert main(command) == 0, command
+    assert (out / "maps.png").stat().st_size > 1000 and (out / "centers.png").stat().st_size > 1000
+    capsys.readouterr()
+    assert main(["plot", "distance", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a network converted from a CNN" in err and "plot centers" in err and "again" not in err, err
+    info = Explorer(out, images=2, data_dir=data_dir).info()
+    assert info["heads"] == 16 and info["layer_heads"] == [16, 3, 3]
+    # the figures themselves: rows of other head counts, a legend for the widest
+    geometry = [{"centers": [[0.0, 0.0]] * n, "inverse_covariance": [[[1.0, 0.0], [0.0, 1.0]]] * n} for n in (4, 6)]
+    fig = centers_figure(geometry, 5)
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:6] == [f"head {h}" for h in range(1, 7)]
+    snaps = [{"epoch": e, "layers": [[{"attention_distance": 1.0}] * 4, [{"attention_distance": 2.0}] * 6]}
+             for e in (0, 1)]
+    assert len(distance_figure(snaps).axes) == 2

@@ -30,8 +30,9 @@ for its nearest output pixel (`query_on_site`), with "grids" and "queries" in th
 
 JSON API (every response is JSON; bad parameters get HTTP 400 and {"error": message}):
 
-    GET /api/info                  run, model, dataset, layers, heads, grid, downsample, image size,
-                                   images, modes, terms
+    GET /api/info                  run, model, dataset, layers, heads (the most of any layer; layer_heads
+                                   per layer where they differ), grid, downsample, image size, images,
+                                   modes, terms
     GET /api/image/K               offered image K (0..N-1): test_index (its place in the test set, as
                                    `attnconv plot maps --image`), height, width, channels, pixels (row-major
                                    H x W x C uint8), label, class name, predicted class and its probability
@@ -142,11 +143,14 @@ class Explorer:
 
     # ------------------------------------------------------------------------------ API
     def info(self) -> dict[str, Any]:
-        heads = self.layers[0].heads
+        counts = [layer.heads for layer in self.layers]
+        heads = max(counts)  # the page's columns; a layer with fewer heads leaves the rest of its row empty
         extra = {}
         if self.own_grids:  # each layer's name and input grid, for the page's labels and maps
             extra = {"layer_names": [site.path for site in self.sites],
                      "layer_grids": [list(site.size) for site in self.sites]}
+        if len(set(counts)) > 1:  # a converted ViT: its patch layer's heads, then its blocks'
+            extra["layer_heads"] = counts
         names = list(dict.fromkeys(_encoding_name(layer) for layer in self.layers))
         return {
             "title": self.title,

@@ -255,7 +255,7 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", pan
     n = len(layers)
     if n == 0:
         raise AttnconvError("no attention layers to draw")
-    heads = len(layers[0]["centers"])
+    heads = max(len(g["centers"]) for g in layers)  # layers may differ (a converted ViT: patch layer, blocks)
     ncols = ncols or (n if n <= 4 else math.ceil(n / 2) if n <= 8 else 4)
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(2.6 * ncols + 1.4, 2.6 * nrows + 0.5))
@@ -288,9 +288,12 @@ def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
     if not snapshots or not snapshots[0]["layers"]:
         raise AttnconvError("no recorded heads to draw")
     epochs = [s["epoch"] for s in snapshots]
-    d = np.array([[[h["attention_distance"] for h in layer] for layer in s["layers"]] for s in snapshots],
-                 dtype=float)  # (snapshots, layers, heads)
-    n, heads = d.shape[1], d.shape[2]
+    heads = max(len(layer) for s in snapshots for layer in s["layers"])  # layers may have other head counts
+    d = np.full((len(snapshots), len(snapshots[0]["layers"]), heads), np.nan)  # (snapshots, layers, heads)
+    for t, s in enumerate(snapshots):
+        for i, layer in enumerate(s["layers"]):
+            d[t, i, :len(layer)] = [h["attention_distance"] for h in layer]
+    n = d.shape[1]
     ncols = n if n <= 4 else math.ceil(n / 2) if n <= 8 else 4
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(2.8 * ncols + 1.4, 2.4 * nrows + 0.6))
@@ -300,8 +303,10 @@ def distance_figure(snapshots: list[dict[str, Any]], title: str = ""):
     for i in range(n):
         ax = axes.flat[i]
         for h in range(heads):
+            if np.isnan(d[:, i, h]).all():  # a layer with fewer heads than the widest
+                continue
             ax.plot(epochs, d[:, i, h], "-", color=colors[h], lw=1.1, marker="." if len(epochs) < 30 else None)
-        ax.plot(epochs, d[:, i].mean(-1), "-", color="black", lw=2)
+        ax.plot(epochs, np.nanmean(d[:, i], -1), "-", color="black", lw=2)
         ax.set_title(f"layer {i + 1}", fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(color="0.9", lw=0.6)
@@ -445,7 +450,7 @@ def maps_figure(
     if windows is None:
         windows = [crop_map(p, size, query, zoom) for p in probs]
         full = [p[:, query[0] * size[1] + query[1]].double().cpu().reshape(-1, *size).numpy() for p in probs]
-    n_layers, heads = len(windows), windows[0].shape[0]
+    n_layers, heads = len(windows), max(w.shape[0] for w in windows)  # layers' head counts may differ
     cell = 1.05
     side = 2.6 if image is not None else 0.0
     gap = 0.32  # between rows, in axes heights: a caption of two lines fits under every map
@@ -463,6 +468,8 @@ def maps_figure(
     for layer in range(n_layers):
         window = windows[layer]
         for h in range(heads):
+            if h >= window.shape[0]:  # this layer has fewer heads than the widest: its cell stays empty
+                continue
             ax = fig.add_subplot(gs[layer, h])
             m = window[h]
             flat = flat_map_label(m if full is None else full[layer][h])
@@ -479,7 +486,7 @@ def maps_figure(
             ax.set_xticks([])
             ax.set_yticks([])
             ax.set_xlabel(caption, fontsize=6, labelpad=1, linespacing=1.0)
-            if layer == 0:
+            if layer == next(k for k in range(n_layers) if windows[k].shape[0] > h):  # the head's first row
                 ax.set_title(f"head {h + 1}", fontsize=8)
             if h == 0:
                 ax.set_ylabel(f"layer {layer + 1}" if row_labels is None else row_labels[layer], fontsize=8)

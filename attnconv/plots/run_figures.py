@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attnconv.analysis import head_geometry
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.models.sites import query_on_site, site_probs
+from attnconv.models.sites import query_on_site, records_heads, site_probs
 from attnconv.plots.figures import (
     centers_figure,
     check_out,
@@ -82,6 +82,13 @@ def plot_centers(
 
 def _history(run: Run) -> list[dict]:
     """The run's heads.jsonl snapshots; one clear error when it has none."""
+    if not run.heads and not records_heads(run.architecture):  # training never records this network's heads
+        converted = run.converted or run.config.init_from is not None
+        raise AttnconvError(
+            f"{run.path}: no {HEADS_FILE}: training records no heads for "
+            + (f"a network converted from a CNN ({run.config.model} run); draw its heads as they are with "
+               "`attnconv plot centers RUN`" if converted else
+               f"a CNN ({run.config.model} run), which has no attention heads; give a run of an attention model"))
     if not run.heads:  # (a file whose every line is damaged is Run.heads' error)
         raise AttnconvError(
             f"{run.path}: no {HEADS_FILE} (the heads recorded during training); only attention classifiers "

@@ -147,7 +147,7 @@ async function start() {
   document.title = `attnconv explorer: ${info.title}`;
   $("title").textContent = `attnconv explorer: ${info.run} (${info.model})`;
   $("subtitle").textContent =
-    `${info.model} (${info.encoding} encoding) on ${info.dataset}: ${info.layers} layers x ${info.heads} heads, ` +
+    `${info.model} (${info.encoding} encoding) on ${info.dataset}: ${info.layers} layers x ${headCount(info)} heads, ` +
     `${info.grid[0]}x${info.grid[1]} token grid (${info.image_size[0]}x${info.image_size[1]} images, ` +
     `downsampled ${info.downsample}x${info.downsample}); ${info.images} test images sampled across the classes. ` +
     "Layers and heads are numbered from 1, coordinates from 0.";
@@ -354,6 +354,12 @@ function tokenAt(canvas, ev) {
   return { i: Math.min(gh - 1, Math.max(0, Math.floor(y / d))), j: Math.min(gw - 1, Math.max(0, Math.floor(x / d))) };
 }
 
+// "9", or "3 to 16" where the layers' head counts differ (a converted ViT's patch layer and blocks).
+function headCount(info) {
+  if (!info.layer_heads) return `${info.heads}`;
+  return `${Math.min(...info.layer_heads)} to ${Math.max(...info.layer_heads)}`;
+}
+
 // Each layer's key grid: the token grid, or (networks converted from a CNN) the layer's own input grid.
 function layerGrid(l) {
   return state.info.layer_grids ? state.info.layer_grids[l] : state.info.grid;
@@ -391,6 +397,12 @@ function buildMaps() {
     const grid = layerGrid(l);
     const cell = Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1])));
     for (let h = 0; h < heads; h++) {
+      if (state.info.layer_heads && h >= state.info.layer_heads[l]) {  // a layer with fewer heads: an empty cell
+        const empty = document.createElement("div");
+        empty.className = "no-head";
+        maps.appendChild(empty);
+        continue;
+      }
       const figure = document.createElement("figure");
       figure.id = `map-${l}-${h}`;
       figure.dataset.layer = l;
