@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 import attnconv
 from attnconv import AttnconvError, SelfAttention2d, analyze_captured, capture_attention, captured_sites
 from attnconv.analysis import head_geometry, match_to_grid
+from attnconv.errors import AttnconvWarning
 from attnconv.models.capture import image_tokens, multihead_value_maps
 from attnconv.models.sites import attention_sites, site_inputs
 from attnconv.plots import maps_figure
@@ -218,19 +220,39 @@ def test_calls_in_order_with_a_module_called_twice_and_sdpa_inside_multihead_not
 def test_tokens_on_no_grid_are_kept_and_said_so_and_the_grid_argument_places_them():
     assert image_tokens(50) == (1, (7, 7)) and image_tokens(49) == (0, (7, 7)) and image_tokens(21) == (5, (4, 4))
     assert image_tokens(3) is None and image_tokens(7, (2, 3)) == (1, (2, 3))
+    assert image_tokens(7, aspect=(2, 3)) == (1, (2, 3)) and image_tokens(32, aspect=(16, 32)) == (0, (4, 8))
+    assert image_tokens(36, aspect=(3, 12)) == (0, (3, 12)) and image_tokens(36, aspect=(5, 5)) == (0, (6, 6))
     torch.manual_seed(6)
-    row = Tokens(1, 6, SDPABlock(6, 2), cls=0)  # 1 x 3 images: 3 tokens fit no square grid
-    (r,) = capture_attention(row, torch.randn(2, 1, 1, 3))
+    row = Tokens(1, 6, Prefix(SDPABlock(6, 2), 3), cls=0)  # 2 x 2 images, 3 of their tokens: no grid fits
+    (r,) = capture_attention(row, torch.randn(2, 1, 2, 2))
     assert r.size is None and r.probs.shape == (2, 3, 3) and r.extra_mass is None and "no image grid" in r.note()
     with pytest.raises(AttnconvError, match="not one image grid"):
         captured_sites([r])
-    # 2 x 3 images and a class token: 7 tokens, which the count alone takes for 3 extra and 2 x 2; grid says
+    # 2 x 3 images and a class token: 7 tokens, which the count alone would take for 3 extra and 2 x 2: the
+    # images' shape places them (it was the grid argument's to say)
     model = Tokens(1, 6, SDPABlock(6, 2), cls=1)
     x = torch.randn(2, 1, 2, 3)
-    assert capture_attention(model, x)[0].size == (2, 2)
-    (r,) = capture_attention(model, x, grid=(2, 3))
-    assert r.size == (2, 3) and r.probs.shape == (2, 6, 6) and r.left_out == (1, 1, 0)
-    torch.testing.assert_close(r.probs.sum(-1) + r.extra_mass, torch.ones(2, 6))
+    for grid in (None, (2, 3)):
+        (r,) = capture_attention(model, x, grid=grid)
+        assert r.size == (2, 3) and r.probs.shape == (2, 6, 6) and r.left_out == (1, 1, 0)
+        torch.testing.assert_close(r.probs.sum(-1) + r.extra_mass, torch.ones(2, 6))
+    # attention_sites took every grid for a square (4 x 8 pixels: 7 "class tokens" and 5 x 5): the input's shape
+    # places them; grid= says where it cannot
+    mha = Tokens(1, 8, MHABody(nn.MultiheadAttention(8, 2, batch_first=True), lambda t: {}), cls=0)
+    assert [(s.size, s.layer.left_out) for s in attention_sites(mha, (1, 4, 8))] == [((4, 8), (0, 0, 0))]
+    assert [(s.size, s.layer.left_out) for s in attention_sites(mha, (1, 3, 12))] == [((3, 12), (0, 0, 0))]
+    assert [s.size for s in attention_sites(mha, (1, 4, 4), grid=(2, 8))] == [(2, 8)]
+
+
+class Prefix(nn.Module):
+    """`body` over the first `n` tokens only."""
+
+    def __init__(self, body, n):
+        super().__init__()
+        self.body, self.n = body, n
+
+    def forward(self, t):
+        return self.body(t[:, :self.n])
 
 
 # ------------------------------------------------------------------------------------------ limits and inputs
@@ -389,3 +411,95 @@ def test_a_model_whose_forward_runs_outside_python_is_refused_in_words(how):
             call()
         assert all(w in str(err.value) for w in want), str(err.value)
         assert ("its module body" in str(err.value)) == (how == "inner trace"), str(err.value)
+
+
+def test_a_layer_called_with_its_input_as_a_keyword_is_captured():
+    """`self.sa(x=x)` ran the layer, but its pre-hook saw no positional argument: no record, and attention_sites
+    said the model had no attention layers."""
+    torch.manual_seed(0)
+
+    class Keyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sa = SelfAttention2d(4, 4, heads=4, encoding="learned-content")
+
+        def forward(self, x):
+            return self.sa(x=x)
+
+    model, x = Keyword(), torch.randn(2, 4, 5, 5)
+    (r,) = capture_attention(model, x)
+    torch.testing.assert_close(r.probs, model.sa.attention_probs(x).mean(0))
+    sites = attention_sites(model, (4, 5, 5))
+    assert [s.path for s in sites] == ["sa"] and site_inputs(model, sites, x)[0].shape == x.shape
+
+
+def test_arguments_and_models_that_cannot_be_captured_are_one_error_each():
+    """max_bytes NaN switched the budget off, a text one gave a TypeError; a negative input_shape, site_probs'
+    batch_size 0 and a model on the meta device (records without values, then NotImplementedError) gave torch
+    errors; numpy's integers as the grid were refused as "not two positive integers"."""
+    from attnconv.models.sites import site_probs
+
+    vit = attnconv.build_model("vit", in_channels=1, image_size=8, patch=2, hidden=8, heads=2, layers=1,
+                               intermediate=8)
+    x = torch.randn(1, 1, 8, 8)
+    for call, words in ((lambda: capture_attention(vit, x, max_bytes=float("nan")), "max_bytes nan is invalid"),
+                        (lambda: capture_attention(vit, x, max_bytes="1000"), "max_bytes '1000' is invalid"),
+                        (lambda: attention_sites(vit, (1, -8, 8)), "input_shape (1, -8, 8) is invalid"),
+                        (lambda: site_probs(vit, attention_sites(vit), x, batch_size=0), "batch_size 0 is invalid"),
+                        (lambda: capture_attention(vit, x, grid=(4, 0)), "grid (4, 0) is invalid")):
+        with pytest.raises(AttnconvError, match=re.escape(words)):
+            call()
+    assert capture_attention(vit, x, grid=(np.int64(4), np.int64(4)))[0].size == (4, 4)
+    with torch.device("meta"):
+        meta = attnconv.build_model("vit", in_channels=1, image_size=8, patch=2, hidden=8, heads=2, layers=1,
+                                    intermediate=8)
+    for call in (lambda: capture_attention(meta, x), lambda: attention_sites(meta)):
+        with pytest.raises(AttnconvError, match="on the meta device, which holds no values; load its weights"):
+            call()
+
+
+def test_a_call_torch_refuses_fails_with_torchs_own_words():
+    """The recomputation ran before the call: grouped heads that do not divide failed inside attnconv with an
+    unrelated expand error. The call runs first."""
+
+    class Uneven(nn.Module):
+        def forward(self, x):
+            q, k = torch.randn(2, 6, 16, 4), torch.randn(2, 4, 16, 4)
+            return F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+
+    with pytest.raises(RuntimeError) as err:
+        Uneven()(torch.zeros(1))
+    with pytest.raises(RuntimeError) as captured:
+        capture_attention(Uneven(), torch.zeros(2, 1))
+    assert str(captured.value) == str(err.value)
+
+
+def test_a_multihead_attention_with_a_forward_of_its_own_is_not_recomputed_as_the_plain_one():
+    """A subclass of nn.MultiheadAttention that changes the scores (here a locality bias) was recomputed from the
+    base class's weights, its own SDPA call dropped: wrong by up to 0.58. Its SDPA call is captured, with a
+    warning that it is not recomputed; the plain module still is, value maps included."""
+    torch.manual_seed(3)
+
+    class Local(nn.MultiheadAttention):
+        def forward(self, q, k, v, **kwargs):
+            B, L, E = q.shape
+            h, d = self.num_heads, E // self.num_heads
+            (wq, wk, wv), (bq, bk, bv) = self.in_proj_weight.chunk(3), self.in_proj_bias.chunk(3)
+            Q, K, V = (F.linear(t, w, b).view(B, L, h, d).transpose(1, 2)
+                       for t, w, b in ((q, wq, bq), (k, wk, bk), (v, wv, bv)))
+            self.bias = -(torch.arange(L)[None] - torch.arange(L)[:, None]).abs().float()
+            out = F.scaled_dot_product_attention(Q, K, V, attn_mask=self.bias)
+            return self.out_proj(out.transpose(1, 2).reshape(B, L, E)), None
+
+    model = Tokens(1, 8, MHABody(Local(8, 2, batch_first=True), lambda t: {}), cls=0)
+    x = torch.randn(2, 1, 4, 4)
+    with pytest.warns(AttnconvWarning, match="Local subclasses nn.MultiheadAttention with a forward of its own"):
+        (r,) = capture_attention(model, x)
+    assert (r.kind, r.path) == ("sdpa", "body.mha")
+    mha = model.body.mha
+    t = model.tokens(x)
+    (wq, wk, _), (bq, bk, _) = mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)
+    Q, K = (F.linear(t, w, b).view(2, 16, 2, 4).transpose(1, 2).double() for w, b in ((wq, bq), (wk, bk)))
+    want = ((Q @ K.transpose(-1, -2)) / 2 + mha.bias.double()).softmax(-1).mean(0)
+    torch.testing.assert_close(r.probs.double(), want, rtol=1e-5, atol=1e-6)
+    assert not captured_sites([r])[0][0].layer.has_value_maps

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.construct.factory import torch_compiled
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.limits import format_bytes
 from attnconv.modes import eval_mode
 
@@ -77,18 +79,27 @@ def left_out_note(left_out: tuple[int, int, int]) -> str:
     return "; ".join(parts)
 
 
-def image_tokens(count: int, grid: Sequence[int] | None = None) -> tuple[int, tuple[int, int]] | None:
+def image_tokens(count: int, grid: Sequence[int] | None = None,
+                 aspect: Sequence[int] | None = None) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
 
     With `grid` (H, W): when count is H*W plus at most MAX_EXTRA leading tokens. Otherwise (or when
-    grid does not fit this sequence) the token count decides: the fewest leading tokens that leave a
-    square of side >= 2 (50 tokens: a class token and 7x7). Tokens are row-major, as a patch
-    embedding's flatten gives them.
+    grid does not fit this sequence) the token count decides: with `aspect` (the images' (H, W), not
+    square), the fewest leading tokens that leave a grid of the images' shape (32 tokens of 16x32
+    images: 4x8); else, or when none does, the fewest that leave a square of side >= 2 (50 tokens: a
+    class token and 7x7). Tokens are row-major, as a patch embedding's flatten gives them.
     """
     if grid is not None:
         h, w = (int(v) for v in grid)
         if 0 <= count - h * w <= MAX_EXTRA:
             return count - h * w, (h, w)
+    if aspect is not None and int(aspect[0]) != int(aspect[1]) and min(int(aspect[0]), int(aspect[1])) >= 1:
+        g = math.gcd(int(aspect[0]), int(aspect[1]))
+        a, b = int(aspect[0]) // g, int(aspect[1]) // g
+        for extra in range(min(MAX_EXTRA, count) + 1):
+            k = math.isqrt((count - extra) // (a * b))
+            if k >= 1 and a * b * k * k == count - extra and max(a, b) * k >= 2:
+                return extra, (a * k, b * k)
     for extra in range(min(MAX_EXTRA, count) + 1):
         side = math.isqrt(count - extra)
         if side >= 2 and side * side == count - extra:
@@ -182,7 +193,7 @@ class CapturedLayer:
 
     @property
     def has_value_maps(self) -> bool:
-        return isinstance(self.module, nn.MultiheadAttention) or callable(getattr(self.module, "value_maps", None))
+        return plain_multihead(self.module) or callable(getattr(self.module, "value_maps", None))
 
     def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
@@ -194,7 +205,7 @@ class CapturedLayer:
 
     def value_maps(self) -> tuple[Tensor, Tensor]:
         """(maps (heads, C_out, C_in), bias (C_out,)): y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias."""
-        if isinstance(self.module, nn.MultiheadAttention):
+        if plain_multihead(self.module):
             return multihead_value_maps(self.module)
         if callable(getattr(self.module, "value_maps", None)):
             return self.module.value_maps()
@@ -243,8 +254,8 @@ class _Accumulator:
 
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
                  device: torch.device, where: str):
-        self.q = image_tokens(lq, capture.grid)
-        self.k = image_tokens(sk, capture.grid)
+        self.q = image_tokens(lq, capture.grid, capture.aspect)
+        self.k = image_tokens(sk, capture.grid, capture.aspect)
         self.trailing = trailing
         self.lead_q = self.q[0] if self.q else 0
         self.lead_k = self.k[0] if self.k else 0
@@ -399,6 +410,21 @@ def _native_grid(capture: _Capture, where: str, layer: nn.Module, x: Tensor) -> 
                              left_out=(0, 0, 0), extra_mass=None, images=len(x), module=layer)
 
 
+def plain_multihead(module: nn.Module) -> bool:
+    """An nn.MultiheadAttention that runs nn.MultiheadAttention's own forward, the one whose probabilities
+    `_multihead_record` recomputes from its weights. A subclass with a forward of its own (torch's quantizable
+    one, a user's with a locality bias) computes something else: its SDPA calls are captured instead."""
+    return isinstance(module, nn.MultiheadAttention) and type(module).forward is nn.MultiheadAttention.forward
+
+
+def first_input(args: tuple, kwargs: dict) -> Tensor | None:
+    """A layer's input as its forward pre-hook sees it: the first positional argument, or `x=` (`layer(x=...)`)."""
+    if args:
+        return args[0]
+    x = kwargs.get("x", next(iter(kwargs.values()), None))
+    return x if isinstance(x, Tensor) else None
+
+
 def native_layer(module: nn.Module) -> bool:
     """The layers whose own attention_probs are used (as `attention_sites` lists them)."""
     return isinstance(module, SelfAttention2d) or (isinstance(module, ConvAttention) and module.ndim == 2
@@ -409,13 +435,15 @@ class _Capture(TorchFunctionMode):
     """The pass: a stack of the modules running (pre/post hooks), records in call order, the byte budget."""
 
     def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
-                 native_probs: bool = True):
+                 native_probs: bool = True, aspect: Sequence[int] | None = None):
         super().__init__()
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
+        self.aspect = aspect
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.records: list[CapturedAttention] = []
         self.calls: dict[str, int] = {}
+        self.warned: set[nn.Module] = set()
         self.total = 0
 
     def reserve(self, nbytes: int, where: str, what: str) -> None:
@@ -429,7 +457,7 @@ class _Capture(TorchFunctionMode):
 
     def _inside_owner(self) -> bool:
         """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""
-        return any(native_layer(m) or isinstance(m, nn.MultiheadAttention) for m in self.stack)
+        return any(native_layer(m) or plain_multihead(m) for m in self.stack)
 
     def _add(self, path: str, module: nn.Module, kind: str, made: _Accumulator | CapturedAttention) -> None:
         call = self.calls.get(path, 0)
@@ -446,11 +474,18 @@ class _Capture(TorchFunctionMode):
         if owned:
             return
         where = self.names.get(module, "")
-        if native_layer(module) and args:
+        x = first_input(args, kwargs) if native_layer(module) else None
+        if x is not None:
             record = _native_record if self.native_probs else _native_grid
-            self._add(where, module, "", record(self, where, module, args[0].detach()))
-        elif isinstance(module, nn.MultiheadAttention):
+            self._add(where, module, "", record(self, where, module, x.detach()))
+        elif plain_multihead(module):
             self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs))
+        elif isinstance(module, nn.MultiheadAttention) and module not in self.warned:
+            self.warned.add(module)
+            warnings.warn(AttnconvWarning(
+                f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention with a forward of "
+                "its own, so its attention is not recomputed from nn.MultiheadAttention's weights: what it computes "
+                "through scaled_dot_product_attention is captured, and nothing else of it"), stacklevel=2)
 
     def post(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self.stack and self.stack[-1] is module:
@@ -459,11 +494,12 @@ class _Capture(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Called with this mode off: the torch calls below are not intercepted again.
         kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # first: a call torch refuses fails with torch's own words, not the recomputation's
         if func is F.scaled_dot_product_attention and not self._inside_owner():
             module = self.stack[-1] if self.stack else None
             where = self.names.get(module, "") if module is not None else ""
             self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs))
-        return func(*args, **kwargs)
+        return out
 
 
 @torch.no_grad()
@@ -474,7 +510,10 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     images: the batch the model takes (normalized as it was trained). grid: (H, W) of the image
     positions among the tokens, when the token count cannot tell (non-square grids). max_bytes:
     the captured probabilities of all computations together may take at most this; the computation
-    that would pass it is refused (AttnconvError) before its probabilities are allocated.
+    that would pass it is refused (AttnconvError) before its probabilities are allocated. It bounds what
+    is kept, not the peak: while one computation is recomputed, its float64 sums (twice its float32
+    probabilities, three times that with `scores`) and one chunk of float64 intermediates (64 MiB, or
+    one batch entry's, 5 x 8 bytes x heads x T_q x T_k, where that is more) are allocated besides.
     scores: also keep the pre-softmax scores (the explorer's `mode=scores`). The model runs in eval
     mode without autograd; its training mode is restored, hooks removed and the function mode left
     however the pass ends. Two passes of one model at once would see each other's hooks: callers
@@ -482,12 +521,30 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     """
     if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
         raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
-    if grid is not None and (len(grid) != 2 or any(not isinstance(v, int) or v < 1 for v in grid)):
-        raise AttnconvError(f"grid {grid!r} is invalid: give the image positions' (H, W), two positive integers")
-    if max_bytes < 1:
-        raise AttnconvError(f"max_bytes {max_bytes} is invalid: give a positive number of bytes")
+    grid = check_grid(grid)
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
+            or max_bytes == math.inf:
+        raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
     check_capturable(model, "capture_attention")
-    return capture_pass(model, images, grid, max_bytes, scores, native_probs=True)
+    if images.device.type == "meta":
+        raise AttnconvError("capture_attention: the images are on the meta device, which holds no values; give "
+                            "images with values")
+    return capture_pass(model, images, grid, int(max_bytes), scores, native_probs=True)
+
+
+def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
+    """`grid` as (H, W) of Python ints (numpy's integers taken too); one AttnconvError if it is not two positive
+    whole numbers."""
+    if grid is None:
+        return None
+    try:
+        ok = len(grid) == 2 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                    for v in grid)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise AttnconvError(f"grid {grid!r} is invalid: give the image positions' (H, W), two positive integers")
+    return int(grid[0]), int(grid[1])
 
 
 def check_capturable(model: nn.Module, what: str) -> None:
@@ -507,6 +564,10 @@ def check_capturable(model: nn.Module, what: str) -> None:
         where = "the model" if not compiled else f"its module {compiled}"
         raise AttnconvError(f"{what}: {where} is compiled by torch.compile, which runs a captured graph, where its "
                             "attention cannot be seen; give the module it wraps (its _orig_mod)")
+    meta = next((name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta), None)
+    if meta is not None:
+        raise AttnconvError(f"{what}: the model's {meta} is on the meta device, which holds no values; load its "
+                            "weights first (model.to_empty(device=...), then load_state_dict)")
 
 
 def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
@@ -514,7 +575,8 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
     layers themselves."""
-    capture = _Capture(model, grid, max_bytes, scores, native_probs)
+    aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
+    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():

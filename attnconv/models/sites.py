@@ -16,6 +16,7 @@ Every site's layer follows the `AttentionLayer` protocol.
 from __future__ import annotations
 
 import contextlib
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -33,6 +34,8 @@ from attnconv.models.capture import (
     capture_attention,
     capture_pass,
     check_capturable,
+    check_grid,
+    first_input,
     native_layer,
 )
 from attnconv.modes import eval_mode
@@ -83,7 +86,8 @@ class NoAttentionLayers(AttnconvError):
     """A model in which `attention_sites` finds no attention layer (a CNN)."""
 
 
-def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) -> list[AttentionSite]:
+def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
+                    grid: Sequence[int] | None = None) -> list[AttentionSite]:
     """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
@@ -92,6 +96,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     order, their `SelfAttention2d` and multi-head 2-d `ConvAttention` layers and the other
     computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
     `scaled_dot_product_attention`: a ViT with a converted patch embedding has both), these as
+    grid: the token grid (H, W) of the captured computations, when their token count cannot tell
+    (`capture_attention`'s `grid`; without it a non-square input_shape's aspect ratio is tried first);
     `CapturedLayer`s (their probabilities come from running the model: `site_probs`). A TorchScript
     or torch.compile'd model is refused in words (`capture.check_capturable`).
     """
@@ -102,6 +108,17 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     config = getattr(model, "config", None)
     if input_shape is None and hasattr(config, "in_channels") and hasattr(config, "image_size"):
         input_shape = (config.in_channels, config.image_size, config.image_size)
+    grid = check_grid(grid)
+    if input_shape is not None:
+        try:
+            ok = len(input_shape) == 3 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                               for v in input_shape)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise AttnconvError(f"input_shape {input_shape!r} is invalid: give the images' (C, H, W), three positive "
+                                "integers")
+        input_shape = tuple(int(v) for v in input_shape)
     # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), the SelfAttention2d
     # layers of any other model (called as modules, so pre-hooks see their inputs), and every other attention
     # computation the pass sees (nn.MultiheadAttention, scaled_dot_product_attention: a ViT whose patch
@@ -116,7 +133,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None) 
     zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
-        records = capture_pass(model, zero, None, MAX_BYTES, False, native_probs=False)
+        records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False)
     except AttnconvError:
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
@@ -150,7 +167,7 @@ def captured_sites(records: Sequence[CapturedAttention]) -> tuple[list[Attention
     sites, probs = [], []
     for r in records:
         if r.kind in ("SelfAttention2d", "ConvAttention"):  # strided layers have fewer queries than keys
-            sites.append(AttentionSite(r.path, r.module, r.size))
+            sites.append(AttentionSite(r.name, r.module, r.size))  # a second call: 'sa#1'
             probs.append(r.probs)
             continue
         if r.size is None or r.query_size != r.size:
@@ -222,6 +239,8 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
     """
     if term not in TERMS:
         raise AttnconvError(f"term must be one of {', '.join(TERMS)}, got {term!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise AttnconvError(f"batch_size {batch_size!r} is invalid: give a whole number of images >= 1")
     exact = [site.layer.attention_probs(size=site.size)[0].float() if site.position_only else None for site in sites]
     if not needs_inputs(sites):
         return exact
@@ -313,7 +332,7 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
 
 
 def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) -> dict[nn.Module, Tensor]:
-    """What each of `modules` receives when `model` runs on x: {module: its first positional argument}.
+    """What each of `modules` receives when `model` runs on x: {module: its first positional argument, or `x=`}.
 
     One forward pass in eval mode without autograd, with a forward pre-hook on each module; a
     module called more than once keeps its first input, one never called is absent, and the
@@ -323,12 +342,14 @@ def capture_inputs(model: nn.Module, modules: Sequence[nn.Module], x: Tensor) ->
     """
     seen: dict[nn.Module, Tensor] = {}
 
-    def grab(module, args):
-        seen.setdefault(module, args[0].detach())
+    def grab(module, args, kwargs):
+        x = first_input(args, kwargs)  # `layer(x)` or `layer(x=...)`
+        if x is not None:
+            seen.setdefault(module, x.detach())
 
     with contextlib.ExitStack() as hooks, torch.no_grad(), eval_mode(model):
         for m in modules:
-            hooks.callback(m.register_forward_pre_hook(grab).remove)
+            hooks.callback(m.register_forward_pre_hook(grab, with_kwargs=True).remove)
         model(x)
     return seen
 
