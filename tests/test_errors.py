@@ -150,3 +150,31 @@ def test_output_to_a_full_device_names_standard_output_and_errors_never_go_to_st
     proc = subprocess.run([sys.executable, "-m", "attnconv", *EXPRESS, "--kernel", "0"], capture_output=True,
                           text=True, timeout=120, preexec_fn=lambda: os.close(2))
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr == "", (proc.stdout, proc.stderr)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_stderr_that_cannot_be_written_does_not_stop_the_work(tmp_path):
+    """`train ... 2>/dev/full` (or stderr a pipe whose reader left) stopped at its first progress line with exit 1,
+    leaving config.json and empty logs: the failed write was taken for a full disk of the run's, whose error line
+    failed again. A diagnostic that cannot be written is dropped; the run is trained and checkpointed, exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    from fixtures_data import write_random_fashion
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_random_fashion(data, 32, 12)
+    read, write = os.pipe()
+    os.close(read)  # a reader that left: every write to stderr fails with EPIPE
+    for name, stderr in (("full", open("/dev/full", "w")), ("pipe", write)):
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "attnconv", "train", "--model", "sa-quadratic", "--hidden", "8",
+                               "--layers", "1", "--heads", "4", "--intermediate", "8", "--downsample", "4",
+                               "--dataset", "fashion-mnist", "--data-dir", str(data), "--epochs", "1", "--max-steps",
+                               "2", "--batch-size", "16", "--workers", "1", "--out", str(out)],
+                              stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300)
+        assert proc.returncode == 0 and f"{out}: epoch 1, step 2, test accuracy" in proc.stdout, (name, proc)
+        assert (out / "model.safetensors").is_file() and (out / "state.pt").is_file(), name
+    os.close(write)

@@ -136,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     process = argv is None
     if sys.stderr is None:  # started with stderr closed (`2>&-`): print(file=None) would write errors to stdout
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the process's stderr from now on)
-    stdout = sys.stdout
+    stdout, stderr = sys.stdout, sys.stderr
     if stdout is not None:
         sys.stdout = _NamedStdout(stdout)
+    sys.stderr = _ForgivingStderr(stderr)
     try:
         try:
             return _run(argv, process)
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if isinstance(sys.stdout, _NamedStdout):
             sys.stdout = stdout
+        if isinstance(sys.stderr, _ForgivingStderr):
+            sys.stderr = stderr
         if process:
             _exit_on_interrupt()
 
@@ -208,7 +211,8 @@ def _interrupted_exit(signum: int, frame: object) -> None:
             stream.flush()
         except (OSError, ValueError):  # closed, or the reader left
             pass
-    os.write(2, b"interrupted\n")
+    with contextlib.suppress(OSError):  # stderr full or gone: the exit status says it
+        os.write(2, b"interrupted\n")
     os._exit(130)
 
 
@@ -230,6 +234,28 @@ class _NamedStdout:
             self._stream.flush()
         except OSError as err:
             raise _named_stdout(err) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _ForgivingStderr:
+    """sys.stderr during a command: a write or flush that fails (`2>/dev/full`, a pipe whose reader left) is
+    dropped, so that a progress line, a warning or the `preset:` line cannot stop the work (train stopped at its
+    first line, taking the failed write for a full disk of the run's); what cannot be said is lost either way."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

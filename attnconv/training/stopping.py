@@ -4,6 +4,7 @@ saying where the run stands (`stopped_line`), and a second Ctrl-C kept from cutt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -68,7 +69,8 @@ class CleanupInterrupts:
     def _interrupt(self, signum: int, frame: object) -> None:
         self.count += 1
         if self.count >= 2:
-            os.write(2, b"interrupted\n")
+            with contextlib.suppress(OSError):  # stderr full or gone: the exit status says it
+                os.write(2, b"interrupted\n")
             os._exit(130)
 
     def restore(self) -> None:
