@@ -154,6 +154,25 @@ def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
+def dangling_link(path: str | os.PathLike) -> str | None:
+    """A link that leads nowhere, in words, or None for anything else: "a link to X, which does not exist", or
+    "... which loops back through links (too many levels of symbolic links)" for a loop (a link to itself)."""
+    path = Path(path)
+    if not path.is_symlink():
+        return None
+    try:
+        os.stat(path)
+        return None
+    except OSError as err:
+        why = "loops back through links (too many levels of symbolic links)" if err.errno == errno.ELOOP \
+            else "does not exist"
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return f"a link to {target}, which {why}"
+
+
 def file_kind(mode: int) -> str:
     """What a file of this `st_mode` is, in words ("a named pipe (FIFO)", "a directory", ...)."""
     kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
@@ -259,7 +278,7 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
     parent = path.parent
     blocking = next((p for p in (parent, *parent.parents) if p.exists() or p.is_symlink()), None)
     if blocking is not None and not blocking.is_dir():
-        what = "a link to nothing" if not blocking.exists() else "a file"
+        what = dangling_link(blocking) or "a file"
         raise bad(f": {blocking} is {what}, not a folder; choose another location")
     if blocking is None:
         raise bad(f": cannot create {parent} (no folder on its path exists); choose another location")

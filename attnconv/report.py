@@ -56,7 +56,7 @@ import attnconv
 from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
-from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
+from attnconv.fileio import SIGNATURE, atomic_write, check_output_file, dangling_link
 from attnconv.models.sites import NoAttentionLayers, needs_inputs
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import figure_png
@@ -407,7 +407,9 @@ def build_report(
         raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
     run_dir = Path(run_dir)
     if not run_dir.exists():
-        raise AttnconvError(f"{run_dir}: no such run directory; give the --out of `attnconv train`")
+        why = dangling_link(run_dir)
+        raise AttnconvError(f"{run_dir}: {why + ', not a run directory' if why else 'no such run directory'}; give "
+                            "the --out of `attnconv train`")
     # a file, or a folder that holds no run: one error naming it
     run = Run(run_dir, device, data_dir=data_dir, dataset=dataset)
     meta, rows = run.meta, run.metrics

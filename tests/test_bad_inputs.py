@@ -1552,3 +1552,19 @@ def test_run_files_read_with_checks_an_integer_past_any_float_is_out_of_range(ti
     run = _edit_config(tmp_path, tiny, **{field: 10**400})["run"]
     line = _one_error(["table", run], capsys)
     assert line.startswith(f"error: {run / 'config.json'}: corrupt run config (field {field} "), line
+
+
+@pytest.mark.parametrize("key, edit, shown, was", [("layers", 2.0, "2.0", "2"), ("heads", 4.0, "4.0", "4")])
+def test_run_files_read_with_checks_an_option_edited_to_an_equal_python_value_is_an_edit(tiny, tmp_path, capsys,
+                                                                                        key, edit, shown, was):
+    """`"layers": 2` edited to `2.0` passed the record check (Python's `2.0 == 2`, as `true == 1`), and the model's
+    option check then said `layers 2.0 is invalid: give a whole number`, without config.json or a fix: it is the
+    record's line, in JSON's spelling."""
+    run = _copy(tmp_path, tiny)
+    meta = json.loads((run / "config.json").read_text())
+    assert json.dumps(meta["config"]["model_overrides"][key]) == was
+    meta["config"]["model_overrides"][key] = edit
+    (run / "config.json").write_text(json.dumps(meta))
+    line = _one_error(["eval", str(run)], capsys)
+    assert f"config.model_overrides.{key} {shown} in config.json, {was} in the record of model.safetensors" in line, \
+        line

@@ -114,15 +114,32 @@ def test_cli_prints_the_table_and_json_and_refuses_bad_kernels(tmp_path, capsys)
     assert main(["compare", str(tmp_path / "nope")]) == 2
 
 
+@pytest.mark.parametrize("loop", [False, True])
 @pytest.mark.parametrize("name", ["metrics.csv", "config.json", "heads.jsonl"])
-def test_a_run_file_that_is_a_link_to_nothing_is_named_not_taken_for_a_file_not_written(tmp_path, capsys, name):
+def test_a_run_file_that_is_a_link_to_nothing_is_named_not_taken_for_a_file_not_written(tmp_path, capsys, name,
+                                                                                          loop):
     """A metrics.csv, heads.jsonl or config.json that is a link whose file is gone read as no file at all: a run
     "with no finished epoch yet", a run without heads, a copy of the logs alone. Each is one error naming the
-    link and where it points."""
+    link and where it points; a link to itself (a loop) is named as one, not as "a broken link"."""
     run = write_run(tmp_path / "g" / "seed0", [0.9], [_snap(0, [([[0, 0]], [1.0])]), _snap(1, [([[1, 0]], [1.0])])])
     (run / name).unlink(missing_ok=True)
-    (run / name).symlink_to(tmp_path / "elsewhere" / name)
+    (run / name).symlink_to(name if loop else tmp_path / "elsewhere" / name)
     assert main(["compare", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {run / name}: ") and err.count("\n") == 1, err
-    assert ("a link to" in err and "elsewhere" in err) or "broken link" in err, err
+    why = "which loops back through links" if loop else "which does not exist"
+    assert f"a link to {name if loop else tmp_path / 'elsewhere' / name}, {why}" in err, err
+
+
+def test_a_run_folder_that_is_a_link_loop_is_named_by_every_reader(tmp_path, capsys):
+    """A run folder that is a link to itself was "no such directory" / "no such folder" / "no such run directory";
+    `train --out LOOP --resume` asked for --model and --dataset, and with them said "cannot write there (File
+    exists)": each names the link and the loop."""
+    (tmp_path / "loop").symlink_to("loop")
+    loop = tmp_path / "loop"
+    for command in (["eval", loop], ["table", loop], ["compare", loop], ["report", loop], ["plot", "centers", loop],
+                    ["train", "--out", loop, "--resume"],
+                    ["train", "--model", "sa-quadratic", "--dataset", "fashion-mnist", "--out", loop]):
+        assert main([str(c) for c in command]) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a link to loop, which loops back through links" in err, (command, err)

@@ -288,6 +288,14 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_run_being_replac
     _one_error(capsys, f"{out}: no whole run: a `train --overwrite` into {out} has not reached its first "
                        f"checkpoint", f"kept in {out / SET_ASIDE}", f"`attnconv train --out {out} --resume` puts it back")
     assert tree(out) == before
+    # compare took a folder without the new run's metrics.csv for no run ("holds no run"), and left such a seed
+    # out of a group in silence (exit 0, one seed fewer)
+    group = out.parent / "group"
+    shutil.copytree(out, group / "seed1", symlinks=True)
+    shutil.copytree(out / SET_ASIDE, group / "seed0")
+    for folder, replaced in ((out, out), (group, group / "seed1")):
+        assert main(["compare", str(folder)]) == 2
+        _one_error(capsys, f"{replaced}: no whole run: a `train --overwrite` into {replaced} has not reached")
     # readers of the logs alone (`table` without --recompute, `compare`) showed the killed new run's rows, or
     # "metrics.csv has no finished epoch yet": the same line
     (out / "metrics.csv").write_bytes((out / SET_ASIDE / "metrics.csv").read_bytes()[:120])  # a row of the new run
@@ -328,6 +336,15 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_
         _one_error(capsys, f"{cnn}: the CNN run this run starts from", f"is {now}", f"move the CNN run back to {cnn}")
         cnn.write_text("not a run")
     cnn.unlink()
+    # another CNN run in its place (another width): its sound weights were blamed ("restore it from a copy")
+    assert main(["train", "--model", "resnet18", "--width", "8", "--dataset", "fashion-mnist", "--data-dir",
+                 str(data_dir), "--epochs", "1", "--max-steps", "1", "--batch-size", "32", "--workers", "1",
+                 "--no-progress", "--out", str(cnn)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
+    _one_error(capsys, f"{cnn}: the CNN run this run starts from", "now holds another network than the one this run "
+               "started from", f"move the CNN run it started from back to {cnn}")
+    shutil.rmtree(cnn)
     (tmp_path / "moved").rename(cnn)
     assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
 

@@ -29,8 +29,9 @@ import numpy as np
 
 from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError
+from attnconv.fileio import dangling_link
 from attnconv.runs import CONFIG_FILE, Run, read_heads, read_metrics
-from attnconv.runs.directory import check_not_replaced
+from attnconv.runs.directory import check_not_replaced, set_aside_pending
 from attnconv.tables import format_table
 
 
@@ -39,11 +40,12 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
     that is there but no regular file (a FIFO, a folder, a broken link) makes a run, for its reader to name."""
     root = Path(group)
     if not root.is_dir():
-        raise AttnconvError(f"{root}: no such folder; give a folder of seed*/ runs or one run directory")
-    if os.path.lexists(root / "metrics.csv"):
+        why = dangling_link(root) or "no such folder"
+        raise AttnconvError(f"{root}: {why}; give a folder of seed*/ runs or one run directory")
+    if os.path.lexists(root / "metrics.csv") or set_aside_pending(root):  # a run being replaced: its reader says so
         return [root]
     seeds = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("seed")
-                   and os.path.lexists(p / "metrics.csv"))
+                   and (os.path.lexists(p / "metrics.csv") or set_aside_pending(p)))
     if not seeds:
         raise AttnconvError(f"{root}: holds no run (no metrics.csv in it or in a seed*/ folder below it)")
     return seeds

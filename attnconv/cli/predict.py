@@ -57,16 +57,9 @@ def image_files(args: list[str]) -> list[Path]:
 
 def _dangling(path: Path) -> str:
     """A link that leads nowhere, in words: to a missing file, or around a loop of links."""
-    import errno
-    import os
+    from attnconv.fileio import dangling_link
 
-    try:
-        os.stat(path)
-        why = "which does not exist"
-    except OSError as err:
-        why = "which loops back through links (too many levels of symbolic links)" if err.errno == errno.ELOOP \
-            else "which does not exist"
-    return f"{path}: a link to {os.readlink(path)}, {why}"
+    return f"{path}: {dangling_link(path) or 'a link to nothing'}"
 
 
 def run(args: argparse.Namespace) -> int:

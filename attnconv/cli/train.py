@@ -113,6 +113,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
     from attnconv.errors import ParameterError
+    from attnconv.fileio import dangling_link
     from attnconv.options import option_fields
     from attnconv.runs.directory import resumed_folder, run_config
     from attnconv.runs.files import CONFIG_FILE, trained_here
@@ -125,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
     out = Path(args.out)
     base = None
+    link = dangling_link(out)
+    if link is not None:  # before a resume of "nothing" asks for --model and --dataset, and mkdir says File exists
+        raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
     # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
     # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
     source = resumed_folder(out) if args.resume else out  # an old run an interrupted --overwrite set aside
@@ -140,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.resume:
         found = trained_here(out)
         if found:  # a run whose config.json went: not a new run to ask --model and --dataset for
-            raise ParameterError("out", out, f": {CONFIG_FILE} is missing, while {', '.join(found)} show a run was "
+            gone = dangling_link(out / CONFIG_FILE)  # a loop, or a link to a file that is gone: said as such
+            raise ParameterError("out", out, f": {CONFIG_FILE} is {gone or 'missing'}, while {', '.join(found)} show a run was "
                                  "trained here; --resume needs it: restore it from a copy of the run, or train into "
                                  "a new {out}", mentions=("out",))
     overrides = {name: getattr(args, dest) for _, name, dest in _model_fields()}

@@ -16,6 +16,7 @@ from attnconv.fileio import (
     TMP_SUFFIX,
     DirectoryLock,
     atomic_write,
+    dangling_link,
     describe_os_error,
     fsync_dir,
     interrupts_held,
@@ -73,6 +74,9 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     """
     if out.exists() and not out.is_dir():
         raise ParameterError("out", out, "is a file; give a directory")
+    link = dangling_link(out)
+    if link is not None:  # mkdir would say "File exists"
+        raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()

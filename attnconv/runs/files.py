@@ -24,6 +24,7 @@ from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
     atomic_write_all,
+    dangling_link,
     open_regular,
     read_regular,
     write_bytes,
@@ -251,7 +252,7 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = run_dir / CONFIG_FILE
     hint = "give the folder that `attnconv train --out` wrote"
     if not run_dir.is_dir():
-        why = "it is a file" if run_dir.exists() else "no such directory"
+        why = "it is a file" if run_dir.exists() else dangling_link(run_dir) or "no such directory"
         raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
     if not path.exists() and not path.is_symlink():
         found = trained_here(run_dir)

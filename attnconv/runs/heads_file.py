@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attnconv.errors import DamagedFile
-from attnconv.fileio import read_regular
+from attnconv.fileio import dangling_link, read_regular
 from attnconv.runs.files import HEADS_FILE, HEADS_LOST, log_fix
 from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, path_kind, short_value
 
@@ -43,7 +43,7 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
     fix = log_fix(HEADS_LOST)
     if not path.exists():
         if path.is_symlink():  # a link whose file is gone is no "run without heads"
-            raise DamagedFile(f"{path}: a link to {os.readlink(path)}, which does not exist", fix)
+            raise DamagedFile(f"{path}: {dangling_link(path)}", fix)
         return [], []
     if not path.is_file():
         raise DamagedFile(f"{path}: corrupt heads file (not a regular file: {path_kind(path)})", fix)

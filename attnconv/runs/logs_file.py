@@ -13,7 +13,7 @@ from typing import Any
 
 from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError, DamagedFile
-from attnconv.fileio import append_synced, read_regular
+from attnconv.fileio import append_synced, dangling_link, read_regular
 from attnconv.runs.files import (
     METRICS_COLUMNS,
     METRICS_FILE,
@@ -83,8 +83,8 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     Line ends of any system (LF, CRLF, CR); every column named once; the `order` column rising from row to row (an
     epoch or step logged twice, or rows out of order, would leave two answers to one question)."""
     if not path.exists():
-        if path.is_symlink():  # a link whose file is gone is no log "not written yet"
-            raise DamagedFile(f"{path}: a link to {os.readlink(path)}, which does not exist", fix)
+        if path.is_symlink():  # a link whose file is gone (or a loop) is no log "not written yet"
+            raise DamagedFile(f"{path}: {dangling_link(path)}", fix)
         return []
     if not path.is_file():
         raise DamagedFile(f"{path}: corrupt {what} (not a regular file: {path_kind(path)})", fix)

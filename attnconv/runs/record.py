@@ -122,4 +122,15 @@ def _differences(old: Any, new: Any, path: tuple[str, ...] = ()) -> list[tuple[t
         for key in sorted(set(old) | set(new)):
             out += _differences(old.get(key), new.get(key), (*path, key))
         return out
-    return [] if old == new else [(path, old, new)]
+    return [] if _same_json(old, new) else [(path, old, new)]
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values: Python's `true == 1` and `1.0 == 1` are not (an edit of `"layers": 1` to `true` or
+    `1.0` is one), nor are lists whose items differ so."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    kind = lambda v: bool if isinstance(v, bool) else int if isinstance(v, int) else type(v)  # noqa: E731
+    return kind(a) is kind(b) and a == b

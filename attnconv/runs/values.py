@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnconv.fileio import file_kind
+from attnconv.fileio import dangling_link, file_kind
 
 
 def is_whole(v: Any) -> bool:
@@ -20,7 +20,7 @@ def path_kind(path: Path) -> str:
     try:
         return file_kind(path.stat().st_mode)
     except OSError:
-        return "a broken link"
+        return dangling_link(path) or "a broken link"
 
 
 def file_text(data: bytes) -> str:

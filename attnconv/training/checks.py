@@ -8,7 +8,7 @@ from pathlib import Path
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import same_path
+from attnconv.fileio import dangling_link, same_path
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.models.registry import model_defaults
@@ -131,7 +131,7 @@ def check_resume_point(out: Path) -> None:
                              f"written anew from {STATE_FILE})")
     if not state.exists() and (weights.exists() or weights.is_symlink()):  # a checkpoint was whole once
         if state.is_symlink():  # which --overwrite would not replace: not a file attnconv wrote
-            raise AttnconvError(f"{state}: a link to nothing, while {WEIGHTS_FILE} shows the run has checkpointed "
+            raise AttnconvError(f"{state}: {dangling_link(state)}, while {WEIGHTS_FILE} shows the run has checkpointed "
                                 f"(the two are written as one pair); {STATE_MOVE_FIX}")
         raise ParameterError(None, None, f"{state}: missing, while {WEIGHTS_FILE} shows the run has checkpointed (the "
                              "two are written as one pair): it was moved or deleted; restore it from a copy of the "

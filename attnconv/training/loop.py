@@ -255,6 +255,15 @@ class _Trainer:
             self.model = build_run_model(config, source_weights=not has_state).to(self.device)
         except AttnconvError as err:
             error = err
+            init = config.init_from
+            if self.resume and not has_state and init is not None and Path(init.run).is_dir():
+                # a resume starts again from the CNN it started from: the folder holds another run now (another
+                # width, an attention network), whose own files are sound; not "restore it" nor "--init-from"
+                error = ParameterError(None, None, f"{init.run}: the CNN run this run starts from (its config.json's "
+                                       "init_from.run) now holds another network than the one this run started "
+                                       f"from ({str(err).split('; ')[0]}); move the CNN run it started from back to "
+                                       f"{init.run}, or start over from a CNN run (`attnconv train --init-from "
+                                       f"CNN_RUN --out {self.out} --overwrite`)")
         d.agree(error)
         # Dropout streams differ per rank (the shards are different samples anyway).
         torch.manual_seed(config.seed + d.rank)
