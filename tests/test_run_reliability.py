@@ -489,7 +489,8 @@ def test_background_writers_fail_as_one_line_a_file_where_the_folder_should_be( 
     (out / "tensorboard").symlink_to(tmp_path / "nowhere")  # was "is a file"
     capsys.readouterr()
     assert main(tiny_args(out, data_dir, "--max-steps", "1", "--resume", "--tensorboard")) == 2
-    _one_error(capsys, "--tensorboard: ", "tensorboard is a broken link, not a folder")
+    _one_error(capsys, "--tensorboard: ", f"tensorboard is a link to {tmp_path / 'nowhere'}, which does not exist, not a "
+               "folder")
 
 
 FAILING_WRITES = """
