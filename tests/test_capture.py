@@ -503,3 +503,34 @@ def test_a_multihead_attention_with_a_forward_of_its_own_is_not_recomputed_as_th
     want = ((Q @ K.transpose(-1, -2)) / 2 + mha.bias.double()).softmax(-1).mean(0)
     torch.testing.assert_close(r.probs.double(), want, rtol=1e-5, atol=1e-6)
     assert not captured_sites([r])[0][0].layer.has_value_maps
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_entry_larger_than_a_chunk_is_recomputed_in_pieces_of_rows_with_the_same_result(seed, monkeypatch):
+    """One batch entry's float64 intermediates were never split: a capture within max_bytes peaked near 8 times it
+    (128 MiB kept, about 1 GiB used). Past the chunk size the query rows come in pieces; every record (probabilities,
+    the class token's share, both score terms) is what one piece gives, for SDPA (causal, masks) and
+    MultiheadAttention (bias_k, zero attention, masks)."""
+    import attnconv.models.capture as capture_module
+
+    g = torch.Generator().manual_seed(seed)
+    side, dim = 3 + seed % 2, 8
+    n = side * side + 1
+    mask = torch.randn(n, n, generator=g, dtype=torch.float64) if seed % 2 else None
+    sdpa = Tokens(2, dim, SDPABlock(dim, 2, causal=seed == 2, mask=mask), cls=1).double()
+    mha = Tokens(2, dim, MHABody(nn.MultiheadAttention(dim, 2, batch_first=True, add_bias_kv=seed in (1, 3),
+                                                       add_zero_attn=seed >= 2).double(),
+                                 lambda t: {"attn_mask": mask} if mask is not None else {}), cls=1).double()
+    x = torch.randn(3, 2, side, side, dtype=torch.float64, generator=g)
+    for model in (sdpa, mha):
+        whole = capture_attention(model, x, scores=True)
+        monkeypatch.setattr(capture_module, "_CHUNK_BYTES", 3 * 2 * n * 8 * 3 + 1)  # 3 rows of one entry a piece
+        assert capture_module._row_pieces(n, 2 * n * 8 * 3)[:2] == [(0, 3), (3, 6)]
+        pieces = capture_attention(model, x, scores=True)
+        monkeypatch.undo()
+        for a, b in zip(whole, pieces):
+            torch.testing.assert_close(b.probs, a.probs, rtol=1e-12, atol=1e-14)
+            torch.testing.assert_close(b.extra_mass, a.extra_mass, rtol=1e-12, atol=1e-14)
+            for term in ("combined", "content"):
+                torch.testing.assert_close(b.scores[term], a.scores[term], rtol=1e-12, atol=1e-12)
+            assert (b.images, b.size, b.left_out) == (a.images, a.size, a.left_out)

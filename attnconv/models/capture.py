@@ -236,15 +236,16 @@ def multihead_value_maps(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor]:
 # ------------------------------------------------------------------------------------------ recomputation
 
 
-def _softmax_parts(content: Tensor, mask: Tensor | None, causal: bool) -> tuple[Tensor, Tensor]:
+def _softmax_parts(content: Tensor, mask: Tensor | None, causal: bool, row0: int = 0) -> tuple[Tensor, Tensor]:
     """(combined scores, probabilities) from q k^T * scale (..., L, S) and an additive float mask or a
-    keep-mask (bool, True: take part), and top-left causal masking. Fully masked rows attend nowhere (0)."""
+    keep-mask (bool, True: take part), and top-left causal masking. Fully masked rows attend nowhere (0).
+    row0: the first query row `content` holds, when the rows come in pieces (`_row_pieces`)."""
     combined = content
     if mask is not None:
         combined = combined.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else combined + mask.double()
     if causal:
         L, S = content.shape[-2:]
-        keep = torch.ones(L, S, dtype=torch.bool, device=content.device).tril()
+        keep = torch.ones(L, S, dtype=torch.bool, device=content.device).tril(row0)
         combined = combined.masked_fill(~keep, -math.inf)
     return combined, combined.softmax(-1).nan_to_num(0.0)
 
@@ -269,30 +270,43 @@ class _Accumulator:
                        for t in ("combined", "content")} if capture.scores else None
         self.count = 0
 
-    def add(self, content: Tensor, combined: Tensor, probs: Tensor) -> None:
-        """Add a chunk (n, heads, L, S [+ trailing]) of scores and probabilities."""
+    def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
+        """Add a chunk (n, heads, rows, S [+ trailing]) of scores and probabilities: the query rows row0, row0 + 1,
+        ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
         sk = probs.shape[-1] - self.trailing
-        image = probs[..., self.lead_q:, self.lead_k:sk]
-        self.probs += image.sum(0)
-        self.extra += (probs[..., self.lead_q:, :].sum(-1) - image.sum(-1)).sum(0)
-        if self.scores is not None:
-            self.scores["combined"] += combined[..., self.lead_q:, self.lead_k:sk].sum(0)
-            self.scores["content"] += content[..., self.lead_q:, self.lead_k:sk].sum(0)
-        self.count += probs.shape[0]
+        skip = max(self.lead_q - row0, 0)  # leading (non-image) query rows in this piece
+        t0 = row0 + skip - self.lead_q  # where the piece's image rows go
+        t1 = t0 + probs.shape[-2] - skip
+        if t1 > t0:
+            image = probs[..., skip:, self.lead_k:sk]
+            self.probs[:, t0:t1] += image.sum(0)
+            self.extra[:, t0:t1] += (probs[..., skip:, :].sum(-1) - image.sum(-1)).sum(0)
+            if self.scores is not None:
+                self.scores["combined"][:, t0:t1] += combined[..., skip:, self.lead_k:sk].sum(0)
+                self.scores["content"][:, t0:t1] += content[..., skip:, self.lead_k:sk].sum(0)
+        if row0 == 0:
+            self.count += probs.shape[0]
 
     def record(self, path: str, kind: str, call: int, module: nn.Module) -> CapturedAttention:
         n = max(self.count, 1)
         left = (self.lead_q, self.lead_k, self.trailing)
         return CapturedAttention(
-            path=path, kind=kind, call=call, probs=(self.probs / n).to(self.dtype),
+            path=path, kind=kind, call=call, probs=self.probs.div_(n).to(self.dtype),  # in place: no second copy
             size=self.k[1] if self.k and self.q else None, query_size=self.q[1] if self.q and self.k else None,
             left_out=left if self.q and self.k else (0, 0, self.trailing),
             extra_mass=(self.extra / n).to(self.dtype) if any(left) else None, images=self.count, module=module,
-            scores=None if self.scores is None else {t: (s / n).to(self.dtype) for t, s in self.scores.items()})
+            scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()})
 
 
 def _chunks(total: int, per_item: int) -> int:
     return max(1, min(total, _CHUNK_BYTES // max(per_item, 1)))
+
+
+def _row_pieces(rows: int, per_row: int) -> list[tuple[int, int]]:
+    """The query rows in pieces whose float64 intermediates (`per_row` bytes a row) stay within _CHUNK_BYTES (one
+    piece when all fit): a batch entry larger than a chunk is recomputed a piece of rows at a time."""
+    step = max(1, min(rows, _CHUNK_BYTES // max(per_row, 1)))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
 def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _Accumulator:
@@ -316,9 +330,11 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _A
     acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where)
     step = _chunks(qf.shape[0], heads * L * S * 8 * 3)
     for i in range(0, qf.shape[0], step):
-        content = torch.matmul(qf[i:i + step].double(), kf[i:i + step].double().transpose(-1, -2)) * scale
-        combined, probs = _softmax_parts(content, None if mask is None else mask[i:i + step], causal)
-        acc.add(content, combined, probs)
+        kt = kf[i:i + step].double().transpose(-1, -2)
+        for r0, r1 in _row_pieces(L, step * heads * S * 8 * 3):
+            content = torch.matmul(qf[i:i + step, :, r0:r1].double(), kt) * scale
+            combined, probs = _softmax_parts(content, None if mask is None else mask[i:i + step, :, r0:r1], causal, r0)
+            acc.add(content, combined, probs, r0)
     return acc
 
 
@@ -372,9 +388,11 @@ def _multihead_record(capture: _Capture, where: str, mha: nn.MultiheadAttention,
     acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where)
     step = _chunks(B, h * L * (S + trailing) * 8 * 3)
     for i in range(0, B, step):
-        content = torch.matmul(q[i:i + step], k[i:i + step].transpose(-1, -2)) / math.sqrt(d)
-        combined, probs = _softmax_parts(content, mask[i:i + step], False)
-        acc.add(content, combined, probs)
+        kt = k[i:i + step].transpose(-1, -2)
+        for r0, r1 in _row_pieces(L, step * h * (S + trailing) * 8 * 3):
+            content = torch.matmul(q[i:i + step, :, r0:r1], kt) / math.sqrt(d)
+            combined, probs = _softmax_parts(content, mask[i:i + step, :, r0:r1], False, r0)
+            acc.add(content, combined, probs, r0)
     return acc
 
 
@@ -512,8 +530,8 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     the captured probabilities of all computations together may take at most this; the computation
     that would pass it is refused (AttnconvError) before its probabilities are allocated. It bounds what
     is kept, not the peak: while one computation is recomputed, its float64 sums (twice its float32
-    probabilities, three times that with `scores`) and one chunk of float64 intermediates (64 MiB, or
-    one batch entry's, 5 x 8 bytes x heads x T_q x T_k, where that is more) are allocated besides.
+    probabilities, three times that with `scores`) and one chunk of float64 intermediates of about 64 MiB
+    (a batch entry larger than that is recomputed a piece of query rows at a time) are allocated besides.
     scores: also keep the pre-softmax scores (the explorer's `mode=scores`). The model runs in eval
     mode without autograd; its training mode is restored, hooks removed and the function mode left
     however the pass ends. Two passes of one model at once would see each other's hooks: callers
