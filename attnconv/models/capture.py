@@ -550,19 +550,22 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     return capture_pass(model, images, grid, int(max_bytes), scores, native_probs=True)
 
 
-def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
-    """`grid` as (H, W) of Python ints (numpy's integers taken too); one AttnconvError if it is not two positive
-    whole numbers."""
-    if grid is None:
-        return None
+def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, ...]:
+    """`values` as `count` Python ints (numpy's integers taken too); one AttnconvError naming `name` and `what`
+    they are if they are not `count` positive whole numbers."""
     try:
-        ok = len(grid) == 2 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                                    for v in grid)
+        ok = len(values) == count and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                          for v in values)
     except TypeError:
         ok = False
     if not ok:
-        raise AttnconvError(f"grid {grid!r} is invalid: give the image positions' (H, W), two positive integers")
-    return int(grid[0]), int(grid[1])
+        raise AttnconvError(f"{name} {values!r} is invalid: give {what}, {count} positive integers")
+    return tuple(int(v) for v in values)
+
+
+def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
+    """`grid` as (H, W) of Python ints, or None (`positive_ints`)."""
+    return None if grid is None else positive_ints(grid, 2, "grid", "the image positions' (H, W)")
 
 
 def check_capturable(model: nn.Module, what: str) -> None:

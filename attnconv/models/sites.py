@@ -37,6 +37,7 @@ from attnconv.models.capture import (
     check_grid,
     first_input,
     native_layer,
+    positive_ints,
 )
 from attnconv.modes import eval_mode
 
@@ -110,15 +111,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
         input_shape = (config.in_channels, config.image_size, config.image_size)
     grid = check_grid(grid)
     if input_shape is not None:
-        try:
-            ok = len(input_shape) == 3 and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                                               for v in input_shape)
-        except TypeError:
-            ok = False
-        if not ok:
-            raise AttnconvError(f"input_shape {input_shape!r} is invalid: give the images' (C, H, W), three positive "
-                                "integers")
-        input_shape = tuple(int(v) for v in input_shape)
+        input_shape = positive_ints(input_shape, 3, "input_shape", "the images' (C, H, W)")
     # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), the SelfAttention2d
     # layers of any other model (called as modules, so pre-hooks see their inputs), and every other attention
     # computation the pass sees (nn.MultiheadAttention, scaled_dot_product_attention: a ViT whose patch
