@@ -344,9 +344,21 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_
     assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
     _one_error(capsys, f"{cnn}: the CNN run this run starts from", "now holds another network than the one this run "
                "started from", f"move the CNN run it started from back to {cnn}")
+    # another run of the same network (seed 7) in its place: it was used without a word; config.json records a
+    # digest of the weights the run started from (init_from_weights), and a resume compares it
+    shutil.rmtree(cnn)
+    assert main(["train", "--model", "resnet18", "--width", "4", "--dataset", "fashion-mnist", "--data-dir",
+                 str(data_dir), "--epochs", "1", "--max-steps", "1", "--batch-size", "32", "--workers", "1",
+                 "--seed", "7", "--no-progress", "--out", str(cnn)]) == 0
+    assert len(json.loads((run / "config.json").read_text())["init_from_weights"]) == 64
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
+    _one_error(capsys, f"{cnn}: the CNN run this run starts from", "holds other weights than those this run started "
+               "from (model.safetensors differs", f"move the CNN run it started from back to {cnn}")
     shutil.rmtree(cnn)
     (tmp_path / "moved").rename(cnn)
     assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
+    assert main(["eval", str(run)]) == 0  # config.json with its digest is what the weights record
 
 
 # ---------------------------------------------------------------------------------- class 7: data by content

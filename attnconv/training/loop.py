@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import math
 import os
 import sys
@@ -264,6 +265,9 @@ class _Trainer:
                                        f"from ({str(err).split('; ')[0]}); move the CNN run it started from back to "
                                        f"{init.run}, or start over from a CNN run (`attnconv train --init-from "
                                        f"CNN_RUN --out {self.out} --overwrite`)")
+        self.init_weights = None  # the CNN's weights this run starts from (a digest), when it starts from them now
+        if error is None and config.init_from is not None and not has_state:
+            error = self._check_init_weights(Path(config.init_from.run) / WEIGHTS_FILE)
         d.agree(error)
         # Dropout streams differ per rank (the shards are different samples anyway).
         torch.manual_seed(config.seed + d.rank)
@@ -389,6 +393,27 @@ class _Trainer:
                         "the new run's first checkpoint, other files stay")
         self.set_aside.move()
 
+    def _check_init_weights(self, weights: Path) -> AttnconvError | None:
+        """Note the digest of the CNN weights an --init-from run starts from (config.json records it); on a resume
+        that starts the run again, an error if the CNN's weights are not those it started from (a CNN of the same
+        shapes put in its place: another seed, trained further)."""
+        digest = hashlib.sha256()
+        with open(weights, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        self.init_weights = digest.hexdigest()
+        recorded = None
+        if self.resume and (self.out / CONFIG_FILE).is_file():
+            recorded = read_config(self.out).get("init_from_weights")
+        if recorded is None or recorded == self.init_weights:
+            return None
+        init = self.config.init_from.run
+        return ParameterError(None, None, f"{init}: the CNN run this run starts from (its config.json's init_from.run) "
+                              f"holds other weights than those this run started from ({WEIGHTS_FILE} differs: "
+                              "another run of the same network put there, or the CNN trained further); move the CNN "
+                              f"run it started from back to {init}, or start over from this one (`attnconv train "
+                              f"--init-from {init} --out {self.out} --overwrite`)")
+
     def _prepare_files(self) -> None:
         out, cfg = self.out, self.config
         remove_temporaries(out, RUN_FILES)  # a killed writer's, and only those
@@ -408,6 +433,8 @@ class _Trainer:
                 "attnconv": attnconv.__version__,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             }
+            if self.init_weights is not None:  # which CNN weights it started from: a resume compares them
+                meta["init_from_weights"] = self.init_weights
             write_config(out, meta)
         self.checkpoint.record = config_record(read_config(out))  # what model.safetensors records of config.json
         if self.resume and not self.restored and (out / METRICS_FILE).exists():  # no checkpoint was ever whole
