@@ -222,6 +222,10 @@ def test_tokens_on_no_grid_are_kept_and_said_so_and_the_grid_argument_places_the
     assert image_tokens(3) is None and image_tokens(7, (2, 3)) == (1, (2, 3))
     assert image_tokens(7, aspect=(2, 3)) == (1, (2, 3)) and image_tokens(32, aspect=(16, 32)) == (0, (4, 8))
     assert image_tokens(36, aspect=(3, 12)) == (0, (3, 12)) and image_tokens(36, aspect=(5, 5)) == (0, (6, 6))
+    # the fewest leading tokens win: 8x8 tokens of 16x32 images (a model that resized them) and 4x4 windows stay
+    # squares (they were read as 5x10 + 14 "class tokens" and 2x4 + 8); a tie goes to the images' shape
+    assert image_tokens(64, aspect=(16, 32)) == (0, (8, 8)) and image_tokens(16, aspect=(16, 32)) == (0, (4, 4))
+    assert image_tokens(33, aspect=(16, 32)) == (1, (4, 8)) and image_tokens(65, aspect=(16, 32)) == (1, (8, 8))
     torch.manual_seed(6)
     row = Tokens(1, 6, Prefix(SDPABlock(6, 2), 3), cls=0)  # 2 x 2 images, 3 of their tokens: no grid fits
     (r,) = capture_attention(row, torch.randn(2, 1, 2, 2))
@@ -493,7 +497,7 @@ def test_a_multihead_attention_with_a_forward_of_its_own_is_not_recomputed_as_th
 
     model = Tokens(1, 8, MHABody(Local(8, 2, batch_first=True), lambda t: {}), cls=0)
     x = torch.randn(2, 1, 4, 4)
-    with pytest.warns(AttnconvWarning, match="Local subclasses nn.MultiheadAttention with a forward of its own"):
+    with pytest.warns(AttnconvWarning, match="Local subclasses nn.MultiheadAttention and computes something else"):
         (r,) = capture_attention(model, x)
     assert (r.kind, r.path) == ("sdpa", "body.mha")
     mha = model.body.mha
@@ -534,3 +538,64 @@ def test_a_batch_entry_larger_than_a_chunk_is_recomputed_in_pieces_of_rows_with_
             for term in ("combined", "content"):
                 torch.testing.assert_close(b.scores[term], a.scores[term], rtol=1e-12, atol=1e-12)
             assert (b.images, b.size, b.left_out) == (a.images, a.size, a.left_out)
+
+
+def test_a_multihead_attention_subclass_whose_output_is_the_plain_ones_is_recomputed_as_it():
+    """A subclass whose forward calls super().forward (or only adds attributes) gave no record at all after the last
+    round (its own forward: not recomputed; nn.MultiheadAttention's forward calls no SDPA). Its output is compared
+    with nn.MultiheadAttention's on the same call: equal, it is recomputed as the plain module is, value maps too;
+    torch's quantizable MultiheadAttention computes with other weights: a warning, nothing recorded. A call torch
+    refuses (a key_padding_mask of another batch) fails with torch's own error, not the recomputation's."""
+    from torch.ao.nn.quantizable import MultiheadAttention as Quantizable
+
+    class Super(nn.MultiheadAttention):
+        def forward(self, q, k, v, **kwargs):
+            return super().forward(q, k, v, **kwargs)
+
+    torch.manual_seed(5)
+    x = torch.randn(2, 1, 4, 4)
+    sub = Tokens(1, 8, MHABody(Super(8, 2, batch_first=True), lambda t: {}), cls=0).eval()
+    plain = Tokens(1, 8, MHABody(nn.MultiheadAttention(8, 2, batch_first=True), lambda t: {}), cls=0).eval()
+    plain.load_state_dict(sub.state_dict())
+    (a,), (b,) = capture_attention(sub, x), capture_attention(plain, x)
+    assert (a.kind, a.path) == ("MultiheadAttention", "body.mha")
+    torch.testing.assert_close(a.probs, b.probs, rtol=0, atol=0)
+    assert captured_sites([a])[0][0].layer.has_value_maps
+    with pytest.warns(AttnconvWarning, match="computes something else than nn.MultiheadAttention's forward"):
+        assert capture_attention(Tokens(1, 8, MHABody(Quantizable(8, 2, batch_first=True), lambda t: {}), cls=0).eval(),
+                                 x) == []
+    bad = Tokens(1, 8, MHABody(nn.MultiheadAttention(8, 2, batch_first=True),
+                               lambda t: {"key_padding_mask": torch.zeros(5, 16, dtype=torch.bool)}), cls=0).eval()
+    with pytest.raises(AssertionError) as err:
+        bad(x)
+    with pytest.raises(AssertionError) as captured:
+        capture_attention(bad, x)
+    assert str(captured.value) == str(err.value)
+
+
+def test_cross_attention_alone_is_named_and_the_python_api_takes_numpy_and_whole_numbers():
+    """A model whose only attention is cross-attention was "no attention layers ... give a run of an attention
+    model"; it says which computation it saw and why the measures cannot take it. max_bytes 1.5 was taken as 1 byte;
+    site_probs' batch_size of numpy's int64 passed its check and failed in torch."""
+    from attnconv.models.sites import site_probs
+
+    class Cross(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.attn = nn.Conv2d(4, 8, 2, 2), nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            t = self.emb(x).flatten(2).transpose(1, 2)
+            return self.attn(query=t[:, :4], key=t, value=t)[0]
+
+    with pytest.raises(AttnconvError, match=r"Cross: its attention computations are not self-attention over one "
+                       r"image grid \(attn: cross-attention\)"):
+        attention_sites(Cross().eval(), (4, 8, 8))
+    vit = attnconv.build_model("vit", in_channels=1, image_size=8, patch=2, hidden=8, heads=2, layers=1,
+                               intermediate=8)
+    x = torch.randn(2, 1, 8, 8)
+    with pytest.raises(AttnconvError, match=r"max_bytes 1\.5 is invalid: give a positive whole number"):
+        capture_attention(vit, x, max_bytes=1.5)
+    assert len(capture_attention(vit, x, max_bytes=1e12)) == 1
+    (one,) = site_probs(vit, attention_sites(vit), x, batch_size=np.int64(1))
+    torch.testing.assert_close(one, site_probs(vit, attention_sites(vit), x)[0])

@@ -84,25 +84,28 @@ def image_tokens(count: int, grid: Sequence[int] | None = None,
     """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
 
     With `grid` (H, W): when count is H*W plus at most MAX_EXTRA leading tokens. Otherwise (or when
-    grid does not fit this sequence) the token count decides: with `aspect` (the images' (H, W), not
-    square), the fewest leading tokens that leave a grid of the images' shape (32 tokens of 16x32
-    images: 4x8); else, or when none does, the fewest that leave a square of side >= 2 (50 tokens: a
-    class token and 7x7). Tokens are row-major, as a patch embedding's flatten gives them.
+    grid does not fit this sequence) the token count decides: the fewest leading tokens that leave a
+    square of side >= 2 (50 tokens: a class token and 7x7) or, with `aspect` (the images' (H, W), not
+    square), a grid of the images' shape, which wins a tie (32 tokens of 16x32 images: 4x8; 64 tokens
+    of them: 8x8, a model that resized them). Tokens are row-major, as a patch embedding's flatten
+    gives them.
     """
     if grid is not None:
         h, w = (int(v) for v in grid)
         if 0 <= count - h * w <= MAX_EXTRA:
             return count - h * w, (h, w)
+    a = b = 0
     if aspect is not None and int(aspect[0]) != int(aspect[1]) and min(int(aspect[0]), int(aspect[1])) >= 1:
         g = math.gcd(int(aspect[0]), int(aspect[1]))
         a, b = int(aspect[0]) // g, int(aspect[1]) // g
-        for extra in range(min(MAX_EXTRA, count) + 1):
-            k = math.isqrt((count - extra) // (a * b))
-            if k >= 1 and a * b * k * k == count - extra and max(a, b) * k >= 2:
+    for extra in range(min(MAX_EXTRA, count) + 1):  # the fewest leading tokens; at a tie, the images' shape
+        n = count - extra
+        if a:
+            k = math.isqrt(n // (a * b))
+            if k >= 1 and a * b * k * k == n and max(a, b) * k >= 2:
                 return extra, (a * k, b * k)
-    for extra in range(min(MAX_EXTRA, count) + 1):
-        side = math.isqrt(count - extra)
-        if side >= 2 and side * side == count - extra:
+        side = math.isqrt(n)
+        if side >= 2 and side * side == n:
             return extra, (side, side)
     return None
 
@@ -193,7 +196,7 @@ class CapturedLayer:
 
     @property
     def has_value_maps(self) -> bool:
-        return plain_multihead(self.module) or callable(getattr(self.module, "value_maps", None))
+        return self.kind == "MultiheadAttention" or callable(getattr(self.module, "value_maps", None))
 
     def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
                         term: str = "combined") -> Tensor:
@@ -205,7 +208,7 @@ class CapturedLayer:
 
     def value_maps(self) -> tuple[Tensor, Tensor]:
         """(maps (heads, C_out, C_in), bias (C_out,)): y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias."""
-        if plain_multihead(self.module):
+        if self.kind == "MultiheadAttention":
             return multihead_value_maps(self.module)
         if callable(getattr(self.module, "value_maps", None)):
             return self.module.value_maps()
@@ -435,6 +438,14 @@ def plain_multihead(module: nn.Module) -> bool:
     return isinstance(module, nn.MultiheadAttention) and type(module).forward is nn.MultiheadAttention.forward
 
 
+def _same_output(output: Any, expected: Any) -> bool:
+    """Whether a module's output is nn.MultiheadAttention's on the same call (its attention output, to float error)."""
+    out = output[0] if isinstance(output, tuple) else output
+    exp = expected[0] if isinstance(expected, tuple) else expected
+    return isinstance(out, Tensor) and isinstance(exp, Tensor) and out.shape == exp.shape \
+        and bool(torch.allclose(out.double(), exp.double(), rtol=1e-4, atol=1e-5))
+
+
 def first_input(args: tuple, kwargs: dict) -> Tensor | None:
     """A layer's input as its forward pre-hook sees it: the first positional argument, or `x=` (`layer(x=...)`)."""
     if args:
@@ -462,6 +473,8 @@ class _Capture(TorchFunctionMode):
         self.records: list[CapturedAttention] = []
         self.calls: dict[str, int] = {}
         self.warned: set[nn.Module] = set()
+        self.after: list[tuple | None] = []  # per running module: what post() records once its forward has run
+        self.quiet = 0  # > 0 while a subclass's output is computed as nn.MultiheadAttention's, to compare
         self.total = 0
 
     def reserve(self, nbytes: int, where: str, what: str) -> None:
@@ -489,6 +502,7 @@ class _Capture(TorchFunctionMode):
     def pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         owned = self._inside_owner()
         self.stack.append(module)  # first: what the layer computes below is its own
+        self.after.append(None)
         if owned:
             return
         where = self.names.get(module, "")
@@ -496,24 +510,44 @@ class _Capture(TorchFunctionMode):
         if x is not None:
             record = _native_record if self.native_probs else _native_grid
             self._add(where, module, "", record(self, where, module, x.detach()))
-        elif plain_multihead(module):
-            self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs))
-        elif isinstance(module, nn.MultiheadAttention) and module not in self.warned:
-            self.warned.add(module)
-            warnings.warn(AttnconvWarning(
-                f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention with a forward of "
-                "its own, so its attention is not recomputed from nn.MultiheadAttention's weights: what it computes "
-                "through scaled_dot_product_attention is captured, and nothing else of it"), stacklevel=2)
+        elif plain_multihead(module):  # recomputed once its own forward has run (a call torch refuses: torch's words)
+            self.after[-1] = (len(self.records), args, kwargs, None, where)
+        elif isinstance(module, nn.MultiheadAttention):  # a subclass: is its output nn.MultiheadAttention's?
+            self.quiet += 1
+            try:
+                expected = nn.MultiheadAttention.forward(module, *args, **kwargs)
+            except Exception:  # noqa: BLE001  (a forward of other arguments: not nn.MultiheadAttention's)
+                expected = None
+            finally:
+                self.quiet -= 1
+            self.after[-1] = (len(self.records), args, kwargs, expected, where)
 
     def post(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self.stack and self.stack[-1] is module:
-            self.stack.pop()
+        if not (self.stack and self.stack[-1] is module):
+            return
+        self.stack.pop()
+        after = self.after.pop()
+        if after is None or output is None:  # nothing to add, or the forward raised
+            return
+        start, args, kwargs, expected, where = after
+        if not plain_multihead(module) and not _same_output(output, expected):
+            if module not in self.warned:
+                self.warned.add(module)
+                warnings.warn(AttnconvWarning(
+                    f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention and computes "
+                    "something else than nn.MultiheadAttention's forward on its weights; what it computes through "
+                    "scaled_dot_product_attention is captured, and nothing else of it"), stacklevel=2)
+            return
+        for r in self.records[start:]:  # its own calls inside (a subclass's): the whole computation replaces them
+            self.calls[r.path] -= 1
+        del self.records[start:]
+        self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Called with this mode off: the torch calls below are not intercepted again.
         kwargs = kwargs or {}
         out = func(*args, **kwargs)  # first: a call torch refuses fails with torch's own words, not the recomputation's
-        if func is F.scaled_dot_product_attention and not self._inside_owner():
+        if func is F.scaled_dot_product_attention and not self.quiet and not self._inside_owner():
             module = self.stack[-1] if self.stack else None
             where = self.names.get(module, "") if module is not None else ""
             self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs))
@@ -541,7 +575,7 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
         raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
     grid = check_grid(grid)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
-            or max_bytes == math.inf:
+            or max_bytes == math.inf or max_bytes != int(max_bytes):
         raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
     check_capturable(model, "capture_attention")
     if images.device.type == "meta":

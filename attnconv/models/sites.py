@@ -146,6 +146,12 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
                                                              r.left_out), r.size))
     if sites:
         return sites
+    if records:  # attention was seen, none of it self-attention over one image grid: say which and why
+        shown = "; ".join(f"{r.name}: {r.note() or 'cross-attention'}" for r in records[:3])
+        raise NoAttentionLayers(
+            f"{type(model).__name__}: its attention computations are not self-attention over one image grid ({shown}"
+            f"{'; ...' if len(records) > 3 else ''}); the per-head measures need that (give grid= where the tokens lie "
+            "on a grid their count does not tell)")
     raise NoAttentionLayers(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
@@ -234,6 +240,7 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
         raise AttnconvError(f"term must be one of {', '.join(TERMS)}, got {term!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise AttnconvError(f"batch_size {batch_size!r} is invalid: give a whole number of images >= 1")
+    batch_size = int(batch_size)  # numpy's integers too
     exact = [site.layer.attention_probs(size=site.size)[0].float() if site.position_only else None for site in sites]
     if not needs_inputs(sites):
         return exact
