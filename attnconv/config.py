@@ -17,6 +17,7 @@ from typing import Any
 
 from attnconv import data as D
 from attnconv.errors import AttnconvError, ParameterError
+from attnconv.fileio import dangling_link
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
@@ -116,7 +117,8 @@ class TrainConfig:
         self.check_values()
         check_device(self.device)
         if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
-            raise ParameterError("data_dir", self.data_dir, ": no such directory")
+            link = dangling_link(Path(self.data_dir).expanduser())
+            raise ParameterError("data_dir", self.data_dir, f": {link or 'no such directory'}")
 
     def check_values(self) -> None:
         """FieldError for the first field out of its range or choices (milestones and init_from included):

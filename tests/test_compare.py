@@ -143,3 +143,16 @@ def test_a_run_folder_that_is_a_link_loop_is_named_by_every_reader(tmp_path, cap
         assert main([str(c) for c in command]) == 2, command
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "a link to loop, which loops back through links" in err, (command, err)
+
+
+def test_links_to_nowhere_as_data_folders_and_outputs_are_named(tmp_path, capsys):
+    """A link loop as `--dataset folder:LOOP`, `--data-dir LOOP` or `convert --out LOOP` said "does not exist", "no
+    such directory" or "could not write the converted run (Not a directory)"."""
+    (tmp_path / "loop").symlink_to("loop")
+    loop = str(tmp_path / "loop")
+    for command in (["train", "--model", "sa-quadratic", "--dataset", f"folder:{loop}", "--out", str(tmp_path / "r")],
+                    ["train", "--model", "sa-quadratic", "--dataset", "fashion-mnist", "--data-dir", loop, "--out",
+                     str(tmp_path / "r")]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "a link to loop, which loops back through links" in err, (command, err)

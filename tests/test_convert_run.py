@@ -168,3 +168,15 @@ def test_an_edited_conversion_block_is_config_jsons_error(cnn_run, data_dir, tmp
                    f"(converted.{key} {json.dumps(value)} in config.json, {was} in the record of model.safetensors); "
                    "one of the two was edited or copied from another run: restore it from a copy of the run (or, if "
                    "config.json was edited, set those fields back to the record's values)"], err
+
+
+def test_convert_into_a_link_to_nowhere_is_one_line_naming_it(cnn_run, tmp_path, capsys):
+    """`convert --out LINK` for a link to nothing or a loop said "could not write the converted run (Not a
+    directory)", with no fix."""
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    for name, why in (("loop", "which loops back through links"), ("gone", "which does not exist")):
+        assert main(["convert", str(cnn_run), "--out", str(tmp_path / name), "--no-eval"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err and "choose a new directory" in err, err
+        assert (tmp_path / name).is_symlink() and not (tmp_path / "nowhere").exists()

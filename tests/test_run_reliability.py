@@ -308,7 +308,7 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_a_run_being_replac
 
 
 def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_folder_is_refused(
-        tmp_path, data_dir, capsys):  # noqa: F811
+        tmp_path, data_dir, capsys, monkeypatch):  # noqa: F811
     """`train --init-from CNN --out CNN --overwrite` would replace the CNN run by the run started from it (its
     record then naming itself as its source): refused in one line, the CNN run as it was."""
     cnn = tmp_path / "cnn"
@@ -320,13 +320,16 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_
         capsys.readouterr()
         assert main(["train", "--init-from", spelled, "--out", str(cnn), "--overwrite", "--max-steps", "1",
                      "--no-progress"]) == 2
-        _one_error(capsys, f"--init-from {spelled} is --out itself", "give another --out")
+        _one_error(capsys, f"--init-from {os.path.abspath(spelled)} is --out itself", "give another --out")
         assert tree(cnn) == before
     # A run started from the CNN and killed before its first checkpoint (config.json alone) starts again from the
     # CNN's weights on --resume; the CNN folder moved, or a file in its place, said "not a run directory ...; give
     # the folder that `attnconv train --out` wrote", which no flag of a resume can do: it says to move it back.
     run = tmp_path / "attn"
-    assert main(["train", "--init-from", str(cnn), "--out", str(run), "--max-steps", "1", "--no-progress"]) == 0
+    monkeypatch.chdir(tmp_path)  # named relative to here: recorded whole, so a resume from elsewhere finds it
+    assert main(["train", "--init-from", "cnn", "--out", str(run), "--max-steps", "1", "--no-progress"]) == 0
+    assert json.loads((run / "config.json").read_text())["config"]["init_from"]["run"] == str(cnn)
+    monkeypatch.chdir(tmp_path / "attn")
     for name in ("model.safetensors", "state.pt", "metrics.csv", "steps.csv", "heads.jsonl"):
         (run / name).unlink(missing_ok=True)
     cnn.rename(tmp_path / "moved")
@@ -357,8 +360,36 @@ def test_overwrite_replaces_only_when_the_new_run_checkpoints_init_from_its_own_
                "from (model.safetensors differs", f"move the CNN run it started from back to {cnn}")
     shutil.rmtree(cnn)
     (tmp_path / "moved").rename(cnn)
+    # the CNN run damaged where it is (its weights gone): its own line, not "holds another network"
+    (cnn / "model.safetensors").rename(tmp_path / "weights")
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and "another network" not in err and err.count("\n") == 1, err
+    (tmp_path / "weights").rename(cnn / "model.safetensors")
     assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
     assert main(["eval", str(run)]) == 0  # config.json with its digest is what the weights record
+
+
+def test_compare_refuses_a_run_counted_twice_or_a_seed_that_is_left_out(finished, tmp_path, capsys):
+    """`compare` counted a seed that is a link to another, or a copy of one, as a second seed (a wrong mean and
+    spread), and left out in silence a seed that is a link to nothing or a run whose metrics.csv is gone."""
+    group = tmp_path / "group"
+    shutil.copytree(finished, group / "seed0")
+    for seed, make in (("seed1", lambda p: p.symlink_to(group / "seed0")),
+                       ("seed1", lambda p: shutil.copytree(group / "seed0", p)),
+                       ("seed9", lambda p: p.symlink_to(tmp_path / "nowhere")),
+                       ("seed5", lambda p: (shutil.copytree(group / "seed0", p), (p / "metrics.csv").unlink()))):
+        make(group / seed)
+        capsys.readouterr()
+        assert main(["compare", str(group)]) == 2, seed
+        err = capsys.readouterr().err
+        want = {"seed1": "give each run once", "seed9": "which does not exist",
+                "seed5": "metrics.csv is missing, while"}[seed]
+        assert want in err and err.count("\n") == 1, (seed, err)
+        path = group / seed
+        path.unlink() if path.is_symlink() else shutil.rmtree(path)
+    assert main(["compare", str(group)]) == 0
 
 
 # ---------------------------------------------------------------------------------- class 7: data by content

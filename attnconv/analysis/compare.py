@@ -32,6 +32,7 @@ from attnconv.errors import AttnconvError
 from attnconv.fileio import dangling_link
 from attnconv.runs import CONFIG_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
+from attnconv.runs.files import trained_here
 from attnconv.tables import format_table
 
 
@@ -44,10 +45,25 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
         raise AttnconvError(f"{root}: {why}; give a folder of seed*/ runs or one run directory")
     if os.path.lexists(root / "metrics.csv") or set_aside_pending(root):  # a run being replaced: its reader says so
         return [root]
-    seeds = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("seed")
-                   and (os.path.lexists(p / "metrics.csv") or set_aside_pending(p)))
+    seeds = []
+    for p in sorted(p for p in root.iterdir() if p.name.startswith("seed")):
+        if dangling_link(p):  # a seed that leads nowhere is no seed fewer, said in silence
+            raise AttnconvError(f"{p}: {dangling_link(p)}; fix the link, or move it out of the group")
+        if not p.is_dir():
+            continue
+        if os.path.lexists(p / "metrics.csv") or set_aside_pending(p):
+            seeds.append(p)
+        elif trained_here(p):  # a run whose log is gone: not left out of the mean without a word
+            raise AttnconvError(f"{p}: metrics.csv is missing, while {', '.join(trained_here(p))} show a run was "
+                                "trained here; restore it from a copy of the run, or move the folder out of the group")
     if not seeds:
         raise AttnconvError(f"{root}: holds no run (no metrics.csv in it or in a seed*/ folder below it)")
+    real: dict[str, Path] = {}
+    for p in seeds:  # one run by two names (a link to a seed, or to the group's own run) would count twice
+        key = os.path.realpath(p)
+        if key in real:
+            raise AttnconvError(f"{real[key]} and {p} are one run (a link to it): give each run once")
+        real[key] = p
     return seeds
 
 
@@ -87,8 +103,14 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
     runs = group_runs(group)
     accs, layers, epochs, heads_runs = [], None, [], 0
     per_layer: list[dict[str, list[float]]] = []
+    seeds: dict[int, Path] = {}
     for run in runs:
         whole = _whole_run(run)
+        if whole is not None:  # a copy of a run is the same seed again, not a second one (as `table` refuses it)
+            if whole.config.seed in seeds and len(runs) > 1:
+                raise AttnconvError(f"{seeds[whole.config.seed]} and {run} are runs with the same seed "
+                                    f"{whole.config.seed}: give each run once (a copy counts as a second seed)")
+            seeds[whole.config.seed] = run
         metrics = whole.metrics if whole is not None else read_metrics(run)
         if not metrics:
             raise AttnconvError(f"{run}: metrics.csv has no finished epoch yet")

@@ -207,7 +207,8 @@ def _init_from(args: argparse.Namespace, base, overrides: dict, changes: dict):
                             f"{args.init_from}; drop {'them' if len(fixed) > 1 else 'it'}")
     source = read_config(args.init_from)
     given = {"alpha": args.init_alpha, "fold_bn": args.fold_bn, "content": args.init_content}
-    init = InitFrom(run=str(args.init_from), **{k: v for k, v in given.items() if v is not None})
+    # recorded whole: a resume from another working directory finds the same CNN run
+    init = InitFrom(run=os.path.abspath(args.init_from), **{k: v for k, v in given.items() if v is not None})
     if base is None:  # a fresh run: the CNN's preset
         base = dataclasses.replace(TrainConfig.from_dict(source["config"]), preset=None, init_from=init)
     return base, {**changes, "init_from": init}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from attnconv.data.decode import IMAGE_EXTENSIONS
 from attnconv.errors import AttnconvError
-from attnconv.fileio import file_kind, open_regular
+from attnconv.fileio import dangling_link, file_kind, open_regular
 
 TEST_SPLITS = ("test", "val")
 LAYOUT_HELP = "expected PATH/train/<class>/<images> and PATH/test/<class>/<images> (or PATH/val/...)"
@@ -142,7 +142,9 @@ def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
 def scan_folder(root: Path) -> FolderLayout:
     """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
     if not root.is_dir():
-        raise AttnconvError(f"image folder {root} does not exist (or is not a directory); {LAYOUT_HELP}")
+        link = dangling_link(root)
+        why = f"is {link}" if link else "does not exist (or is not a directory)"
+        raise AttnconvError(f"image folder {root} {why}; {LAYOUT_HELP}")
     if not (root / "train").is_dir():
         raise AttnconvError(f"{root} has no train/ folder; {LAYOUT_HELP}")
     test_split = next((s for s in TEST_SPLITS if (root / s).is_dir()), None)
@@ -157,6 +159,9 @@ def scan_folder(root: Path) -> FolderLayout:
     for split, items in splits.items():
         for cls in class_folders[split]:
             folder = root / split / cls
+            if (root / "train" / cls).is_symlink() and dangling_link(root / "train" / cls):  # not a missing folder
+                raise AttnconvError(f"{root / 'train' / cls}: {dangling_link(root / 'train' / cls)}; fix the link, or "
+                                    f"remove it and {folder}")
             if cls not in label:
                 raise AttnconvError(
                     f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "

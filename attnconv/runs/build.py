@@ -19,6 +19,7 @@ from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_att
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import (
     current_umask,
+    dangling_link,
     describe_os_error,
     interrupts_held,
     make_parents,
@@ -263,7 +264,7 @@ def build_run_model(config: TrainConfig, *, source_weights: bool = False) -> nn.
     if source_weights:
         run = Path(src.run)
         if not run.is_dir():  # moved or replaced since this run was started from it (`--resume` before a checkpoint)
-            why = "a file now" if run.exists() else "gone"
+            why = "a file now" if run.exists() else dangling_link(run) or "gone"
             raise AttnconvError(f"{run}: the CNN run this run starts from (its config.json's init_from.run) is {why}: "
                                 f"move the CNN run back to {run}, or start over from where it is now "
                                 "(`attnconv train --init-from ITS_FOLDER --out THIS_RUN --overwrite`)")
@@ -296,6 +297,8 @@ def convert_run(
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise ParameterError("out", out, "already exists; choose a new directory for the converted run")
+    if dangling_link(out):  # the run is renamed into place: over a link that would fail with "Not a directory"
+        raise ParameterError("out", out, f": {dangling_link(out)}; choose a new directory for the converted run")
     meta = read_config(run_dir)
     if "converted" in meta:
         raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")

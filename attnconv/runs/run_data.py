@@ -29,6 +29,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.folder_layout import scan_folder
 from attnconv.errors import AttnconvError, ParameterError
+from attnconv.fileio import dangling_link
 from attnconv.runs.values import shortened
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
@@ -46,7 +47,8 @@ def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None)
     `data_dir` that is not a folder is an AttnconvError (a typo must not fall back silently)."""
     if data_dir is not None:
         if not Path(data_dir).expanduser().is_dir():
-            why = "it is a file" if Path(data_dir).expanduser().exists() else "no such directory"
+            why = "it is a file" if Path(data_dir).expanduser().exists() else \
+                dangling_link(Path(data_dir).expanduser()) or "no such directory"
             raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding the dataset's files")
         return str(data_dir)
     if config.data_dir is not None and Path(config.data_dir).expanduser().is_dir():
@@ -83,7 +85,8 @@ def _folder_gone(config: TrainConfig) -> Path | None:
 
 
 def _gone_message(config: TrainConfig, folder: Path) -> str:
-    what = "is no longer a folder" if folder.exists() else "no longer exists (moved or deleted)"
+    what = "is no longer a folder" if folder.exists() else f"is {dangling_link(folder)}" if dangling_link(folder) \
+        else "no longer exists (moved or deleted)"
     return (f"{shortened(config.dataset)}: the run's image folder {shortened(str(folder))} {what}; point at the "
             "images with --dataset folder:PATH (where the folder is now, or another folder with the same classes)")
 
@@ -158,7 +161,8 @@ def check_other_dataset(config: TrainConfig, dataset: str, recorded: dict[str, A
     folder = D.folder_path(dataset)
     if folder is not None:
         if not folder.is_dir():
-            what = "is not a folder" if folder.exists() else "does not exist"
+            what = "is not a folder" if folder.exists() else f"is {dangling_link(folder)}" if dangling_link(folder) \
+                else "does not exist"
             raise ParameterError("dataset", dataset, f": {folder} {what}; give the image folder holding test "
                                  "images of the run's classes (PATH/train/CLASS/... and PATH/test/CLASS/...)")
         try:

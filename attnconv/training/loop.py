@@ -62,6 +62,7 @@ from attnconv.runs import (
     config_record,
     data_digest,
     data_fingerprint,
+    load_run,
     nonfinite_tensor,
     read_config,
     read_metrics,
@@ -257,7 +258,8 @@ class _Trainer:
         except AttnconvError as err:
             error = err
             init = config.init_from
-            if self.resume and not has_state and init is not None and Path(init.run).is_dir():
+            if self.resume and not has_state and init is not None and Path(init.run).is_dir() \
+                    and _sound_run(Path(init.run)):
                 # a resume starts again from the CNN it started from: the folder holds another run now (another
                 # width, an attention network), whose own files are sound; not "restore it" nor "--init-from"
                 error = ParameterError(None, None, f"{init.run}: the CNN run this run starts from (its config.json's "
@@ -579,6 +581,16 @@ class _Trainer:
         with self.autocast:
             return evaluate(self.eval_net, self.test_set, self.info, batch_size=max(self.config.batch_size, 256),
                             device=self.device, rank=self.d.rank, world_size=self.d.world_size)
+
+
+def _sound_run(run: Path) -> bool:
+    """Whether `run` reads as a whole run (its config, and weights that fit it): the CNN folder of an --init-from
+    resume that fails then holds another network; a damaged one is left to the error that names its file."""
+    try:
+        load_run(run)
+        return True
+    except AttnconvError:
+        return False
 
 
 def _write_line(line: str) -> None:
