@@ -772,3 +772,25 @@ def test_layers_with_other_head_counts_are_drawn_each_with_its_own_in_chromium(t
         assert "4 to 6 heads" in page.text_content("#subtitle")
         assert page.get_attribute("#map-1-5", "data-max") not in (None, "")
         assert errors == []
+
+
+def test_a_layer_of_many_heads_keeps_its_maps_readable_and_the_page_its_width_in_chromium(tmp_path):
+    """A converted ViT of patch 7 has a 49-head patch layer: its 49 columns shared the page's width (about 8 pixels a
+    map, captions one character a line), and the subtitle named the first layer's grid only. Each map is at least 48
+    pixels wide, the maps' box scrolls sideways (the page does not), and the subtitle names the grids."""
+    from attnconv.runs import convert_run
+
+    runs = train_tiny_runs(tmp_path, [("vit", dict(patch=7, hidden=8, heads=2, layers=1, intermediate=8))],
+                           epochs=1, max_steps=1)
+    explorer = Explorer(convert_run(runs["vit"], tmp_path / "converted"), images=2)
+    assert explorer.info()["layer_heads"] == [49, 2]
+    _playwright()
+    with _served(explorer) as url, _chromium_page(url + "/", width=800) as (page, errors):
+        page.wait_for_selector('#maps[data-status="ready"]')
+        widths = page.evaluate("[...document.querySelectorAll('#maps figure')].map(f => f.getBoundingClientRect().width)")
+        assert len(widths) == 51 and min(widths) >= 47.5, widths
+        assert page.evaluate("(m => m.scrollWidth > m.clientWidth)(document.getElementById('maps'))")
+        overflow, culprits = sideways_overflow(page, 800)
+        assert overflow <= 0, culprits
+        assert "grids of 28x28 to 4x4, one per layer" in page.text_content("#subtitle")
+        assert errors == []

@@ -148,7 +148,7 @@ async function start() {
   $("title").textContent = `attnconv explorer: ${info.run} (${info.model})`;
   $("subtitle").textContent =
     `${info.model} (${info.encoding} encoding) on ${info.dataset}: ${info.layers} layers x ${headCount(info)} heads, ` +
-    `${info.grid[0]}x${info.grid[1]} token grid (${info.image_size[0]}x${info.image_size[1]} images, ` +
+    `${gridWords(info)} (${info.image_size[0]}x${info.image_size[1]} images, ` +
     `downsampled ${info.downsample}x${info.downsample}); ${info.images} test images sampled across the classes. ` +
     "Layers and heads are numbered from 1, coordinates from 0.";
   for (const input of document.querySelectorAll('input[name="mode"], input[name="term"]')) {
@@ -354,6 +354,13 @@ function tokenAt(canvas, ev) {
   return { i: Math.min(gh - 1, Math.max(0, Math.floor(y / d))), j: Math.min(gw - 1, Math.max(0, Math.floor(x / d))) };
 }
 
+// "7x7 token grid", or "grids of 28x28 to 4x4, one per layer" where the layers' grids differ (a converted network).
+function gridWords(info) {
+  const grids = info.layer_grids ? [...new Set(info.layer_grids.map((g) => `${g[0]}x${g[1]}`))] : [];
+  if (grids.length < 2) return `${info.grid[0]}x${info.grid[1]} token grid`;
+  return `grids of ${grids[0]} to ${grids[grids.length - 1]}, one per layer`;
+}
+
 // "9", or "3 to 16" where the layers' head counts differ (a converted ViT's patch layer and blocks).
 function headCount(info) {
   if (!info.layer_heads) return `${info.heads}`;
@@ -375,7 +382,11 @@ function buildMaps() {
     const grid = layerGrid(l);
     widest = Math.max(widest, grid[1] * Math.max(3, Math.floor(84 / Math.max(grid[0], grid[1]))));
   }
-  maps.style.gridTemplateColumns = `minmax(3.2rem, max-content) repeat(${heads}, minmax(0, ${widest + 2}px))`;
+  // At least 48 px a map (or its full width, if smaller): a layer of very many heads (49, a converted ViT's 7x7
+  // patches) scrolls sideways inside the maps' box instead of shrinking every map to a few pixels.
+  const least = Math.min(48, widest + 2);
+  maps.style.gridTemplateColumns =
+    `minmax(3.2rem, max-content) repeat(${heads}, minmax(${least}px, ${widest + 2}px))`;
   maps.appendChild(document.createElement("div"));
   for (let h = 0; h < heads; h++) {
     const label = document.createElement("div");
