@@ -47,14 +47,14 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
         return [root]
     seeds = []
     for p in sorted(p for p in root.iterdir() if p.name.startswith("seed")):
-        if dangling_link(p):  # a seed that leads nowhere is no seed fewer, said in silence
-            raise AttnconvError(f"{p}: {dangling_link(p)}; fix the link, or move it out of the group")
+        if link := dangling_link(p):  # a seed that leads nowhere is no seed fewer, said in silence
+            raise AttnconvError(f"{p}: {link}; fix the link, or move it out of the group")
         if not p.is_dir():
             continue
         if os.path.lexists(p / "metrics.csv") or set_aside_pending(p):
             seeds.append(p)
-        elif trained_here(p):  # a run whose log is gone: not left out of the mean without a word
-            raise AttnconvError(f"{p}: metrics.csv is missing, while {', '.join(trained_here(p))} show a run was "
+        elif found := trained_here(p):  # a run whose log is gone: not left out of the mean without a word
+            raise AttnconvError(f"{p}: metrics.csv is missing, while {', '.join(found)} show a run was "
                                 "trained here; restore it from a copy of the run, or move the folder out of the group")
     if not seeds:
         raise AttnconvError(f"{root}: holds no run (no metrics.csv in it or in a seed*/ folder below it)")

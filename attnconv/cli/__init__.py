@@ -216,12 +216,20 @@ def _interrupted_exit(signum: int, frame: object) -> None:
     os._exit(130)
 
 
-class _NamedStdout:
-    """sys.stdout during a command: an OSError writing it (`attnconv export RUN > /dev/full`) names "standard
-    output" as its file, so the error line says where the disk is full; everything else is the stream's own."""
+class _Stream:
+    """A stream standing in for sys.stdout or sys.stderr during a command: everything but what the subclass
+    changes is the wrapped stream's own."""
 
     def __init__(self, stream: Any):
         self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _NamedStdout(_Stream):
+    """sys.stdout during a command: an OSError writing it (`attnconv export RUN > /dev/full`) names "standard
+    output" as its file, so the error line says where the disk is full."""
 
     def write(self, text: str) -> int:
         try:
@@ -235,17 +243,11 @@ class _NamedStdout:
         except OSError as err:
             raise _named_stdout(err) from None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
-
-class _ForgivingStderr:
+class _ForgivingStderr(_Stream):
     """sys.stderr during a command: a write or flush that fails (`2>/dev/full`, a pipe whose reader left) is
     dropped, so that a progress line, a warning or the `preset:` line cannot stop the work (train stopped at its
     first line, taking the failed write for a full disk of the run's); what cannot be said is lost either way."""
-
-    def __init__(self, stream: Any):
-        self._stream = stream
 
     def write(self, text: str) -> int:
         try:
@@ -256,9 +258,6 @@ class _ForgivingStderr:
     def flush(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 def _named_stdout(err: OSError) -> OSError:

@@ -30,14 +30,14 @@ def image_files(args: list[str]) -> list[Path]:
     """The files named, and the image files of the folders named, sorted; one clear error for a missing path."""
     from attnconv.data.decode import IMAGE_EXTENSIONS
     from attnconv.errors import AttnconvError
-    from attnconv.fileio import file_kind
+    from attnconv.fileio import dangling_link, file_kind
 
     files: list[Path] = []
     for arg in args:
         path = Path(arg)
         if path.is_dir():
             named = [p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]
-            dangling = next((p for p in sorted(named) if p.is_symlink() and not p.exists()), None)
+            dangling = next((p for p in sorted(named) if dangling_link(p)), None)
             if dangling is not None:  # an image the folder names but does not hold: not skipped in silence
                 raise AttnconvError(f"{_dangling(dangling)}; fix or remove the link, or name the images one by one")
             found = sorted(p for p in named if p.is_file())
@@ -59,7 +59,7 @@ def _dangling(path: Path) -> str:
     """A link that leads nowhere, in words: to a missing file, or around a loop of links."""
     from attnconv.fileio import dangling_link
 
-    return f"{path}: {dangling_link(path) or 'a link to nothing'}"
+    return f"{path}: {dangling_link(path)}"
 
 
 def run(args: argparse.Namespace) -> int:

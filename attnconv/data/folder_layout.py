@@ -159,9 +159,8 @@ def scan_folder(root: Path) -> FolderLayout:
     for split, items in splits.items():
         for cls in class_folders[split]:
             folder = root / split / cls
-            if (root / "train" / cls).is_symlink() and dangling_link(root / "train" / cls):  # not a missing folder
-                raise AttnconvError(f"{root / 'train' / cls}: {dangling_link(root / 'train' / cls)}; fix the link, or "
-                                    f"remove it and {folder}")
+            if link := dangling_link(root / "train" / cls):  # a link to nowhere, not a missing folder
+                raise AttnconvError(f"{root / 'train' / cls}: {link}; fix the link, or remove it and {folder}")
             if cls not in label:
                 raise AttnconvError(
                     f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "

@@ -297,8 +297,8 @@ def convert_run(
     run_dir, out = Path(run_dir), Path(out)
     if out.exists():
         raise ParameterError("out", out, "already exists; choose a new directory for the converted run")
-    if dangling_link(out):  # the run is renamed into place: over a link that would fail with "Not a directory"
-        raise ParameterError("out", out, f": {dangling_link(out)}; choose a new directory for the converted run")
+    if link := dangling_link(out):  # the run is renamed into place: over a link that would fail with "Not a directory"
+        raise ParameterError("out", out, f": {link}; choose a new directory for the converted run")
     meta = read_config(run_dir)
     if "converted" in meta:
         raise AttnconvError(f"{run_dir} is already a converted run (from {meta['converted'].get('from')})")

@@ -85,8 +85,8 @@ def _folder_gone(config: TrainConfig) -> Path | None:
 
 
 def _gone_message(config: TrainConfig, folder: Path) -> str:
-    what = "is no longer a folder" if folder.exists() else f"is {dangling_link(folder)}" if dangling_link(folder) \
-        else "no longer exists (moved or deleted)"
+    link = dangling_link(folder)
+    what = "is no longer a folder" if folder.exists() else f"is {link}" if link else "no longer exists (moved or deleted)"
     return (f"{shortened(config.dataset)}: the run's image folder {shortened(str(folder))} {what}; point at the "
             "images with --dataset folder:PATH (where the folder is now, or another folder with the same classes)")
 
@@ -161,8 +161,8 @@ def check_other_dataset(config: TrainConfig, dataset: str, recorded: dict[str, A
     folder = D.folder_path(dataset)
     if folder is not None:
         if not folder.is_dir():
-            what = "is not a folder" if folder.exists() else f"is {dangling_link(folder)}" if dangling_link(folder) \
-                else "does not exist"
+            link = dangling_link(folder)
+            what = "is not a folder" if folder.exists() else f"is {link}" if link else "does not exist"
             raise ParameterError("dataset", dataset, f": {folder} {what}; give the image folder holding test "
                                  "images of the run's classes (PATH/train/CLASS/... and PATH/test/CLASS/...)")
         try:

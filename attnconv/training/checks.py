@@ -148,8 +148,8 @@ def check_folder_there(out: Path, config: TrainConfig) -> None:
     takes no other: `--dataset` naming where it is now would be another config)."""
     folder = D.folder_path(config.dataset)
     if folder is not None and not folder.is_dir():
-        what = "is not a folder" if folder.exists() else f"is {dangling_link(folder)}" if dangling_link(folder) \
-            else "no longer exists (moved or deleted)"
+        link = dangling_link(folder)
+        what = "is not a folder" if folder.exists() else f"is {link}" if link else "no longer exists (moved or deleted)"
         raise ParameterError("out", out, f": the run's image folder {folder} {what}; --resume continues on the "
                              f"folder the run was trained on: move it back to {folder}, or train on the images where "
                              "they are now into a new {out}", mentions=("out",))

@@ -43,7 +43,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.evaluate import evaluate
-from attnconv.fileio import DirectoryLock, remove_empty, remove_temporaries, same_path
+from attnconv.fileio import DirectoryLock, open_regular, remove_empty, remove_temporaries, same_path
 from attnconv.models.sites import records_heads
 from attnconv.precision import check_amp, precision_name
 from attnconv.runs import (
@@ -399,11 +399,11 @@ class _Trainer:
         """Note the digest of the CNN weights an --init-from run starts from (config.json records it); on a resume
         that starts the run again, an error if the CNN's weights are not those it started from (a CNN of the same
         shapes put in its place: another seed, trained further)."""
-        digest = hashlib.sha256()
-        with open(weights, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        self.init_weights = digest.hexdigest()
+        try:
+            with open_regular(weights, "restore the CNN run from a copy") as f:  # read as every reader reads
+                self.init_weights = hashlib.file_digest(f, "sha256").hexdigest()
+        except AttnconvError as err:  # swapped for a FIFO since it loaded: every rank is told
+            return err
         recorded = None
         if self.resume and (self.out / CONFIG_FILE).is_file():
             recorded = read_config(self.out).get("init_from_weights")

@@ -1,0 +1,198 @@
+"""What `capture_attention` gives: one record per attention computation, and the record as an attention layer.
+
+    r = capture_attention(model, images)[0]      # a CapturedAttention: path, kind, probs (heads, T_q, T_k), size
+    r.image_probs()                                # its attention over the image positions, rows renormalized
+    CapturedLayer(...)                             # the record as an `AttentionLayer`, for the per-head measures
+
+`image_tokens` places a token count on an image grid (the leading tokens that are not image positions left out),
+`left_out_note` says in words what was left out, and `multihead_value_maps` gives an nn.MultiheadAttention's
+value maps (Lemma 1). The pass that makes the records is `attnconv.models.capture`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnconv.errors import AttnconvError
+
+# The most leading tokens that are not image positions (class token, distillation token, registers).
+MAX_EXTRA = 16
+
+KINDS = ("SelfAttention2d", "ConvAttention", "MultiheadAttention", "sdpa")
+
+
+def left_out_note(left_out: tuple[int, int, int]) -> str:
+    """(leading query tokens, leading key tokens, trailing keys) left out, in words ('' for none)."""
+    lead_q, lead_k, trail = left_out
+    parts = []
+    if lead_k or lead_q:
+        n = max(lead_q, lead_k)
+        parts.append(f"{n} leading token{'s' if n > 1 else ''} (class token, registers) left out")
+    if trail:
+        parts.append(f"{trail} appended key{'s' if trail > 1 else ''} (bias_k, zero attention) left out")
+    return "; ".join(parts)
+
+
+def image_tokens(count: int, grid: Sequence[int] | None = None,
+                 aspect: Sequence[int] | None = None) -> tuple[int, tuple[int, int]] | None:
+    """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
+
+    With `grid` (H, W): when count is H*W plus at most MAX_EXTRA leading tokens. Otherwise (or when
+    grid does not fit this sequence) the token count decides: the fewest leading tokens that leave a
+    square of side >= 2 (50 tokens: a class token and 7x7) or, with `aspect` (the images' (H, W), not
+    square), a grid of the images' shape, which wins a tie (32 tokens of 16x32 images: 4x8; 64 tokens
+    of them: 8x8, a model that resized them). Tokens are row-major, as a patch embedding's flatten
+    gives them.
+    """
+    if grid is not None:
+        h, w = (int(v) for v in grid)
+        if 0 <= count - h * w <= MAX_EXTRA:
+            return count - h * w, (h, w)
+    a = b = 0
+    if aspect is not None and int(aspect[0]) != int(aspect[1]) and min(int(aspect[0]), int(aspect[1])) >= 1:
+        g = math.gcd(int(aspect[0]), int(aspect[1]))
+        a, b = int(aspect[0]) // g, int(aspect[1]) // g
+    for extra in range(min(MAX_EXTRA, count) + 1):  # the fewest leading tokens; at a tie, the images' shape
+        n = count - extra
+        if a:
+            k = math.isqrt(n // (a * b))
+            if k >= 1 and a * b * k * k == n and max(a, b) * k >= 2:
+                return extra, (a * k, b * k)
+        side = math.isqrt(n)
+        if side >= 2 and side * side == n:
+            return extra, (side, side)
+    return None
+
+
+@dataclass(repr=False)
+class CapturedAttention:
+    """One attention computation of a model, averaged over the images it ran on.
+
+    path: the module that ran it ("" for the model itself); kind: one of KINDS; call: how many
+    computations of that module came before it in the pass (0: its first).
+    probs (heads, T_q, T_k): the probabilities between image positions (left-out tokens dropped, not
+    renormalized), float32 (float64 for float64 inputs). size / query_size: the key and query grids
+    (H, W), None when the tokens fit no grid (then every token is kept). left_out: (leading query
+    tokens, leading key tokens, trailing key tokens) not on the grid. extra_mass (heads, T_q): the
+    attention the left-out keys took, None when none were left out. images: the batch entries
+    averaged. scores: with `capture_attention(..., scores=True)`, the pre-softmax scores over the
+    same tokens, {"combined": with masks, "content": q k^T * scale} (SelfAttention2d: its terms).
+    """
+
+    path: str
+    kind: str
+    call: int
+    probs: Tensor
+    size: tuple[int, int] | None
+    query_size: tuple[int, int] | None
+    left_out: tuple[int, int, int]
+    extra_mass: Tensor | None
+    images: int
+    module: nn.Module | None = field(compare=False)
+    scores: dict[str, Tensor] | None = None
+
+    @property
+    def heads(self) -> int:
+        return int(self.probs.shape[0])
+
+    @property
+    def name(self) -> str:
+        """The module path, with '#n' for a module's later computations ('blocks.0.attn', 'decoder#1')."""
+        base = self.path or "(model)"
+        return base if self.call == 0 else f"{base}#{self.call}"
+
+    def note(self) -> str:
+        """What was left out, in words ('' when nothing was)."""
+        if self.size is None:
+            return f"{self.probs.shape[-1]} tokens on no image grid: all kept"
+        return left_out_note(self.left_out)
+
+    def image_probs(self) -> Tensor:
+        """probs renormalized over the image positions (each query's row sums to 1): what the measures see."""
+        total = self.probs.sum(-1, keepdim=True)
+        return torch.where(total > 0, self.probs / total.clamp_min(torch.finfo(self.probs.dtype).tiny), self.probs)
+
+    def __repr__(self) -> str:
+        where = "no grid" if self.size is None else f"{self.size[0]}x{self.size[1]}"
+        note = self.note()
+        return (f"CapturedAttention({self.name!r}, {self.kind}, heads={self.heads}, {where}, images={self.images}"
+                + (f"; {note}" if note else "") + ")")
+
+
+class CapturedLayer:
+    """A captured attention computation as an attention layer (the `AttentionLayer` protocol), for the measures.
+
+    Its probabilities depend on the input (`position_only` is False) and on the whole model, so
+    `attention_probs()` gives the captured ones (renormalized over the image positions); new ones come
+    from running the model again (`capture_attention`, or `attnconv.models.sites.site_probs`).
+    `value_maps()` (Lemma 1's W_val^h W_out^h, for conv-likeness) exists where the module says:
+    `nn.MultiheadAttention`, or a module with its own `value_maps()` (attnconv's ViT); else
+    `has_value_maps` is False and the measures leave conv-likeness out.
+    """
+
+    position_only = False
+    score_terms = ("combined", "content")
+
+    def __init__(self, path: str, kind: str, call: int, heads: int, module: nn.Module, size: tuple[int, int],
+                 left_out: tuple[int, int, int], probs: Tensor | None = None):
+        self.path, self.kind, self.call, self.heads = path, kind, call, heads
+        self.module, self.size, self.left_out, self.probs = module, size, left_out, probs
+
+    @property
+    def encoding_name(self) -> str:
+        return f"captured {self.kind}"
+
+    @property
+    def note(self) -> str:
+        """How the captured probabilities were taken, in words (the tokens left out)."""
+        left = left_out_note(self.left_out)
+        return f"{left}, attention renormalized over the image positions" if left else "captured attention"
+
+    @property
+    def has_value_maps(self) -> bool:
+        return self.kind == "MultiheadAttention" or callable(getattr(self.module, "value_maps", None))
+
+    def attention_probs(self, x: Tensor | None = None, size: Sequence[int] | None = None,
+                        term: str = "combined") -> Tensor:
+        """The captured probabilities (1, heads, T, T); the model, not this layer, turns an input into new ones."""
+        if x is not None or self.probs is None:
+            raise AttnconvError(f"{self.path or '(model)'}: captured attention is recomputed by running the model: "
+                                "call capture_attention(model, images)")
+        return self.probs.unsqueeze(0)
+
+    def value_maps(self) -> tuple[Tensor, Tensor]:
+        """(maps (heads, C_out, C_in), bias (C_out,)): y_q = sum_h sum_k P_h[q, k] maps[h] @ x_k + bias."""
+        if self.kind == "MultiheadAttention":
+            return multihead_value_maps(self.module)
+        if callable(getattr(self.module, "value_maps", None)):
+            return self.module.value_maps()
+        raise AttnconvError(f"{self.path or '(model)'} ({type(self.module).__name__}): its value and output "
+                            "projections are unknown, so it has no value maps")
+
+    def __repr__(self) -> str:
+        return f"CapturedLayer({self.path!r}, {self.kind}, heads={self.heads}, size={self.size})"
+
+
+def multihead_value_maps(mha: nn.MultiheadAttention) -> tuple[Tensor, Tensor]:
+    """Lemma 1's maps of an nn.MultiheadAttention: W_out[:, head h] @ W_v[head h, :], (heads, E, vdim)."""
+    h, e = mha.num_heads, mha.embed_dim
+    d = e // h
+    if mha._qkv_same_embed_dim:
+        w_v = mha.in_proj_weight[2 * e:]
+    else:
+        w_v = mha.v_proj_weight
+    zero = torch.zeros(e, dtype=w_v.dtype, device=w_v.device)
+    b_v = mha.in_proj_bias[2 * e:] if mha.in_proj_bias is not None else zero
+    w_o = mha.out_proj.weight
+    b_o = mha.out_proj.bias if mha.out_proj.bias is not None else zero
+    with torch.no_grad():
+        maps = torch.stack([w_o[:, i * d:(i + 1) * d] @ w_v[i * d:(i + 1) * d] for i in range(h)])
+        return maps.detach(), (b_o + w_o @ b_v).detach()
+
+
+# ------------------------------------------------------------------------------------------ recomputation
