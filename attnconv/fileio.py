@@ -71,8 +71,10 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
                 os.close(fd)
             try:
                 write(tmp)
-                # mkstemp makes the file 0600: give it the mode of the file it replaces, else what the umask allows.
-                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else 0o666 & ~current_umask())
+                # mkstemp makes the file 0600: give it the mode of the file it replaces, else what the umask allows
+                # (a link is replaced itself, so the mode of the file it leads to is not the one replaced).
+                replaced = os.lstat(path).st_mode if os.path.lexists(path) else 0
+                os.chmod(tmp, stat.S_IMODE(replaced) if stat.S_ISREG(replaced) else 0o666 & ~current_umask())
                 fd = os.open(tmp, os.O_RDONLY)
                 try:
                     os.fsync(fd)
@@ -460,8 +462,13 @@ def check_output_file(path: str | os.PathLike, name: str, suffixes: tuple[str, .
     if path.name in RUN_FILE_NAMES and (path.parent / RUN_FILE_NAMES[0]).is_file():
         raise bad(f"is a file of the attnconv run in {path.parent}; write somewhere else")
     if (path.exists() or path.is_symlink()) and not overwrite:
-        if path.is_symlink() or not path.is_file():
-            raise bad("exists and is not a regular file; choose another name (or pass {overwrite} to replace it)")
+        if path.is_symlink():
+            target = dangling_link(path) or f"a link to {os.readlink(path)}"
+            raise bad(f"is {target}; choose another name (or pass {{overwrite}} to replace the link itself: "
+                      "nothing is written through it)")
+        if not path.is_file():
+            raise bad(f"exists and is {file_kind(path.stat().st_mode)}, not a regular file; choose another name "
+                      "(or pass {overwrite} to replace it)")
         if not written_by_attnconv(path):
             raise bad("exists and attnconv did not write it; choose another name, or pass {overwrite} to replace it")
     return path

@@ -723,6 +723,42 @@ def test_no_command_writes_over_a_runs_files_or_a_users_file(tmp_path, capsys):
     assert {p: p.read_bytes() for p in [*run.iterdir(), *user.iterdir()]} == before
 
 
+def test_an_output_that_is_a_link_is_named_as_one_and_overwrite_replaces_the_link_itself(tmp_path, capsys):
+    """An output path that is a link (to a file, to nothing, a loop) is refused naming the link and where it leads;
+    --overwrite replaces the link itself, with the mode a new file gets (not the linked file's), and the linked
+    file is left as it was. A folder in its place is named as a folder."""
+    import os
+    import stat
+
+    target = tmp_path / "theirs.png"
+    target.write_bytes(b"theirs")
+    target.chmod(0o755)
+    (tmp_path / "to_file.png").symlink_to(target)
+    (tmp_path / "to_nothing.png").symlink_to(tmp_path / "nowhere.png")
+    (tmp_path / "loop.png").symlink_to(tmp_path / "loop.png")
+    (tmp_path / "folder.json").mkdir()
+    cases = {"to_file.png": f"is a link to {target}; choose another name (or pass --overwrite to replace the link "
+                            "itself: nothing is written through it)",
+             "to_nothing.png": "which does not exist; choose another name",
+             "loop.png": "which loops back through links"}
+    for name, words in cases.items():
+        assert main(["express", "--plot", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, (name, err)
+    assert main(["bench", "--only", "matmul", "--json", str(tmp_path / "folder.json")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    old = os.umask(0o022)
+    try:
+        assert main(["express", "--plot", str(tmp_path / "to_file.png"), "--overwrite"]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    written = tmp_path / "to_file.png"
+    assert not written.is_symlink() and written.read_bytes()[:4] == b"\x89PNG"
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644  # the umask's mode, not the linked file's 0755
+    assert target.read_bytes() == b"theirs" and stat.S_IMODE(target.stat().st_mode) == 0o755
+
+
 def test_every_numeric_flag_of_every_command_has_a_range():
     from attnconv.cli import build_parser, numeric_flags, ranges
 
