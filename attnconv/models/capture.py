@@ -90,8 +90,9 @@ class _Accumulator:
 
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
                  device: torch.device, where: str):
-        self.q = image_tokens(lq, capture.grid, capture.aspect)
-        self.k = image_tokens(sk, capture.grid, capture.aspect)
+        grid = capture.grids.get((where, capture.calls.get(where, 0)), capture.grid)  # a site's own grid first
+        self.q = image_tokens(lq, grid, capture.aspect)
+        self.k = image_tokens(sk, grid, capture.aspect)
         self.trailing = trailing
         self.lead_q = self.q[0] if self.q else 0
         self.lead_k = self.k[0] if self.k else 0
@@ -297,10 +298,12 @@ class _Capture(TorchFunctionMode):
     """The pass: a stack of the modules running (pre/post hooks), records in call order, the byte budget."""
 
     def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
-                 native_probs: bool = True, aspect: Sequence[int] | None = None):
+                 native_probs: bool = True, aspect: Sequence[int] | None = None,
+                 grids: dict[tuple[str, int], tuple[int, int]] | None = None):
         super().__init__()
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
         self.aspect = aspect
+        self.grids = dict(grids or {})  # (path, call) -> the grid of that computation, known beforehand
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.records: list[CapturedAttention] = []
@@ -459,12 +462,14 @@ def check_capturable(model: nn.Module, what: str) -> None:
 
 
 def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
-                  native_probs: bool) -> list[CapturedAttention]:
+                 native_probs: bool, grids: dict[tuple[str, int], tuple[int, int]] | None = None
+                 ) -> list[CapturedAttention]:
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
-    layers themselves."""
+    layers themselves. grids: {(path, call): (H, W)}, each computation's grid where it is known (the attention
+    sites'), before `grid` and the guess."""
     aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
-    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect)
+    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():

@@ -31,7 +31,6 @@ from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
     CapturedLayer,
-    capture_attention,
     capture_pass,
     check_capturable,
     check_grid,
@@ -200,9 +199,13 @@ def _capture_key(layer: CapturedLayer) -> tuple[str, int]:
 
 
 def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, scores: bool = False) -> list:
-    """capture_attention of x, one record per captured site (in the sites' order)."""
-    by_key = {(r.path, r.call): r for r in capture_attention(model, x, sites[_captured(sites)[0]].size,
-                                                             scores=scores)}
+    """capture_attention of x, one record per captured site (in the sites' order), each computation read on its
+    own site's grid (not one grid for all: a layer of 5x5 tokens is not 4x4 and 9 leading ones)."""
+    captured = [sites[i] for i in _captured(sites)]
+    check_capturable(model, "the attention sites' model")
+    grids = {_capture_key(site.layer): tuple(site.size) for site in captured}
+    by_key = {(r.path, r.call): r for r in capture_pass(model, x, None, MAX_BYTES, scores, native_probs=True,
+                                                        grids=grids)}
     out = []
     for i in _captured(sites):
         key = _capture_key(sites[i].layer)
