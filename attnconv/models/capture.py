@@ -55,6 +55,7 @@ from attnconv.models.captured import (
     MAX_EXTRA,
     CapturedAttention,
     CapturedLayer,
+    close_reading,
     image_tokens,
     left_out_note,
     multihead_value_maps,
@@ -91,8 +92,7 @@ class _Accumulator:
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
                  device: torch.device, where: str):
         grid = capture.grids.get((where, capture.calls.get(where, 0)), capture.grid)  # a site's own grid first
-        self.q = image_tokens(lq, grid, capture.aspect)
-        self.k = image_tokens(sk, grid, capture.aspect)
+        self.q, self.k = capture.reading(lq, grid, where), capture.reading(sk, grid, where)
         self.trailing = trailing
         self.lead_q = self.q[0] if self.q else 0
         self.lead_k = self.k[0] if self.k else 0
@@ -304,6 +304,7 @@ class _Capture(TorchFunctionMode):
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
         self.aspect = aspect
         self.grids = dict(grids or {})  # (path, call) -> the grid of that computation, known beforehand
+        self.guessed: set[int] = set()  # token counts whose close guess was said
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.records: list[CapturedAttention] = []
@@ -321,6 +322,23 @@ class _Capture(TorchFunctionMode):
                 f"capture_attention: {where or '(model)'} ({what}) brings the captured attention to "
                 f"{format_bytes(self.total)}, more than max_bytes {format_bytes(self.max_bytes)}; give smaller "
                 "images (fewer tokens) or a larger max_bytes")
+
+    def reading(self, count: int, grid: tuple[int, int] | None, where: str) -> tuple[int, tuple[int, int]] | None:
+        """`image_tokens` of `count` tokens; a guess that another reading fits about as well is said, once a count
+        (the fix being grid=)."""
+        if grid is None or not 0 <= count - grid[0] * grid[1] <= MAX_EXTRA:
+            other = close_reading(count, self.aspect)
+            if other is not None and count not in self.guessed:
+                self.guessed.add(count)
+                def words(lead: int, hw: tuple[int, int]) -> str:
+                    return f"{hw[0]}x{hw[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
+
+                size = "x".join(map(str, self.aspect)) if self.aspect else "?"
+                warnings.warn(AttnconvWarning(
+                    f"{where or '(model)'}: {count} tokens of {size} images are read as "
+                    f"{words(*image_tokens(count, None, self.aspect))}, a guess: {words(*other)} fits about as "
+                    f"well; if the image positions lie there, pass grid=({other[1][0]}, {other[1][1]})"), stacklevel=2)
+        return image_tokens(count, grid, self.aspect)
 
     def _inside_owner(self) -> bool:
         """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""

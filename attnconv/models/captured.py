@@ -38,34 +38,74 @@ def left_out_note(left_out: tuple[int, int, int]) -> str:
     return "; ".join(parts)
 
 
+# What a reading costs beside its leading tokens: a class token and registers before the images' patch grid (H / p,
+# W / p for a patch size p that divides both) is the usual layout; a patch size that leaves pixels over (H // p,
+# W // p: a convolution without padding) less so; a grid the images' patches do not give (a model that resized
+# them) less still; a patch size that pads (the rounded-up grid) least.
+FLOOR_COST, RESIZED_COST, CEIL_COST = 4, 6, 10
+# Readings within this many of the best are close enough that the guess is said (`close_reading`).
+CLOSE = 3
+
+
+def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple[int, int, tuple[int, int]]]:
+    """Every way to read `count` tokens as leading tokens then a grid, best first: (cost, leading, (H, W)).
+
+    Without `images` (the images' (H, W)): squares of side >= 2, the fewest leading tokens first. With it, the
+    images' patch grids for each patch size p (H / p x W / p where p divides both, else H // p x W // p at
+    FLOOR_COST or the rounded-up grid at CEIL_COST), and squares and the images' shape at other scales (a model
+    that resized them) at RESIZED_COST, each cost added to the reading's leading tokens: 37 tokens of 16x32
+    images are 5 leading tokens and 4x8 (cost 5) before one and a 6x6 square (7); 64 tokens, 8x8 (6) before 14
+    and 5x10 (18); 35 of 30x20, 7x5 (4). Ties go to the fewer leading tokens. Tokens are row-major, as a patch
+    embedding's flatten gives them.
+    """
+    costs: dict[tuple[int, tuple[int, int]], int] = {}
+
+    def add(h: int, w: int, cost: int) -> None:
+        lead = count - h * w
+        if h * w >= 2 and 0 <= lead <= MAX_EXTRA:
+            key = (lead, (h, w))
+            costs[key] = min(costs.get(key, 1 << 30), lead + cost)
+
+    known = images is not None and min(int(images[0]), int(images[1])) >= 1
+    if known:
+        H, W = int(images[0]), int(images[1])
+        for patch in range(1, max(H, W) + 1):
+            if H % patch == 0 and W % patch == 0:
+                add(H // patch, W // patch, 0)
+            else:
+                add(H // patch, W // patch, FLOOR_COST)
+                add(-(-H // patch), -(-W // patch), CEIL_COST)
+        g = math.gcd(H, W)
+        a, b = H // g, W // g
+        for k in range(1, math.isqrt(count // (a * b)) + 1):
+            add(a * k, b * k, RESIZED_COST)
+    for side in range(max(2, math.isqrt(max(count - MAX_EXTRA, 0))), math.isqrt(count) + 1):
+        add(side, side, RESIZED_COST if known else 0)
+    return sorted(((c, lead, grid) for (lead, grid), c in costs.items()), key=lambda r: (r[0], r[1]))
+
+
 def image_tokens(count: int, grid: Sequence[int] | None = None,
                  aspect: Sequence[int] | None = None) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
 
     With `grid` (H, W): when count is H*W plus at most MAX_EXTRA leading tokens. Otherwise (or when
-    grid does not fit this sequence) the token count decides: the fewest leading tokens that leave a
-    square of side >= 2 (50 tokens: a class token and 7x7) or, with `aspect` (the images' (H, W), not
-    square), a grid of the images' shape, which wins a tie (32 tokens of 16x32 images: 4x8; 64 tokens
-    of them: 8x8, a model that resized them). Tokens are row-major, as a patch embedding's flatten
-    gives them.
+    grid does not fit this sequence) the best of `grid_readings(count, aspect)`, aspect being the
+    images' (H, W) (50 tokens of 28x28 images: a class token and 7x7; 37 of 16x32: 5 and 4x8).
     """
     if grid is not None:
         h, w = (int(v) for v in grid)
         if 0 <= count - h * w <= MAX_EXTRA:
             return count - h * w, (h, w)
-    a = b = 0
-    if aspect is not None and int(aspect[0]) != int(aspect[1]) and min(int(aspect[0]), int(aspect[1])) >= 1:
-        g = math.gcd(int(aspect[0]), int(aspect[1]))
-        a, b = int(aspect[0]) // g, int(aspect[1]) // g
-    for extra in range(min(MAX_EXTRA, count) + 1):  # the fewest leading tokens; at a tie, the images' shape
-        n = count - extra
-        if a:
-            k = math.isqrt(n // (a * b))
-            if k >= 1 and a * b * k * k == n and max(a, b) * k >= 2:
-                return extra, (a * k, b * k)
-        side = math.isqrt(n)
-        if side >= 2 and side * side == n:
-            return extra, (side, side)
+    readings = grid_readings(count, aspect)
+    return (readings[0][1], readings[0][2]) if readings else None
+
+
+def close_reading(count: int, images: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
+    """The second reading of `count` tokens when it is about as likely as the first (within CLOSE), else None:
+    then the guess is only a guess, and `grid=` should settle it."""
+    readings = grid_readings(count, images)
+    if len(readings) > 1 and readings[1][0] - readings[0][0] <= CLOSE:
+        return readings[1][1], readings[1][2]
     return None
 
 
