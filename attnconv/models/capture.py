@@ -11,6 +11,9 @@ One forward pass without autograd, in eval mode (the training mode is restored),
 - `nn.MultiheadAttention`: recomputed from its inputs and weights in float64 (batch_first either
   way, attn_mask and key_padding_mask, bool or float, separate q/k/v projections, bias_k,
   add_zero_attn), whatever path the module itself takes;
+- any call of `torch.nn.functional.multi_head_attention_forward` made outside such a module (a module that
+  calls it itself, as CLIP's attention pooling does, or a subclass's `super().forward`): recomputed the same way
+  from the call's own arguments (kind "multi_head_attention_forward");
 - any call of `torch.nn.functional.scaled_dot_product_attention` (timm's and Hugging Face's ViTs):
   intercepted by a torch function mode while the model runs, the module's output unchanged;
   softmax(q k^T * scale + mask) recomputed in float64 from its q, k, attn_mask, scale, is_causal
@@ -19,9 +22,9 @@ One forward pass without autograd, in eval mode (the training mode is restored),
 
 Probabilities are averaged over the batch (the images, and whatever else the model folds into the
 batch, such as windows). Tokens that are not image positions are found from `grid` (H, W) or from
-the token count (a perfect square plus up to `MAX_EXTRA` leading tokens: a class token, registers)
-and left out: `probs` holds the model's probabilities between image positions (rows sum to one
-minus `extra_mass`, the attention the left-out tokens took). Keys appended after the sequence
+the token count and the images' shape (a grid plus up to `MAX_EXTRA` leading tokens: a class token,
+registers; `captured.grid_readings`) and left out: `probs` holds the model's probabilities between
+image positions (rows sum to one minus `extra_mass`, the attention the left-out tokens took). Keys appended after the sequence
 (`bias_k`, `add_zero_attn`) are left out the same way. Tokens that fit no image grid are all kept
 and the record says so (`size` None).
 
@@ -180,34 +183,61 @@ def _multihead_record(capture: _Capture, where: str, mha: nn.MultiheadAttention,
     names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
     bound = dict(zip(names, args))
     bound.update(kwargs)
-    query, key = bound["query"].detach(), bound["key"].detach()
-    kpm, attn_mask = bound.get("key_padding_mask"), bound.get("attn_mask")
+    e = mha.embed_dim
+    same = mha._qkv_same_embed_dim
+    w_q, w_k = (mha.in_proj_weight[:e], mha.in_proj_weight[e:2 * e]) if same else (mha.q_proj_weight, mha.k_proj_weight)
+    b = mha.in_proj_bias
+    return _attention_record(capture, where, bound["query"], bound["key"], mha.batch_first, mha.num_heads, w_q, w_k,
+                             None if b is None else b[:e], None if b is None else b[e:2 * e], mha.bias_k,
+                             mha.add_zero_attn, bound.get("key_padding_mask"), bound.get("attn_mask"))
+
+
+def _functional_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _Accumulator | None:
+    """Recompute a `F.multi_head_attention_forward` call (a module calling it itself, or a subclass's
+    `super().forward`), sequence first as the function takes it; None for one whose keys are given already
+    projected (`static_k`), which is said."""
+    names = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias", "bias_k",
+             "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias", "training")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    if bound.get("static_k") is not None:
+        warnings.warn(AttnconvWarning(f"{where or '(model)'}: a multi_head_attention_forward call with static_k "
+                                      "(keys given already projected) is not captured"), stacklevel=3)
+        return None
+    e, w, b = int(bound["embed_dim_to_check"]), bound.get("in_proj_weight"), bound.get("in_proj_bias")
+    w_q, w_k = (bound["q_proj_weight"], bound["k_proj_weight"]) if bound.get("use_separate_proj_weight") \
+        else (w[:e], w[e:2 * e])
+    return _attention_record(capture, where, bound["query"], bound["key"], False, int(bound["num_heads"]), w_q, w_k,
+                             None if b is None else b[:e], None if b is None else b[e:2 * e], bound.get("bias_k"),
+                             bool(bound.get("add_zero_attn")), bound.get("key_padding_mask"), bound.get("attn_mask"))
+
+
+def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor, batch_first: bool, h: int,
+                      w_q: Tensor, w_k: Tensor, b_q: Tensor | None, b_k: Tensor | None, bias_k: Tensor | None,
+                      add_zero_attn: bool, kpm: Tensor | None, attn_mask: Tensor | None) -> _Accumulator:
+    """Multi-head attention's probabilities in float64 from its inputs, projections and masks (nn.MultiheadAttention's
+    and `F.multi_head_attention_forward`'s conventions: bool masks are True where NOT allowed)."""
+    query, key = query.detach(), key.detach()
     if query.dim() == 2:  # unbatched (L, E)
         query, key = query.unsqueeze(0), key.unsqueeze(0)
         kpm = None if kpm is None else kpm.unsqueeze(0)
-    elif not mha.batch_first:
+    elif not batch_first:
         query, key = query.transpose(0, 1), key.transpose(0, 1)  # (B, L, E)
-    B, L, _ = query.shape
+    B, L, e = query.shape
     S = key.shape[1]
-    h, e = mha.num_heads, mha.embed_dim
     d = e // h
-    if mha._qkv_same_embed_dim:
-        w_q, w_k = mha.in_proj_weight[:e], mha.in_proj_weight[e:2 * e]
-    else:
-        w_q, w_k = mha.q_proj_weight, mha.k_proj_weight
-    b = mha.in_proj_bias
-    q = F.linear(query.double(), w_q.double(), None if b is None else b[:e].double())  # (B, L, E)
-    k = F.linear(key.double(), w_k.double(), None if b is None else b[e:2 * e].double())  # (B, S, E)
+    q = F.linear(query.double(), w_q.detach().double(), None if b_q is None else b_q.detach().double())  # (B, L, E)
+    k = F.linear(key.double(), w_k.detach().double(), None if b_k is None else b_k.detach().double())  # (B, S, E)
     trailing = 0
-    if mha.bias_k is not None:
-        k = torch.cat([k, mha.bias_k.detach().double().reshape(1, 1, e).expand(B, 1, e)], dim=1)
+    if bias_k is not None:
+        k = torch.cat([k, bias_k.detach().double().reshape(1, 1, e).expand(B, 1, e)], dim=1)
         trailing += 1
     q = q.reshape(B, L, h, d).transpose(1, 2)  # (B, h, L, d)
     k = k.reshape(B, S + trailing, h, d).transpose(1, 2)
-    if mha.add_zero_attn:
+    if add_zero_attn:
         k = torch.cat([k, k.new_zeros(B, h, 1, d)], dim=2)
         trailing += 1
-    # One additive float mask (B, h, L, S + trailing): MultiheadAttention's bool masks are True where NOT allowed.
+    # One additive float mask (B, h, L, S + trailing): bool masks are True where NOT allowed.
     mask = torch.zeros(B, h, L, S + trailing, dtype=torch.float64, device=q.device)
 
     def add(m: Tensor, shape: tuple[int, ...]) -> None:
@@ -385,12 +415,16 @@ class _Capture(TorchFunctionMode):
             return
         start, args, kwargs, expected, where = after
         if not plain_multihead(module) and not _same_output(output, expected):
-            if module not in self.warned:
+            # Not nn.MultiheadAttention's output on this call (or a forward that takes other arguments): its attention
+            # is what it computes inside (SDPA, multi_head_attention_forward: a super().forward), said when nothing.
+            if len(self.records) == start and module not in self.warned:
                 self.warned.add(module)
+                how = "computes something else than" if expected is not None else "takes other arguments than"
                 warnings.warn(AttnconvWarning(
-                    f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention and computes "
-                    "something else than nn.MultiheadAttention's forward on its weights; what it computes through "
-                    "scaled_dot_product_attention is captured, and nothing else of it"), stacklevel=2)
+                    f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention and {how} "
+                    "nn.MultiheadAttention's forward, and no attention computation inside it was seen "
+                    "(scaled_dot_product_attention, multi_head_attention_forward): its attention is not captured"),
+                    stacklevel=2)
             return
         for r in self.records[start:]:  # its own calls inside (a subclass's): the whole computation replaces them
             self.calls[r.path] -= 1
@@ -401,10 +435,16 @@ class _Capture(TorchFunctionMode):
         # Called with this mode off: the torch calls below are not intercepted again.
         kwargs = kwargs or {}
         out = func(*args, **kwargs)  # first: a call torch refuses fails with torch's own words, not the recomputation's
-        if func is F.scaled_dot_product_attention and not self.quiet and not self._inside_owner():
+        if func in (F.scaled_dot_product_attention, F.multi_head_attention_forward) and not self.quiet \
+                and not self._inside_owner():
             module = self.stack[-1] if self.stack else None
             where = self.names.get(module, "") if module is not None else ""
-            self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs))
+            if func is F.scaled_dot_product_attention:
+                self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs))
+            else:  # with the mode off inside it, its own SDPA call is not seen: the whole call is one record
+                made = _functional_record(self, where, args, kwargs)
+                if made is not None:
+                    self._add(where, module, "multi_head_attention_forward", made)
         return out
 
 

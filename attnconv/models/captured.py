@@ -23,7 +23,7 @@ from attnconv.errors import AttnconvError
 # The most leading tokens that are not image positions (class token, distillation token, registers).
 MAX_EXTRA = 16
 
-KINDS = ("SelfAttention2d", "ConvAttention", "MultiheadAttention", "sdpa")
+KINDS = ("SelfAttention2d", "ConvAttention", "MultiheadAttention", "multi_head_attention_forward", "sdpa")
 
 
 def left_out_note(left_out: tuple[int, int, int]) -> str:
