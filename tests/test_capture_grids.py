@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from attnconv import attention_sites, capture_attention
+from attnconv import AttnconvError, attention_sites, capture_attention
 from attnconv.analysis import analyze_sites
 from attnconv.errors import AttnconvWarning
 from attnconv.models.sites import site_maps, site_probs, site_scores
@@ -129,3 +129,43 @@ def test_a_guess_that_another_reading_fits_about_as_well_is_said_once_and_grid_s
             warnings.simplefilter("error", AttnconvWarning)
             (r, _) = capture_attention(model, x, grid=other)
         assert r.size == other
+
+
+@pytest.mark.parametrize("lead,trail", [(0, 2), (1, 3), (2, 0), (0, 1)])
+def test_tokens_after_the_image_positions_are_placed_by_leading(lead, trail):
+    """Tokens a model appends after the patches were read as leading tokens (the first patches dropped, every map
+    shifted), and grid= could not say otherwise. grid= with leading= places them: the image positions' attention
+    is torch's own, between the right tokens, and the sites and site_probs keep that layout."""
+    torch.manual_seed(lead * 7 + trail)
+    model, x = PatchTokens(4, lead, trail).eval(), torch.randn(3, 1, 16, 16)
+    (r,) = capture_attention(model, x, grid=(4, 4), leading=lead)
+    assert r.size == (4, 4) and r.left_out == (lead, lead, trail)
+    t = torch.cat([model.tokens.expand(3, -1, -1)[:, :lead], model.embed(x).flatten(2).transpose(1, 2),
+                   model.tokens.expand(3, -1, -1)[:, lead:]], 1)
+    with torch.no_grad():
+        full = model.attn(t, t, t, need_weights=True, average_attn_weights=False)[1].double().mean(0)
+    image = slice(lead, lead + 16)
+    torch.testing.assert_close(r.probs.double(), full[:, image, image], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.extra_mass.double() if r.extra_mass is not None else torch.zeros(2, 16),
+                               1 - full[:, image, image].sum(-1), rtol=1e-5, atol=1e-6)
+    if trail:
+        assert f"{trail} trailing token" in repr(r)
+    (site,) = attention_sites(model, (1, 16, 16), grid=(4, 4), leading=lead)
+    (p,) = site_probs(model, [site], x)
+    torch.testing.assert_close(p.double(), r.image_probs().double(), rtol=1e-5, atol=1e-6)
+
+
+def test_leading_is_checked():
+    model, x = PatchTokens(4, 1, 1), torch.randn(1, 1, 16, 16)
+    for bad, words in ((-1, "leading -1 is invalid"), (17, "from 0 to 16"), (1.5, "leading 1.5 is invalid"),
+                       (True, "leading True is invalid")):
+        with pytest.raises(AttnconvError, match=words):
+            capture_attention(model, x, grid=(4, 4), leading=bad)
+    with pytest.raises(AttnconvError, match=r"give grid=\(H, W\) with it"):
+        capture_attention(model, x, leading=1)
+    with pytest.raises(AttnconvError, match=r"give grid=\(H, W\) with it"):
+        attention_sites(model, (1, 16, 16), leading=1)
+    import numpy as np
+
+    (r,) = capture_attention(model, x, grid=(4, 4), leading=np.int64(1))
+    assert r.left_out == (1, 1, 1)

@@ -94,12 +94,15 @@ class _Accumulator:
 
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
                  device: torch.device, where: str):
-        grid = capture.grids.get((where, capture.calls.get(where, 0)), capture.grid)  # a site's own grid first
-        self.q, self.k = capture.reading(lq, grid, where), capture.reading(sk, grid, where)
-        self.trailing = trailing
-        self.lead_q = self.q[0] if self.q else 0
-        self.lead_k = self.k[0] if self.k else 0
-        tq, tk = lq - self.lead_q, sk - self.lead_k
+        # A site's own layout first, then grid= and leading=, then the guess.
+        lead, grid = capture.grids.get((where, capture.calls.get(where, 0)), (capture.leading, capture.grid))
+        self.q, self.k = capture.reading(lq, grid, lead, where), capture.reading(sk, grid, lead, where)
+        if not (self.q and self.k):  # queries or keys on no grid: every token kept, none said left out
+            self.q = self.k = None
+        self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
+        self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
+        self.trailing = sk - self.lead_k - self.tk + trailing  # keys after the image positions: appended, bias_k
+        tq, tk = self.tq, self.tk
         self.dtype = torch.float64 if dtype == torch.float64 else torch.float32
         capture.reserve(heads * tq * tk * self.dtype.itemsize * (3 if capture.scores else 1), where,
                         f"{heads} heads x {tq} x {tk} tokens")
@@ -110,19 +113,18 @@ class _Accumulator:
         self.count = 0
 
     def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
-        """Add a chunk (n, heads, rows, S [+ trailing]) of scores and probabilities: the query rows row0, row0 + 1,
+        """Add a chunk (n, heads, rows, S [+ appended keys]) of scores and probabilities: the query rows row0, row0 + 1,
         ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
-        sk = probs.shape[-1] - self.trailing
-        skip = max(self.lead_q - row0, 0)  # leading (non-image) query rows in this piece
-        t0 = row0 + skip - self.lead_q  # where the piece's image rows go
-        t1 = t0 + probs.shape[-2] - skip
-        if t1 > t0:
-            image = probs[..., skip:, self.lead_k:sk]
+        a, b = max(row0, self.lead_q), min(row0 + probs.shape[-2], self.lead_q + self.tq)  # the image query rows
+        if b > a:
+            rows, keys = slice(a - row0, b - row0), slice(self.lead_k, self.lead_k + self.tk)
+            t0, t1 = a - self.lead_q, b - self.lead_q  # where they go
+            image = probs[..., rows, keys]
             self.probs[:, t0:t1] += image.sum(0)
-            self.extra[:, t0:t1] += (probs[..., skip:, :].sum(-1) - image.sum(-1)).sum(0)
+            self.extra[:, t0:t1] += (probs[..., rows, :].sum(-1) - image.sum(-1)).sum(0)
             if self.scores is not None:
-                self.scores["combined"][:, t0:t1] += combined[..., skip:, self.lead_k:sk].sum(0)
-                self.scores["content"][:, t0:t1] += content[..., skip:, self.lead_k:sk].sum(0)
+                self.scores["combined"][:, t0:t1] += combined[..., rows, keys].sum(0)
+                self.scores["content"][:, t0:t1] += content[..., rows, keys].sum(0)
         if row0 == 0:
             self.count += probs.shape[0]
 
@@ -131,8 +133,7 @@ class _Accumulator:
         left = (self.lead_q, self.lead_k, self.trailing)
         return CapturedAttention(
             path=path, kind=kind, call=call, probs=self.probs.div_(n).to(self.dtype),  # in place: no second copy
-            size=self.k[1] if self.k and self.q else None, query_size=self.q[1] if self.q and self.k else None,
-            left_out=left if self.q and self.k else (0, 0, self.trailing),
+            size=self.k[1] if self.k else None, query_size=self.q[1] if self.q else None, left_out=left,
             extra_mass=(self.extra / n).to(self.dtype) if any(left) else None, images=self.count, module=module,
             scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()})
 
@@ -329,11 +330,11 @@ class _Capture(TorchFunctionMode):
 
     def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
                  native_probs: bool = True, aspect: Sequence[int] | None = None,
-                 grids: dict[tuple[str, int], tuple[int, int]] | None = None):
+                 grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None, leading: int | None = None):
         super().__init__()
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
-        self.aspect = aspect
-        self.grids = dict(grids or {})  # (path, call) -> the grid of that computation, known beforehand
+        self.aspect, self.leading = aspect, leading
+        self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
         self.guessed: set[int] = set()  # token counts whose close guess was said
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
@@ -353,10 +354,12 @@ class _Capture(TorchFunctionMode):
                 f"{format_bytes(self.total)}, more than max_bytes {format_bytes(self.max_bytes)}; give smaller "
                 "images (fewer tokens) or a larger max_bytes")
 
-    def reading(self, count: int, grid: tuple[int, int] | None, where: str) -> tuple[int, tuple[int, int]] | None:
+    def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None,
+                where: str) -> tuple[int, tuple[int, int]] | None:
         """`image_tokens` of `count` tokens; a guess that another reading fits about as well is said, once a count
         (the fix being grid=)."""
-        if grid is None or not 0 <= count - grid[0] * grid[1] <= MAX_EXTRA:
+        placed = image_tokens(count, grid, None, leading) if grid is not None else None
+        if placed is None:
             other = close_reading(count, self.aspect)
             if other is not None and count not in self.guessed:
                 self.guessed.add(count)
@@ -368,7 +371,7 @@ class _Capture(TorchFunctionMode):
                     f"{where or '(model)'}: {count} tokens of {size} images are read as "
                     f"{words(*image_tokens(count, None, self.aspect))}, a guess: {words(*other)} fits about as "
                     f"well; if the image positions lie there, pass grid=({other[1][0]}, {other[1][1]})"), stacklevel=2)
-        return image_tokens(count, grid, self.aspect)
+        return placed or image_tokens(count, None, self.aspect)
 
     def _inside_owner(self) -> bool:
         """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""
@@ -450,11 +453,15 @@ class _Capture(TorchFunctionMode):
 
 @torch.no_grad()
 def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | None = None, *,
-                      max_bytes: int = MAX_BYTES, scores: bool = False) -> list[CapturedAttention]:
+                      leading: int | None = None, max_bytes: int = MAX_BYTES,
+                      scores: bool = False) -> list[CapturedAttention]:
     """Every attention computation of one forward pass of `model` on `images`, in call order (see the module doc).
 
     images: the batch the model takes (normalized as it was trained). grid: (H, W) of the image
-    positions among the tokens, when the token count cannot tell (non-square grids). max_bytes:
+    positions among the tokens, when the token count cannot tell (non-square grids); the tokens
+    beyond them are taken to come first (a class token, registers), unless `leading` (with `grid`)
+    says how many come first: the rest come after the image positions (tokens the model appends)
+    and are left out too. A sequence that the grid does not fit is read as without it. max_bytes:
     the captured probabilities of all computations together may take at most this; the computation
     that would pass it is refused (AttnconvError) before its probabilities are allocated. It bounds what
     is kept, not the peak: while one computation is recomputed, its float64 sums (twice its float32
@@ -468,6 +475,7 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
         raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
     grid = check_grid(grid)
+    leading = check_leading(leading, grid)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
             or max_bytes == math.inf or max_bytes != int(max_bytes):
         raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
@@ -475,7 +483,7 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     if images.device.type == "meta":
         raise AttnconvError("capture_attention: the images are on the meta device, which holds no values; give "
                             "images with values")
-    return capture_pass(model, images, grid, int(max_bytes), scores, native_probs=True)
+    return capture_pass(model, images, grid, int(max_bytes), scores, native_probs=True, leading=leading)
 
 
 def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, ...]:
@@ -494,6 +502,18 @@ def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, .
 def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
     """`grid` as (H, W) of Python ints, or None (`positive_ints`)."""
     return None if grid is None else positive_ints(grid, 2, "grid", "the image positions' (H, W)")
+
+
+def check_leading(leading: Any, grid: tuple[int, int] | None) -> int | None:
+    """`leading` as a Python int, or None: a whole number from 0 to MAX_EXTRA, given with a grid."""
+    if leading is None:
+        return None
+    if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading <= MAX_EXTRA:
+        raise AttnconvError(f"leading {leading!r} is invalid: give how many tokens come before the image positions, "
+                            f"a whole number from 0 to {MAX_EXTRA}")
+    if grid is None:
+        raise AttnconvError("leading= places the image positions of a grid: give grid=(H, W) with it")
+    return int(leading)
 
 
 def check_capturable(model: nn.Module, what: str) -> None:
@@ -520,14 +540,14 @@ def check_capturable(model: nn.Module, what: str) -> None:
 
 
 def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
-                 native_probs: bool, grids: dict[tuple[str, int], tuple[int, int]] | None = None
-                 ) -> list[CapturedAttention]:
+                 native_probs: bool, leading: int | None = None,
+                 grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None) -> list[CapturedAttention]:
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
-    layers themselves. grids: {(path, call): (H, W)}, each computation's grid where it is known (the attention
-    sites'), before `grid` and the guess."""
+    layers themselves. grids: {(path, call): (leading tokens, (H, W))}, each computation's layout where it is known
+    (the attention sites'), before `grid` and `leading` and the guess."""
     aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
-    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids)
+    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids, leading)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():

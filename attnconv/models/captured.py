@@ -34,7 +34,8 @@ def left_out_note(left_out: tuple[int, int, int]) -> str:
         n = max(lead_q, lead_k)
         parts.append(f"{n} leading token{'s' if n > 1 else ''} (class token, registers) left out")
     if trail:
-        parts.append(f"{trail} appended key{'s' if trail > 1 else ''} (bias_k, zero attention) left out")
+        parts.append(f"{trail} trailing token{'s' if trail > 1 else ''} (appended tokens, bias_k, zero attention) "
+                     "left out")
     return "; ".join(parts)
 
 
@@ -84,18 +85,19 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
     return sorted(((c, lead, grid) for (lead, grid), c in costs.items()), key=lambda r: (r[0], r[1]))
 
 
-def image_tokens(count: int, grid: Sequence[int] | None = None,
-                 aspect: Sequence[int] | None = None) -> tuple[int, tuple[int, int]] | None:
+def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence[int] | None = None,
+                 leading: int | None = None) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
 
-    With `grid` (H, W): when count is H*W plus at most MAX_EXTRA leading tokens. Otherwise (or when
-    grid does not fit this sequence) the best of `grid_readings(count, aspect)`, aspect being the
-    images' (H, W) (50 tokens of 28x28 images: a class token and 7x7; 37 of 16x32: 5 and 4x8).
+    With `grid` (H, W): when count is H*W plus at most MAX_EXTRA other tokens, all leading, or
+    `leading` of them (the rest come after the image positions). Otherwise (or when grid does not
+    fit this sequence) the best of `grid_readings(count, aspect)`, aspect being the images' (H, W)
+    (50 tokens of 28x28 images: a class token and 7x7; 37 of 16x32: 5 and 4x8).
     """
     if grid is not None:
         h, w = (int(v) for v in grid)
-        if 0 <= count - h * w <= MAX_EXTRA:
-            return count - h * w, (h, w)
+        if 0 <= count - h * w <= MAX_EXTRA and (leading is None or leading <= count - h * w):
+            return (count - h * w if leading is None else leading), (h, w)
     readings = grid_readings(count, aspect)
     return (readings[0][1], readings[0][2]) if readings else None
 
@@ -117,8 +119,9 @@ class CapturedAttention:
     computations of that module came before it in the pass (0: its first).
     probs (heads, T_q, T_k): the probabilities between image positions (left-out tokens dropped, not
     renormalized), float32 (float64 for float64 inputs). size / query_size: the key and query grids
-    (H, W), None when the tokens fit no grid (then every token is kept). left_out: (leading query
-    tokens, leading key tokens, trailing key tokens) not on the grid. extra_mass (heads, T_q): the
+    (H, W), None when the query or key tokens fit no grid (then every token is kept). left_out: (leading
+    query tokens, leading key tokens, trailing key tokens: appended after the image positions, bias_k,
+    add_zero_attn) not on the grid. extra_mass (heads, T_q): the
     attention the left-out keys took, None when none were left out. images: the batch entries
     averaged. scores: with `capture_attention(..., scores=True)`, the pre-softmax scores over the
     same tokens, {"combined": with masks, "content": q k^T * scale} (SelfAttention2d: its terms).

@@ -34,6 +34,7 @@ from attnconv.models.capture import (
     capture_pass,
     check_capturable,
     check_grid,
+    check_leading,
     first_input,
     native_layer,
     positive_ints,
@@ -87,7 +88,7 @@ class NoAttentionLayers(AttnconvError):
 
 
 def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
-                    grid: Sequence[int] | None = None) -> list[AttentionSite]:
+                    grid: Sequence[int] | None = None, *, leading: int | None = None) -> list[AttentionSite]:
     """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
@@ -97,7 +98,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
     `scaled_dot_product_attention`: a ViT with a converted patch embedding has both), these as
     grid: the token grid (H, W) of the captured computations, when their token count cannot tell
-    (`capture_attention`'s `grid`; without it a non-square input_shape's aspect ratio is tried first);
+    (`capture_attention`'s `grid`, and `leading` where tokens follow the image positions; without them the count
+    and input_shape's (H, W) decide);
     `CapturedLayer`s (their probabilities come from running the model: `site_probs`). A TorchScript
     or torch.compile'd model is refused in words (`capture.check_capturable`).
     """
@@ -109,6 +111,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     if input_shape is None and hasattr(config, "in_channels") and hasattr(config, "image_size"):
         input_shape = (config.in_channels, config.image_size, config.image_size)
     grid = check_grid(grid)
+    leading = check_leading(leading, grid)
     if input_shape is not None:
         input_shape = positive_ints(input_shape, 3, "input_shape", "the images' (C, H, W)")
     # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), the SelfAttention2d
@@ -125,7 +128,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
-        records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False)
+        records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading)
     except AttnconvError:
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
@@ -203,7 +206,7 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
     own site's grid (not one grid for all: a layer of 5x5 tokens is not 4x4 and 9 leading ones)."""
     captured = [sites[i] for i in _captured(sites)]
     check_capturable(model, "the attention sites' model")
-    grids = {_capture_key(site.layer): tuple(site.size) for site in captured}
+    grids = {_capture_key(site.layer): (site.layer.left_out[1], tuple(site.size)) for site in captured}
     by_key = {(r.path, r.call): r for r in capture_pass(model, x, None, MAX_BYTES, scores, native_probs=True,
                                                         grids=grids)}
     out = []
