@@ -17,7 +17,7 @@ from typing import Any
 
 from attnconv import data as D
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import dangling_link
+from attnconv.fileio import not_a_folder
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
@@ -116,9 +116,9 @@ class TrainConfig:
             raise FieldError("model_overrides", self.model_overrides, "give a dict of model options")
         self.check_values()
         check_device(self.device)
-        if self.data_dir is not None and not Path(self.data_dir).expanduser().is_dir():
-            link = dangling_link(Path(self.data_dir).expanduser())
-            raise ParameterError("data_dir", self.data_dir, f": {link or 'no such directory'}")
+        why = None if self.data_dir is None else not_a_folder(Path(self.data_dir).expanduser())
+        if why:
+            raise ParameterError("data_dir", self.data_dir, f": {why}; give the folder holding the dataset's files")
 
     def check_values(self) -> None:
         """FieldError for the first field out of its range or choices (milestones and init_from included):

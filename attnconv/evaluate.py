@@ -295,8 +295,8 @@ def group_runs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     Every row: model (with the setup fields that tell it from another row of the same
     model and dataset, e.g. "sa-quadratic (amp=False)"), dataset, runs (their
     directories), seeds, n (runs), epochs (fewest and most finished by a run),
-    test_acc (mean over the runs that finished an epoch) and test_acc_std (their sample
-    standard deviation, None for fewer than two), params, flops_total and flops_linear
+    test_acc (mean over the runs that finished an epoch, test_acc_runs of them) and test_acc_std (their
+    sample standard deviation, None for fewer than two), params, flops_total and flops_linear
     (the setup's: equal for every run), seconds_per_epoch (mean over the runs).
     Rows go as PAPER_ORDER lists the models, then the other models by name. Two runs of
     one setup with the same seed (a run given twice, or a run and its copy) are an
@@ -314,7 +314,7 @@ def group_runs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 raise AttnconvError(f"{seen[r['seed']]} and {r['run']} are runs of the same configuration with the "
                                     f"same seed {r['seed']}: give each run once (a copy counts as a second seed)")
             seen[r.get("seed")] = r["run"]
-        accs = [r["test_acc"] for r in members if r.get("test_acc") is not None]
+        accs = [r["test_acc"] for r in members if r.get("test_acc") is not None]  # runs with a finished epoch
         secs = [r["seconds_per_epoch"] for r in members if r.get("seconds_per_epoch") is not None]
         epochs = [int(r.get("epochs") or 0) for r in members]
         rows.append({
@@ -326,6 +326,7 @@ def group_runs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "epochs": (min(epochs), max(epochs)),
             "test_acc": statistics.fmean(accs) if accs else None,
             "test_acc_std": statistics.stdev(accs) if len(accs) > 1 else None,
+            "test_acc_runs": len(accs),
             "params": first["params"],
             "flops_total": first["flops_total"],
             "flops_linear": first["flops_linear"],
@@ -358,6 +359,13 @@ def _flat_setup(setup: dict[str, Any]) -> dict[str, str]:
             for k, v in flat.items()}
 
 
+def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The fields in which two `run_setup`s differ, as "field a -> b" (model overrides and conversion options as
+    fields of their own)."""
+    fa, fb = _flat_setup(a), _flat_setup(b)
+    return [f"{k} {fa.get(k, '-')} -> {fb.get(k, '-')}" for k in sorted({*fa, *fb}) if fa.get(k) != fb.get(k)]
+
+
 def _differences(rows: list[dict[str, Any]]) -> list[list[str]]:
     """Per row, "field=value" for the setup fields in which it differs from other rows of its model and dataset."""
     flat = [_flat_setup(r["setup"]) for r in rows]
@@ -373,11 +381,15 @@ def _differences(rows: list[dict[str, Any]]) -> list[list[str]]:
 def table_row(row: dict[str, Any]) -> list[str]:
     """One `group_runs` row as Table 1's cells (see TABLE_HEADERS), rounded like the paper.
 
-    Accuracy: "mean ± sample std" over the seeds, the mean alone for one seed. Epochs:
-    "3", or "2-3" when the runs have not all finished as many.
+    Accuracy: "mean ± sample std" over the seeds, the mean alone for one seed, and "(2 of 3 runs)" when some
+    runs have finished no epoch yet (the mean is over the others). Epochs: "3", or "2-3" when the runs have
+    not all finished as many.
     """
     acc, std = row["test_acc"], row["test_acc_std"]
     acc = "-" if acc is None or math.isnan(acc) else f"{acc:.4f}" + ("" if std is None else f" ± {std:.4f}")
+    counted = row.get("test_acc_runs", row["n"])
+    if acc != "-" and counted < row["n"]:
+        acc += f" ({counted} of {row['n']} runs)"
     lo, hi = row["epochs"]
     epochs = str(lo) if lo == hi else f"{lo}-{hi}"
     secs = row["seconds_per_epoch"]

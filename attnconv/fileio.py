@@ -175,6 +175,32 @@ def dangling_link(path: str | os.PathLike) -> str | None:
     return f"a link to {target}, which {why}"
 
 
+def not_a_folder(path: str | os.PathLike, missing: str = "no such directory") -> str | None:
+    """Why `path` is not a folder, in words, or None for a folder (or a link to one): `missing` when nothing is
+    there, the link's words when it leads nowhere (`dangling_link`), else what is there ("it is a file", "a link
+    to /dev/null, which is a character device"): a path that exists is never called missing."""
+    mode, words = _what_is(Path(path), missing)
+    return None if mode is not None and stat.S_ISDIR(mode) else words
+
+
+def not_a_file(path: str | os.PathLike, missing: str = "no such file") -> str | None:
+    """`not_a_folder` for a regular file: None for one (or a link to one), else why not, in words."""
+    mode, words = _what_is(Path(path), missing)
+    return None if mode is not None and stat.S_ISREG(mode) else words
+
+
+def _what_is(path: Path, missing: str) -> tuple[int | None, str]:
+    """(st_mode, or None when nothing can be read there; what is there, in words)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None, dangling_link(path) or missing
+    except OSError as err:
+        return None, dangling_link(path) or f"cannot be read ({err.strerror})"
+    what = "a file" if stat.S_ISREG(mode) else file_kind(mode)
+    return mode, f"a link to {os.readlink(path)}, which is {what}" if path.is_symlink() else f"it is {what}"
+
+
 def file_kind(mode: int) -> str:
     """What a file of this `st_mode` is, in words ("a named pipe (FIFO)", "a directory", ...)."""
     kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),

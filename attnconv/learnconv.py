@@ -48,7 +48,7 @@ from attnconv import data as D
 from attnconv.analysis.grid import match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import SIGNATURE, atomic_write_all, check_output_file
+from attnconv.fileio import SIGNATURE, atomic_write_all, check_output_file, not_a_folder
 from attnconv.limits import check_memory
 from attnconv.plots import figure_writer, learn_conv_figure
 
@@ -165,8 +165,9 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         raise ParameterError("record_every", record_every, "is invalid: give a whole number >= 1")
     if source is not None and source not in SOURCES:
         raise ParameterError("source", source, f": choose one of {', '.join(SOURCES)}", shown=repr(source))
-    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
-        raise ParameterError("data_dir", data_dir, ": no such directory; give the folder holding Fashion-MNIST's files")
+    why = None if data_dir is None else not_a_folder(Path(data_dir).expanduser())
+    if why:
+        raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding Fashion-MNIST's files")
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise ParameterError("out", out, "is a file; give a folder for learn-conv.json and learn-conv.png")
     check_memory(_memory_needed(kernel, heads, channels, size, batch_size),

@@ -56,7 +56,7 @@ import attnconv
 from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
-from attnconv.fileio import SIGNATURE, atomic_write, check_output_file, dangling_link
+from attnconv.fileio import SIGNATURE, atomic_write, check_output_file, not_a_folder
 from attnconv.models.sites import NoAttentionLayers, needs_inputs
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import figure_png
@@ -406,10 +406,9 @@ def build_report(
     if not isinstance(images, int) or images < 1:
         raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
     run_dir = Path(run_dir)
-    if not run_dir.exists():
-        why = dangling_link(run_dir)
-        raise AttnconvError(f"{run_dir}: {why + ', not a run directory' if why else 'no such run directory'}; give "
-                            "the --out of `attnconv train`")
+    why = not_a_folder(run_dir)
+    if why:
+        raise AttnconvError(f"{run_dir}: not a run directory ({why}); give the --out of `attnconv train`")
     # a file, or a folder that holds no run: one error naming it
     run = Run(run_dir, device, data_dir=data_dir, dataset=dataset)
     meta, rows = run.meta, run.metrics

@@ -347,7 +347,7 @@ CASES = [
      "not a run directory (it is a file)", None),
     ("eval-missing-run", missing, ["eval", "{run}"], "not a run directory (no such directory)", None),
     ("table-missing-run", missing, ["table", "{run}"], "not a run directory (no such directory)", None),
-    ("report-missing-run", missing, ["report", "{run}"], "no such run directory", None),
+    ("report-missing-run", missing, ["report", "{run}"], "not a run directory (no such directory)", None),
     ("config-json-is-a-folder", config_folder, ["eval", "{run}"],
      "config.json: corrupt run config (not a regular file: a directory)", None),
     ("config-json-is-binary", config_binary, ["table", "{run}"], "config.json: corrupt run config (binary data", None),

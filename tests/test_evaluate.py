@@ -268,7 +268,10 @@ def test_a_run_given_twice_is_not_two_seeds(tiny_run, capsys):
 def test_table_epochs_show_runs_that_have_not_all_finished():
     rows = group_runs([_summary(epochs=3, seed=0), _summary(epochs=2, seed=1, test_acc=None)])
     assert rows[0]["epochs"] == (2, 3) and rows[0]["n"] == 2
-    assert table_row(rows[0])[2:5] == ["2", "2-3", "0.9380"]  # the mean of the runs with an accuracy
+    # the mean of the runs with an accuracy, and how many of the row's runs those are (it said "0.9380" under n 2)
+    assert table_row(rows[0])[2:5] == ["2", "2-3", "0.9380 (1 of 2 runs)"]
+    both = group_runs([_summary(epochs=3, seed=0), _summary(epochs=2, seed=1)])
+    assert table_row(both[0])[4] == "0.9380 ± 0.0000"
 
 
 # ------------------------------------------------------------- Table 1 from run directories without weights

@@ -105,8 +105,8 @@ def test_save_figure_replaces_its_own_figures_and_refuses_other_files(tmp_path, 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["plot", "centers", "{missing}"], "no such run directory"),
-        (["plot", "maps", "{missing}"], "no such run directory"),
+        (["plot", "centers", "{missing}"], "not a run directory (no such directory)"),
+        (["plot", "maps", "{missing}"], "not a run directory (no such directory)"),
         (["plot", "maps", "{quad}", "--query", "7,0"], "outside the 7x7 token grid"),
         (["plot", "maps", "{quad}", "--query=-1,3"], "outside the 7x7 token grid"),
         (["plot", "maps", "{quad}", "--query", "3"], "give the token as I,J"),

@@ -280,7 +280,7 @@ def test_report_never_replaces_the_runs_files_or_a_users_file(runs, tmp_path, ca
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["report", "{missing}"], "no such run directory"),
+        (["report", "{missing}"], "not a run directory (no such directory)"),
         (["report", "{run}", "--out", "{run}"], "is a directory"),
         (["report", "{run}", "--images", "0"], "--images 0"),
     ],

@@ -376,19 +376,36 @@ def test_compare_refuses_a_run_counted_twice_or_a_seed_that_is_left_out(finished
     spread), and left out in silence a seed that is a link to nothing or a run whose metrics.csv is gone."""
     group = tmp_path / "group"
     shutil.copytree(finished, group / "seed0")
-    for seed, make in (("seed1", lambda p: p.symlink_to(group / "seed0")),
-                       ("seed1", lambda p: shutil.copytree(group / "seed0", p)),
-                       ("seed9", lambda p: p.symlink_to(tmp_path / "nowhere")),
-                       ("seed5", lambda p: (shutil.copytree(group / "seed0", p), (p / "metrics.csv").unlink()))):
+
+    def logs(p, **config):  # the seed's committed logs, config.json edited
+        p.mkdir()
+        for name in ("metrics.csv", "heads.jsonl"):
+            shutil.copy(group / "seed0" / name, p / name)
+        meta = json.loads((group / "seed0" / "config.json").read_text())
+        meta["config"].update(config)
+        (p / "config.json").write_text(json.dumps(meta))
+
+    lr = json.loads((finished / "config.json").read_text())["config"]["lr"]
+    for seed, make, want in (
+            ("seed1", lambda p: p.symlink_to(group / "seed0"), "give each run once"),
+            ("seed1", lambda p: shutil.copytree(group / "seed0", p), "give each run once"),
+            ("seed9", lambda p: p.symlink_to(tmp_path / "nowhere"), "which does not exist"),
+            ("seed5", lambda p: (shutil.copytree(group / "seed0", p), (p / "metrics.csv").unlink()),
+             "metrics.csv is missing, while"),
+            # another configuration in the group: one mean over two networks (and "a copy" for another seed 0)
+            ("seed2", lambda p: logs(p, seed=2, lr=lr * 3), f"are runs of other configurations (lr {lr!r} -> "
+                                                            f"{lr * 3!r}): a group's runs differ only by their seed"),
+            ("seed3", lambda p: logs(p, lr=lr * 3), "are runs of other configurations"),
+            ("seed4", lambda p: p.write_text("notes"), "seed4: not a run directory (it is a file)"),  # was left out
+            ("seed6", lambda p: (shutil.copytree(group / "seed0", p), (p / "config.json").unlink()),  # was counted
+             "config.json is missing, while")):
         make(group / seed)
         capsys.readouterr()
         assert main(["compare", str(group)]) == 2, seed
         err = capsys.readouterr().err
-        want = {"seed1": "give each run once", "seed9": "which does not exist",
-                "seed5": "metrics.csv is missing, while"}[seed]
         assert want in err and err.count("\n") == 1, (seed, err)
         path = group / seed
-        path.unlink() if path.is_symlink() else shutil.rmtree(path)
+        path.unlink() if path.is_symlink() or path.is_file() else shutil.rmtree(path)
     assert main(["compare", str(group)]) == 0
 
 

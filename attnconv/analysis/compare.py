@@ -29,8 +29,9 @@ import numpy as np
 
 from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError
-from attnconv.fileio import dangling_link
-from attnconv.runs import CONFIG_FILE, Run, read_heads, read_metrics
+from attnconv.evaluate import run_setup, setup_differences
+from attnconv.fileio import dangling_link, not_a_folder
+from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
 from attnconv.runs.files import trained_here
 from attnconv.tables import format_table
@@ -40,17 +41,20 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
     """The run directories of a group: its `seed*/` folders with a metrics.csv, or the folder itself. A metrics.csv
     that is there but no regular file (a FIFO, a folder, a broken link) makes a run, for its reader to name."""
     root = Path(group)
-    if not root.is_dir():
-        why = dangling_link(root) or "no such folder"
-        raise AttnconvError(f"{root}: {why}; give a folder of seed*/ runs or one run directory")
+    why = not_a_folder(root, "no such folder")
+    if why:
+        raise AttnconvError(f"{root}: not a group or run directory ({why}); give a folder of seed*/ runs or one run "
+                            "directory")
     if os.path.lexists(root / "metrics.csv") or set_aside_pending(root):  # a run being replaced: its reader says so
         return [root]
     seeds = []
     for p in sorted(p for p in root.iterdir() if p.name.startswith("seed")):
         if link := dangling_link(p):  # a seed that leads nowhere is no seed fewer, said in silence
             raise AttnconvError(f"{p}: {link}; fix the link, or move it out of the group")
-        if not p.is_dir():
-            continue
+        why = not_a_folder(p)
+        if why:  # a seed* that is no folder is no seed fewer, said in silence
+            raise AttnconvError(f"{p}: not a run directory ({why}); a group's seed* entries are its runs: move it "
+                                "out of the group")
         if os.path.lexists(p / "metrics.csv") or set_aside_pending(p):
             seeds.append(p)
         elif found := trained_here(p):  # a run whose log is gone: not left out of the mean without a word
@@ -104,9 +108,17 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
     accs, layers, epochs, heads_runs = [], None, [], 0
     per_layer: list[dict[str, list[float]]] = []
     seeds: dict[int, Path] = {}
+    setup: tuple[Path, dict[str, Any]] | None = None
     for run in runs:
         whole = _whole_run(run)
-        if whole is not None:  # a copy of a run is the same seed again, not a second one (as `table` refuses it)
+        if whole is not None:  # one configuration, each seed once (a copy of a run is its seed again, as in `table`)
+            mine = run_setup(whole.meta)
+            if setup is None:
+                setup = (run, mine)
+            elif mine != setup[1]:
+                raise AttnconvError(f"{setup[0]} and {run} are runs of other configurations "
+                                    f"({'; '.join(setup_differences(setup[1], mine))}): a group's runs differ only by "
+                                    "their seed; give each configuration as a group of its own")
             if whole.config.seed in seeds and len(runs) > 1:
                 raise AttnconvError(f"{seeds[whole.config.seed]} and {run} are runs with the same seed "
                                     f"{whole.config.seed}: give each run once (a copy counts as a second seed)")
@@ -219,7 +231,8 @@ def _whole_run(run: Path) -> Run | None:
     config.json that is there but no regular file (a broken link, a FIFO) is a whole run's, for `Run` to name; a
     run that `train --overwrite` is replacing is refused here, whether or not its config.json is written yet."""
     check_not_replaced(run)
-    return Run(run) if os.path.lexists(run / CONFIG_FILE) else None
+    trained = any(os.path.lexists(run / name) for name in (WEIGHTS_FILE, STATE_FILE))  # config.json gone: Run says so
+    return Run(run) if os.path.lexists(run / CONFIG_FILE) or trained else None
 
 
 def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:

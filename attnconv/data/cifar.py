@@ -33,6 +33,7 @@ from attnconv.data.sources import (
     download_or_explain,
     file_md5,
     how_to_get,
+    odd_file,
 )
 from attnconv.errors import AttnconvError
 
@@ -213,6 +214,7 @@ def _find_cifar(dirs: list[Path], info: DatasetInfo) -> Path | None:
             if not folder.is_dir():
                 continue
             present = _cifar_files_in(folder)
+            odd_file(info, [folder / n for n in (*CIFAR_TRAIN, CIFAR_TEST)], dirs)  # there but no file: named
             if len(present) == 6:
                 return folder
             if present:

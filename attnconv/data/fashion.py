@@ -32,6 +32,7 @@ from attnconv.data.sources import (
     download_or_explain,
     file_md5,
     how_to_get,
+    odd_file,
 )
 from attnconv.errors import AttnconvError
 
@@ -71,6 +72,8 @@ def _find_fashion(dirs: list[Path], info: DatasetInfo, resumable: Path | None = 
                     if candidate.is_file():
                         found[stem] = candidate
                         break
+                else:  # there but no file (a folder, a device, a link to nowhere): named, not called missing
+                    odd_file(info, [folder / stem, folder / f"{stem}.gz"], dirs)
             if len(found) == len(FASHION_FILES):
                 return found
             if found and resumable is not None and folder.resolve() == resumable.resolve():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from attnconv.data.decode import IMAGE_EXTENSIONS
 from attnconv.errors import AttnconvError
-from attnconv.fileio import dangling_link, file_kind, open_regular
+from attnconv.fileio import dangling_link, file_kind, not_a_folder, open_regular
 
 TEST_SPLITS = ("test", "val")
 LAYOUT_HELP = "expected PATH/train/<class>/<images> and PATH/test/<class>/<images> (or PATH/val/...)"
@@ -145,11 +145,22 @@ def scan_folder(root: Path) -> FolderLayout:
         link = dangling_link(root)
         why = f"is {link}" if link else "does not exist (or is not a directory)"
         raise AttnconvError(f"image folder {root} {why}; {LAYOUT_HELP}")
+    for split in ("train", *TEST_SPLITS):  # there, but no folder (a file, a device, a link to nowhere): named
+        why = not_a_folder(root / split)
+        if why and os.path.lexists(root / split):
+            raise AttnconvError(f"{root / split}: not a folder ({why}); make it a folder of class folders, or "
+                                f"remove it ({LAYOUT_HELP})")
     if not (root / "train").is_dir():
         raise AttnconvError(f"{root} has no train/ folder; {LAYOUT_HELP}")
     test_split = next((s for s in TEST_SPLITS if (root / s).is_dir()), None)
     if test_split is None:
         raise AttnconvError(f"{root} has no test/ (or val/) folder to evaluate on; {LAYOUT_HELP}")
+    train, test = Path(os.path.realpath(root / "train")), Path(os.path.realpath(root / test_split))
+    if _within(train, test) or _within(test, train):  # a link: the test accuracy would be a training accuracy
+        relation = "the same folder as" if train == test else "inside" if _within(test, train) else "which holds"
+        raise AttnconvError(f"{root / test_split} resolves to {test}, {relation} the train folder {root / 'train'}: "
+                            f"its images would be counted as training and test images; give {test_split}/ images of "
+                            "its own")
     class_folders = {split: _class_folders(root / split) for split in ("train", test_split)}
     _check_links(root, class_folders)
     classes = class_folders["train"]
@@ -159,8 +170,11 @@ def scan_folder(root: Path) -> FolderLayout:
     for split, items in splits.items():
         for cls in class_folders[split]:
             folder = root / split / cls
-            if link := dangling_link(root / "train" / cls):  # a link to nowhere, not a missing folder
-                raise AttnconvError(f"{root / 'train' / cls}: {link}; fix the link, or remove it and {folder}")
+            there = root / "train" / cls
+            why = not_a_folder(there) if os.path.lexists(there) else None  # there, but no folder: not "missing"
+            if why:
+                raise AttnconvError(f"{there}: not a class folder ({why}); make it a folder of training images, or "
+                                    f"remove it and {folder}")
             if cls not in label:
                 raise AttnconvError(
                     f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "

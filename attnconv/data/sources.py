@@ -23,6 +23,7 @@ from pathlib import Path
 
 from attnconv.data.info import DatasetInfo, builtin_info
 from attnconv.errors import AttnconvError
+from attnconv.fileio import not_a_file
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,16 @@ def how_to_get(info: DatasetInfo, dirs: list[Path]) -> str:
     else:
         fix = f"download {CIFAR_URL} into a folder (the .tar.gz or its extracted {CIFAR_DIR}/) and pass --data-dir"
     return f"searched: {where}; to get {info.name}: {fix}"
+
+
+def odd_file(info: DatasetInfo, candidates: list[Path], dirs: list[Path]) -> None:
+    """One AttnconvError naming the first of a dataset file's `candidates` that is there but is no regular file (a
+    folder, a device, a link to nowhere or into a loop): such a file is not "missing". Nothing when none is there."""
+    for path in candidates:
+        why = not_a_file(path) if os.path.lexists(path) else None
+        if why:
+            raise AttnconvError(f"{info.name}: {path} is not a readable file ({why}); put the file itself there, or "
+                                f"remove it; {how_to_get(info, dirs)}")
 
 
 def file_md5(path: Path, chunk: int = 1 << 20) -> str:

@@ -72,7 +72,7 @@ from urllib.parse import parse_qs
 import torch
 
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import dangling_link
+from attnconv.fileio import not_a_folder
 from attnconv.models.sites import query_on_site, site_inputs, site_maps, site_terms
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
@@ -116,10 +116,9 @@ class Explorer:
         if not isinstance(images, int) or images < 1:
             raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
         self.run_dir = Path(run_dir)
-        if not self.run_dir.is_dir():
-            why = dangling_link(self.run_dir)
-            raise AttnconvError(f"{run_dir}: {why + ', not a run directory' if why else 'no such run directory'}; "
-                                "give the --out of `attnconv train`")
+        why = not_a_folder(self.run_dir)
+        if why:
+            raise AttnconvError(f"{run_dir}: not a run directory ({why}); give the --out of `attnconv train`")
         run = Run(self.run_dir, device, data_dir=data_dir, dataset=dataset)
         self.model, self.config, self.info_ = run.model, run.config, run.info
         self.sites = run.sites  # refuses CNN runs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from attnconv.analysis import head_geometry
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import dangling_link
+from attnconv.fileio import not_a_folder
 from attnconv.models.sites import query_on_site, records_heads, site_probs
 from attnconv.plots.figures import (
     centers_figure,
@@ -31,12 +31,9 @@ def _folder(run: Run | str | os.PathLike) -> Path:
     """The run's folder, checked before its output path is (a missing folder or a file is one clear error)."""
     if isinstance(run, Run):
         return run.path
-    if not Path(run).exists():
-        why = dangling_link(run)
-        raise AttnconvError(f"{run}: {why + ', not a run directory' if why else 'no such run directory'}; give "
-                            "the --out of `attnconv train`")
-    if not Path(run).is_dir():
-        raise AttnconvError(f"{run}: not a run directory (it is a file); give the --out of `attnconv train`")
+    why = not_a_folder(run)
+    if why:
+        raise AttnconvError(f"{run}: not a run directory ({why}); give the --out of `attnconv train`")
     return Path(run)
 
 

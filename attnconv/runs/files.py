@@ -24,7 +24,7 @@ from attnconv.fileio import (
     RUN_FILE_NAMES,
     atomic_write,
     atomic_write_all,
-    dangling_link,
+    not_a_folder,
     open_regular,
     read_regular,
     write_bytes,
@@ -251,8 +251,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     hint = "give the folder that `attnconv train --out` wrote"
-    if not run_dir.is_dir():
-        why = "it is a file" if run_dir.exists() else dangling_link(run_dir) or "no such directory"
+    why = not_a_folder(run_dir)
+    if why:
         raise AttnconvError(f"{run_dir}: not a run directory ({why}); {hint}")
     if not path.exists() and not path.is_symlink():
         found = trained_here(run_dir)
@@ -292,11 +292,19 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
                 _builtin_problem(config.dataset, builtin, meta["data"])
         if problem is None and "converted" in meta:
             problem = converted_problem(meta["converted"])
+        if problem is None and meta.get("init_from_weights") is not None and not is_digest(meta["init_from_weights"]):
+            problem = (f"init_from_weights {short_value(meta['init_from_weights'])} is not a SHA-256 digest (64 "
+                       "hexadecimal digits)")
         if problem is not None:
             raise AttnconvError(problem)
     except AttnconvError as err:
         raise _corrupt(path, str(err)) from None
     return meta
+
+
+def is_digest(value: Any) -> bool:
+    """A SHA-256 digest as config.json records one: 64 hexadecimal digits (either case)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)
 
 
 def _corrupt(path: Path, reason: str) -> DamagedFile:

@@ -29,7 +29,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.folder_layout import scan_folder
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.fileio import dangling_link
+from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.runs.values import shortened
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
@@ -46,9 +46,8 @@ def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None)
     folder still exists, else None (`load_dataset` then searches the usual places). A given
     `data_dir` that is not a folder is an AttnconvError (a typo must not fall back silently)."""
     if data_dir is not None:
-        if not Path(data_dir).expanduser().is_dir():
-            why = "it is a file" if Path(data_dir).expanduser().exists() else \
-                dangling_link(Path(data_dir).expanduser()) or "no such directory"
+        why = not_a_folder(Path(data_dir).expanduser())
+        if why:
             raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding the dataset's files")
         return str(data_dir)
     if config.data_dir is not None and Path(config.data_dir).expanduser().is_dir():
@@ -199,8 +198,9 @@ def other_test_set(config: TrainConfig, dataset: str, info: D.DatasetInfo,
     if other.size != info.size:
         raise ParameterError("dataset", dataset, f": its images are {other.size}x{other.size}, the run's "
                              f"{info.size}x{info.size}; give a folder:PATH dataset (decoded at the run's size)")
-    if data_dir is not None and not folder and not Path(data_dir).expanduser().is_dir():
-        raise ParameterError("data_dir", data_dir, f": no such directory; give the folder holding {dataset}'s files")
+    why = None if data_dir is None or folder else not_a_folder(Path(data_dir).expanduser())
+    if why:
+        raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding {dataset}'s files")
     test = D.load_dataset(dataset, None if folder else data_dir, download=True, image_size=size)[1]
     if other.channels != info.channels:
         if (other.channels, info.channels) != (1, 3):

@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from attnconv.errors import AttnconvError, ParameterError
+from attnconv.fileio import dangling_link
 from attnconv.runs import (
     CONFIG_FILE,
     RECORD_KEY,
@@ -253,13 +254,14 @@ class Checkpointer:
 
     def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
         """Rank 0, a finished run resumed: model.safetensors written anew from the restored state where it is
-        missing (deleted, moved away) or a file that does not hold the model's tensors (`runs.weights_fit`: cut
-        short, junk), as an unfinished run's next checkpoint writes it; what it was, or None. (A link is left: its
-        readers name it.)"""
+        missing (deleted, moved away), a link to nowhere (or into a loop), or a file that does not hold the model's
+        tensors (`runs.weights_fit`: cut short, junk), as an unfinished run's next checkpoint writes it (a link is
+        replaced, nothing is written through it); what it was, or None."""
         path = self.out / WEIGHTS_FILE
-        if path.is_symlink() or (path.exists() and weights_fit(model, path)):
+        dangling = dangling_link(path)
+        if dangling is None and path.exists() and weights_fit(model, path):
             return None
-        why = "was missing" if not path.exists() else "did not hold the run's weights"
+        why = f"was {dangling}" if dangling else "was missing" if not path.exists() else "did not hold the run's weights"
         save_weights(model, path, self._weights_meta(progress))
         return why
 

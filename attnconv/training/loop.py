@@ -407,7 +407,7 @@ class _Trainer:
         recorded = None
         if self.resume and (self.out / CONFIG_FILE).is_file():
             recorded = read_config(self.out).get("init_from_weights")
-        if recorded is None or recorded == self.init_weights:
+        if recorded is None or recorded.lower() == self.init_weights:  # read_config checked it is a digest
             return None
         init = self.config.init_from.run
         return ParameterError(None, None, f"{init}: the CNN run this run starts from (its config.json's init_from.run) "

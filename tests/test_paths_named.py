@@ -1,0 +1,162 @@
+"""A path that is there is never called missing: a file, a device, a link to either, a link to nowhere or into a
+loop, given where a folder (a run, a group, a dataset, a split, a class) or a dataset file is expected, is named as
+what it is, in one line. And what such paths would have made silently wrong: a test split that is the train
+split, a finished run whose weights are a link to nowhere."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_data import write_cifar, write_fashion, write_image_folder
+from safetensors.torch import load_file
+from test_run_reliability import ONE_EPOCH, finished  # noqa: F401  (a fixture)
+from test_train import data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
+
+from attnconv.cli import main
+from attnconv.data import load_dataset
+from attnconv.data.folder_layout import scan_folder
+from attnconv.errors import AttnconvError
+from attnconv.fileio import not_a_file, not_a_folder
+
+
+def odd_paths(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Paths that are there but no folder, and the words that name each."""
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "to_file").symlink_to(tmp_path / "a_file")
+    (tmp_path / "to_dev").symlink_to("/dev/null")
+    (tmp_path / "loop").symlink_to("loop")
+    return {"file": (tmp_path / "a_file", "(it is a file)"),
+            "link to a file": (tmp_path / "to_file", f"(a link to {tmp_path / 'a_file'}, which is a file)"),
+            "link to a device": (tmp_path / "to_dev", "(a link to /dev/null, which is a character device)"),
+            "loop": (tmp_path / "loop", "(a link to loop, which loops back through links")}
+
+
+def test_the_words_for_what_is_there(tmp_path):
+    for path, words in odd_paths(tmp_path).values():
+        assert f"({not_a_folder(path)}" .startswith(words.rstrip(")")), (path, not_a_folder(path))
+    assert not_a_folder(tmp_path) is None and not_a_folder(tmp_path / "none") == "no such directory"
+    assert not_a_folder(tmp_path / "a_file" / "below") == "no such directory"
+    assert not_a_file(tmp_path / "a_file") is None and not_a_file(tmp_path / "to_file") is None
+    assert not_a_file(tmp_path) == "it is a directory" and not_a_file("/dev/null") == "it is a character device"
+
+
+@pytest.mark.parametrize("command", [
+    ["explore", "{path}", "--export", "{tmp}/page.html"], ["compare", "{path}"], ["report", "{path}"],
+    ["plot", "centers", "{path}"], ["eval", "{path}"], ["analyze", "{path}"]])
+def test_a_run_folder_that_is_no_folder_is_named_as_what_it_is(command, tmp_path, capsys):
+    """`explore` and `compare` called a file, a device, or a link to either "no such run directory" / "no such
+    folder"."""
+    for path, words in odd_paths(tmp_path).values():
+        args = [a.format(path=path, tmp=tmp_path) for a in command]
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1 and "no such" not in err, (args, err)
+        assert not (tmp_path / "page.html").exists()
+
+
+def test_a_data_dir_that_is_no_folder_is_named(tmp_path, capsys):
+    for path, words in odd_paths(tmp_path).values():
+        for args in (["train", "--model", "sa-quadratic", "--dataset", "fashion-mnist", "--data-dir", str(path),
+                      "--out", str(tmp_path / "r")],
+                     ["learn-conv", "--source", "fmnist", "--data-dir", str(path), "--out", str(tmp_path / "l")]):
+            assert main(args) == 2, args
+            err = capsys.readouterr().err
+            assert f"--data-dir {path}: {words[1:-1]}" in err and err.count("\n") == 1, (args, err)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "l").exists()
+
+
+def test_a_dataset_file_that_is_there_but_no_file_is_named_not_called_missing(tmp_path):
+    """A Fashion-MNIST or CIFAR-10 file that is a folder, a link to a device or a loop was "is missing
+    train-labels-idx1-ubyte[.gz]" (and a FIFO or device would block or never end if read)."""
+    for make, words in ((lambda p: p.mkdir(), "(it is a directory)"),
+                        (lambda p: p.symlink_to("/dev/null"), "(a link to /dev/null, which is a character device)"),
+                        (lambda p: p.symlink_to(p.name), "which loops back through links")):
+        fashion = tmp_path / f"fashion{len(list(tmp_path.iterdir()))}"
+        write_fashion(fashion, gz=False)
+        odd = fashion / "train-labels-idx1-ubyte"
+        odd.unlink()
+        make(odd)
+        with pytest.raises(AttnconvError, match="is not a readable file") as err:
+            load_dataset("fashion-mnist", fashion, download=False)
+        assert str(odd) in str(err.value) and words in str(err.value) and "missing" not in str(err.value)
+        cifar = tmp_path / f"cifar{len(list(tmp_path.iterdir()))}"
+        write_cifar(cifar / "cifar-10-batches-py")
+        odd = cifar / "cifar-10-batches-py" / "data_batch_3"
+        odd.unlink()
+        make(odd)
+        with pytest.raises(AttnconvError, match="is not a readable file") as err:
+            load_dataset("cifar10", cifar, download=False)
+        assert str(odd) in str(err.value) and words in str(err.value) and "missing" not in str(err.value)
+
+
+def test_a_test_split_that_is_the_train_split_is_refused(tmp_path, capsys):
+    """`test -> train` trained and measured the test accuracy on the training images, exit 0 (a test class folder
+    linked to its train folder was already refused as counted twice)."""
+    for name, link in (("same", lambda root: "train"), ("inside", lambda root: "train/cat"),
+                       ("around", lambda root: ".")):
+        root = tmp_path / name
+        write_image_folder(root)
+        shutil.rmtree(root / "test")
+        (root / "test").symlink_to(link(root))
+        with pytest.raises(AttnconvError, match="would be counted as training and test images") as err:
+            scan_folder(root)
+        assert f"{root / 'test'} resolves to" in str(err.value)
+    args = ["train", "--model", "sa-quadratic", "--dataset", f"folder:{tmp_path / 'same'}", "--out", str(tmp_path / "r")]
+    assert main(args) == 2 and "the same folder as the train folder" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_splits_and_class_folders_that_are_there_but_no_folder_are_named(tmp_path):
+    (tmp_path / "odd").mkdir()
+    for label, (path, _) in odd_paths(tmp_path / "odd").items():
+        root = tmp_path / label.replace(" ", "_")
+        write_image_folder(root)
+        shutil.rmtree(root / "train" / "dog")  # a class folder in its place: was "class 'dog' has no folder in train"
+        (root / "train" / "dog").symlink_to(path)
+        with pytest.raises(AttnconvError, match="is a symlink loop" if label == "loop" else "not a class folder") as err:
+            scan_folder(root)
+        assert label == "loop" or f"(a link to {path}, which is" in str(err.value), str(err.value)
+        assert "has no folder" not in str(err.value)
+        shutil.rmtree(root / "test")  # a split in its place: was "has no test/ (or val/) folder"
+        (root / "test").symlink_to(path)
+        with pytest.raises(AttnconvError, match="test: not a folder") as err:
+            scan_folder(root)
+        assert f"(a link to {path}, which {'loops' if label == 'loop' else 'is'}" in str(err.value), str(err.value)
+
+
+def test_a_finished_runs_weights_that_are_a_link_to_nowhere_are_written_anew(finished, data_dir, tmp_path,  # noqa: F811
+                                                                             capsys):
+    """`--resume` of a finished run whose model.safetensors is a link to nowhere said "run already finished" and
+    left the link, which every reader then refused; a missing file was written anew from state.pt."""
+    for target in ("nowhere", "model.safetensors"):  # a link to nothing, a link to itself
+        out = tmp_path / target / "run"
+        shutil.copytree(finished, out)
+        want = load_file(out / "model.safetensors")
+        (out / "model.safetensors").unlink()
+        (out / "model.safetensors").symlink_to(target)
+        capsys.readouterr()
+        assert main(tiny_args(out, data_dir, *ONE_EPOCH, "--resume")) == 0
+        err = capsys.readouterr().err
+        assert "model.safetensors was a link to" in err and "written anew from state.pt" in err, err
+        assert not (out / "model.safetensors").is_symlink()
+        got = load_file(out / "model.safetensors")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        assert not (out / target).exists() or target == "model.safetensors"  # nothing written through the link
+        assert main(["eval", str(out)]) == 0
+
+
+def test_an_init_from_weights_digest_of_the_wrong_type_is_named(finished, tmp_path, capsys):  # noqa: F811
+    """config.json's init_from_weights edited to a number blamed the CNN's weights; it is named as config.json's."""
+    for value in (12, "ab" * 31, "g" * 64, ["ab" * 32]):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(finished, out)
+        meta = json.loads((out / "config.json").read_text())
+        meta["init_from_weights"] = value
+        (out / "config.json").write_text(json.dumps(meta))
+        capsys.readouterr()
+        assert main(["eval", str(out)]) == 2, value
+        err = capsys.readouterr().err
+        assert "corrupt run config (init_from_weights " in err, err
+        assert "is not a SHA-256 digest (64 hexadecimal digits)" in err and err.count("\n") == 1
