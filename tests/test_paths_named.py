@@ -160,3 +160,16 @@ def test_an_init_from_weights_digest_of_the_wrong_type_is_named(finished, tmp_pa
         err = capsys.readouterr().err
         assert "corrupt run config (init_from_weights " in err, err
         assert "is not a SHA-256 digest (64 hexadecimal digits)" in err and err.count("\n") == 1
+
+
+def test_a_run_inside_its_own_image_folder_is_refused_naming_both(tmp_path, capsys):
+    """`train --dataset folder:D --out D/train/run1` made the run folder, then read it as a class of no images
+    ("add some or remove the folder"); under test/ as a class with no training folder."""
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    for out in (root / "train" / "run1", root / "test" / "run1", root / "run1", root):
+        assert main(["train", "--model", "sa-quadratic", "--dataset", f"folder:{root}", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out} lies inside the image folder {root} the run trains on" in err and err.count("\n") == 1, err
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # no folder made, none left

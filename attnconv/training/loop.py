@@ -306,6 +306,11 @@ class _Trainer:
             if init is not None and not self.resume and same_path(init.run, self.out):
                 raise ParameterError("init_from", init.run, "is {out} itself: the CNN run would be replaced by the run "
                                      "that starts from it; give another {out}", mentions=("out",))
+            folder = D.folder_path(self.config.dataset)
+            if folder is not None and Path(os.path.realpath(self.out)).is_relative_to(os.path.realpath(folder)):
+                raise ParameterError("out", self.out, f"lies inside the image folder {folder} the run trains on: its "
+                                     "files would sit among the images (a split, a class of its own); choose an {out} "
+                                     "outside it", mentions=("out",))
             replaced = claim_run_dir(self.out, self.lock, resume=self.resume, overwrite=self.overwrite)
             if self.resume and (self.out / CONFIG_FILE).exists():  # before the data is read: an edit is named as one,
                 meta = read_config(self.out)  # and so is a flag given (--image-size: the data would be blamed)
