@@ -245,7 +245,7 @@ def test_truncated_png_and_non_image_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("case, expected", [
-    ("no-folder", "image folder {root} does not exist"),
+    ("no-folder", "image folder {root}: does not exist"),
     ("no-train", "{root} has no train/ folder; expected PATH/train/<class>/"),
     ("no-test", "{root} has no test/ (or val/) folder"),
     ("empty-class", "{root}/train/cat holds no images"),
@@ -254,7 +254,7 @@ def test_truncated_png_and_non_image_are_named(tmp_path):
     ("test-class-not-in-train", "{root}/test/zebra: class 'zebra' has no folder in {root}/train"),
     ("no-classes", "{root}/train has no class folders"),
     ("flat", "{root}/train/loose.png is not in a class folder"),
-    ("broken-link", "{root}/train/cat/gone.png: cannot read"),
+    ("broken-link", "{root}/train/cat/gone.png: a link to"),  # named as a link to nowhere, not "cannot read"
     ("float-pixels", "{root}/train/cat/float.tif: F-mode pixels"),
 ])
 def test_layout_mistakes_are_one_error_naming_the_folder(tmp_path, case, expected):

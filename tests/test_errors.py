@@ -72,7 +72,8 @@ def _calls(tmp_path):
         (lambda: export_run(run, "jpeg"), "fmt 'jpeg': choose one of exported, torchscript, onnx", "--format 'jpeg':"),
         (lambda: plot_maps(run, zoom=0), "zoom 0 is invalid", "--zoom 0 is invalid"),
         (lambda: claim_run_dir(a_file, DirectoryLock(a_file), resume=False, overwrite=False),
-         f"out {a_file} is a file; give a directory", f"--out {a_file} is a file"),
+         f"out {a_file} is not a directory (it is a file); give a directory",
+         f"--out {a_file} is not a directory (it is a file)"),
         (lambda: convert_run(run, taken), f"out {taken} already exists", f"--out {taken} already exists"),
         (lambda: run_data_dir(_config(), tmp_path / "nope"), f"data_dir {tmp_path / 'nope'}: no such directory",
          f"--data-dir {tmp_path / 'nope'}: no such directory"),
@@ -113,7 +114,7 @@ def test_the_command_line_prints_the_flag(tmp_path, capsys):
     run.mkdir()
     # train: the run directory is claimed inside the trainer, whose ranks agree on the error before it is raised
     assert main(["train", "--preset", "fmnist-sa-quadratic", "--out", str(a_file)]) == 2
-    assert capsys.readouterr().err == f"error: --out {a_file} is a file; give a directory\n"
+    assert capsys.readouterr().err == f"error: --out {a_file} is not a directory (it is a file); give a directory\n"
     assert main(["explore", str(run), "--export", str(tmp_path / "p.png")]) == 2
     assert capsys.readouterr().err == f"error: --export {tmp_path / 'p.png'}: give a file name ending in .html, .htm\n"
     assert main(["report", str(run), "--out", str(tmp_path / "r.txt")]) == 2

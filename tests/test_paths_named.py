@@ -173,3 +173,27 @@ def test_a_run_inside_its_own_image_folder_is_refused_naming_both(tmp_path, caps
         err = capsys.readouterr().err
         assert f"--out {out} lies inside the image folder {root} the run trains on" in err and err.count("\n") == 1, err
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # no folder made, none left
+
+
+def test_weights_out_and_image_folders_that_are_odd_paths_are_named(finished, tmp_path, capsys):  # noqa: F811
+    """A weights file that is a link into a loop was "cannot read the weights (Too many levels of symbolic links)",
+    `train --out` a link to a device "is a file", `--dataset folder:` a device "does not exist (or is not a
+    directory)", an image that is a link to nowhere "cannot read (No such file or directory)"."""
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "model.safetensors").unlink()
+    (run / "model.safetensors").symlink_to("model.safetensors")
+    assert main(["eval", str(run)]) == 2
+    assert "model.safetensors: a link to model.safetensors, which loops back" in capsys.readouterr().err
+    (tmp_path / "odd").mkdir()
+    paths = odd_paths(tmp_path / "odd")
+    for path, words in (paths["link to a device"], paths["file"]):
+        assert main(["train", "--model", "sa-quadratic", "--dataset", "fashion-mnist", "--out", str(path)]) == 2
+        assert f"--out {path} is not a directory {words}" in capsys.readouterr().err
+        assert main(["train", "--model", "sa-quadratic", "--dataset", f"folder:{path}", "--out", str(tmp_path / "r")]) == 2
+        assert f"image folder {path}: {words[1:-1]}" in capsys.readouterr().err
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    (root / "train" / "cat" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(AttnconvError, match="gone.png: a link to .*nowhere.png, which does not exist; fix or remove it"):
+        scan_folder(root)

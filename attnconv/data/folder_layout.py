@@ -141,10 +141,9 @@ def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
 
 def scan_folder(root: Path) -> FolderLayout:
     """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
-    if not root.is_dir():
-        link = dangling_link(root)
-        why = f"is {link}" if link else "does not exist (or is not a directory)"
-        raise AttnconvError(f"image folder {root} {why}; {LAYOUT_HELP}")
+    why = not_a_folder(root, "does not exist")
+    if why:
+        raise AttnconvError(f"image folder {root}: {why}; {LAYOUT_HELP}")
     for split in ("train", *TEST_SPLITS):  # there, but no folder (a file, a device, a link to nowhere): named
         why = not_a_folder(root / split)
         if why and os.path.lexists(root / split):
@@ -189,8 +188,9 @@ def scan_folder(root: Path) -> FolderLayout:
                 rel = path.relative_to(root).as_posix()
                 try:
                     st = path.stat()
-                except OSError as e:  # e.g. a symlink to nowhere
-                    raise AttnconvError(f"{path}: cannot read ({e.strerror}); fix or remove it") from e
+                except OSError as e:  # e.g. a symlink to nowhere: named as one
+                    raise AttnconvError(f"{path}: {dangling_link(path) or f'cannot read ({e.strerror})'}; fix or "
+                                        "remove it") from e
                 if not stat.S_ISREG(st.st_mode):  # a named pipe would block the scan forever, a device never end
                     raise AttnconvError(f"{path} is {file_kind(st.st_mode)}, not an image file; remove it from the "
                                         "folder")

@@ -114,8 +114,9 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise
     except FileNotFoundError:
         raise AttnconvError(_missing(path)) from None
-    except OSError as err:
-        raise AttnconvError(f"{path}: cannot read the weights ({err.strerror or err}); {fix}") from None
+    except OSError as err:  # a link into a loop is named as one, as every run file is
+        why = dangling_link(path) or f"cannot read the weights ({err.strerror or err})"
+        raise AttnconvError(f"{path}: {why}; {fix}") from None
     except (SafetensorError, ValueError) as err:
         raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
     problem = None if meta is None else record_problem(weights_metadata(data), meta, path)

@@ -21,6 +21,7 @@ from attnconv.fileio import (
     fsync_dir,
     interrupts_held,
     is_temporary,
+    not_a_folder,
     write_bytes,
 )
 from attnconv.runs.files import (
@@ -73,7 +74,7 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     without `resume` / `overwrite`, is one AttnconvError, and is left as it was.
     """
     if out.exists() and not out.is_dir():
-        raise ParameterError("out", out, "is a file; give a directory")
+        raise ParameterError("out", out, f"is not a directory ({not_a_folder(out)}); give a directory")
     link = dangling_link(out)
     if link is not None:  # mkdir would say "File exists"
         raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
