@@ -223,9 +223,9 @@ def test_tokens_on_no_grid_are_kept_and_said_so_and_the_grid_argument_places_the
     assert image_tokens(3) is None and image_tokens(7, (2, 3)) == (1, (2, 3))
     assert image_tokens(7, aspect=(2, 3)) == (1, (2, 3)) and image_tokens(32, aspect=(16, 32)) == (0, (4, 8))
     assert image_tokens(36, aspect=(3, 12)) == (0, (3, 12)) and image_tokens(36, aspect=(5, 5)) == (0, (6, 6))
-    # the fewest leading tokens win: 8x8 tokens of 16x32 images (a model that resized them) and 4x4 windows stay
-    # squares (they were read as 5x10 + 14 "class tokens" and 2x4 + 8); a tie goes to the images' shape
-    assert image_tokens(64, aspect=(16, 32)) == (0, (8, 8)) and image_tokens(16, aspect=(16, 32)) == (0, (4, 4))
+    # 8x8 tokens of 16x32 images (a model that resized them) stay a square (they were read as 5x10 + 14 "class
+    # tokens"); 4x4 windows folded into the batch are read without the images' shape (tests/test_capture_grids.py)
+    assert image_tokens(64, aspect=(16, 32)) == (0, (8, 8)) and image_tokens(16) == (0, (4, 4))
     assert image_tokens(33, aspect=(16, 32)) == (1, (4, 8)) and image_tokens(65, aspect=(16, 32)) == (1, (8, 8))
     torch.manual_seed(6)
     row = Tokens(1, 6, Prefix(SDPABlock(6, 2), 3), cls=0)  # 2 x 2 images, 3 of their tokens: no grid fits

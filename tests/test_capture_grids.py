@@ -1,6 +1,7 @@
 """Where captured tokens lie on an image: each computation's own grid, the guess from a token count and the images'
 shape, and what `grid=` and `leading=` settle."""
 
+import re
 import warnings
 
 import pytest
@@ -26,14 +27,14 @@ class TwoBranches(nn.Module):
         return self.aa(a, a, a)[0].mean(1) + self.ab(b, b, b)[0].mean(1)
 
 
-@pytest.mark.parametrize("pa,pb", [(4, 3), (3, 4), (8, 4), (8, 3)])
+@pytest.mark.parametrize("pa,pb", [(8, 6), (12, 8), (6, 8), (6, 4)])
 def test_each_site_is_read_on_its_own_grid_not_the_first_ones(pa, pb):
-    """site_probs, site_maps and site_scores read every captured layer on its own grid: a 5x5 layer after a 4x4
-    one is not 4x4 with 9 'leading tokens' dropped."""
+    """site_probs, site_maps and site_scores read every captured layer on its own grid: a 4x4 layer after a 3x3
+    one is not 3x3 with 7 'leading tokens' dropped."""
     torch.manual_seed(pa * 10 + pb)
-    model, x = TwoBranches(pa, pb), torch.randn(3, 1, 16, 16)
-    sites = attention_sites(model, (1, 16, 16))
-    grids = [(16 // pa, 16 // pa), (16 // pb, 16 // pb)]
+    model, x = TwoBranches(pa, pb), torch.randn(3, 1, 24, 24)
+    sites = attention_sites(model, (1, 24, 24))
+    grids = [(24 // pa, 24 // pa), (24 // pb, 24 // pb)]
     assert [tuple(s.size) for s in sites] == grids
     records = capture_attention(model, x)
     probs = site_probs(model, sites, x)
@@ -51,15 +52,19 @@ class PatchTokens(nn.Module):
     """A patch embedding (patch p, optionally resizing the images first), `lead` learned tokens before the patches
     and `trail` after them, one nn.MultiheadAttention over all."""
 
-    def __init__(self, patch: int, lead: int = 0, trail: int = 0, resize: tuple[int, int] | None = None, dim: int = 8):
+    def __init__(self, patch: int, lead: int = 0, trail: int = 0, resize: tuple[int, int] | None = None, dim: int = 8,
+                 pad: bool = False):
         super().__init__()
-        self.embed, self.lead, self.resize = nn.Conv2d(1, dim, patch, patch), lead, resize
+        self.embed, self.lead, self.resize, self.pad = nn.Conv2d(1, dim, patch, patch), lead, resize, pad
         self.tokens = nn.Parameter(torch.randn(1, lead + trail, dim))
         self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
 
     def forward(self, x):
         if self.resize is not None:
             x = nn.functional.interpolate(x, size=self.resize)
+        if self.pad:  # to whole patches: the rounded-up grid
+            p = self.embed.stride[0]
+            x = nn.functional.pad(x, (0, -x.shape[-1] % p, 0, -x.shape[-2] % p))
         t = self.embed(x).flatten(2).transpose(1, 2)
         extra = self.tokens.expand(len(t), -1, -1)
         t = torch.cat([extra[:, :self.lead], t, extra[:, self.lead:]], 1)
@@ -80,6 +85,11 @@ class PatchTokens(nn.Module):
     ((28, 28), 4, 1, None, (7, 7)),
     ((28, 28), 7, 1, None, (4, 4)),
     ((224, 320), 16, 1, None, (14, 20)),
+    ((128, 256), 16, 9, None, (8, 16)),  # a class token and 8 registers: not 8x17 after one token
+    ((28, 28), 7, 9, None, (4, 4)),  # not 5x5
+    ((48, 64), 16, 9, None, (3, 4)),  # not 4x5 after one
+    ((224, 224), 14, 5, None, (16, 16)),
+    ((32, 32), 4, 17, None, (8, 8)),  # a class token and 16 registers: not 9x9
 ])
 def test_the_guess_reads_the_images_patch_grid_before_a_square(shape, patch, lead, resize, grid):
     """A token count is read with the images' shape: their patch grid after a class token and registers comes
@@ -98,11 +108,14 @@ def test_the_guess_reads_the_images_patch_grid_before_a_square(shape, patch, lea
 
 
 @pytest.mark.parametrize("count,images,said", [
-    (37, (16, 32), "37 tokens of 16x32 images are read as 4x8 after 5 leading tokens, a guess: 6x6 after 1 leading "
-                   "token fits about as well; if the image positions lie there, pass grid=(6, 6)"),
+    (25, (16, 16), "25 tokens of 16x16 images are read as 4x4 after 9 leading tokens, a guess: 5x5 fits about as "
+                   "well; if the image positions lie there, pass grid=(5, 5)"),  # a class token and 8 registers?
     (36, (30, 20), "read as 7x5 after 1 leading token, a guess: 6x6 fits about as well"),
-    (16, (16, 32), "read as 4x4, a guess: 2x4 after 8 leading tokens fits about as well"),  # windows of 16 tokens
-    (50, (28, 28), None), (197, (224, 224), None), (32, (16, 32), None), (64, (16, 32), None), (17, (28, 28), None),
+    (18, (96, 96), "read as 4x4 after 2 leading tokens, a guess: 3x3 after 9 leading tokens fits about as well; if the "
+                   "image positions lie there, pass grid=(3, 3), leading=9"),  # patch 24 or patch 32?
+    (37, (16, 32), None), (50, (28, 28), None), (197, (224, 224), None), (32, (16, 32), None), (64, (16, 32), None),
+    (17, (28, 28), None), (213, (224, 224), None), (261, (224, 224), None), (137, (128, 256), None),
+    (35, (30, 20), None), (16, (16, 32), None),
 ])
 def test_a_guess_that_another_reading_fits_about_as_well_is_said_once_and_grid_silences_it(count, images, said):
     class Sequence(nn.Module):  # `count` tokens of any images, through one SDPA call
@@ -124,11 +137,11 @@ def test_a_guess_that_another_reading_fits_about_as_well_is_said_once_and_grid_s
         assert words == []
     else:
         assert len(words) == 1 and said in words[0], words  # once for the pass, not once a call
-        other = tuple(int(v) for v in words[0].rsplit("grid=(", 1)[1].rstrip(")").split(", "))
+        h, w, lead = re.search(r"grid=\((\d+), (\d+)\)(?:, leading=(\d+))?$", words[0]).groups()
         with warnings.catch_warnings():
             warnings.simplefilter("error", AttnconvWarning)
-            (r, _) = capture_attention(model, x, grid=other)
-        assert r.size == other
+            (r, _) = capture_attention(model, x, grid=(int(h), int(w)), leading=None if lead is None else int(lead))
+        assert r.size == (int(h), int(w)) and r.left_out[0] == int(lead or count - int(h) * int(w))
 
 
 @pytest.mark.parametrize("lead,trail", [(0, 2), (1, 3), (2, 0), (0, 1)])
@@ -157,8 +170,8 @@ def test_tokens_after_the_image_positions_are_placed_by_leading(lead, trail):
 
 def test_leading_is_checked():
     model, x = PatchTokens(4, 1, 1), torch.randn(1, 1, 16, 16)
-    for bad, words in ((-1, "leading -1 is invalid"), (17, "from 0 to 16"), (1.5, "leading 1.5 is invalid"),
-                       (True, "leading True is invalid")):
+    for bad, words in ((-1, "leading -1 is invalid"), (1.5, "leading 1.5 is invalid"),
+                       (True, "leading True is invalid: give how many tokens come before the image positions")):
         with pytest.raises(AttnconvError, match=words):
             capture_attention(model, x, grid=(4, 4), leading=bad)
     with pytest.raises(AttnconvError, match=r"give grid=\(H, W\) with it"):
@@ -169,3 +182,97 @@ def test_leading_is_checked():
 
     (r,) = capture_attention(model, x, grid=(4, 4), leading=np.int64(1))
     assert r.left_out == (1, 1, 1)
+
+
+class Windows(nn.Module):
+    """Patch 2, then `ws` x `ws` windows folded into the batch, each through nn.MultiheadAttention."""
+
+    def __init__(self, ws: int, dim: int = 8):
+        super().__init__()
+        self.embed, self.ws = nn.Conv2d(1, dim, 2, 2), ws
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+
+    def forward(self, x):
+        t = self.embed(x)  # (B, C, H, W)
+        B, C, H, W = t.shape
+        ws = self.ws
+        w = t.reshape(B, C, H // ws, ws, W // ws, ws).permute(0, 2, 4, 3, 5, 1).reshape(-1, ws * ws, C)
+        return self.attn(w, w, w)[0]
+
+
+@pytest.mark.parametrize("shape,ws", [((28, 14), 7), ((112, 84), 7), ((16, 32), 4), ((32, 24), 4), ((64, 48), 8)])
+def test_windows_folded_into_the_batch_are_read_without_the_images_shape(shape, ws):
+    """7x7 windows of 4:3 images were read as a class token and the images' 8x6 patch grid (49 = 1 + 48), 4x4
+    windows of 16x32 images as 2x4 after 8 leading tokens: a call whose batch holds more entries than there are
+    images has folded something (windows) into it, so its tokens are not on the images' grid."""
+    model, x = Windows(ws).eval(), torch.randn(2, 1, *shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AttnconvWarning)
+        (r,) = capture_attention(model, x)
+        (site,) = attention_sites(model, (1, *shape))
+    assert (r.size, r.left_out, tuple(site.size)) == ((ws, ws), (0, 0, 0), (ws, ws))
+    assert r.images == 2 * (shape[0] // 2 // ws) * (shape[1] // 2 // ws)
+
+
+class TwoStages(nn.Module):
+    """Patch 2, attention whose keys are pooled 4x (queries and keys on two grids), then the tokens pooled 2x and
+    attention again: three grids of one image, as a pyramid transformer has."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.embed = nn.Conv2d(1, dim, 2, 2)
+        self.attn1, self.attn2 = nn.MultiheadAttention(dim, 2, batch_first=True), nn.MultiheadAttention(dim, 2, batch_first=True)
+
+    def forward(self, x):
+        t = self.embed(x)
+        q = t.flatten(2).transpose(1, 2)
+        k = nn.functional.avg_pool2d(t, 4).flatten(2).transpose(1, 2)
+        t = t + self.attn1(q, k, k)[0].transpose(1, 2).reshape(t.shape)
+        s = nn.functional.avg_pool2d(t, 2).flatten(2).transpose(1, 2)
+        return self.attn2(s, s, s)[0]
+
+
+def test_a_grid_given_for_one_computation_leaves_the_others_read_with_the_images_shape():
+    """grid=(16, 8) for the first stage's queries read the keys on 4x2 as 4 leading tokens and 2x2, and the second
+    stage's 8x4 as 7 leading tokens and 5x5: a sequence the grid does not fit was guessed from squares alone."""
+    model, x = TwoStages().eval(), torch.randn(2, 1, 32, 16)
+    for grid in (None, (16, 8), (8, 4)):
+        r1, r2 = capture_attention(model, x, grid=grid)
+        assert (r1.query_size, r1.size, r1.left_out) == ((16, 8), (4, 2), (0, 0, 0)), grid
+        assert (r2.size, r2.left_out) == ((8, 4), (0, 0, 0)), grid
+
+
+def test_a_grid_given_places_any_number_of_tokens_besides():
+    """A class token and 16 registers (17 besides the grid) were past the limit: grid= and leading= were ignored in
+    silence and the tokens read as a 9x9 grid, or as on no grid (whose error then asked for grid=)."""
+    for shape, patch, grid in (((32, 32), 4, (8, 8)), ((224, 224), 16, (14, 14))):
+        model, x = PatchTokens(patch, 17).eval(), torch.randn(1, 1, *shape)
+        for kwargs in ({}, {"grid": grid}, {"grid": grid, "leading": 17}):
+            (r,) = capture_attention(model, x, **kwargs)
+            assert (r.size, r.left_out) == (grid, (17, 17, 0)), (shape, kwargs)
+        model = PatchTokens(patch, 40).eval()  # more than a grid alone places: leading= says how many
+        (r,) = capture_attention(model, x, grid=grid, leading=40)
+        assert (r.size, r.left_out) == (grid, (40, 40, 0))
+        assert [tuple(s.size) for s in attention_sites(model, (1, *shape), grid=grid, leading=40)] == [grid]
+
+
+def test_sites_asked_of_images_of_another_size_are_refused_not_read_on_another_grid():
+    """Sites found for 32x32 images gave 11x11 maps of 64x32 images (the site's 8x8 layout did not fit, and the
+    tokens were guessed again): one error naming both grids and the fix."""
+    model = PatchTokens(4, 1).eval()
+    (site,) = attention_sites(model, (1, 32, 32))
+    with pytest.raises(AttnconvError, match=r"attn: on these images \(64x32\) its tokens lie on 16x8 queries and "
+                                            r"16x8 keys, not on the site's 8x8: the sites were found for other images"):
+        site_probs(model, [site], torch.randn(2, 1, 64, 32))
+
+
+@pytest.mark.parametrize("shape,grid", [((4, 30), (1, 8)), ((62, 8), (16, 2)), ((30, 30), (8, 8))])
+def test_a_padded_grid_is_read_or_said(shape, grid):
+    """Patches padded to whole ones (the rounded-up grid) whose extra row holds 1 or 2 tokens were read as the
+    grid without it after 1 or 2 leading tokens, in silence: read right, or said with the grid= that places them."""
+    model, x = PatchTokens(4, pad=True).eval(), torch.randn(1, 1, *shape)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        (r,) = capture_attention(model, x)
+    said = [str(w.message) for w in seen if issubclass(w.category, AttnconvWarning)]
+    assert r.size == grid or any(f"pass grid=({grid[0]}, {grid[1]})" in w for w in said), (r, said)

@@ -59,6 +59,7 @@ from attnconv.models.captured import (
     CapturedAttention,
     CapturedLayer,
     close_reading,
+    grid_fits,
     image_tokens,
     left_out_note,
     multihead_value_maps,
@@ -93,10 +94,10 @@ class _Accumulator:
     """The sums of one computation's probabilities (and scores) over the batch, on the image tokens."""
 
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
-                 device: torch.device, where: str):
+                 device: torch.device, where: str, entries: int):
         # A site's own layout first, then grid= and leading=, then the guess.
         lead, grid = capture.grids.get((where, capture.calls.get(where, 0)), (capture.leading, capture.grid))
-        self.q, self.k = capture.reading(lq, grid, lead, where), capture.reading(sk, grid, lead, where)
+        self.q, self.k = (capture.reading(n, grid, lead, where, entries) for n in (lq, sk))
         if not (self.q and self.k):  # queries or keys on no grid: every token kept, none said left out
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
@@ -167,7 +168,7 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _A
     qf, kf = q.reshape(-1, heads, L, E), k.reshape(-1, heads, S, E)
     if mask is not None:
         mask = mask.detach().expand(*q.shape[:-1], S).reshape(-1, heads, L, S)
-    acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where)
+    acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where, qf.shape[0])
     step = _chunks(qf.shape[0], heads * L * S * 8 * 3)
     for i in range(0, qf.shape[0], step):
         kt = kf[i:i + step].double().transpose(-1, -2)
@@ -252,7 +253,7 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
         add(attn_mask, (1, 1, L, S + trailing) if attn_mask.dim() == 2 else (B, h, L, S + trailing))
     if kpm is not None:
         add(kpm, (B, 1, 1, S + trailing))
-    acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where)
+    acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where, B)
     step = _chunks(B, h * L * (S + trailing) * 8 * 3)
     for i in range(0, B, step):
         kt = k[i:i + step].transpose(-1, -2)
@@ -330,12 +331,14 @@ class _Capture(TorchFunctionMode):
 
     def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
                  native_probs: bool = True, aspect: Sequence[int] | None = None,
-                 grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None, leading: int | None = None):
+                 grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None, leading: int | None = None,
+                 images: int = 1):
         super().__init__()
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
         self.aspect, self.leading = aspect, leading
         self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
-        self.guessed: set[int] = set()  # token counts whose close guess was said
+        self.guessed: set[tuple[int, Any]] = set()  # (token count, shape) whose close guess was said
+        self.images = images  # how many images the pass runs on (the batch of a call on the images' tokens)
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.records: list[CapturedAttention] = []
@@ -354,24 +357,30 @@ class _Capture(TorchFunctionMode):
                 f"{format_bytes(self.total)}, more than max_bytes {format_bytes(self.max_bytes)}; give smaller "
                 "images (fewer tokens) or a larger max_bytes")
 
-    def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None,
-                where: str) -> tuple[int, tuple[int, int]] | None:
-        """`image_tokens` of `count` tokens; a guess that another reading fits about as well is said, once a count
-        (the fix being grid=)."""
-        placed = image_tokens(count, grid, None, leading) if grid is not None else None
-        if placed is None:
-            other = close_reading(count, self.aspect)
-            if other is not None and count not in self.guessed:
-                self.guessed.add(count)
-                def words(lead: int, hw: tuple[int, int]) -> str:
-                    return f"{hw[0]}x{hw[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
+    def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
+                entries: int) -> tuple[int, tuple[int, int]] | None:
+        """Where `count` tokens lie: on `grid` where it fits (`grid_fits`), else the guess (`image_tokens`) from the
+        images' shape, or from the count alone where the call's batch holds more entries than there are images
+        (windows folded into the batch: their grid is not the images'). A guess that another reading fits about as
+        well is said, once a count (the fix being grid=)."""
+        placed = grid_fits(count, grid, leading)
+        if placed is not None:
+            return placed
+        shape = self.aspect if entries == self.images else None
+        other = close_reading(count, shape)
+        if other is not None and (count, shape) not in self.guessed:
+            self.guessed.add((count, shape))
 
-                size = "x".join(map(str, self.aspect)) if self.aspect else "?"
-                warnings.warn(AttnconvWarning(
-                    f"{where or '(model)'}: {count} tokens of {size} images are read as "
-                    f"{words(*image_tokens(count, None, self.aspect))}, a guess: {words(*other)} fits about as "
-                    f"well; if the image positions lie there, pass grid=({other[1][0]}, {other[1][1]})"), stacklevel=2)
-        return placed or image_tokens(count, None, self.aspect)
+            def words(lead: int, hw: tuple[int, int]) -> str:
+                return f"{hw[0]}x{hw[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
+
+            of = f"{shape[0]}x{shape[1]} images" if shape else "images (windows folded into the batch)" \
+                if self.aspect and entries != self.images else "images"
+            warnings.warn(AttnconvWarning(
+                f"{where or '(model)'}: {count} tokens of {of} are read as {words(*image_tokens(count, None, shape))}, "
+                f"a guess: {words(*other)} fits about as well; if the image positions lie there, pass "
+                f"grid=({other[1][0]}, {other[1][1]})" + (f", leading={other[0]}" if other[0] else "")), stacklevel=2)
+        return image_tokens(count, None, shape)
 
     def _inside_owner(self) -> bool:
         """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""
@@ -505,12 +514,12 @@ def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
 
 
 def check_leading(leading: Any, grid: tuple[int, int] | None) -> int | None:
-    """`leading` as a Python int, or None: a whole number from 0 to MAX_EXTRA, given with a grid."""
+    """`leading` as a Python int, or None: a whole number >= 0, given with a grid."""
     if leading is None:
         return None
-    if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading <= MAX_EXTRA:
+    if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading:
         raise AttnconvError(f"leading {leading!r} is invalid: give how many tokens come before the image positions, "
-                            f"a whole number from 0 to {MAX_EXTRA}")
+                            "a whole number >= 0")
     if grid is None:
         raise AttnconvError("leading= places the image positions of a grid: give grid=(H, W) with it")
     return int(leading)
@@ -547,7 +556,8 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
     layers themselves. grids: {(path, call): (leading tokens, (H, W))}, each computation's layout where it is known
     (the attention sites'), before `grid` and `leading` and the guess."""
     aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
-    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids, leading)
+    capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids, leading,
+                       len(images) if images.dim() >= 1 else 1)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():

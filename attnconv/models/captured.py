@@ -20,8 +20,9 @@ from torch import Tensor, nn
 
 from attnconv.errors import AttnconvError
 
-# The most leading tokens that are not image positions (class token, distillation token, registers).
-MAX_EXTRA = 16
+# The most leading tokens the guess reads as not image positions (class token, distillation token, registers);
+# a grid given places any number.
+MAX_EXTRA = 32
 
 KINDS = ("SelfAttention2d", "ConvAttention", "MultiheadAttention", "multi_head_attention_forward", "sdpa")
 
@@ -39,33 +40,40 @@ def left_out_note(left_out: tuple[int, int, int]) -> str:
     return "; ".join(parts)
 
 
-# What a reading costs beside its leading tokens: a class token and registers before the images' patch grid (H / p,
-# W / p for a patch size p that divides both) is the usual layout; a patch size that leaves pixels over (H // p,
-# W // p: a convolution without padding) less so; a grid the images' patches do not give (a model that resized
-# them) less still; a patch size that pads (the rounded-up grid) least.
-FLOOR_COST, RESIZED_COST, CEIL_COST = 4, 6, 10
-# Readings within this many of the best are close enough that the guess is said (`close_reading`).
+# What a reading costs. Its leading tokens: none, a class token (1), or the counts models use (a class and a
+# distillation token, 4, 8 or 16 registers with or without a class token) cost little; any other count more, the
+# more the more tokens. Its grid: the images' patch grid (H / p x W / p, p dividing both) nothing; a patch size
+# that leaves pixels over (H // p x W // p: a convolution without padding) or pads (the rounded-up grid) some; a
+# grid the images' patches do not give (a model that resized them) more.
+COMMON_LEADING, COMMON_COST = frozenset({2, 4, 5, 8, 9, 16, 17}), 2
+FLOOR_COST, CEIL_COST, RESIZED_COST = 4, 6, 6
+# Readings less than this much apart from the best are close enough that the guess is said (`close_reading`).
 CLOSE = 3
 
 
-def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple[int, int, tuple[int, int]]]:
+def leading_cost(lead: int) -> float:
+    """What `lead` leading tokens cost a reading (`grid_readings`)."""
+    return lead if lead <= 1 else COMMON_COST if lead in COMMON_LEADING else COMMON_COST + lead / 2
+
+
+def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple[float, int, tuple[int, int]]]:
     """Every way to read `count` tokens as leading tokens then a grid, best first: (cost, leading, (H, W)).
 
-    Without `images` (the images' (H, W)): squares of side >= 2, the fewest leading tokens first. With it, the
-    images' patch grids for each patch size p (H / p x W / p where p divides both, else H // p x W // p at
-    FLOOR_COST or the rounded-up grid at CEIL_COST), and squares and the images' shape at other scales (a model
-    that resized them) at RESIZED_COST, each cost added to the reading's leading tokens: 37 tokens of 16x32
-    images are 5 leading tokens and 4x8 (cost 5) before one and a 6x6 square (7); 64 tokens, 8x8 (6) before 14
-    and 5x10 (18); 35 of 30x20, 7x5 (4). Ties go to the fewer leading tokens. Tokens are row-major, as a patch
-    embedding's flatten gives them.
+    Without `images` (the images' (H, W); None too for tokens of windows folded into the batch, whose grid is not
+    the images'): squares of side >= 2. With it, the images' patch grids for each patch size p (H / p x W / p where
+    p divides both, else H // p x W // p at FLOOR_COST or the rounded-up grid at CEIL_COST), and squares and the
+    images' shape at other scales (a model that resized them) at RESIZED_COST. Each adds `leading_cost` of its
+    leading tokens (at most MAX_EXTRA): 37 tokens of 16x32 images are 5 leading tokens and 4x8 (cost 2) before
+    one and a 6x6 square (7); 64 tokens, 8x8 (6) before 14 and 5x10 (13); 35 of 30x20, 7x5 (4). Ties go to the
+    fewer leading tokens. Tokens are row-major, as a patch embedding's flatten gives them.
     """
-    costs: dict[tuple[int, tuple[int, int]], int] = {}
+    costs: dict[tuple[int, tuple[int, int]], float] = {}
 
-    def add(h: int, w: int, cost: int) -> None:
+    def add(h: int, w: int, cost: float) -> None:
         lead = count - h * w
         if h * w >= 2 and 0 <= lead <= MAX_EXTRA:
             key = (lead, (h, w))
-            costs[key] = min(costs.get(key, 1 << 30), lead + cost)
+            costs[key] = min(costs.get(key, math.inf), leading_cost(lead) + cost)
 
     known = images is not None and min(int(images[0]), int(images[1])) >= 1
     if known:
@@ -85,28 +93,41 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
     return sorted(((c, lead, grid) for (lead, grid), c in costs.items()), key=lambda r: (r[0], r[1]))
 
 
+def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None) -> tuple[int, tuple[int, int]] | None:
+    """(leading tokens, (H, W)) where the given `grid` fits `count` tokens, else None: H*W of them and at most
+    MAX_EXTRA besides, all leading; or, with `leading`, that many first (any number) and at most MAX_EXTRA after the
+    image positions. (A grid given for one computation is not laid on a longer sequence of another.)"""
+    if grid is None:
+        return None
+    h, w = (int(v) for v in grid)
+    besides = count - h * w
+    if leading is None and 0 <= besides <= MAX_EXTRA:
+        return besides, (h, w)
+    if leading is not None and 0 <= besides - leading <= MAX_EXTRA:
+        return leading, (h, w)
+    return None
+
+
 def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence[int] | None = None,
                  leading: int | None = None) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens that are not image positions, (H, W)) for a sequence of `count` tokens, or None.
 
-    With `grid` (H, W): when count is H*W plus at most MAX_EXTRA other tokens, all leading, or
-    `leading` of them (the rest come after the image positions). Otherwise (or when grid does not
-    fit this sequence) the best of `grid_readings(count, aspect)`, aspect being the images' (H, W)
-    (50 tokens of 28x28 images: a class token and 7x7; 37 of 16x32: 5 and 4x8).
+    With `grid` (H, W) that fits (`grid_fits`): there. Otherwise (no grid, or one this sequence does
+    not fit) the best of `grid_readings(count, aspect)`, aspect being the images' (H, W) (50 tokens
+    of 28x28 images: a class token and 7x7; 37 of 16x32: 5 and 4x8).
     """
-    if grid is not None:
-        h, w = (int(v) for v in grid)
-        if 0 <= count - h * w <= MAX_EXTRA and (leading is None or leading <= count - h * w):
-            return (count - h * w if leading is None else leading), (h, w)
+    placed = grid_fits(count, grid, leading)
+    if placed is not None:
+        return placed
     readings = grid_readings(count, aspect)
     return (readings[0][1], readings[0][2]) if readings else None
 
 
 def close_reading(count: int, images: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
-    """The second reading of `count` tokens when it is about as likely as the first (within CLOSE), else None:
-    then the guess is only a guess, and `grid=` should settle it."""
+    """The second reading of `count` tokens when it is about as likely as the first (costs less than CLOSE apart),
+    else None: then the guess is only a guess, and `grid=` should settle it."""
     readings = grid_readings(count, images)
-    if len(readings) > 1 and readings[1][0] - readings[0][0] <= CLOSE:
+    if len(readings) > 1 and readings[1][0] - readings[0][0] < CLOSE:
         return readings[1][1], readings[1][2]
     return None
 

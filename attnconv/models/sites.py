@@ -214,7 +214,14 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
         key = _capture_key(sites[i].layer)
         if key not in by_key:
             raise AttnconvError(f"{sites[i].path}: this attention computation did not run on these images")
-        out.append(by_key[key])
+        r, size = by_key[key], tuple(sites[i].size)
+        if r.size != size or r.query_size != size:  # other images than the sites were found for: another grid
+            where = "no image grid" if r.size is None else f"{r.query_size[0]}x{r.query_size[1]} queries and " \
+                f"{r.size[0]}x{r.size[1]} keys"
+            raise AttnconvError(f"{sites[i].path}: on these images ({'x'.join(map(str, x.shape[-2:]))}) its tokens lie "
+                                f"on {where}, not on the site's {size[0]}x{size[1]}: the sites were found for other "
+                                "images; find them again with these images' shape (attention_sites(model, (C, H, W)))")
+        out.append(r)
     return out
 
 
