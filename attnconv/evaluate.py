@@ -280,10 +280,20 @@ def run_setup(meta: dict[str, Any]) -> dict[str, Any]:
     """What a run computes, from its config.json (`read_config`): the training config without
     the seed and the fields a resumed run may change (device, workers, data_dir,
     checkpoint_every, compile, preset), plus `attnconv convert`'s fold_bn and alpha; the crop and
-    flip options count only with augment on. Runs with equal setups differ only by their seed."""
+    flip options count only with augment on. An image folder counts by the content the run recorded
+    (its splits' digests: a copy of the folder, or a link to it, is the same data; other images at the
+    same path are not), and `--init-from` by its options, not by which CNN run (each seed its own CNN
+    seed is the usual experiment). Runs with equal setups differ only by their seed."""
     setup = {k: v for k, v in meta["config"].items() if k not in _NOT_SETUP}
     if setup.get("augment") is False:  # crops and flips are options of the augmentation: off, they do nothing
         setup.pop("crop_pad", None), setup.pop("flip", None)
+    digest = (meta.get("data") or {}).get("digest") if isinstance(meta.get("data"), dict) else None
+    if str(setup.get("dataset", "")).startswith("folder:") and isinstance(digest, dict) \
+            and all(isinstance(digest.get(k), str) for k in ("train", "test")):
+        setup["dataset"] = "folder"
+        setup["data"] = {"train": digest["train"], "test": digest["test"]}
+    if isinstance(setup.get("init_from"), dict):
+        setup["init_from"] = {k: v for k, v in setup["init_from"].items() if k != "run"}
     if "converted" in meta:
         setup["converted"] = {k: meta["converted"].get(k) for k in ("fold_bn", "alpha")}
     return setup

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from attnconv.errors import DamagedFile, ParameterError
+from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 
 TMP_SUFFIX = ".attnconv-tmp"
 LOCK_FILE = ".attnconv.lock"  # the lock file of earlier versions (the lock is now on the directory)
@@ -178,9 +178,21 @@ def dangling_link(path: str | os.PathLike) -> str | None:
 def not_a_folder(path: str | os.PathLike, missing: str = "no such directory") -> str | None:
     """Why `path` is not a folder, in words, or None for a folder (or a link to one): `missing` when nothing is
     there, the link's words when it leads nowhere (`dangling_link`), else what is there ("it is a file", "a link
-    to /dev/null, which is a character device"): a path that exists is never called missing."""
+    to /dev/null, which is a character device"): a path that exists is never called missing. A path below a folder
+    that cannot be entered is an AttnconvError (`unreadable_folder`)."""
     mode, words = _what_is(Path(path), missing)
     return None if mode is not None and stat.S_ISDIR(mode) else words
+
+
+def unreadable_folder(path: str | os.PathLike) -> str:
+    """The words for a folder that cannot be entered or listed (permissions), naming it or the folder above it that
+    stops the way, with the fix."""
+    path = Path(path)
+    blocking = next((p for p in (*reversed(path.parents), path) if p.exists() and not os.access(p, os.R_OK | os.X_OK)),
+                    path)
+    where = "" if blocking == path else f" (the folder {blocking} above it cannot be entered)"
+    return (f"{path}: cannot be read: permission denied{where}; give a folder this user can read (chmod u+rx, or run "
+            "as its owner)")
 
 
 def not_a_file(path: str | os.PathLike, missing: str = "no such file") -> str | None:
@@ -195,6 +207,8 @@ def _what_is(path: Path, missing: str) -> tuple[int | None, str]:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return None, dangling_link(path) or missing
+    except PermissionError:  # a folder on the way cannot be entered: said so, not called missing or "not a folder"
+        raise AttnconvError(unreadable_folder(path)) from None
     except OSError as err:
         return None, dangling_link(path) or f"cannot be read ({err.strerror})"
     what = "a file" if stat.S_ISREG(mode) else file_kind(mode)

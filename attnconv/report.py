@@ -462,7 +462,7 @@ def write_report(
     out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
     if out.is_dir():
         raise ParameterError("out", out, f"is a directory; give a file name such as {out / REPORT_FILE}")
-    if Path(run_dir).is_dir():  # else build_report names the missing run directory
+    if not_a_folder(run_dir) is None:  # else build_report names the missing run directory
         out = check_output_file(out, "out", (".html", ".htm"), overwrite=overwrite)
     text = build_report(run_dir, images=images, data_dir=data_dir, dataset=dataset, device=device)
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))

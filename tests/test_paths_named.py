@@ -197,3 +197,80 @@ def test_weights_out_and_image_folders_that_are_odd_paths_are_named(finished, tm
     (root / "train" / "cat" / "gone.png").symlink_to(tmp_path / "nowhere.png")
     with pytest.raises(AttnconvError, match="gone.png: a link to .*nowhere.png, which does not exist; fix or remove it"):
         scan_folder(root)
+
+
+def test_a_folder_that_cannot_be_entered_is_named_as_one(finished, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """As another user, a run folder of mode 000 (or below one) was "RUN/.replaced-run.attnconv-tmp/manifest.json:
+    not writable; choose another location" (a file never named, "writable" for a read). The permission is
+    simulated (the tests may run as root, who may enter anything)."""
+    import os
+
+    run = tmp_path / "locked" / "run"
+    shutil.copytree(finished, run)
+    real_stat, real_access = os.stat, os.access
+    locked = str(tmp_path / "locked")
+
+    def stat(path, *args, **kwargs):
+        if str(path).startswith(locked + os.sep):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: str(path) != locked and real_access(path, mode, **kw))
+    for command in (["eval", str(run)], ["compare", str(run)], ["report", str(run), "--out", str(tmp_path / "r.html")],
+                    ["plot", "centers", str(run), "--out", str(tmp_path / "p.png")], ["table", str(run)]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert f"{run}: cannot be read: permission denied (the folder {locked} above it cannot be entered)" in err \
+            and err.count("\n") == 1 and "not writable" not in err, (command, err)
+
+
+def test_a_resume_into_a_file_names_it_instead_of_asking_for_flags(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "to_dev").symlink_to("/dev/null")
+    for out, words in ((tmp_path / "afile", "(it is a file)"), (tmp_path / "to_dev", "(a link to /dev/null, which is "
+                                                                                    "a character device)")):
+        assert main(["train", "--resume", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out} is not a directory {words}; give the folder of the run to resume" in err, err
+        assert "missing --model" not in err
+
+
+def test_a_test_split_that_is_a_copy_of_the_train_split_is_refused(tmp_path, monkeypatch, capsys):
+    """A byte copy of train/ as test/ trained with "test accuracy 1.0000" although the digests the run recorded
+    were equal."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    shutil.rmtree(root / "test")
+    shutil.copytree(root / "train", root / "test")
+    out = tmp_path / "run"
+    assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4", "--batch-size",
+                 "4", "--workers", "1", "--max-steps", "1", "--dataset", f"folder:{root}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "its test split holds the same images, with the same labels, as its train split" in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_run_moved_into_the_image_folder_is_named_not_called_a_class_to_delete(finished, tmp_path, monkeypatch,  # noqa: F811
+                                                                                 capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    shutil.copytree(finished, root / "train" / "moved")
+    with pytest.raises(AttnconvError, match="moved holds an attnconv run \\(config.json\\), not images: a folder in "
+                                            ".*train is read as a class; move the run out of the image folder"):
+        scan_folder(root)
+    assert (root / "train" / "moved" / "config.json").exists()
+
+
+def test_two_class_folders_linked_to_one_folder_outside_get_a_fix_that_works(tmp_path):
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    shutil.move(root / "train" / "cat", tmp_path / "cats")
+    (root / "train" / "cat").symlink_to(tmp_path / "cats")
+    shutil.rmtree(root / "test" / "cat")
+    (root / "test" / "cat").symlink_to(tmp_path / "cats")
+    with pytest.raises(AttnconvError, match="counted twice; remove the link, or point it to a folder no other class "
+                                            "folder leads to"):
+        scan_folder(root)

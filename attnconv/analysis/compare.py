@@ -33,7 +33,7 @@ from attnconv.evaluate import run_setup, setup_differences
 from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
-from attnconv.runs.files import trained_here
+from attnconv.runs.files import read_config, trained_here
 from attnconv.tables import format_table
 
 
@@ -51,12 +51,17 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
     for p in sorted(p for p in root.iterdir() if p.name.startswith("seed")):
         if link := dangling_link(p):  # a seed that leads nowhere is no seed fewer, said in silence
             raise AttnconvError(f"{p}: {link}; fix the link, or move it out of the group")
+        if p.is_file() and not p.is_symlink():  # a user's notes (seeds.txt): a run is a folder, so none is left out
+            continue
         why = not_a_folder(p)
-        if why:  # a seed* that is no folder is no seed fewer, said in silence
+        if why:  # a seed* that is no folder (a device, a link to a file) is no seed fewer, said in silence
             raise AttnconvError(f"{p}: not a run directory ({why}); a group's seed* entries are its runs: move it "
                                 "out of the group")
         if os.path.lexists(p / "metrics.csv") or set_aside_pending(p):
             seeds.append(p)
+        elif _converted(p):  # made by `attnconv convert`: no training, so no logs to compare
+            raise AttnconvError(f"{p}: a converted run (`attnconv convert`), which has no training logs to compare; "
+                                "compare trained runs (`attnconv eval` measures a converted one)")
         elif found := trained_here(p):  # a run whose log is gone: not left out of the mean without a word
             raise AttnconvError(f"{p}: metrics.csv is missing, while {', '.join(found)} show a run was "
                                 "trained here; restore it from a copy of the run, or move the folder out of the group")
@@ -68,7 +73,30 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
         if key in real:
             raise AttnconvError(f"{real[key]} and {p} are one run (a link to it): give each run once")
         real[key] = p
+    if len(seeds) > 1:  # what makes them one configuration of several seeds is in config.json: all have it, or none
+        have = [os.path.lexists(p / CONFIG_FILE) for p in seeds]
+        if any(have) and not all(have):
+            with_, without = seeds[have.index(True)], seeds[have.index(False)]
+            raise AttnconvError(f"{without}: config.json is missing, while {with_} has one: its configuration and "
+                                "seed cannot be checked against the group's; restore it from a copy of the run, or "
+                                "move the folder out of the group")
+        logs: dict[bytes, Path] = {}
+        for p in seeds:  # logs alone (no config.json to tell the seeds): the same logs twice are one run twice
+            if not have[0] and (p / "metrics.csv").is_file() and (p / "metrics.csv").stat().st_size <= 1 << 24:
+                text = (p / "metrics.csv").read_bytes()
+                if text in logs:
+                    raise AttnconvError(f"{logs[text]} and {p} hold the same metrics.csv: one run's logs twice; "
+                                        "give each run once")
+                logs[text] = p
     return seeds
+
+
+def _converted(run: Path) -> bool:
+    """Whether `run` holds a run `attnconv convert` made (its config.json says so)."""
+    try:
+        return "converted" in read_config(run)
+    except AttnconvError:
+        return False
 
 
 def _snapshot(snaps: list[dict[str, Any]], epoch: int | None, where: Path) -> dict[str, Any]:

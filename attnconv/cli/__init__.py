@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import importlib
 import math
@@ -293,7 +294,9 @@ def _run(argv: list[str] | None, process: bool) -> int:
 
         name = str(err.filename or "")  # a path from a file may be long: its ends say which it is
         where = f"{name if len(name) <= 200 else name[:120] + '...' + name[-77:]}: " if name else ""
-        print(f"error: {one_line(where + describe_os_error(err))}", file=sys.stderr)
+        why = describe_os_error(err) if err.errno != errno.EACCES else \
+            "permission denied; give a path this user can read (and write, for an output): chmod it, or run as its owner"
+        print(f"error: {one_line(where + why)}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as err:
         if not _out_of_memory(err):

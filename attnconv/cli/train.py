@@ -113,7 +113,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
     from attnconv.errors import ParameterError
-    from attnconv.fileio import dangling_link
+    from attnconv.fileio import dangling_link, not_a_folder
     from attnconv.options import option_fields
     from attnconv.runs.directory import resumed_folder, run_config
     from attnconv.runs.files import CONFIG_FILE, trained_here
@@ -129,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     link = dangling_link(out)
     if link is not None:  # before a resume of "nothing" asks for --model and --dataset, and mkdir says File exists
         raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
+    why = not_a_folder(out) if args.resume else None  # a file or device: no run to resume, not flags to ask for
+    if why is not None and os.path.lexists(out):
+        raise ParameterError("out", out, f"is not a directory ({why}); give the folder of the run to resume")
     # --resume: the run's own config is the base, the flags given are changes to it (a --model, --dataset or
     # --preset equal to the run's is none; a preset, which flags not given would otherwise take, plays no part)
     source = resumed_folder(out) if args.resume else out  # an old run an interrupted --overwrite set aside

@@ -133,10 +133,11 @@ def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
         if where is None:
             where = next((f"inside {name}" for name, c in containers if _within(path, c)), None)
         if where is not None:
-            raise AttnconvError(
-                f"{root / split / cls} resolves to {path}, {where}: its images would be counted twice; "
-                f"remove the link, or point it to a folder outside {root}"
-            )
+            inside = any(_within(path, c) or _within(c, path) for _, c in containers)
+            fix = f"remove the link, or point it to a folder outside {root}" if inside else \
+                "remove the link, or point it to a folder no other class folder leads to"  # both lead outside
+            raise AttnconvError(f"{root / split / cls} resolves to {path}, {where}: its images would be counted "
+                                f"twice; {fix}")
 
 
 def scan_folder(root: Path) -> FolderLayout:
@@ -180,6 +181,9 @@ def scan_folder(root: Path) -> FolderLayout:
                     f"with training images, or remove {folder}"
                 )
             images = _images_in(folder)
+            if not images and os.path.lexists(folder / "config.json"):  # a run moved in: not a class to delete
+                raise AttnconvError(f"{folder} holds an attnconv run (config.json), not images: a folder in "
+                                    f"{root / split} is read as a class; move the run out of the image folder {root}")
             if not images:
                 raise AttnconvError(
                     f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}); add some or remove the folder"

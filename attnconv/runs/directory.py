@@ -22,6 +22,7 @@ from attnconv.fileio import (
     interrupts_held,
     is_temporary,
     not_a_folder,
+    unreadable_folder,
     write_bytes,
 )
 from attnconv.runs.files import (
@@ -171,8 +172,12 @@ class SetAside:
 
 def set_aside_pending(out: Path) -> bool:
     """Whether `out` holds an old run that `train --overwrite` set aside (its manifest written) and has not put
-    back or deleted yet: that train is still before its first checkpoint, or was killed there."""
-    return (out / SET_ASIDE / _MANIFEST).is_file()
+    back or deleted yet: that train is still before its first checkpoint, or was killed there. The first look
+    every reader of a run takes inside its folder: a folder that cannot be entered is one error naming it."""
+    try:
+        return (out / SET_ASIDE / _MANIFEST).is_file()
+    except PermissionError:
+        raise AttnconvError(unreadable_folder(out)) from None
 
 
 def replaced_run_line(out: Path) -> str:

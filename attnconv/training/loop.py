@@ -215,6 +215,10 @@ class _Trainer:
         d.agree(None)
         # What the data holds (config.json "data" "digest"): --resume must see the same. Rank 0 alone writes it.
         self.digest = data_digest(self.train_set, self.test_set) if d.main else None
+        same = self.digest is not None and self.digest["train_unordered"] == self.digest["test_unordered"]
+        d.agree(ParameterError("dataset", config.dataset, ": its test split holds the same images, with the same "
+                               "labels, as its train split (a copy of it): the test accuracy would be measured on the "
+                               "training images; give test images of their own") if same else None)
         if self.device.type == "cuda":  # the uint8 sets live on the GPU: batches never cross PCIe
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
         error = None
