@@ -297,8 +297,10 @@ def _attention_section(run: Run, *, images: int) -> str:
         sites = run.sites
     except AttnconvError as err:  # a CNN; or attention the per-head analysis cannot take
         if isinstance(err, NoAttentionLayers) and not run.converted:
-            return head + _note(f"{config.model} has no attention layers (a convolutional network): the attention "
-                                "figures and analysis are skipped.") + "</section>"
+            why = f"its attention is not over one image grid: {err}" if err.computations else \
+                "a convolutional network"
+            return head + _note(f"{config.model} has no attention layers ({why}): the attention figures and analysis "
+                                "are skipped.") + "</section>"
         _missing("the attention section", err)
         return head + _note(f"the attention analysis could not run on this model: {err}") + "</section>"
     if needs_inputs(sites):

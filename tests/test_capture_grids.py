@@ -90,6 +90,7 @@ class PatchTokens(nn.Module):
     ((48, 64), 16, 9, None, (3, 4)),  # not 4x5 after one
     ((224, 224), 14, 5, None, (16, 16)),
     ((32, 32), 4, 17, None, (8, 8)),  # a class token and 16 registers: not 9x9
+    ((100, 100), 16, 5, None, (6, 6)),  # a patch that leaves pixels over: not 5x5 after 16 (patch 20)
 ])
 def test_the_guess_reads_the_images_patch_grid_before_a_square(shape, patch, lead, resize, grid):
     """A token count is read with the images' shape: their patch grid after a class token and registers comes
@@ -108,14 +109,14 @@ def test_the_guess_reads_the_images_patch_grid_before_a_square(shape, patch, lea
 
 
 @pytest.mark.parametrize("count,images,said", [
-    (25, (16, 16), "25 tokens of 16x16 images are read as 4x4 after 9 leading tokens, a guess: 5x5 fits about as "
-                   "well; if the image positions lie there, pass grid=(5, 5)"),  # a class token and 8 registers?
+    (16, (16, 32), "16 tokens of 16x32 images are read as 2x4 after 8 leading tokens, a guess: 3x5 after 1 leading "
+                   "token fits about as well; if the image positions lie there, pass grid=(3, 5), leading=1"),
     (36, (30, 20), "read as 7x5 after 1 leading token, a guess: 6x6 fits about as well"),
-    (18, (96, 96), "read as 4x4 after 2 leading tokens, a guess: 3x3 after 9 leading tokens fits about as well; if the "
-                   "image positions lie there, pass grid=(3, 3), leading=9"),  # patch 24 or patch 32?
+    (18, (96, 96), "read as 3x3 after 9 leading tokens, a guess: 4x4 after 2 leading tokens fits about as well; if the "
+                   "image positions lie there, pass grid=(4, 4), leading=2"),  # patch 32 or patch 24?
     (37, (16, 32), None), (50, (28, 28), None), (197, (224, 224), None), (32, (16, 32), None), (64, (16, 32), None),
     (17, (28, 28), None), (213, (224, 224), None), (261, (224, 224), None), (137, (128, 256), None),
-    (35, (30, 20), None), (16, (16, 32), None),
+    (35, (30, 20), None), (25, (16, 16), None),
 ])
 def test_a_guess_that_another_reading_fits_about_as_well_is_said_once_and_grid_silences_it(count, images, said):
     class Sequence(nn.Module):  # `count` tokens of any images, through one SDPA call
@@ -261,9 +262,11 @@ def test_sites_asked_of_images_of_another_size_are_refused_not_read_on_another_g
     tokens were guessed again): one error naming both grids and the fix."""
     model = PatchTokens(4, 1).eval()
     (site,) = attention_sites(model, (1, 32, 32))
-    with pytest.raises(AttnconvError, match=r"attn: on these images \(64x32\) its tokens lie on 16x8 queries and "
-                                            r"16x8 keys, not on the site's 8x8: the sites were found for other images"):
-        site_probs(model, [site], torch.randn(2, 1, 64, 32))
+    for shape in ((64, 32), (32, 16), (16, 32), (36, 32)):  # fewer, as many and more tokens than the site's 8x8
+        with pytest.raises(AttnconvError, match=f"attn: the sites were found for 32x32 images, these are "
+                                                f"{shape[0]}x{shape[1]}; find them again with these images' shape"):
+            site_probs(model, [site], torch.randn(2, 1, *shape))
+    assert site_probs(model, [site], torch.randn(2, 1, 32, 32))[0].shape == (2, 64, 64)
 
 
 @pytest.mark.parametrize("shape,grid", [((4, 30), (1, 8)), ((62, 8), (16, 2)), ((30, 30), (8, 8))])
@@ -276,3 +279,83 @@ def test_a_padded_grid_is_read_or_said(shape, grid):
         (r,) = capture_attention(model, x)
     said = [str(w.message) for w in seen if issubclass(w.category, AttnconvWarning)]
     assert r.size == grid or any(f"pass grid=({grid[0]}, {grid[1]})" in w for w in said), (r, said)
+
+
+class Batched(nn.Module):
+    """PatchTokens whose attention runs on a batch made otherwise: repeated (test-time augmentation), crops of the
+    batch, or chunks of it."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.inner, self.how = PatchTokens(16, 1), how
+
+    def forward(self, x):
+        if self.how == "tta":
+            return self.inner(torch.cat([x, x.flip(-1)]))
+        if self.how == "repeat":
+            return self.inner(x.repeat(3, 1, 1, 1))
+        return torch.cat([self.inner(part) for part in x.split(1)])  # chunks of one image
+
+
+@pytest.mark.parametrize("how", ["tta", "repeat", "chunks"])
+def test_a_batch_repeated_or_cut_is_not_taken_for_windows(how):
+    """Test-time augmentation, repeated crops and chunks changed the batch's size, and the images' shape was dropped
+    (224x320 read as 16x16 after 25 tokens, silently): only a batch whose sequences tile a patch grid of the images
+    is windows folded into it."""
+    model, x = Batched(how).eval(), torch.randn(2, 1, 224, 320)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AttnconvWarning)
+        records = capture_attention(model, x)
+    assert {(r.size, r.left_out) for r in records} == {((14, 20), (1, 1, 0))}
+
+
+def test_a_grid_that_fits_no_computation_is_said():
+    """A class token and 50 prompt tokens with grid=(14, 14): the grid was dropped in silence, the tokens read as
+    15x15 after 22."""
+    model, x = PatchTokens(16, 51).eval(), torch.randn(1, 1, 224, 224)
+    with pytest.warns(AttnconvWarning, match=r"grid=\(14, 14\) fits none of the model's attention computations \(of "
+                                             r"247 tokens\): a grid places at most 32 tokens besides it; give leading="):
+        capture_attention(model, x, grid=(14, 14))
+    (r,) = capture_attention(model, x, grid=(14, 14), leading=51)
+    assert (r.size, r.left_out) == ((14, 14), (51, 51, 0))
+
+
+def test_a_layout_the_model_declares_needs_no_guess():
+    """attnconv's ViT (token_layout) and timm's convention (num_prefix_tokens, patch_embed.patch_size) say where
+    their tokens lie: read there, with no warning (attnconv's own ViT at 24x24, patch 6, warned on every command)."""
+    from attnconv.models import build_model
+
+    vit = build_model("vit", in_channels=1, num_classes=2, image_size=24, patch=6, hidden=8, layers=1, heads=2).eval()
+
+    class TimmLike(nn.Module):  # a class token and 8 registers, patch 16, on 100x100 images (a floor grid)
+        num_prefix_tokens = 9
+
+        def __init__(self):
+            super().__init__()
+            self.patch_embed, self.inner = nn.Module(), PatchTokens(16, 9)
+            self.patch_embed.patch_size = (16, 16)
+
+        def forward(self, x):
+            return self.inner(x)
+
+    for model, shape, want in ((vit, (24, 24), ((4, 4), (1, 1, 0))), (TimmLike().eval(), (100, 100), ((6, 6), (9, 9, 0)))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AttnconvWarning)
+            records = capture_attention(model, torch.randn(2, 1, *shape))
+            sites = attention_sites(model, (1, *shape))
+        assert {(r.size, r.left_out) for r in records} == {want}
+        assert {tuple(s.size) for s in sites} == {want[0]}
+
+
+def test_a_vit_of_one_patch_is_not_called_a_convolutional_network():
+    """A ViT whose one patch leaves no grid was "no attention layers (a convolutional network)" in its report."""
+    from attnconv.models import build_model
+    from attnconv.models.sites import NoAttentionLayers
+
+    vit = build_model("vit", in_channels=1, num_classes=2, image_size=8, patch=8, hidden=8, layers=1, heads=2)
+    with pytest.raises(NoAttentionLayers) as err:
+        attention_sites(vit, (1, 8, 8))
+    assert err.value.computations and "not self-attention over one image grid" in str(err.value)
+    with pytest.raises(NoAttentionLayers) as err:
+        attention_sites(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU()), (1, 8, 8))
+    assert not err.value.computations

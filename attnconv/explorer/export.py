@@ -62,8 +62,8 @@ def export_data(explorer: Explorer) -> dict[str, Any]:
     format holds one grid), and for maps larger than `EXPORT_LIMIT` (a content model with many images
     or a large grid), before computing them."""
     if explorer.own_grids:
-        raise AttnconvError(f"{explorer.run_dir}: its layers attend over grids of their own (a network converted "
-                            "from a CNN), which --export does not write; explore it live (attnconv explore RUN)")
+        raise AttnconvError(f"{explorer.run_dir}: its layers attend over grids of their own, which --export does "
+                            "not write (its page holds one grid); explore it live (attnconv explore RUN)")
     H, W = explorer.grid
     T, layers, heads, n = H * W, len(explorer.layers), explorer.layers[0].heads, len(explorer.raw)
     per_image = not explorer.position_only

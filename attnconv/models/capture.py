@@ -59,10 +59,12 @@ from attnconv.models.captured import (
     CapturedAttention,
     CapturedLayer,
     close_reading,
+    declared_layout,
     grid_fits,
     image_tokens,
     left_out_note,
     multihead_value_maps,
+    windows_folded,
 )
 from attnconv.modes import eval_mode
 
@@ -339,6 +341,8 @@ class _Capture(TorchFunctionMode):
         self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
         self.guessed: set[tuple[int, Any]] = set()  # (token count, shape) whose close guess was said
         self.images = images  # how many images the pass runs on (the batch of a call on the images' tokens)
+        self.declared = declared_layout(model, aspect)  # the model's own word on where its tokens lie
+        self.grid_used = False  # whether grid= fitted some computation (else it is said)
         self.names = {m: name for name, m in model.named_modules()}
         self.stack: list[nn.Module] = []
         self.records: list[CapturedAttention] = []
@@ -365,8 +369,11 @@ class _Capture(TorchFunctionMode):
         well is said, once a count (the fix being grid=)."""
         placed = grid_fits(count, grid, leading)
         if placed is not None:
+            self.grid_used |= grid == self.grid
             return placed
-        shape = self.aspect if entries == self.images else None
+        if self.declared is not None and (placed := grid_fits(count, self.declared[1], self.declared[0])):
+            return placed  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
+        shape = None if windows_folded(count, entries, self.images, self.aspect) else self.aspect
         other = close_reading(count, shape)
         if other is not None and (count, shape) not in self.guessed:
             self.guessed.add((count, shape))
@@ -375,7 +382,7 @@ class _Capture(TorchFunctionMode):
                 return f"{hw[0]}x{hw[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
 
             of = f"{shape[0]}x{shape[1]} images" if shape else "images (windows folded into the batch)" \
-                if self.aspect and entries != self.images else "images"
+                if self.aspect else "images"
             warnings.warn(AttnconvWarning(
                 f"{where or '(model)'}: {count} tokens of {of} are read as {words(*image_tokens(count, None, shape))}, "
                 f"a guess: {words(*other)} fits about as well; if the image positions lie there, pass "
@@ -565,4 +572,12 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
             stack.callback(m.register_forward_hook(capture.post, always_call=True).remove)
         with capture:
             model(images)
+    if grid is not None and not capture.grid_used and capture.records:
+        counts = sorted({int(r.probs.shape[-1]) + sum(r.left_out[1:]) for r in capture.records
+                         if r.kind not in ("SelfAttention2d", "ConvAttention")})
+        if counts:
+            warnings.warn(AttnconvWarning(
+                f"grid=({grid[0]}, {grid[1]}) fits none of the model's attention computations (of "
+                f"{', '.join(map(str, counts[:5]))} tokens): a grid places at most {MAX_EXTRA} tokens besides it; "
+                "give leading= with it for more, or the grid the image positions have"), stacklevel=3)
     return capture.records

@@ -46,9 +46,11 @@ def left_out_note(left_out: tuple[int, int, int]) -> str:
 # that leaves pixels over (H // p x W // p: a convolution without padding) or pads (the rounded-up grid) some; a
 # grid the images' patches do not give (a model that resized them) more.
 COMMON_LEADING, COMMON_COST = frozenset({2, 4, 5, 8, 9, 16, 17}), 2
-FLOOR_COST, CEIL_COST, RESIZED_COST = 4, 6, 6
+FLOOR_COST, CEIL_COST, RESIZED_COST = 3, 4, 6
+# Patch sides models use; a patch grid of another side costs UNCOMMON_PATCH_COST more.
+COMMON_PATCHES, UNCOMMON_PATCH_COST = frozenset({1, 2, 4, 7, 8, 14, 16, 32}), 3
 # Readings less than this much apart from the best are close enough that the guess is said (`close_reading`).
-CLOSE = 3
+CLOSE = 4
 
 
 def leading_cost(lead: int) -> float:
@@ -61,11 +63,12 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
 
     Without `images` (the images' (H, W); None too for tokens of windows folded into the batch, whose grid is not
     the images'): squares of side >= 2. With it, the images' patch grids for each patch size p (H / p x W / p where
-    p divides both, else H // p x W // p at FLOOR_COST or the rounded-up grid at CEIL_COST), and squares and the
-    images' shape at other scales (a model that resized them) at RESIZED_COST. Each adds `leading_cost` of its
-    leading tokens (at most MAX_EXTRA): 37 tokens of 16x32 images are 5 leading tokens and 4x8 (cost 2) before
-    one and a 6x6 square (7); 64 tokens, 8x8 (6) before 14 and 5x10 (13); 35 of 30x20, 7x5 (4). Ties go to the
-    fewer leading tokens. Tokens are row-major, as a patch embedding's flatten gives them.
+    p divides both, else H // p x W // p at FLOOR_COST or the rounded-up grid at CEIL_COST; UNCOMMON_PATCH_COST more
+    for a side not in COMMON_PATCHES), and squares and the images' shape at other scales (a model that resized
+    them) at RESIZED_COST. Each adds `leading_cost` of its leading tokens (at most MAX_EXTRA): 37 tokens of 16x32
+    images are 5 leading tokens and 4x8 (cost 2) before one and a 6x6 square (7); 64 tokens, 8x8 (6) before 14 and
+    5x10 (15); 35 of 30x20, 7x5 (3). Ties go to the fewer leading tokens. Tokens are row-major, as a patch
+    embedding's flatten gives them.
     """
     costs: dict[tuple[int, tuple[int, int]], float] = {}
 
@@ -79,11 +82,12 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
     if known:
         H, W = int(images[0]), int(images[1])
         for patch in range(1, max(H, W) + 1):
+            side = 0 if patch in COMMON_PATCHES else UNCOMMON_PATCH_COST
             if H % patch == 0 and W % patch == 0:
-                add(H // patch, W // patch, 0)
+                add(H // patch, W // patch, side)
             else:
-                add(H // patch, W // patch, FLOOR_COST)
-                add(-(-H // patch), -(-W // patch), CEIL_COST)
+                add(H // patch, W // patch, side + FLOOR_COST)
+                add(-(-H // patch), -(-W // patch), side + CEIL_COST)
         g = math.gcd(H, W)
         a, b = H // g, W // g
         for k in range(1, math.isqrt(count // (a * b)) + 1):
@@ -121,6 +125,46 @@ def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence
         return placed
     readings = grid_readings(count, aspect)
     return (readings[0][1], readings[0][2]) if readings else None
+
+
+def windows_folded(count: int, entries: int, images: int, shape: Sequence[int] | None) -> bool:
+    """Whether a call whose batch holds `entries` sequences of `count` tokens, in a pass over `images` images of
+    `shape` (H, W), has the images' windows folded into its batch: more entries than images, a whole number of
+    windows an image, and the windows' tokens together a patch grid of the images (7x7 windows of 224x168 images:
+    48 windows an image, 49 x 48 = 56 x 42, patch 4). A batch repeated (test-time augmentation, crops) or cut into
+    chunks is not."""
+    if shape is None or entries <= images or entries % images:
+        return False
+    total, (H, W) = count * (entries // images), (int(shape[0]), int(shape[1]))
+    return any(total in ((H // p) * (W // p), -(-H // p) * -(-W // p)) for p in range(1, max(H, W) + 1))
+
+
+def declared_layout(model: nn.Module, shape: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
+    """(leading tokens, (H, W)) that `model` declares for images of `shape`, else None: its own `token_layout(shape)`
+    (attnconv's ViT), or timm's convention, `num_prefix_tokens` before the patch grid of `patch_embed.patch_size`
+    (rounded up with `dynamic_img_pad`). What a model declares needs no guess."""
+    if shape is None:
+        return None
+    layout = _declared(model, int(shape[0]), int(shape[1]))
+    return layout if layout is not None and layout[1][0] * layout[1][1] >= 2 else None  # one position is no grid
+
+
+def _declared(model: nn.Module, H: int, W: int) -> tuple[int, tuple[int, int]] | None:
+    try:
+        own = getattr(model, "token_layout", None)
+        if callable(own):
+            lead, (h, w) = own((H, W))
+            return int(lead), (int(h), int(w))
+        lead, embed = getattr(model, "num_prefix_tokens", None), getattr(model, "patch_embed", None)
+        patch = getattr(embed, "patch_size", None)
+        if isinstance(lead, int) and patch is not None:
+            ph, pw = (patch, patch) if isinstance(patch, int) else (int(patch[0]), int(patch[1]))
+            if getattr(embed, "dynamic_img_pad", False):
+                return lead, (-(-H // ph), -(-W // pw))
+            return lead, (H // ph, W // pw)
+    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+        return None
+    return None
 
 
 def close_reading(count: int, images: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
@@ -203,9 +247,11 @@ class CapturedLayer:
     score_terms = ("combined", "content")
 
     def __init__(self, path: str, kind: str, call: int, heads: int, module: nn.Module, size: tuple[int, int],
-                 left_out: tuple[int, int, int], probs: Tensor | None = None):
+                 left_out: tuple[int, int, int], probs: Tensor | None = None,
+                 image_size: tuple[int, int] | None = None):
         self.path, self.kind, self.call, self.heads = path, kind, call, heads
         self.module, self.size, self.left_out, self.probs = module, size, left_out, probs
+        self.image_size = image_size  # the images' (H, W) it was found on (`attention_sites`), where known
 
     @property
     def encoding_name(self) -> str:

@@ -84,7 +84,16 @@ class AttentionSite:
 
 
 class NoAttentionLayers(AttnconvError):
-    """A model in which `attention_sites` finds no attention layer (a CNN)."""
+    """A model in which `attention_sites` finds no attention layer (a CNN; `computations` True where it saw attention
+    that the measures cannot take: cross-attention, tokens on no grid, a ViT of one patch)."""
+
+    computations = False
+
+    @classmethod
+    def seen(cls, message: str) -> NoAttentionLayers:
+        err = cls(message)
+        err.computations = True
+        return err
 
 
 def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
@@ -145,12 +154,12 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
                 sites.append(AttentionSite(r.path, r.module, r.size))
         elif r.size is not None and r.query_size == r.size:
             sites.append(AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size,
-                                                             r.left_out), r.size))
+                                                             r.left_out, image_size=tuple(input_shape[1:])), r.size))
     if sites:
         return sites
     if records:  # attention was seen, none of it self-attention over one image grid: say which and why
         shown = "; ".join(f"{r.name}: {r.note() or 'cross-attention'}" for r in records[:3])
-        raise NoAttentionLayers(
+        raise NoAttentionLayers.seen(
             f"{type(model).__name__}: its attention computations are not self-attention over one image grid ({shown}"
             f"{'; ...' if len(records) > 3 else ''}); the per-head measures need that (give grid= where the tokens lie "
             "on a grid their count does not tell)")
@@ -214,7 +223,11 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
         key = _capture_key(sites[i].layer)
         if key not in by_key:
             raise AttnconvError(f"{sites[i].path}: this attention computation did not run on these images")
-        r, size = by_key[key], tuple(sites[i].size)
+        r, size, found = by_key[key], tuple(sites[i].size), getattr(sites[i].layer, "image_size", None)
+        if found is not None and tuple(x.shape[-2:]) != tuple(found):  # a grid of as many tokens may be another
+            raise AttnconvError(f"{sites[i].path}: the sites were found for {found[0]}x{found[1]} images, these are "
+                                f"{x.shape[-2]}x{x.shape[-1]}; find them again with these images' shape "
+                                "(attention_sites(model, (C, H, W)))")
         if r.size != size or r.query_size != size:  # other images than the sites were found for: another grid
             where = "no image grid" if r.size is None else f"{r.query_size[0]}x{r.query_size[1]} queries and " \
                 f"{r.size[0]}x{r.size[1]} keys"

@@ -158,6 +158,12 @@ class ViT(nn.Module):
                                 f"(its position embeddings are for that size), got {tuple(x.shape)}")
         return self.positions(self.patch_embed(x).flatten(2).transpose(1, 2))
 
+    def token_layout(self, size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
+        """Where its tokens lie for images of `size` (H, W): the class token, then the patches' grid row by row (what
+        `capture_attention` reads its attention on, without a guess)."""
+        p = self.config.patch
+        return 1, (int(size[0]) // p, int(size[1]) // p)
+
     def forward_features(self, x: Tensor) -> Tensor:
         """(B, C, H, W) -> (B, hidden): the class token's features after the last block."""
         checkpointed = self.config.checkpoint and self.training and torch.is_grad_enabled()
