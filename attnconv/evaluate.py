@@ -288,10 +288,12 @@ def run_setup(meta: dict[str, Any]) -> dict[str, Any]:
     if setup.get("augment") is False:  # crops and flips are options of the augmentation: off, they do nothing
         setup.pop("crop_pad", None), setup.pop("flip", None)
     digest = (meta.get("data") or {}).get("digest") if isinstance(meta.get("data"), dict) else None
+    keys = ("train_unordered", "test_unordered") if isinstance(digest, dict) and "test_unordered" in digest \
+        else ("train", "test")  # in any order where recorded: the test accuracy does not depend on it
     if str(setup.get("dataset", "")).startswith("folder:") and isinstance(digest, dict) \
-            and all(isinstance(digest.get(k), str) for k in ("train", "test")):
+            and all(isinstance(digest.get(k), str) for k in keys):
         setup["dataset"] = "folder"
-        setup["data"] = {"train": digest["train"], "test": digest["test"]}
+        setup["data"] = {k.split("_")[0]: digest[k] for k in keys}
     if isinstance(setup.get("init_from"), dict):
         setup["init_from"] = {k: v for k, v in setup["init_from"].items() if k != "run"}
     if "converted" in meta:

@@ -222,6 +222,31 @@ def file_kind(mode: int) -> str:
     return next((text for test, text in kinds if test(mode)), "not a regular file")
 
 
+class Unreadable(AttnconvError):
+    """A file or folder this user has no permission to read: sound, so its fix is the permission, never "restore it"
+    or "train again" (`open_regular`, `permission_words`)."""
+
+
+def permission_words(path: str | os.PathLike) -> str:
+    """Why this user may not read (or write) `path`, naming what blocks: a folder on the way that cannot be entered,
+    the file itself that cannot be read, or its folder that cannot be written."""
+    path = Path(path)
+    try:
+        for folder in reversed(path.parents):
+            if folder.exists() and not os.access(folder, os.X_OK):
+                return f"permission denied: the folder {folder} cannot be entered"
+        if os.path.lexists(path) and not os.access(path, os.R_OK):
+            return "permission denied: it cannot be read"
+        if not os.path.lexists(path) and path.parent.exists() and not os.access(path.parent, os.W_OK):
+            return f"permission denied: the folder {path.parent} is not writable"
+    except OSError:
+        pass
+    return "permission denied"
+
+
+PERMISSION_FIX = "give this user the permission (chmod), or run as the files' owner"
+
+
 def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
     """`path` opened for reading (binary), refused unless it is a regular file (links followed).
 
@@ -232,10 +257,13 @@ def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
     (missing, unreadable) are the OSError of `open`, for the caller to word.
     """
     path = Path(path)
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:  # a sound file this user may not read: the fix is the permission, not `fix`
+        raise Unreadable(f"{path}: {permission_words(path)}; {PERMISSION_FIX}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

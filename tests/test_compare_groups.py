@@ -95,3 +95,30 @@ def test_a_group_of_converted_runs_is_named_as_such(images, tmp_path, capsys):
     assert main(["compare", str(tmp_path / "conv")]) == 2
     err = capsys.readouterr().err
     assert "a converted run (`attnconv convert`), which has no training logs to compare" in err and "restore" not in err
+
+
+def test_test_images_in_another_order_are_one_configuration_and_logs_saved_again_are_one_run(images, tmp_path,
+                                                                                             capsys):
+    """The same test images renamed into another order were "other configurations" (the ordered digest), and the
+    same metrics.csv saved again with a byte-order mark or CRLF counted as a second seed."""
+    shutil.copytree(images, tmp_path / "renamed")
+    for cls in (tmp_path / "renamed" / "test").iterdir():
+        files = sorted(cls.iterdir())
+        for i, f in enumerate(files):
+            f.rename(cls / f"tmp{i}{f.suffix}")
+        for i, f in enumerate(sorted(cls.iterdir())):
+            f.rename(cls / f"z{len(files) - i:03d}{f.suffix}")  # the order reversed
+    train(images, tmp_path / "order" / "seed0", 0)
+    train(tmp_path / "renamed", tmp_path / "order" / "seed1", 1)
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "order")]) == 0, capsys.readouterr().err
+    group = tmp_path / "logs"
+    for name in ("seed0", "seed1"):
+        (group / name).mkdir(parents=True)
+        shutil.copy(tmp_path / "order" / "seed0" / "heads.jsonl", group / name / "heads.jsonl")
+    text = (tmp_path / "order" / "seed0" / "metrics.csv").read_bytes()
+    (group / "seed0" / "metrics.csv").write_bytes(text)
+    for again in (b"\xef\xbb\xbf" + text, text.replace(b"\n", b"\r\n")):
+        (group / "seed1" / "metrics.csv").write_bytes(again)
+        assert main(["compare", str(group)]) == 2
+        assert "hold the same metrics.csv: one run's logs twice" in capsys.readouterr().err

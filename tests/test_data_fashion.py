@@ -198,14 +198,17 @@ def gzip_bomb(path: Path, head: bytes, gib: float) -> Path:
 
 
 def counted_reads(monkeypatch, limit: int) -> list[BoundedReader]:
-    opened: list[BoundedReader] = []
-    real_open = gzip.open
+    """Every IDX stream the loader opens (`open_idx`, gunzipping .gz files), counting what is read of it."""
+    import attnconv.data.fashion as fashion
 
-    def bounded_open(path, mode="rb"):
-        opened.append(BoundedReader(real_open(path, mode), limit))
+    opened: list[BoundedReader] = []
+    real_open = fashion.open_idx
+
+    def bounded_open(path):
+        opened.append(BoundedReader(real_open(path), limit))
         return opened[-1]
 
-    monkeypatch.setattr(gzip, "open", bounded_open)
+    monkeypatch.setattr(fashion, "open_idx", bounded_open)
     return opened
 
 

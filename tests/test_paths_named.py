@@ -274,3 +274,85 @@ def test_two_class_folders_linked_to_one_folder_outside_get_a_fix_that_works(tmp
     with pytest.raises(AttnconvError, match="counted twice; remove the link, or point it to a folder no other class "
                                             "folder leads to"):
         scan_folder(root)
+
+
+def deny(monkeypatch, *denied):
+    """Simulate paths this user may not read (the tests may run as root): opening or listing each path in `denied`,
+    and anything below it, fails with EACCES (stat too, below it), and os.access says no, as for mode 000."""
+    import os
+
+    denied = tuple(str(p) for p in denied)
+    real = {name: getattr(os, name) for name in ("stat", "open", "scandir", "access")}
+
+    def blocked(path, itself: bool = True) -> bool:
+        return any((itself and str(path) == d) or str(path).startswith(d + os.sep) for d in denied)
+
+    def guard(name):
+        def call(path, *args, **kwargs):
+            if blocked(path, itself=name != "stat"):  # a folder that cannot be entered can still be looked at
+                raise PermissionError(13, "Permission denied", str(path))
+            return real[name](path, *args, **kwargs)
+        return call
+
+    for name in ("stat", "open", "scandir"):
+        monkeypatch.setattr(os, name, guard(name))
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not blocked(path) and real["access"](path, mode, **kw))
+
+
+def test_a_run_file_this_user_cannot_read_is_not_called_damaged(finished, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A config.json, metrics.csv, heads.jsonl or model.safetensors of mode 000 was "restore it from a copy, or
+    delete it" / "train the run again" (the file is sound), and unreadable weights let table print a run whose
+    config.json was edited, their record unread."""
+    for name, command in (("config.json", "eval"), ("metrics.csv", "table"), ("heads.jsonl", "analyze"),
+                          ("model.safetensors", "eval"), ("model.safetensors", "table")):
+        run = tmp_path / f"{name}-{command}"
+        shutil.copytree(finished, run)
+        with monkeypatch.context() as m:
+            deny(m, run / name)
+            assert main([command, str(run)]) == 2, (name, command)
+        err = capsys.readouterr().err
+        assert f"{run / name}: permission denied: it cannot be read; give this user the permission" in err \
+            and err.count("\n") == 1 and "restore" not in err and "again" not in err, (name, command, err)
+
+
+def test_a_class_folder_or_dataset_folder_this_user_cannot_read_is_named(tmp_path, monkeypatch, capsys):
+    """A class folder of mode 000 was "holds no images; add some or remove the folder" (a class of the user's data);
+    a Fashion-MNIST folder of mode 000 was blamed on --out, and a .gz of mode 000 called corrupt."""
+    from fixtures_data import write_fashion
+
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    with monkeypatch.context() as m:
+        deny(m, root / "train" / "cat")
+        with pytest.raises(AttnconvError, match="cat: cannot be read: permission denied") as err:
+            scan_folder(root)
+    assert "remove" not in str(err.value)
+    fashion = tmp_path / "fashion"
+    write_fashion(fashion)
+    with monkeypatch.context() as m:
+        deny(m, fashion)
+        with pytest.raises(AttnconvError, match=f"{fashion}: cannot be read: permission denied"):
+            load_dataset("fashion-mnist", fashion, download=False)
+    with monkeypatch.context() as m:
+        deny(m, fashion / "t10k-labels-idx1-ubyte.gz")
+        with pytest.raises(AttnconvError, match="t10k-labels-idx1-ubyte.gz: permission denied: it cannot be read") as err:
+            load_dataset("fashion-mnist", fashion, download=False)
+    assert "corrupt" not in str(err.value)
+
+
+def test_the_last_resort_line_names_the_folder_that_blocks(tmp_path, monkeypatch, capsys):
+    """An output below a folder that cannot be entered ended in "FILE: permission denied; ... chmod it" of a file
+    that is not there."""
+
+    from attnconv.fileio import permission_words
+
+    (tmp_path / "locked").mkdir()
+    with monkeypatch.context() as m:
+        deny(m, tmp_path / "locked")
+        assert permission_words(tmp_path / "locked" / "run" / "x.html") == \
+            f"permission denied: the folder {tmp_path / 'locked'} cannot be entered"
+    with monkeypatch.context() as m:
+        deny(m, tmp_path / "locked")
+        assert main(["express", "--plot", str(tmp_path / "locked" / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"the folder {tmp_path / 'locked'} cannot be entered" in err and err.count("\n") == 1, err

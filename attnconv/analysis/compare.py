@@ -20,6 +20,7 @@ No weights are read: the numbers come from the committed logs.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from pathlib import Path
@@ -80,14 +81,15 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
             raise AttnconvError(f"{without}: config.json is missing, while {with_} has one: its configuration and "
                                 "seed cannot be checked against the group's; restore it from a copy of the run, or "
                                 "move the folder out of the group")
-        logs: dict[bytes, Path] = {}
+        logs: dict[str, Path] = {}
         for p in seeds:  # logs alone (no config.json to tell the seeds): the same logs twice are one run twice
-            if not have[0] and (p / "metrics.csv").is_file() and (p / "metrics.csv").stat().st_size <= 1 << 24:
-                text = (p / "metrics.csv").read_bytes()
-                if text in logs:
-                    raise AttnconvError(f"{logs[text]} and {p} hold the same metrics.csv: one run's logs twice; "
+            if not have[0] and (p / "metrics.csv").is_file():
+                parsed = read_metrics(p)  # as read: a copy saved with a byte-order mark or CRLF is the same
+                rows = json.dumps(parsed)
+                if parsed and rows in logs:
+                    raise AttnconvError(f"{logs[rows]} and {p} hold the same metrics.csv: one run's logs twice; "
                                         "give each run once")
-                logs[text] = p
+                logs[rows] = p
     return seeds
 
 

@@ -36,6 +36,7 @@ from attnconv.data.sources import (
     odd_file,
 )
 from attnconv.errors import AttnconvError
+from attnconv.fileio import unreadable_folder
 
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"
@@ -213,6 +214,8 @@ def _find_cifar(dirs: list[Path], info: DatasetInfo) -> Path | None:
             folder = base / layout
             if not folder.is_dir():
                 continue
+            if not os.access(folder, os.R_OK | os.X_OK):  # its files cannot be looked at: said, not called missing
+                raise AttnconvError(unreadable_folder(folder))
             present = _cifar_files_in(folder)
             odd_file(info, [folder / n for n in (*CIFAR_TRAIN, CIFAR_TEST)], dirs)  # there but no file: named
             if len(present) == 6:

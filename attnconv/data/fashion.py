@@ -15,6 +15,7 @@ machines uses.
 from __future__ import annotations
 
 import hashlib
+import os
 import zlib
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from attnconv.data.sources import (
     odd_file,
 )
 from attnconv.errors import AttnconvError
+from attnconv.fileio import unreadable_folder
 
 FASHION_FILES = (
     "train-images-idx3-ubyte",
@@ -66,6 +68,8 @@ def _find_fashion(dirs: list[Path], info: DatasetInfo, resumable: Path | None = 
             folder = base / layout
             if not folder.is_dir():
                 continue
+            if not os.access(folder, os.R_OK | os.X_OK):  # its files cannot be looked at: said, not called missing
+                raise AttnconvError(unreadable_folder(folder))
             found: dict[str, Path] = {}
             for stem in FASHION_FILES:
                 for candidate in (folder / stem, folder / f"{stem}.gz"):  # raw first: no gunzip

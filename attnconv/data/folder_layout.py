@@ -23,7 +23,7 @@ from pathlib import Path
 
 from attnconv.data.decode import IMAGE_EXTENSIONS
 from attnconv.errors import AttnconvError
-from attnconv.fileio import dangling_link, file_kind, not_a_folder, open_regular
+from attnconv.fileio import dangling_link, file_kind, not_a_folder, open_regular, unreadable_folder
 
 TEST_SPLITS = ("test", "val")
 LAYOUT_HELP = "expected PATH/train/<class>/<images> and PATH/test/<class>/<images> (or PATH/val/...)"
@@ -105,7 +105,12 @@ def _class_folders(split: Path) -> list[str]:
 def _images_in(folder: Path) -> list[Path]:
     """Image files below ``folder`` (symlinked files followed, symlinked sub-folders not), sorted."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
+
+    def unreadable(err: OSError) -> None:  # a folder this user cannot list is no empty class
+        if isinstance(err, PermissionError):
+            raise AttnconvError(unreadable_folder(err.filename or folder)) from None
+
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         found.extend(Path(dirpath) / f for f in filenames if _is_image(f))
     return sorted(found)

@@ -19,6 +19,7 @@ from typing import BinaryIO
 import numpy as np
 
 from attnconv.errors import AttnconvError
+from attnconv.fileio import open_regular
 
 # IDX type codes -> numpy big-endian dtypes.
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -38,8 +39,14 @@ class IdxHeader:
 
 
 def open_idx(path: Path) -> BinaryIO:
-    """The file's IDX bytes as a stream: gunzipped when the name ends in .gz (gzip checks CRC32 and length)."""
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """The file's IDX bytes as a stream: gunzipped when the name ends in .gz (gzip checks CRC32 and length). Opened
+    as every reader opens (`fileio.open_regular`: a file this user may not read is said so, not called corrupt)."""
+    f = open_regular(path, "replace it with the dataset's file")
+    if path.suffix != ".gz":
+        return f
+    stream = gzip.GzipFile(fileobj=f, mode="rb")
+    stream.myfileobj = f  # closed with the stream, as gzip.open closes the file it opened
+    return stream
 
 
 def _read_up_to(f: BinaryIO, n: int) -> bytearray:

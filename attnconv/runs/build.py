@@ -18,6 +18,7 @@ from attnconv.config import TrainConfig
 from attnconv.construct import ConvAttention, LearnableConvAttention, cnn_to_attention
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import (
+    Unreadable,
     current_umask,
     dangling_link,
     describe_os_error,
@@ -212,6 +213,8 @@ def weights_fit(model: nn.Module, path: Path) -> bool:
     what tells, when a checkpoint does not fit config.json's model, which of the run's files is foreign."""
     try:
         tensors = load(read_regular(path, ""))
+    except Unreadable:  # sound weights this user may not read: not "another run's"
+        raise
     except (AttnconvError, OSError, SafetensorError, ValueError):
         return False
     return weights_problem(tensors, model.state_dict()) is None

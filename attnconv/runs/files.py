@@ -22,6 +22,7 @@ from attnconv.data.info import builtin_info
 from attnconv.errors import AttnconvError, DamagedFile
 from attnconv.fileio import (
     RUN_FILE_NAMES,
+    Unreadable,
     atomic_write,
     atomic_write_all,
     not_a_folder,
@@ -267,6 +268,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise _corrupt(path, f"{format_bytes(path.stat().st_size)}; a run config is a few KiB")
     try:
         meta = json_loads(file_text(read_regular(path, fix)))
+    except Unreadable:  # sound, this user may not read it: the permission is the fix (an AttnconvError is a ValueError)
+        raise
     except UnicodeDecodeError:
         raise _corrupt(path, "binary data, not UTF-8 JSON text") from None
     except ValueError as err:  # not JSON, or nested too deeply

@@ -21,7 +21,7 @@ from typing import Any
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
-from attnconv.fileio import open_regular
+from attnconv.fileio import Unreadable, open_regular
 from attnconv.runs.files import CONFIG_FILE, MAX_HEADER, WEIGHTS_FILE, weights_metadata
 from attnconv.runs.values import shown_pair
 
@@ -102,6 +102,8 @@ def recorded_metadata(path: Path) -> dict[str, Any]:
             if len(head) < 8 or not 0 < size <= min(os.fstat(f.fileno()).st_size - 8, MAX_HEADER):
                 return {}
             return weights_metadata(head + f.read(size))
+    except Unreadable:  # sound weights this user may not read: their record cannot vouch for config.json, said so
+        raise
     except (AttnconvError, OSError):
         return {}
 
