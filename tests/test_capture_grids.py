@@ -359,3 +359,66 @@ def test_a_vit_of_one_patch_is_not_called_a_convolutional_network():
     with pytest.raises(NoAttentionLayers) as err:
         attention_sites(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU()), (1, 8, 8))
     assert not err.value.computations
+
+
+class Declares(nn.Module):
+    """PatchTokens(16) with `lead` learned tokens first and a `token_layout` that says `layout` (or raises it)."""
+
+    def __init__(self, lead: int, layout):
+        super().__init__()
+        self.inner, self.layout = PatchTokens(8, lead), layout
+
+    def token_layout(self, size):
+        if isinstance(self.layout, Exception):
+            raise self.layout
+        return self.layout
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("layout", [(1, (8, 8)), (10, (8, 8)), RuntimeError("no"), AttributeError("config"),
+                                    KeyError("k"), (1, (-8, -8)), (-1, (8, 8)), (True, (8, 8)), "8x8"])
+def test_a_declared_layout_counts_only_where_it_fits_exactly_and_a_broken_one_declares_nothing(layout):
+    """A declaration that covers part of the tokens (prompts after the class token under num_prefix_tokens=1) laid
+    its grid on the sequence with the rest as 'trailing'; one that raised gave a traceback, and (-8, -8) a -8x-8
+    record. Either now leaves the tokens to the guess, which reads 11 leading tokens and 8x8 right."""
+    model, x = Declares(11, layout).eval(), torch.randn(1, 1, 64, 64)
+    (r,) = capture_attention(model, x)
+    assert (r.size, r.left_out) == ((8, 8), (11, 11, 0))
+
+
+def test_windows_are_told_from_a_repeated_batch_and_padded_windows_are_windows():
+    """A batch repeated 4 times (14x20 tokens of 224x320 images) was taken for windows (24 leading tokens and
+    16x16); windows padded to whole windows (9x13 tokens to 12x16, 4x4 windows) were not, and warned. A warning
+    points at the caller's line, not inside attnconv."""
+    (r,) = capture_attention(_Repeat4().eval(), torch.randn(1, 1, 224, 320))
+    assert (r.size, r.left_out) == ((14, 20), (0, 0, 0))
+
+    class PaddedWindows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.attn = nn.Conv2d(1, 8, 4, 4), nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            t = nn.functional.pad(self.embed(x), (0, 3, 0, 3))  # 9x13 -> 12x16
+            B, C, H, W = t.shape
+            w = t.reshape(B, C, H // 4, 4, W // 4, 4).permute(0, 2, 4, 3, 5, 1).reshape(-1, 16, C)
+            return self.attn(w, w, w)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AttnconvWarning)
+        (r,) = capture_attention(PaddedWindows().eval(), torch.randn(1, 1, 36, 52))
+    assert r.size == (4, 4) and r.images == 12
+    with pytest.warns(AttnconvWarning) as seen:
+        capture_attention(PatchTokens(8, 2).eval(), torch.randn(1, 1, 32, 64), grid=(10, 10))
+    assert all(w.filename == __file__ for w in seen), [w.filename for w in seen]
+
+
+class _Repeat4(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = PatchTokens(16)
+
+    def forward(self, x):
+        return self.inner(x.repeat(4, 1, 1, 1))

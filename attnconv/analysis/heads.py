@@ -364,7 +364,7 @@ def format_analysis(result: dict[str, Any]) -> str:
     """A readable table per layer of `analyze_run` / `analyze_sites` output."""
     lines = []
     if "run" in result:
-        grid = ("each layer on its own input grid (converted from a CNN)" if result["size"] is None
+        grid = ("each layer on its own input grid" if result["size"] is None
                 else f"token grid {result['size'][0]}x{result['size'][1]}")
         lines.append(f"run {result['run']}: {result['model']} on {result['dataset']}, {grid}")
     t = result["thresholds"]

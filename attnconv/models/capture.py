@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -141,6 +142,14 @@ class _Accumulator:
             scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()})
 
 
+def _caller_level() -> int:
+    """The `stacklevel` of the first frame outside attnconv and torch (the user's call that led to a warning)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("attnconv", "torch"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _chunks(total: int, per_item: int) -> int:
     return max(1, min(total, _CHUNK_BYTES // max(per_item, 1)))
 
@@ -206,7 +215,7 @@ def _functional_record(capture: _Capture, where: str, args: tuple, kwargs: dict)
     bound.update(kwargs)
     if bound.get("static_k") is not None:
         warnings.warn(AttnconvWarning(f"{where or '(model)'}: a multi_head_attention_forward call with static_k "
-                                      "(keys given already projected) is not captured"), stacklevel=3)
+                                      "(keys given already projected) is not captured"), stacklevel=_caller_level())
         return None
     e, w, b = int(bound["embed_dim_to_check"]), bound.get("in_proj_weight"), bound.get("in_proj_bias")
     w_q, w_k = (bound["q_proj_weight"], bound["k_proj_weight"]) if bound.get("use_separate_proj_weight") \
@@ -371,8 +380,8 @@ class _Capture(TorchFunctionMode):
         if placed is not None:
             self.grid_used |= grid == self.grid
             return placed
-        if self.declared is not None and (placed := grid_fits(count, self.declared[1], self.declared[0])):
-            return placed  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
+        if self.declared is not None and count == self.declared[0] + self.declared[1][0] * self.declared[1][1]:
+            return self.declared  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
         shape = None if windows_folded(count, entries, self.images, self.aspect) else self.aspect
         other = close_reading(count, shape)
         if other is not None and (count, shape) not in self.guessed:
@@ -386,7 +395,8 @@ class _Capture(TorchFunctionMode):
             warnings.warn(AttnconvWarning(
                 f"{where or '(model)'}: {count} tokens of {of} are read as {words(*image_tokens(count, None, shape))}, "
                 f"a guess: {words(*other)} fits about as well; if the image positions lie there, pass "
-                f"grid=({other[1][0]}, {other[1][1]})" + (f", leading={other[0]}" if other[0] else "")), stacklevel=2)
+                f"grid=({other[1][0]}, {other[1][1]})" + (f", leading={other[0]}" if other[0] else "")),
+                stacklevel=_caller_level())
         return image_tokens(count, None, shape)
 
     def _inside_owner(self) -> bool:
@@ -443,7 +453,7 @@ class _Capture(TorchFunctionMode):
                     f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention and {how} "
                     "nn.MultiheadAttention's forward, and no attention computation inside it was seen "
                     "(scaled_dot_product_attention, multi_head_attention_forward): its attention is not captured"),
-                    stacklevel=2)
+                    stacklevel=_caller_level())
             return
         for r in self.records[start:]:  # its own calls inside (a subclass's): the whole computation replaces them
             self.calls[r.path] -= 1
@@ -579,5 +589,5 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
             warnings.warn(AttnconvWarning(
                 f"grid=({grid[0]}, {grid[1]}) fits none of the model's attention computations (of "
                 f"{', '.join(map(str, counts[:5]))} tokens): a grid places at most {MAX_EXTRA} tokens besides it; "
-                "give leading= with it for more, or the grid the image positions have"), stacklevel=3)
+                "give leading= with it for more, or the grid the image positions have"), stacklevel=_caller_level())
     return capture.records

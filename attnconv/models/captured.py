@@ -12,6 +12,7 @@ value maps (Lemma 1). The pass that makes the records is `attnconv.models.captur
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -129,14 +130,19 @@ def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence
 
 def windows_folded(count: int, entries: int, images: int, shape: Sequence[int] | None) -> bool:
     """Whether a call whose batch holds `entries` sequences of `count` tokens, in a pass over `images` images of
-    `shape` (H, W), has the images' windows folded into its batch: more entries than images, a whole number of
-    windows an image, and the windows' tokens together a patch grid of the images (7x7 windows of 224x168 images:
-    48 windows an image, 49 x 48 = 56 x 42, patch 4). A batch repeated (test-time augmentation, crops) or cut into
-    chunks is not."""
-    if shape is None or entries <= images or entries % images:
+    `shape` (H, W), has the images' windows folded into its batch: square windows (`count` a square, side >= 2),
+    more entries than images, and as many windows an image as tile a patch grid of the images, padded to whole
+    windows or not (7x7 windows of 224x168 images: patch 4 gives 56x42 tokens, 8x6 = 48 windows an image). A batch
+    repeated (test-time augmentation, crops) or cut into chunks is not."""
+    side = math.isqrt(count)
+    if shape is None or side < 2 or side * side != count or entries <= images or entries % images:
         return False
-    total, (H, W) = count * (entries // images), (int(shape[0]), int(shape[1]))
-    return any(total in ((H // p) * (W // p), -(-H // p) * -(-W // p)) for p in range(1, max(H, W) + 1))
+    windows, (H, W) = entries // images, (int(shape[0]), int(shape[1]))
+    for p in range(1, max(H, W) + 1):
+        for h, w in ((H // p, W // p), (-(-H // p), -(-W // p))):
+            if h >= side and w >= side and -(-h // side) * -(-w // side) == windows:
+                return True
+    return False
 
 
 def declared_layout(model: nn.Module, shape: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
@@ -154,17 +160,21 @@ def _declared(model: nn.Module, H: int, W: int) -> tuple[int, tuple[int, int]] |
         own = getattr(model, "token_layout", None)
         if callable(own):
             lead, (h, w) = own((H, W))
-            return int(lead), (int(h), int(w))
-        lead, embed = getattr(model, "num_prefix_tokens", None), getattr(model, "patch_embed", None)
-        patch = getattr(embed, "patch_size", None)
-        if isinstance(lead, int) and patch is not None:
-            ph, pw = (patch, patch) if isinstance(patch, int) else (int(patch[0]), int(patch[1]))
-            if getattr(embed, "dynamic_img_pad", False):
-                return lead, (-(-H // ph), -(-W // pw))
-            return lead, (H // ph, W // pw)
-    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+        else:
+            lead, embed = getattr(model, "num_prefix_tokens", None), getattr(model, "patch_embed", None)
+            patch = getattr(embed, "patch_size", None)
+            if not isinstance(lead, int) or patch is None:
+                return None
+            ph, pw = (patch, patch) if isinstance(patch, int) else (patch[0], patch[1])
+            pad = bool(getattr(embed, "dynamic_img_pad", False))
+            h, w = (-(-H // ph), -(-W // pw)) if pad else (H // ph, W // pw)
+    except Exception:  # noqa: BLE001  (a declaration that fails declares nothing: the tokens are guessed)
         return None
-    return None
+    values = (lead, h, w)
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values) or lead < 0 or h < 1 \
+            or w < 1:
+        return None  # not whole numbers (a leading count >= 0, a grid of positive sides): declares nothing
+    return int(lead), (int(h), int(w))
 
 
 def close_reading(count: int, images: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
