@@ -18,6 +18,7 @@ prints the rows, in the paper's order, as text or Markdown:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -201,6 +202,7 @@ def describe_run(
     flops = count_flops(model, run.input_shape)  # the shape it was trained on, whatever its folder holds now
     summary: dict[str, Any] = {
         "run": str(run_dir),
+        "logs": hashlib.blake2b(json.dumps(rows).encode(), digest_size=8).hexdigest() if rows else None,
         "model": config.model + (" (as attention)" if "converted" in meta else
                                  " (attention + content, from CNN)" if config.init_from and config.init_from.content else
                                  " (attention, from CNN)" if config.init_from else ""),
@@ -321,6 +323,13 @@ def group_runs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     for members in groups.values():
         first = members[0]
         seen: dict[Any, str] = {}
+        logs: dict[str, str] = {}
+        for r in members:  # one run's metrics.csv under two seeds' config.json: one run twice, not two seeds
+            if r.get("logs") is not None and r["logs"] in logs:
+                raise AttnconvError(f"{logs[r['logs']]} and {r['run']} hold the same metrics.csv: one run's logs "
+                                    "twice; give each run once")
+            if r.get("logs") is not None:
+                logs[r["logs"]] = r["run"]
         for r in members:
             if r.get("seed") in seen:
                 raise AttnconvError(f"{seen[r['seed']]} and {r['run']} are runs of the same configuration with the "

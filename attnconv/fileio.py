@@ -36,8 +36,12 @@ LOCK_FILE = ".attnconv.lock"  # the lock file of earlier versions (the lock is n
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
-    """fsync a directory, so that a rename inside it is durable."""
-    fd = os.open(path, os.O_RDONLY)
+    """fsync a directory, so that a rename inside it is durable (where this user may open it: a folder that can be
+    written but not read keeps the file written, its rename unsynced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except PermissionError:
+        return
     try:
         os.fsync(fd)
     finally:

@@ -179,3 +179,17 @@ def test_stderr_that_cannot_be_written_does_not_stop_the_work(tmp_path):
         assert proc.returncode == 0 and f"{out}: epoch 1, step 2, test accuracy" in proc.stdout, (name, proc)
         assert (out / "model.safetensors").is_file() and (out / "state.pt").is_file(), name
     os.close(write)
+
+
+def test_a_command_whose_answer_is_what_it_prints_refuses_a_closed_stdout():
+    """`attnconv eval RUN >&-` (and compare, predict) exited 0 with the answer lost. In a process of its own,
+    stdout closed."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "attnconv", *EXPRESS], capture_output=False, stderr=subprocess.PIPE,
+                          text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and proc.stderr == (
+        "error: standard output is closed, and `attnconv express` answers there; give it somewhere to go (`> FILE`, "
+        "or a pipe)\n"), proc.stderr

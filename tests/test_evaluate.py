@@ -262,7 +262,20 @@ def test_a_run_given_twice_is_not_two_seeds(tiny_run, capsys):
     with pytest.raises(AttnconvError, match="same seed 0: give each run once"):
         group_runs([_summary(run="a"), _summary(run="b"), _summary(run="c", seed=1)])
     assert main(["table", str(tiny_run), str(tiny_run)]) == 2
-    assert "same seed" in capsys.readouterr().err
+    assert "hold the same metrics.csv: one run's logs twice; give each run once" in capsys.readouterr().err
+
+
+def test_one_runs_logs_under_two_seeds_config_json_are_one_run(tiny_run, tmp_path, capsys):
+    """A seed whose metrics.csv is a copy of another's (saved again with a byte-order mark) under its own
+    config.json of another seed was averaged as a second seed, in table and compare."""
+    group = tmp_path / "group"
+    for seed in (0, 1):
+        _strip(tiny_run, group / f"seed{seed}", seed=seed)
+    text = (group / "seed0" / "metrics.csv").read_bytes()
+    (group / "seed1" / "metrics.csv").write_bytes(b"\xef\xbb\xbf" + text.replace(b"\n", b"\r\n"))
+    for command in (["table", str(group / "seed0"), str(group / "seed1")], ["compare", str(group)]):
+        assert main(command) == 2, command
+        assert "hold the same metrics.csv: one run's logs twice" in capsys.readouterr().err
 
 
 def test_table_epochs_show_runs_that_have_not_all_finished():

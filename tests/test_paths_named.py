@@ -248,7 +248,7 @@ def test_a_test_split_that_is_a_copy_of_the_train_split_is_refused(tmp_path, mon
     assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4", "--batch-size",
                  "4", "--workers", "1", "--max-steps", "1", "--dataset", f"folder:{root}", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "its test split holds the same images, with the same labels, as its train split" in err, err
+    assert "every image of its test split, with its label, is in its train split" in err, err
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -356,3 +356,84 @@ def test_the_last_resort_line_names_the_folder_that_blocks(tmp_path, monkeypatch
         assert main(["express", "--plot", str(tmp_path / "locked" / "x.png")]) == 2
     err = capsys.readouterr().err
     assert f"the folder {tmp_path / 'locked'} cannot be entered" in err and err.count("\n") == 1, err
+
+
+def test_round_33_permissions_name_the_permission(finished, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A resume into a run folder this user may not write said "choose another directory" (a resume cannot); a run
+    folder that can be written but not read said "cannot write there"; a Fashion-MNIST or CIFAR-10 file this user
+    may not read was followed by how to get the dataset, or called a corrupt archive; a folder that can be written
+    but not read failed after the file was written (its fsync)."""
+    from fixtures_data import write_cifar, write_fashion
+
+    from attnconv.fileio import DirectoryLock, atomic_write, write_bytes
+    from attnconv.runs import claim_run_dir
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    with monkeypatch.context() as m:
+        deny(m, run)
+        with pytest.raises(AttnconvError, match="permission denied: it cannot be read; give this user the permission"):
+            claim_run_dir(run, DirectoryLock(run), resume=True, overwrite=False)
+    fashion = tmp_path / "fashion"
+    write_fashion(fashion)
+    with monkeypatch.context() as m:
+        deny(m, fashion / "train-images-idx3-ubyte.gz")
+        with pytest.raises(AttnconvError) as err:
+            load_dataset("fashion-mnist", fashion, download=False)
+    assert "it cannot be read" in str(err.value) and "searched" not in str(err.value)
+    from attnconv.data.cifar import _safe_unpickle
+
+    cifar = tmp_path / "cifar"
+    write_cifar(cifar / "cifar-10-batches-py")
+    with monkeypatch.context() as m:
+        deny(m, cifar / "cifar-10-batches-py" / "data_batch_2")
+        with pytest.raises(AttnconvError, match="data_batch_2: permission denied: it cannot be read") as err:
+            _safe_unpickle(cifar / "cifar-10-batches-py" / "data_batch_2")
+    assert "PermissionError" not in str(err.value)
+    import os
+
+    real_open = os.open
+    out = tmp_path / "write-only"
+    out.mkdir()
+
+    def no_read(path, flags, *args, **kwargs):  # the folder itself cannot be opened to read (mode 0300)
+        if str(path) == str(out) and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", no_read)
+        atomic_write(out / "x.bin", write_bytes(b"done"))
+    assert (out / "x.bin").read_bytes() == b"done"
+
+
+def test_a_test_split_made_of_training_images_is_refused_and_a_large_overlap_said(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    args = ["--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4", "--batch-size", "4",
+            "--workers", "1", "--max-steps", "1", "--no-progress"]
+    root = tmp_path / "subset"
+    write_image_folder(root)
+    for cls in ("cat", "dog"):  # test/ holds some of the training images only
+        for f in (root / "test" / cls).iterdir():
+            f.unlink()
+        for f in sorted((root / "train" / cls).iterdir())[:2]:
+            shutil.copy(f, root / "test" / cls / f.name)
+    assert main(["train", *args, "--dataset", f"folder:{root}", "--out", str(tmp_path / "r1")]) == 2
+    assert "every image of its test split, with its label, is in its train split" in capsys.readouterr().err
+    root = tmp_path / "most"
+    write_image_folder(root)
+    for cls in ("cat", "dog"):  # one image of its own a class, the rest training images
+        for f in sorted((root / "train" / cls).iterdir())[:2]:
+            shutil.copy(f, root / "test" / cls / ("copy-" + f.name))
+    assert main(["train", *args, "--dataset", f"folder:{root}", "--out", str(tmp_path / "r2")]) == 0
+    assert "of its 8 test images, with their labels, are training images too" in capsys.readouterr().err
+
+
+def test_a_run_moved_into_the_test_split_is_named_as_a_run(finished, tmp_path, monkeypatch):  # noqa: F811
+    """A run moved into test/ was "class 'X' has no folder in train; add ... or remove <the run>"."""
+    root = tmp_path / "imgs"
+    write_image_folder(root)
+    shutil.copytree(finished, root / "test" / "moved")
+    with pytest.raises(AttnconvError, match="moved holds an attnconv run \\(config.json\\), not images") as err:
+        scan_folder(root)
+    assert "remove" not in str(err.value)

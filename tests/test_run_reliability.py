@@ -20,7 +20,7 @@ from test_train import REPO, data_dir, tiny_args  # noqa: F401  (data_dir is a f
 import attnconv.training.loop as loop
 from attnconv.cli import main
 from attnconv.errors import AttnconvError
-from attnconv.runs import SetAside, claim_run_dir, load_state, read_config, read_steps
+from attnconv.runs import SetAside, claim_run_dir, load_state, metrics_text, read_config, read_metrics, read_steps
 from attnconv.runs.directory import SET_ASIDE
 from attnconv.training.checkpoint import Checkpointer
 
@@ -377,10 +377,12 @@ def test_compare_refuses_a_run_counted_twice_or_a_seed_that_is_left_out(finished
     group = tmp_path / "group"
     shutil.copytree(finished, group / "seed0")
 
-    def logs(p, **config):  # the seed's committed logs, config.json edited
+    def logs(p, **config):  # the seed's committed logs (a run of its own: its own seconds), config.json edited
         p.mkdir()
-        for name in ("metrics.csv", "heads.jsonl"):
-            shutil.copy(group / "seed0" / name, p / name)
+        shutil.copy(group / "seed0" / "heads.jsonl", p / "heads.jsonl")
+        rows = read_metrics(group / "seed0")
+        rows[-1]["seconds"] += 1.0
+        (p / "metrics.csv").write_text(metrics_text(rows))
         meta = json.loads((group / "seed0" / "config.json").read_text())
         meta["config"].update(config)
         (p / "config.json").write_text(json.dumps(meta))

@@ -82,8 +82,8 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
                                 "seed cannot be checked against the group's; restore it from a copy of the run, or "
                                 "move the folder out of the group")
         logs: dict[str, Path] = {}
-        for p in seeds:  # logs alone (no config.json to tell the seeds): the same logs twice are one run twice
-            if not have[0] and (p / "metrics.csv").is_file():
+        for p in seeds:  # the same logs twice are one run twice, whatever two config.json say of their seeds
+            if (p / "metrics.csv").is_file():
                 parsed = read_metrics(p)  # as read: a copy saved with a byte-order mark or CRLF is the same
                 rows = json.dumps(parsed)
                 if parsed and rows in logs:

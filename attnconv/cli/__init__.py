@@ -265,6 +265,10 @@ def _named_stdout(err: OSError) -> OSError:
     return err if err.filename else OSError(err.errno, err.strerror, "standard output")  # EPIPE: BrokenPipeError
 
 
+# The commands whose answer is what they print (the others write files, and print where they did).
+_ANSWERS = frozenset({"eval", "table", "compare", "analyze", "predict", "express"})
+
+
 def _run(argv: list[str] | None, process: bool) -> int:
     try:
         previous = _exit_on_interrupt() if process else None
@@ -276,6 +280,9 @@ def _run(argv: list[str] | None, process: bool) -> int:
             signal.signal(signal.SIGINT, previous)
         args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
         check_ranges(args, parser)
+        if sys.stdout is None and args.command in _ANSWERS:  # `>&-`: the answer would go nowhere, with exit 0
+            raise AttnconvError(f"standard output is closed, and `attnconv {args.command}` answers there; give it "
+                                "somewhere to go (`> FILE`, or a pipe)")
         with warnings.catch_warnings(), _interrupts_not_lost():
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)

@@ -36,7 +36,7 @@ from attnconv.data.sources import (
     odd_file,
 )
 from attnconv.errors import AttnconvError
-from attnconv.fileio import unreadable_folder
+from attnconv.fileio import open_regular, unreadable_folder
 
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"
@@ -134,7 +134,7 @@ def _safe_unpickle(path: Path) -> object:
             "the file is not a CIFAR-10 batch"
         )
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "replace it with the dataset's file") as f:
             return _RestrictedUnpickler(f, path).load()
     except AttnconvError:
         raise
@@ -254,7 +254,8 @@ def _extract_cifar(archive: Path, info: DatasetInfo, dirs: list[Path]) -> Path:
     try:
         wanted = {*CIFAR_TRAIN, CIFAR_TEST, "batches.meta"}
         try:
-            with tarfile.open(archive, "r:gz") as tar:
+            with open_regular(archive, "replace it with the dataset's archive") as raw, \
+                    tarfile.open(fileobj=raw, mode="r:gz") as tar:
                 for member in tar:
                     parts = Path(member.name).parts
                     if member.isfile() and len(parts) == 2 and parts[0] == CIFAR_DIR and parts[1] in wanted:

@@ -36,7 +36,7 @@ from attnconv.data.sources import (
     odd_file,
 )
 from attnconv.errors import AttnconvError
-from attnconv.fileio import unreadable_folder
+from attnconv.fileio import Unreadable, unreadable_folder
 
 FASHION_FILES = (
     "train-images-idx3-ubyte",
@@ -135,6 +135,8 @@ def _read_idx_file(path: Path, stem: str, info: DatasetInfo, dirs: list[Path]) -
                 )
         if array.ndim == 1:
             check_labels(array, path, info.num_classes)
+    except Unreadable:  # there and sound: the permission is the fix, not getting the dataset
+        raise
     except AttnconvError as e:
         raise AttnconvError(f"{e}; {how_to_get(info, dirs)}") from None
     return array

@@ -175,6 +175,9 @@ def scan_folder(root: Path) -> FolderLayout:
     for split, items in splits.items():
         for cls in class_folders[split]:
             folder = root / split / cls
+            if os.path.lexists(folder / "config.json") and not _images_in(folder):  # a run moved in: not a class
+                raise AttnconvError(f"{folder} holds an attnconv run (config.json), not images: a folder in "
+                                    f"{root / split} is read as a class; move the run out of the image folder {root}")
             there = root / "train" / cls
             why = not_a_folder(there) if os.path.lexists(there) else None  # there, but no folder: not "missing"
             if why:
@@ -186,9 +189,6 @@ def scan_folder(root: Path) -> FolderLayout:
                     f"with training images, or remove {folder}"
                 )
             images = _images_in(folder)
-            if not images and os.path.lexists(folder / "config.json"):  # a run moved in: not a class to delete
-                raise AttnconvError(f"{folder} holds an attnconv run (config.json), not images: a folder in "
-                                    f"{root / split} is read as a class; move the run out of the image folder {root}")
             if not images:
                 raise AttnconvError(
                     f"{folder} holds no images ({', '.join(IMAGE_EXTENSIONS)}); add some or remove the folder"

@@ -13,6 +13,7 @@ from typing import Any
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import (
     LOCK_FILE,
+    PERMISSION_FIX,
     TMP_SUFFIX,
     DirectoryLock,
     atomic_write,
@@ -22,6 +23,7 @@ from attnconv.fileio import (
     interrupts_held,
     is_temporary,
     not_a_folder,
+    permission_words,
     unreadable_folder,
     write_bytes,
 )
@@ -79,14 +81,18 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     link = dangling_link(out)
     if link is not None:  # mkdir would say "File exists"
         raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
+    # A run to resume or replace stays where it is: its folder's permission is the fix, not another directory.
+    fix = PERMISSION_FIX if (resume or overwrite) and out.is_dir() else "choose another directory"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
+        lock.acquire()  # opens the folder to read: a folder that can be written but not read fails here
+    except PermissionError:
+        raise ParameterError("out", out, f": {permission_words(out)}; {fix}") from None
     except OSError as err:
         raise ParameterError("out", out, f": cannot write there ({describe_os_error(err)}); choose another directory")\
             from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise ParameterError("out", out, ": not writable; choose another directory")
+        raise ParameterError("out", out, f": not writable; {fix}")
     recover_set_aside(out)
     names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
     if not (out / CONFIG_FILE).exists() and not (out / CONFIG_FILE).is_symlink():

@@ -245,6 +245,12 @@ _DIGEST_CHUNK = 1 << 26  # bytes of images hashed at a time: a memory-mapped set
 
 def _split_digests(images: D.ImageSet) -> tuple[str, str]:
     """`split_digest` of one split both ways, (ordered, unordered), in one chunked read of its images."""
+    ordered, unordered, _ = _split_hashes(images)
+    return ordered, unordered
+
+
+def _split_hashes(images: D.ImageSet) -> tuple[str, str, list[bytes]]:
+    """(ordered digest, unordered digest, each image's hash with its label, sorted)."""
     ordered, unordered = hashlib.blake2b(digest_size=16), hashlib.blake2b(digest_size=16)
     pixels, labels = images.images.cpu(), images.labels.cpu()
     shape = repr(tuple(pixels.shape)).encode()
@@ -264,7 +270,7 @@ def _split_digests(images: D.ImageSet) -> tuple[str, str]:
     ordered.update(label_bytes)
     each.sort()
     unordered.update(b"".join(each))
-    return ordered.hexdigest(), unordered.hexdigest()
+    return ordered.hexdigest(), unordered.hexdigest(), each
 
 
 def split_digest(images: D.ImageSet, *, ordered: bool = True) -> str:
@@ -282,9 +288,16 @@ def data_digest(train_set: D.ImageSet, test_set: D.ImageSet) -> dict[str, str]:
     """What a run records of its data's content (config.json "data" "digest"): `split_digest` of each split,
     in order ("train", "test") and in any order ("train_unordered", "test_unordered"), compared on
     `train --resume` (both splits) and by `eval` (the test split)."""
-    train, train_unordered = _split_digests(train_set)
-    test, test_unordered = _split_digests(test_set)
-    return {"train": train, "test": test, "train_unordered": train_unordered, "test_unordered": test_unordered}
+    return data_digest_and_overlap(train_set, test_set)[0]
+
+
+def data_digest_and_overlap(train_set: D.ImageSet, test_set: D.ImageSet) -> tuple[dict[str, str], int]:
+    """`data_digest`, and how many test images (with their labels) are training images too, from the same read."""
+    train, train_unordered, train_each = _split_hashes(train_set)
+    test, test_unordered, test_each = _split_hashes(test_set)
+    known = set(train_each)
+    overlap = sum(h in known for h in test_each)
+    return {"train": train, "test": test, "train_unordered": train_unordered, "test_unordered": test_unordered}, overlap
 
 
 def data_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:

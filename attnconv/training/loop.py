@@ -32,6 +32,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ import torch.nn as nn
 import attnconv
 from attnconv import data as D
 from attnconv.config import TrainConfig
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.evaluate import evaluate
 from attnconv.fileio import DirectoryLock, open_regular, remove_empty, remove_temporaries, same_path
 from attnconv.models.sites import records_heads
@@ -60,7 +61,7 @@ from attnconv.runs import (
     check_record,
     claim_run_dir,
     config_record,
-    data_digest,
+    data_digest_and_overlap,
     data_fingerprint,
     load_run,
     nonfinite_tensor,
@@ -214,11 +215,15 @@ class _Trainer:
             d.agree(err)  # every rank fails the same way here; agree keeps them in step anyway
         d.agree(None)
         # What the data holds (config.json "data" "digest"): --resume must see the same. Rank 0 alone writes it.
-        self.digest = data_digest(self.train_set, self.test_set) if d.main else None
-        same = self.digest is not None and self.digest["train_unordered"] == self.digest["test_unordered"]
-        d.agree(ParameterError("dataset", config.dataset, ": its test split holds the same images, with the same "
-                               "labels, as its train split (a copy of it): the test accuracy would be measured on the "
-                               "training images; give test images of their own") if same else None)
+        self.digest, overlap = data_digest_and_overlap(self.train_set, self.test_set) if d.main else (None, 0)
+        tested = len(self.test_set)
+        d.agree(ParameterError("dataset", config.dataset, ": every image of its test split, with its label, is in its "
+                               "train split (a copy of it, or part of one): the test accuracy would be measured on "
+                               "training images; give test images of their own") if tested and overlap == tested
+                else None)
+        if d.main and tested and overlap >= 0.1 * tested:
+            warnings.warn(AttnconvWarning(f"--dataset {config.dataset}: {overlap} of its {tested} test images, with "
+                                          "their labels, are training images too; the test accuracy counts them"), stacklevel=2)
         if self.device.type == "cuda":  # the uint8 sets live on the GPU: batches never cross PCIe
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
         error = None
