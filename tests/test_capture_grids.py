@@ -201,7 +201,7 @@ class Windows(nn.Module):
         return self.attn(w, w, w)[0]
 
 
-@pytest.mark.parametrize("shape,ws", [((28, 14), 7), ((112, 84), 7), ((16, 32), 4), ((32, 24), 4), ((64, 48), 8)])
+@pytest.mark.parametrize("shape,ws", [((28, 28), 7), ((112, 84), 7), ((16, 32), 4), ((32, 24), 4), ((64, 48), 8)])
 def test_windows_folded_into_the_batch_are_read_without_the_images_shape(shape, ws):
     """7x7 windows of 4:3 images were read as a class token and the images' 8x6 patch grid (49 = 1 + 48), 4x4
     windows of 16x32 images as 2x4 after 8 leading tokens: a call whose batch holds more entries than there are
@@ -422,3 +422,44 @@ class _Repeat4(nn.Module):
 
     def forward(self, x):
         return self.inner(x.repeat(4, 1, 1, 1))
+
+
+def test_round_34_a_repeat_is_no_windows_a_wrapped_declaration_counts_and_captured_sites_know_their_images():
+    """A batch repeated 2x of 9x16 tokens (144, a square count) was read as 12x12 windows; a layout declared on a
+    wrapped model (a backbone, DataParallel) was not found; sites from captured_sites read images of any size; an
+    unbatched image was called other images."""
+    from attnconv import captured_sites
+
+    class Repeat(nn.Module):
+        def __init__(self, times):
+            super().__init__()
+            self.inner, self.times = PatchTokens(16), times
+
+        def forward(self, x):
+            return self.inner(x.repeat(self.times, 1, 1, 1))
+
+    for times in (2, 4):
+        (r,) = capture_attention(Repeat(times).eval(), torch.randn(1, 1, 144, 256))
+        assert (r.size, r.left_out) == ((9, 16), (0, 0, 0)), times
+
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = Declares(5, (5, (7, 4)))
+
+        def forward(self, x):
+            return self.backbone(x)
+
+    wrapped = Wrapper().eval()
+    wrapped.backbone.inner = PatchTokens(8, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AttnconvWarning)
+        (r,) = capture_attention(wrapped, torch.randn(1, 1, 56, 32))
+    assert (r.size, r.left_out) == ((7, 4), (5, 5, 0))
+    model, x = PatchTokens(4, 1).eval(), torch.randn(2, 1, 32, 64)
+    sites, _ = captured_sites(capture_attention(model, x))
+    for shape in ((64, 32), (48, 48)):
+        with pytest.raises(AttnconvError, match=f"the sites were found for 32x64 images, these are {shape[0]}x{shape[1]}"):
+            site_probs(model, sites, torch.randn(2, 1, *shape))
+    with pytest.raises(AttnconvError, match=r"images of shape \(1, 32, 64\): give a batch \(N, C, H, W\)"):
+        site_probs(model, sites, torch.randn(1, 32, 64))

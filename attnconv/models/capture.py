@@ -142,14 +142,6 @@ class _Accumulator:
             scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()})
 
 
-def _caller_level() -> int:
-    """The `stacklevel` of the first frame outside attnconv and torch (the user's call that led to a warning)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("attnconv", "torch"):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def _chunks(total: int, per_item: int) -> int:
     return max(1, min(total, _CHUNK_BYTES // max(per_item, 1)))
 
@@ -214,8 +206,8 @@ def _functional_record(capture: _Capture, where: str, args: tuple, kwargs: dict)
     bound = dict(zip(names, args))
     bound.update(kwargs)
     if bound.get("static_k") is not None:
-        warnings.warn(AttnconvWarning(f"{where or '(model)'}: a multi_head_attention_forward call with static_k "
-                                      "(keys given already projected) is not captured"), stacklevel=_caller_level())
+        capture.warn(f"{where or '(model)'}: a multi_head_attention_forward call with static_k (keys given already "
+                     "projected) is not captured")
         return None
     e, w, b = int(bound["embed_dim_to_check"]), bound.get("in_proj_weight"), bound.get("in_proj_bias")
     w_q, w_k = (bound["q_proj_weight"], bound["k_proj_weight"]) if bound.get("use_separate_proj_weight") \
@@ -350,6 +342,10 @@ class _Capture(TorchFunctionMode):
         self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
         self.guessed: set[tuple[int, Any]] = set()  # (token count, shape) whose close guess was said
         self.images = images  # how many images the pass runs on (the batch of a call on the images' tokens)
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("attnconv", "torch"):
+            frame = frame.f_back
+        self.caller = frame  # where the pass was asked for: its warnings point there
         self.declared = declared_layout(model, aspect)  # the model's own word on where its tokens lie
         self.grid_used = False  # whether grid= fitted some computation (else it is said)
         self.names = {m: name for name, m in model.named_modules()}
@@ -369,6 +365,17 @@ class _Capture(TorchFunctionMode):
                 f"capture_attention: {where or '(model)'} ({what}) brings the captured attention to "
                 f"{format_bytes(self.total)}, more than max_bytes {format_bytes(self.max_bytes)}; give smaller "
                 "images (fewer tokens) or a larger max_bytes")
+
+    def warn(self, message: str) -> None:
+        """An AttnconvWarning at the line that asked for the pass (its caller's frame outside attnconv), not a line of
+        the model's forward or of attnconv, so that each call site of a notebook or script shows its own."""
+        frame = self.caller
+        if frame is None:
+            warnings.warn(AttnconvWarning(message), stacklevel=2)
+            return
+        registry = frame.f_globals.setdefault("__warningregistry__", {})
+        warnings.warn_explicit(AttnconvWarning(message), AttnconvWarning, frame.f_code.co_filename, frame.f_lineno,
+                               module=frame.f_globals.get("__name__"), registry=registry, module_globals=frame.f_globals)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
                 entries: int) -> tuple[int, tuple[int, int]] | None:
@@ -392,11 +399,10 @@ class _Capture(TorchFunctionMode):
 
             of = f"{shape[0]}x{shape[1]} images" if shape else "images (windows folded into the batch)" \
                 if self.aspect else "images"
-            warnings.warn(AttnconvWarning(
+            self.warn(
                 f"{where or '(model)'}: {count} tokens of {of} are read as {words(*image_tokens(count, None, shape))}, "
                 f"a guess: {words(*other)} fits about as well; if the image positions lie there, pass "
-                f"grid=({other[1][0]}, {other[1][1]})" + (f", leading={other[0]}" if other[0] else "")),
-                stacklevel=_caller_level())
+                f"grid=({other[1][0]}, {other[1][1]})" + (f", leading={other[0]}" if other[0] else ""))
         return image_tokens(count, None, shape)
 
     def _inside_owner(self) -> bool:
@@ -449,11 +455,10 @@ class _Capture(TorchFunctionMode):
             if len(self.records) == start and module not in self.warned:
                 self.warned.add(module)
                 how = "computes something else than" if expected is not None else "takes other arguments than"
-                warnings.warn(AttnconvWarning(
+                self.warn(
                     f"{where or '(model)'}: {type(module).__name__} subclasses nn.MultiheadAttention and {how} "
                     "nn.MultiheadAttention's forward, and no attention computation inside it was seen "
-                    "(scaled_dot_product_attention, multi_head_attention_forward): its attention is not captured"),
-                    stacklevel=_caller_level())
+                    "(scaled_dot_product_attention, multi_head_attention_forward): its attention is not captured")
             return
         for r in self.records[start:]:  # its own calls inside (a subclass's): the whole computation replaces them
             self.calls[r.path] -= 1
@@ -582,12 +587,14 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
             stack.callback(m.register_forward_hook(capture.post, always_call=True).remove)
         with capture:
             model(images)
+    for r in capture.records:
+        r.image_size = aspect
     if grid is not None and not capture.grid_used and capture.records:
         counts = sorted({int(r.probs.shape[-1]) + sum(r.left_out[1:]) for r in capture.records
                          if r.kind not in ("SelfAttention2d", "ConvAttention")})
         if counts:
-            warnings.warn(AttnconvWarning(
+            capture.warn(
                 f"grid=({grid[0]}, {grid[1]}) fits none of the model's attention computations (of "
                 f"{', '.join(map(str, counts[:5]))} tokens): a grid places at most {MAX_EXTRA} tokens besides it; "
-                "give leading= with it for more, or the grid the image positions have"), stacklevel=_caller_level())
+                "give leading= with it for more, or the grid the image positions have")
     return capture.records

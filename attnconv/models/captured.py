@@ -131,16 +131,18 @@ def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence
 def windows_folded(count: int, entries: int, images: int, shape: Sequence[int] | None) -> bool:
     """Whether a call whose batch holds `entries` sequences of `count` tokens, in a pass over `images` images of
     `shape` (H, W), has the images' windows folded into its batch: square windows (`count` a square, side >= 2),
-    more entries than images, and as many windows an image as tile a patch grid of the images, padded to whole
-    windows or not (7x7 windows of 224x168 images: patch 4 gives 56x42 tokens, 8x6 = 48 windows an image). A batch
-    repeated (test-time augmentation, crops) or cut into chunks is not."""
+    more entries than images, and as many windows an image as tile a patch grid of the images (a patch side in
+    COMMON_PATCHES), at least two each way, padded to whole windows or not (7x7 windows of 224x168 images: patch 4
+    gives 56x42 tokens, 8x6 = 48 windows an image). A batch repeated (test-time augmentation, crops) or cut into
+    chunks is not."""
     side = math.isqrt(count)
     if shape is None or side < 2 or side * side != count or entries <= images or entries % images:
         return False
     windows, (H, W) = entries // images, (int(shape[0]), int(shape[1]))
-    for p in range(1, max(H, W) + 1):
-        for h, w in ((H // p, W // p), (-(-H // p), -(-W // p))):
-            if h >= side and w >= side and -(-h // side) * -(-w // side) == windows:
+    for p in sorted(COMMON_PATCHES):  # a patch size models use, and at least two windows each way: a batch
+        for h, w in ((H // p, W // p), (-(-H // p), -(-W // p))):  # repeated is not windows of a grid
+            rows, cols = -(-h // side), -(-w // side)
+            if h >= side and w >= side and rows >= 2 and cols >= 2 and rows * cols == windows:
                 return True
     return False
 
@@ -151,7 +153,9 @@ def declared_layout(model: nn.Module, shape: Sequence[int] | None) -> tuple[int,
     (rounded up with `dynamic_img_pad`). What a model declares needs no guess."""
     if shape is None:
         return None
-    layout = _declared(model, int(shape[0]), int(shape[1]))
+    declaring = next((m for m in model.modules() if callable(getattr(m, "token_layout", None))
+                      or isinstance(getattr(m, "num_prefix_tokens", None), int)), model)  # a wrapped model's too
+    layout = _declared(declaring, int(shape[0]), int(shape[1]))
     return layout if layout is not None and layout[1][0] * layout[1][1] >= 2 else None  # one position is no grid
 
 
@@ -213,6 +217,7 @@ class CapturedAttention:
     images: int
     module: nn.Module | None = field(compare=False)
     scores: dict[str, Tensor] | None = None
+    image_size: tuple[int, int] | None = None  # the images' (H, W) the pass ran on
 
     @property
     def heads(self) -> int:

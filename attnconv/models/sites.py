@@ -184,7 +184,7 @@ def captured_sites(records: Sequence[CapturedAttention]) -> tuple[list[Attention
             raise AttnconvError(f"{r.name}: its queries and keys are not one image grid ({r.note() or 'cross-attention'}); "
                                 "the per-head measures need self-attention over an image")
         sites.append(AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out,
-                                                         r.image_probs()), r.size))
+                                                         r.image_probs(), image_size=r.image_size), r.size))
         probs.append(r.image_probs())
     return sites, probs
 
@@ -215,6 +215,8 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
     own site's grid (not one grid for all: a layer of 5x5 tokens is not 4x4 and 9 leading ones)."""
     captured = [sites[i] for i in _captured(sites)]
     check_capturable(model, "the attention sites' model")
+    if x.dim() != 4:
+        raise AttnconvError(f"images of shape {tuple(x.shape)}: give a batch (N, C, H, W), one image as (1, C, H, W)")
     grids = {_capture_key(site.layer): (site.layer.left_out[1], tuple(site.size)) for site in captured}
     by_key = {(r.path, r.call): r for r in capture_pass(model, x, None, MAX_BYTES, scores, native_probs=True,
                                                         grids=grids)}
