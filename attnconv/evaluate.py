@@ -202,7 +202,7 @@ def describe_run(
     flops = count_flops(model, run.input_shape)  # the shape it was trained on, whatever its folder holds now
     summary: dict[str, Any] = {
         "run": str(run_dir),
-        "logs": hashlib.blake2b(json.dumps(rows).encode(), digest_size=8).hexdigest() if rows else None,
+        "logs": hashlib.blake2b(json.dumps(rows, sort_keys=True).encode(), digest_size=8).hexdigest() if rows else None,
         "model": config.model + (" (as attention)" if "converted" in meta else
                                  " (attention + content, from CNN)" if config.init_from and config.init_from.content else
                                  " (attention, from CNN)" if config.init_from else ""),

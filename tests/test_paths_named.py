@@ -437,3 +437,38 @@ def test_a_run_moved_into_the_test_split_is_named_as_a_run(finished, tmp_path, m
     with pytest.raises(AttnconvError, match="moved holds an attnconv run \\(config.json\\), not images") as err:
         scan_folder(root)
     assert "remove" not in str(err.value)
+
+
+def test_round_34_columns_reordered_bench_with_stdout_closed_and_a_board_folder_not_listable(finished, tmp_path,  # noqa: F811
+                                                                                              monkeypatch, capsys):
+    """One run's metrics.csv with its columns in another order under another seed's config.json counted as a third
+    seed; `bench` with stdout closed and no --json exited 0 with every number lost; a tensorboard/ folder this user
+    may write but not list was "not writable; choose another location"."""
+    import os
+    import subprocess
+    import sys
+
+    from attnconv.training.board import check_board_folder
+
+    group = tmp_path / "group"
+    shutil.copytree(finished, group / "seed0")
+    (group / "seed1").mkdir()
+    meta = json.loads((finished / "config.json").read_text())
+    meta["config"]["seed"] = 1
+    (group / "seed1" / "config.json").write_text(json.dumps(meta))
+    lines = [line.split(",") for line in (finished / "metrics.csv").read_text().splitlines()]
+    order = list(reversed(range(len(lines[0]))))
+    (group / "seed1" / "metrics.csv").write_text("".join(",".join(row[i] for i in order) + "\n" for row in lines))
+    shutil.copy(finished / "heads.jsonl", group / "seed1" / "heads.jsonl")
+    assert main(["compare", str(group)]) == 2
+    assert "hold the same metrics.csv: one run's logs twice" in capsys.readouterr().err
+    proc = subprocess.run([sys.executable, "-m", "attnconv", "bench", "--only", "matmul", "--quick"],
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and "standard output is closed, and `attnconv bench` answers there" in proc.stderr
+    board = tmp_path / "run" / "tensorboard"
+    board.mkdir(parents=True)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (str(p) == str(board) and mode & os.R_OK)
+                        and real(p, mode, **kw))
+    with pytest.raises(AttnconvError, match="tensorboard: this user may not list it, as the event files need; give"):
+        check_board_folder(tmp_path / "run")

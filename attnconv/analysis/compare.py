@@ -85,7 +85,7 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
         for p in seeds:  # the same logs twice are one run twice, whatever two config.json say of their seeds
             if (p / "metrics.csv").is_file():
                 parsed = read_metrics(p)  # as read: a copy saved with a byte-order mark or CRLF is the same
-                rows = json.dumps(parsed)
+                rows = json.dumps(parsed, sort_keys=True)  # by the header's names, in any column order
                 if parsed and rows in logs:
                     raise AttnconvError(f"{logs[rows]} and {p} hold the same metrics.csv: one run's logs twice; "
                                         "give each run once")

@@ -280,7 +280,9 @@ def _run(argv: list[str] | None, process: bool) -> int:
             signal.signal(signal.SIGINT, previous)
         args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
         check_ranges(args, parser)
-        if sys.stdout is None and args.command in _ANSWERS:  # `>&-`: the answer would go nowhere, with exit 0
+        answers = args.command in _ANSWERS or (args.command == "bench" and not (getattr(args, "json", None)
+                                                                               or getattr(args, "markdown", None)))
+        if sys.stdout is None and answers:  # `>&-`: the answer would go nowhere, with exit 0
             raise AttnconvError(f"standard output is closed, and `attnconv {args.command}` answers there; give it "
                                 "somewhere to go (`> FILE`, or a pipe)")
         with warnings.catch_warnings(), _interrupts_not_lost():

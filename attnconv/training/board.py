@@ -9,12 +9,14 @@ which `train` reports on one line with the last good checkpoint.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnconv.errors import ParameterError
+from attnconv.fileio import PERMISSION_FIX
 from attnconv.runs import TENSORBOARD_DIR
 from attnconv.runs.values import path_kind
 
@@ -36,6 +38,11 @@ def check_board_folder(out: Path) -> None:
         kind = "a file" if board.is_file() else path_kind(board)  # a broken link, a FIFO, a device
         raise ParameterError("tensorboard", True, f": {board} is {kind}, not a folder, so the event files "
                              "cannot go there; move it away, or drop {tensorboard}", shown="", mentions=("tensorboard",))
+    if board.is_dir() and not os.access(board, os.R_OK | os.W_OK | os.X_OK):  # its event files are listed, written
+        denied = [what for flag, what in ((os.R_OK, "list"), (os.W_OK, "write"), (os.X_OK, "enter"))
+                  if not os.access(board, flag)]
+        raise ParameterError("tensorboard", True, f": {board}: this user may not {' or '.join(denied)} it, as the "
+                             f"event files need; {PERMISSION_FIX}", shown="", mentions=("tensorboard",))
 
 
 class TensorBoardLog:
