@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.fileio import dangling_link, same_path
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
@@ -18,6 +19,7 @@ from attnconv.runs import (
     WEIGHTS_FILE,
     data_changes,
     data_fingerprint,
+    load_run,
     load_state,
     read_config,
 )
@@ -249,3 +251,26 @@ def where_the_run_stands(out: Path, fresh: bool, untouched: bool, *, data_change
             return f"nothing was written, and {kept} (give the same command to start the run)"
         return f"no checkpoint was written yet (`{resume}` starts the run again from step 0)"
     return f"the last good checkpoint (step {step}) is intact; continue with `{resume}`"
+
+
+def check_test_split(dataset: str, overlap: int, tested: int) -> ParameterError | None:
+    """The error when every test image, with its label, is a training image (`overlap` of `tested`: a copy of the
+    train split, or part of one), for every rank to raise; a warning when a tenth or more are."""
+    if tested and overlap == tested:
+        return ParameterError("dataset", dataset, ": every image of its test split, with its label, is in its train "
+                              "split (a copy of it, or part of one): the test accuracy would be measured on training "
+                              "images; give test images of their own")
+    if tested and overlap >= 0.1 * tested:
+        warnings.warn(AttnconvWarning(f"--dataset {dataset}: {overlap} of its {tested} test images, with their labels, "
+                                      "are training images too; the test accuracy counts them"), stacklevel=2)
+    return None
+
+
+def sound_run(run: Path) -> bool:
+    """Whether `run` reads as a whole run (its config, and weights that fit it): the CNN folder of an --init-from
+    resume that fails then holds another network; a damaged one is left to the error that names its file."""
+    try:
+        load_run(run)
+        return True
+    except AttnconvError:
+        return False

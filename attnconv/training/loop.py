@@ -32,7 +32,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -42,7 +41,7 @@ import torch.nn as nn
 import attnconv
 from attnconv import data as D
 from attnconv.config import TrainConfig
-from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
+from attnconv.errors import AttnconvError, ParameterError
 from attnconv.evaluate import evaluate
 from attnconv.fileio import DirectoryLock, open_regular, remove_empty, remove_temporaries, same_path
 from attnconv.models.sites import records_heads
@@ -63,7 +62,6 @@ from attnconv.runs import (
     config_record,
     data_digest_and_overlap,
     data_fingerprint,
-    load_run,
     nonfinite_tensor,
     read_config,
     read_metrics,
@@ -81,9 +79,11 @@ from attnconv.training.checks import (
     check_resume_point,
     check_run_flags,
     check_same_config,
+    check_test_split,
     kept_normalization,
     recorded_log_every,
     resolve_overrides,
+    sound_run,
 )
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
@@ -216,14 +216,7 @@ class _Trainer:
         d.agree(None)
         # What the data holds (config.json "data" "digest"): --resume must see the same. Rank 0 alone writes it.
         self.digest, overlap = data_digest_and_overlap(self.train_set, self.test_set) if d.main else (None, 0)
-        tested = len(self.test_set)
-        d.agree(ParameterError("dataset", config.dataset, ": every image of its test split, with its label, is in its "
-                               "train split (a copy of it, or part of one): the test accuracy would be measured on "
-                               "training images; give test images of their own") if tested and overlap == tested
-                else None)
-        if d.main and tested and overlap >= 0.1 * tested:
-            warnings.warn(AttnconvWarning(f"--dataset {config.dataset}: {overlap} of its {tested} test images, with "
-                                          "their labels, are training images too; the test accuracy counts them"), stacklevel=2)
+        d.agree(check_test_split(config.dataset, overlap, len(self.test_set)) if d.main else None)
         if self.device.type == "cuda":  # the uint8 sets live on the GPU: batches never cross PCIe
             self.train_set, self.test_set = self.train_set.to(self.device), self.test_set.to(self.device)
         error = None
@@ -268,7 +261,7 @@ class _Trainer:
             error = err
             init = config.init_from
             if self.resume and not has_state and init is not None and Path(init.run).is_dir() \
-                    and _sound_run(Path(init.run)):
+                    and sound_run(Path(init.run)):
                 # a resume starts again from the CNN it started from: the folder holds another run now (another
                 # width, an attention network), whose own files are sound; not "restore it" nor "--init-from"
                 error = ParameterError(None, None, f"{init.run}: the CNN run this run starts from (its config.json's "
@@ -595,16 +588,6 @@ class _Trainer:
         with self.autocast:
             return evaluate(self.eval_net, self.test_set, self.info, batch_size=max(self.config.batch_size, 256),
                             device=self.device, rank=self.d.rank, world_size=self.d.world_size)
-
-
-def _sound_run(run: Path) -> bool:
-    """Whether `run` reads as a whole run (its config, and weights that fit it): the CNN folder of an --init-from
-    resume that fails then holds another network; a damaged one is left to the error that names its file."""
-    try:
-        load_run(run)
-        return True
-    except AttnconvError:
-        return False
 
 
 def _write_line(line: str) -> None:

@@ -1,0 +1,110 @@
+"""What a path is, in words, for the errors that name it: a link to nowhere or into a loop, a file where a folder
+is expected, a device, a folder or file this user may not read. A path that is there is never called missing.
+
+    not_a_folder("runs/sa")      # None for a folder; "it is a file", "a link to /dev/null, which is a character
+                                 # device", "no such directory", ...
+    permission_words(path)       # "permission denied: the folder F cannot be entered", ...
+
+The bottom layer with `attnconv.errors` (it imports nothing else of attnconv); `attnconv.fileio` reads and
+writes through it and re-exports its names.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from attnconv.errors import AttnconvError
+
+
+def dangling_link(path: str | os.PathLike) -> str | None:
+    """A link that leads nowhere, in words, or None for anything else: "a link to X, which does not exist", or
+    "... which loops back through links (too many levels of symbolic links)" for a loop (a link to itself)."""
+    path = Path(path)
+    if not path.is_symlink():
+        return None
+    try:
+        os.stat(path)
+        return None
+    except OSError as err:
+        why = "loops back through links (too many levels of symbolic links)" if err.errno == errno.ELOOP \
+            else "does not exist"
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return f"a link to {target}, which {why}"
+
+
+def not_a_folder(path: str | os.PathLike, missing: str = "no such directory") -> str | None:
+    """Why `path` is not a folder, in words, or None for a folder (or a link to one): `missing` when nothing is
+    there, the link's words when it leads nowhere (`dangling_link`), else what is there ("it is a file", "a link
+    to /dev/null, which is a character device"): a path that exists is never called missing. A path below a folder
+    that cannot be entered is an AttnconvError (`unreadable_folder`)."""
+    mode, words = _what_is(Path(path), missing)
+    return None if mode is not None and stat.S_ISDIR(mode) else words
+
+
+def unreadable_folder(path: str | os.PathLike) -> str:
+    """The words for a folder that cannot be entered or listed (permissions), naming it or the folder above it that
+    stops the way, with the fix."""
+    path = Path(path)
+    blocking = next((p for p in (*reversed(path.parents), path) if p.exists() and not os.access(p, os.R_OK | os.X_OK)),
+                    path)
+    where = "" if blocking == path else f" (the folder {blocking} above it cannot be entered)"
+    return (f"{path}: cannot be read: permission denied{where}; give a folder this user can read (chmod u+rx, or run "
+            "as its owner)")
+
+
+def not_a_file(path: str | os.PathLike, missing: str = "no such file") -> str | None:
+    """`not_a_folder` for a regular file: None for one (or a link to one), else why not, in words."""
+    mode, words = _what_is(Path(path), missing)
+    return None if mode is not None and stat.S_ISREG(mode) else words
+
+
+def _what_is(path: Path, missing: str) -> tuple[int | None, str]:
+    """(st_mode, or None when nothing can be read there; what is there, in words)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None, dangling_link(path) or missing
+    except PermissionError:  # a folder on the way cannot be entered: said so, not called missing or "not a folder"
+        raise AttnconvError(unreadable_folder(path)) from None
+    except OSError as err:
+        return None, dangling_link(path) or f"cannot be read ({err.strerror})"
+    what = "a file" if stat.S_ISREG(mode) else file_kind(mode)
+    return mode, f"a link to {os.readlink(path)}, which is {what}" if path.is_symlink() else f"it is {what}"
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this `st_mode` is, in words ("a named pipe (FIFO)", "a directory", ...)."""
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((text for test, text in kinds if test(mode)), "not a regular file")
+
+
+class Unreadable(AttnconvError):
+    """A file or folder this user has no permission to read: sound, so its fix is the permission, never "restore it"
+    or "train again" (`open_regular`, `permission_words`)."""
+
+
+def permission_words(path: str | os.PathLike) -> str:
+    """Why this user may not read (or write) `path`, naming what blocks: a folder on the way that cannot be entered,
+    the file itself that cannot be read, or its folder that cannot be written."""
+    path = Path(path)
+    try:
+        for folder in reversed(path.parents):
+            if folder.exists() and not os.access(folder, os.X_OK):
+                return f"permission denied: the folder {folder} cannot be entered"
+        if os.path.lexists(path) and not os.access(path, os.R_OK):
+            return "permission denied: it cannot be read"
+        if not os.path.lexists(path) and path.parent.exists() and not os.access(path.parent, os.W_OK):
+            return f"permission denied: the folder {path.parent} is not writable"
+    except OSError:
+        pass
+    return "permission denied"
+
+
+PERMISSION_FIX = "give this user the permission (chmod), or run as the files' owner"
