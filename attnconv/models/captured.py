@@ -11,6 +11,7 @@ value maps (Lemma 1). The pass that makes the records is `attnconv.models.captur
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -59,7 +60,7 @@ def leading_cost(lead: int) -> float:
     return lead if lead <= 1 else COMMON_COST if lead in COMMON_LEADING else COMMON_COST + lead / 2
 
 
-def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple[float, int, tuple[int, int]]]:
+def grid_readings(count: int, images: Sequence[int] | None = None) -> tuple[tuple[float, int, tuple[int, int]], ...]:
     """Every way to read `count` tokens as leading tokens then a grid, best first: (cost, leading, (H, W)).
 
     Without `images` (the images' (H, W); None too for tokens of windows folded into the batch, whose grid is not
@@ -69,8 +70,14 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
     them) at RESIZED_COST. Each adds `leading_cost` of its leading tokens (at most MAX_EXTRA): 37 tokens of 16x32
     images are 5 leading tokens and 4x8 (cost 2) before one and a 6x6 square (7); 64 tokens, 8x8 (6) before 14 and
     5x10 (15); 35 of 30x20, 7x5 (3). Ties go to the fewer leading tokens. Tokens are row-major, as a patch
-    embedding's flatten gives them.
+    embedding's flatten gives them. Computed once a (count, images' shape): a pass asks for each computation's.
     """
+    known = images is not None and min(int(images[0]), int(images[1])) >= 1
+    return _readings(int(count), (int(images[0]), int(images[1])) if known else None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _readings(count: int, shape: tuple[int, int] | None) -> tuple[tuple[float, int, tuple[int, int]], ...]:
     costs: dict[tuple[int, tuple[int, int]], float] = {}
 
     def add(h: int, w: int, cost: float) -> None:
@@ -79,9 +86,9 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
             key = (lead, (h, w))
             costs[key] = min(costs.get(key, math.inf), leading_cost(lead) + cost)
 
-    known = images is not None and min(int(images[0]), int(images[1])) >= 1
+    known = shape is not None
     if known:
-        H, W = int(images[0]), int(images[1])
+        H, W = shape
         for patch in range(1, max(H, W) + 1):
             side = 0 if patch in COMMON_PATCHES else UNCOMMON_PATCH_COST
             if H % patch == 0 and W % patch == 0:
@@ -95,7 +102,7 @@ def grid_readings(count: int, images: Sequence[int] | None = None) -> list[tuple
             add(a * k, b * k, RESIZED_COST)
     for side in range(max(2, math.isqrt(max(count - MAX_EXTRA, 0))), math.isqrt(count) + 1):
         add(side, side, RESIZED_COST if known else 0)
-    return sorted(((c, lead, grid) for (lead, grid), c in costs.items()), key=lambda r: (r[0], r[1]))
+    return tuple(sorted(((c, lead, grid) for (lead, grid), c in costs.items()), key=lambda r: (r[0], r[1])))
 
 
 def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None) -> tuple[int, tuple[int, int]] | None:
