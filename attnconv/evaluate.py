@@ -202,7 +202,7 @@ def describe_run(
     flops = count_flops(model, run.input_shape)  # the shape it was trained on, whatever its folder holds now
     summary: dict[str, Any] = {
         "run": str(run_dir),
-        "logs": hashlib.blake2b(json.dumps(rows, sort_keys=True).encode(), digest_size=8).hexdigest() if rows else None,
+        "logs": logs_digest(rows),
         "model": config.model + (" (as attention)" if "converted" in meta else
                                  " (attention + content, from CNN)" if config.init_from and config.init_from.content else
                                  " (attention, from CNN)" if config.init_from else ""),
@@ -289,7 +289,7 @@ def run_setup(meta: dict[str, Any]) -> dict[str, Any]:
     setup = {k: v for k, v in meta["config"].items() if k not in _NOT_SETUP}
     if setup.get("augment") is False:  # crops and flips are options of the augmentation: off, they do nothing
         setup.pop("crop_pad", None), setup.pop("flip", None)
-    digest = (meta.get("data") or {}).get("digest") if isinstance(meta.get("data"), dict) else None
+    digest = meta["data"].get("digest") if isinstance(meta.get("data"), dict) else None
     keys = ("train_unordered", "test_unordered") if isinstance(digest, dict) and "test_unordered" in digest \
         else ("train", "test")  # in any order where recorded: the test accuracy does not depend on it
     if str(setup.get("dataset", "")).startswith("folder:") and isinstance(digest, dict) \
@@ -378,6 +378,12 @@ def _flat_setup(setup: dict[str, Any]) -> dict[str, str]:
             flat[key] = value
     return {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, (dict, list)) else repr(v)
             for k, v in flat.items()}
+
+
+def logs_digest(rows: list[dict[str, Any]]) -> str | None:
+    """What tells one run's metrics.csv from another's, as read (by the header's names: a copy saved with a
+    byte-order mark, CRLF or its columns in another order is the same), or None for no rows."""
+    return hashlib.blake2b(json.dumps(rows, sort_keys=True).encode(), digest_size=8).hexdigest() if rows else None
 
 
 def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

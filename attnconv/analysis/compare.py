@@ -20,7 +20,6 @@ No weights are read: the numbers come from the committed logs.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 
 from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError
-from attnconv.evaluate import run_setup, setup_differences
+from attnconv.evaluate import logs_digest, run_setup, setup_differences
 from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
@@ -83,13 +82,12 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
                                 "move the folder out of the group")
         logs: dict[str, Path] = {}
         for p in seeds:  # the same logs twice are one run twice, whatever two config.json say of their seeds
-            if (p / "metrics.csv").is_file():
-                parsed = read_metrics(p)  # as read: a copy saved with a byte-order mark or CRLF is the same
-                rows = json.dumps(parsed, sort_keys=True)  # by the header's names, in any column order
-                if parsed and rows in logs:
-                    raise AttnconvError(f"{logs[rows]} and {p} hold the same metrics.csv: one run's logs twice; "
-                                        "give each run once")
-                logs[rows] = p
+            digest = logs_digest(read_metrics(p)) if (p / "metrics.csv").is_file() else None
+            if digest is not None and digest in logs:
+                raise AttnconvError(f"{logs[digest]} and {p} hold the same metrics.csv: one run's logs twice; give "
+                                    "each run once")
+            if digest is not None:
+                logs[digest] = p
     return seeds
 
 
