@@ -30,13 +30,14 @@ from attnconv.data.sources import (
     DOWNLOAD_MD5,
     LAYOUTS,
     cache_dir,
+    check_searchable,
     download_or_explain,
     file_md5,
     how_to_get,
     odd_file,
 )
 from attnconv.errors import AttnconvError
-from attnconv.fileio import open_regular, unreadable_folder
+from attnconv.fileio import open_regular
 
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"
@@ -214,8 +215,7 @@ def _find_cifar(dirs: list[Path], info: DatasetInfo) -> Path | None:
             folder = base / layout
             if not folder.is_dir():
                 continue
-            if not os.access(folder, os.R_OK | os.X_OK):  # its files cannot be looked at: said, not called missing
-                raise AttnconvError(unreadable_folder(folder))
+            check_searchable(folder)
             present = _cifar_files_in(folder)
             odd_file(info, [folder / n for n in (*CIFAR_TRAIN, CIFAR_TEST)], dirs)  # there but no file: named
             if len(present) == 6:

@@ -15,7 +15,6 @@ machines uses.
 from __future__ import annotations
 
 import hashlib
-import os
 import zlib
 from pathlib import Path
 
@@ -30,13 +29,14 @@ from attnconv.data.sources import (
     FASHION_URL,
     LAYOUTS,
     cache_dir,
+    check_searchable,
     download_or_explain,
     file_md5,
     how_to_get,
     odd_file,
 )
 from attnconv.errors import AttnconvError
-from attnconv.fileio import Unreadable, unreadable_folder
+from attnconv.fileio import Unreadable
 
 FASHION_FILES = (
     "train-images-idx3-ubyte",
@@ -68,8 +68,7 @@ def _find_fashion(dirs: list[Path], info: DatasetInfo, resumable: Path | None = 
             folder = base / layout
             if not folder.is_dir():
                 continue
-            if not os.access(folder, os.R_OK | os.X_OK):  # its files cannot be looked at: said, not called missing
-                raise AttnconvError(unreadable_folder(folder))
+            check_searchable(folder)
             found: dict[str, Path] = {}
             for stem in FASHION_FILES:
                 for candidate in (folder / stem, folder / f"{stem}.gz"):  # raw first: no gunzip

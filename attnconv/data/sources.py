@@ -23,7 +23,7 @@ from pathlib import Path
 
 from attnconv.data.info import DatasetInfo, builtin_info
 from attnconv.errors import AttnconvError
-from attnconv.fileio import not_a_file
+from attnconv.fileio import not_a_file, unreadable_folder
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,13 @@ def how_to_get(info: DatasetInfo, dirs: list[Path]) -> str:
     else:
         fix = f"download {CIFAR_URL} into a folder (the .tar.gz or its extracted {CIFAR_DIR}/) and pass --data-dir"
     return f"searched: {where}; to get {info.name}: {fix}"
+
+
+def check_searchable(folder: Path) -> None:
+    """One AttnconvError for a dataset folder this user may not list or enter: its files cannot be looked at, which
+    is said, not taken for files missing (`fileio.unreadable_folder`)."""
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise AttnconvError(unreadable_folder(folder))
 
 
 def odd_file(info: DatasetInfo, candidates: list[Path], dirs: list[Path]) -> None:
