@@ -4,7 +4,7 @@ Each layout is images of H x W, a patch embedding of side p (exact: p divides bo
 convolution without padding; padded: the rounded-up grid, sides 14 and 16 only, as timm pads), and
 some leading tokens (none, a class token, a class and a distillation token, 4 registers and a class
 token, 8 and one, 16 and one). Its token count goes through `image_tokens` (the reading) and
-`close_reading` (the second reading said in a warning). Counted: right and silent, right with a
+`rival_reading` (the second reading said in a warning). Counted: right and silent, right with a
 warning (noise), wrong with a warning (said), wrong and silent (the failures that matter).
 
     python benchmarks/grid_guess_sweep.py [--show 10]
@@ -15,15 +15,17 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from attnconv.models.captured import close_reading, image_tokens
+from attnconv.models.captured import image_tokens, rival_reading
 
 SIZES = [(s, s) for s in (28, 32, 48, 56, 64, 96, 112, 128, 160, 192, 224, 256, 384)] + [
     (16, 32), (48, 64), (96, 128), (224, 320), (128, 256), (240, 320), (100, 100), (200, 300)]
 PATCHES = (4, 7, 8, 14, 16, 32)
 LEADING = (0, 1, 2, 5, 9, 17)
+# More leading tokens than the guess places (MAX_EXTRA): exact patch grids only, fewer of them than image positions.
+BEYOND = (33, 40, 48, 64, 100)
 
 
-def layouts():
+def layouts(leading=LEADING):
     """(H, W, patch, how, leading tokens, the true grid) of every layout swept."""
     for H, W in SIZES:
         for p in PATCHES:
@@ -31,9 +33,10 @@ def layouts():
             grids = [("exact", (H // p, W // p))] if exact else \
                 [("floor", (H // p, W // p)), ("padded", (-(-H // p), -(-W // p)))] if p in (14, 16) else []
             for how, grid in grids:
-                if grid[0] * grid[1] >= 4:
-                    for lead in LEADING:
-                        yield H, W, p, how, lead, grid
+                if grid[0] * grid[1] >= 4 and (leading is LEADING or how == "exact"):
+                    for lead in leading:
+                        if leading is LEADING or lead < grid[0] * grid[1]:
+                            yield H, W, p, how, lead, grid
 
 
 def main() -> None:
@@ -43,7 +46,8 @@ def main() -> None:
     counts, shown = Counter(), {"wrong and silent": [], "right with a warning": []}
     for H, W, p, how, lead, grid in layouts():
         count = lead + grid[0] * grid[1]
-        read, other = image_tokens(count, None, (H, W)), close_reading(count, (H, W))
+        read, rival = image_tokens(count, None, (H, W)), rival_reading(count, (H, W), False)
+        other = rival and rival[0]
         kind = ("right with a warning" if other else "right and silent") if read == (lead, grid) else \
             ("wrong with a warning" if other else "wrong and silent")
         counts[kind] += 1
@@ -54,6 +58,16 @@ def main() -> None:
     for kind, lines in shown.items():
         for line in lines[:args.show]:
             print(f"  {kind}: {line}")
+    beyond = Counter()
+    for H, W, _p, _how, lead, grid in layouts(BEYOND):
+        count = lead + grid[0] * grid[1]
+        rival = rival_reading(count, (H, W), False)
+        beyond["right" if image_tokens(count, None, (H, W)) == (lead, grid) else
+               "wrong, the truth said" if rival and rival[0] == (lead, grid) else
+               "wrong with another warning" if rival else "wrong and silent"] += 1
+    print(f"{sum(beyond.values())} layouts with {', '.join(map(str, BEYOND))} leading tokens (more than the guess "
+          "places): " + ", ".join(f"{k} {beyond[k]}" for k in (
+              "right", "wrong, the truth said", "wrong with another warning", "wrong and silent")))
 
 
 if __name__ == "__main__":

@@ -463,3 +463,60 @@ def test_round_34_a_repeat_is_no_windows_a_wrapped_declaration_counts_and_captur
             site_probs(model, sites, torch.randn(2, 1, *shape))
     with pytest.raises(AttnconvError, match=r"images of shape \(1, 32, 64\): give a batch \(N, C, H, W\)"):
         site_probs(model, sites, torch.randn(1, 32, 64))
+
+
+def test_round_35_a_repeat_as_many_as_windows_is_said_unbatched_images_are_refused_and_a_raising_property_declares_nothing():
+    """A batch repeated 6x of 9x16 tokens was read as six 12x12 windows (6 = 2x3 windows of 12 on a patch-7 grid),
+    silently; an unbatched (C, H, W) image was read without its shape (60 tokens as 7x7 after 11); a `token_layout`
+    property raising RuntimeError escaped the pass; 57 registers before 8x8 tokens were read as an 11x11 grid the
+    images' patches do not give, silently."""
+
+    class Repeat(nn.Module):
+        def __init__(self, times, patch=16, lead=0):
+            super().__init__()
+            self.inner, self.times = PatchTokens(patch, lead), times
+
+        def forward(self, x):
+            return self.inner(x.repeat(self.times, 1, 1, 1))
+
+    for times, shape, grid in ((6, (144, 256), (9, 16)), (8, (64, 144), (4, 9)), (10, (96, 384), (6, 24))):
+        model, x = Repeat(times).eval(), torch.randn(1, 1, *shape)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            capture_attention(model, x)
+        words = [str(w.message) for w in seen if issubclass(w.category, AttnconvWarning)]
+        assert len(words) == 1 and f"is the images' own patch grid (a batch repeated inside the model); if the " \
+            f"image positions lie there, pass grid=({grid[0]}, {grid[1]})" in words[0], words
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AttnconvWarning)
+            (r,) = capture_attention(model, x, grid=grid)
+        assert (r.size, r.left_out) == (grid, (0, 0, 0))
+    with pytest.raises(AttnconvError, match=r"images of shape \(1, 96, 160\) are one image \(C, H, W\) or a batch of "
+                                            r"token sequences: give images as a batch \(N, C, H, W\)"):
+        capture_attention(PatchTokens(16).eval(), torch.randn(1, 96, 160))
+
+    class Tokens(nn.Module):  # a user's own attention block, given token sequences (N, T, D) with their grid
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, t):
+            return self.attn(t, t, t)[0]
+
+    (r,) = capture_attention(Tokens().eval(), torch.randn(2, 61, 8), grid=(6, 10))
+    assert (r.size, r.left_out) == ((6, 10), (1, 1, 0))
+
+    class Raises(Declares):
+        @property
+        def token_layout(self):
+            raise RuntimeError("its own bug")
+
+    (r,) = capture_attention(Raises(1, None).eval(), torch.randn(2, 1, 24, 40))
+    assert (r.size, r.left_out) == ((3, 5), (1, 1, 0))  # guessed, as where nothing is declared
+    model, x = PatchTokens(8, 57).eval(), torch.randn(2, 1, 64, 64)
+    with pytest.warns(AttnconvWarning, match=r"121 tokens of 64x64 images are read as 11x11, a guess: 8x8 after 57 "
+                                             r"leading tokens is the images' patch grid .*pass grid=\(8, 8\), "
+                                             r"leading=57"):
+        capture_attention(model, x)
+    (r,) = capture_attention(model, x, grid=(8, 8), leading=57)
+    assert (r.size, r.left_out) == ((8, 8), (57, 57, 0))

@@ -59,12 +59,14 @@ from attnconv.models.captured import (
     MAX_EXTRA,
     CapturedAttention,
     CapturedLayer,
-    close_reading,
+    check_images,
     declared_layout,
     grid_fits,
     image_tokens,
     left_out_note,
     multihead_value_maps,
+    reading_words,
+    rival_reading,
     windows_folded,
 )
 from attnconv.modes import eval_mode
@@ -389,20 +391,19 @@ class _Capture(TorchFunctionMode):
             return placed
         if self.declared is not None and count == self.declared[0] + self.declared[1][0] * self.declared[1][1]:
             return self.declared  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
-        shape = None if windows_folded(count, entries, self.images, self.aspect) else self.aspect
-        other = close_reading(count, shape)
-        if other is not None and (count, shape) not in self.guessed:
+        folded = windows_folded(count, entries, self.images, self.aspect)
+        shape = None if folded else self.aspect
+        rival = rival_reading(count, self.aspect, folded)
+        if rival is not None and (count, shape) not in self.guessed:
             self.guessed.add((count, shape))
-
-            def words(lead: int, hw: tuple[int, int]) -> str:
-                return f"{hw[0]}x{hw[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
+            (lead, hw), why = rival
 
             of = f"{shape[0]}x{shape[1]} images" if shape else "images (windows folded into the batch)" \
                 if self.aspect else "images"
             self.warn(
-                f"{where or '(model)'}: {count} tokens of {of} are read as {words(*image_tokens(count, None, shape))}, "
-                f"a guess: {words(*other)} fits about as well; if the image positions lie there, pass "
-                f"grid=({other[1][0]}, {other[1][1]})" + (f", leading={other[0]}" if other[0] else ""))
+                f"{where or '(model)'}: {count} tokens of {of} are read as {reading_words(*image_tokens(count, None, shape))}, "
+                f"a guess: {reading_words(lead, hw)} {why}; if the image positions lie there, pass "
+                f"grid=({hw[0]}, {hw[1]})" + (f", leading={lead}" if lead else ""))
         return image_tokens(count, None, shape)
 
     def _inside_owner(self) -> bool:
@@ -503,10 +504,9 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     however the pass ends. Two passes of one model at once would see each other's hooks: callers
     sharing a model across threads lock.
     """
-    if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
-        raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
     grid = check_grid(grid)
     leading = check_leading(leading, grid)
+    check_images(images, grid)
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
             or max_bytes == math.inf or max_bytes != int(max_bytes):
         raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")

@@ -105,6 +105,17 @@ def _readings(count: int, shape: tuple[int, int] | None) -> tuple[tuple[float, i
     return tuple(sorted(((c, lead, grid) for (lead, grid), c in costs.items()), key=lambda r: (r[0], r[1])))
 
 
+def check_images(images: object, grid: Sequence[int] | None) -> None:
+    """One AttnconvError unless `images` is a non-empty batch: a tensor of 3 dimensions, without `grid`, is one image
+    (C, H, W) or a batch of token sequences (N, T, D), and its last two sides are no image's shape to read tokens by."""
+    if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
+        raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
+    if images.dim() == 3 and grid is None:
+        raise AttnconvError(f"capture_attention: images of shape {tuple(images.shape)} are one image (C, H, W) or a "
+                            "batch of token sequences: give images as a batch (N, C, H, W), one image as images[None] "
+                            "(token sequences: with grid=(H, W) of their image positions)")
+
+
 def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens, (H, W)) where the given `grid` fits `count` tokens, else None: H*W of them and at most
     MAX_EXTRA besides, all leading; or, with `leading`, that many first (any number) and at most MAX_EXTRA after the
@@ -160,10 +171,18 @@ def declared_layout(model: nn.Module, shape: Sequence[int] | None) -> tuple[int,
     (rounded up with `dynamic_img_pad`). What a model declares needs no guess."""
     if shape is None:
         return None
-    declaring = next((m for m in model.modules() if callable(getattr(m, "token_layout", None))
-                      or isinstance(getattr(m, "num_prefix_tokens", None), int)), model)  # a wrapped model's too
+    declaring = next((m for m in model.modules() if callable(_attribute(m, "token_layout"))
+                      or isinstance(_attribute(m, "num_prefix_tokens"), int)), model)  # a wrapped model's too
     layout = _declared(declaring, int(shape[0]), int(shape[1]))
     return layout if layout is not None and layout[1][0] * layout[1][1] >= 2 else None  # one position is no grid
+
+
+def _attribute(module: nn.Module, name: str) -> object:
+    """`module`'s attribute `name`, None where it has none or it fails (a property that raises declares nothing)."""
+    try:
+        return getattr(module, name, None)
+    except Exception:  # noqa: BLE001  (the model's own code, whatever it raises)
+        return None
 
 
 def _declared(model: nn.Module, H: int, W: int) -> tuple[int, tuple[int, int]] | None:
@@ -195,6 +214,41 @@ def close_reading(count: int, images: Sequence[int] | None) -> tuple[int, tuple[
     if len(readings) > 1 and readings[1][0] - readings[0][0] < CLOSE:
         return readings[1][1], readings[1][2]
     return None
+
+
+Reading = tuple[int, tuple[int, int]]
+
+
+def reading_words(lead: int, grid: tuple[int, int]) -> str:
+    """A reading in words: "3x5 after 1 leading token"."""
+    return f"{grid[0]}x{grid[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
+
+
+def rival_reading(count: int, images: Sequence[int] | None, folded: bool) -> tuple[Reading, str] | None:
+    """A reading of `count` tokens other than the guess (`image_tokens`) that may as well be the truth, with why in
+    words, else None. `images`: the images' (H, W); `folded`: the call holds windows folded into its batch, so the
+    guess reads the count alone. Three ways: a second reading about as likely (`close_reading`); for windows, the
+    images' own patch grid, where a batch repeated inside the model (test-time augmentation: 6 views of 9x16 tokens
+    are 6 windows of 12x12 too) would lie; and an exact patch grid of the images with more than MAX_EXTRA tokens
+    before it (fewer than its own), where the guess is a grid the images' patches do not give (40 registers and 8x8
+    read as 4 and 10x10)."""
+    shape = None if folded else images
+    guess, close = image_tokens(count, None, shape), close_reading(count, shape)
+    if close is not None:
+        return close, "fits about as well"
+    if images is None or min(int(images[0]), int(images[1])) < 1:
+        return None
+    H, W = int(images[0]), int(images[1])
+    exact = [(H // p, W // p) for p in sorted(COMMON_PATCHES) if H % p == 0 and W % p == 0 and H * W // p // p >= 2]
+    if folded:  # windows of as many tokens as the images' patch grid: a batch repeated would be read so
+        own = [(0, grid) for grid in exact if grid[0] * grid[1] == count and (0, grid) != guess]
+        return (own[0], "is the images' own patch grid (a batch repeated inside the model)") if own else None
+    best = grid_readings(count, images)
+    if not best or best[0][0] - leading_cost(best[0][1]) < RESIZED_COST:  # the guess is a patch grid of the images
+        return None
+    beyond = [(count - h * w, (h, w)) for h, w in exact if MAX_EXTRA < count - h * w < h * w]  # mostly the image's
+    return (min(beyond), "is the images' patch grid (more tokens before it than the guess places)") if beyond \
+        else None
 
 
 @dataclass(repr=False)
