@@ -4,9 +4,9 @@ quiet exit too."""
 import sys
 
 try:
-    from attnconv.cli import main
+    from attnconv.cli import command
 except KeyboardInterrupt:
     sys.stderr.write("interrupted\n")
     raise SystemExit(130) from None
 
-raise SystemExit(main())
+command()

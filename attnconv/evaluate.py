@@ -36,7 +36,7 @@ from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
 from attnconv.modes import eval_mode
-from attnconv.runs import WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
+from attnconv.runs import METRICS_COLUMNS, WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
 from attnconv.runs.record import recorded_step
 from attnconv.tables import format_table
 
@@ -381,9 +381,14 @@ def _flat_setup(setup: dict[str, Any]) -> dict[str, str]:
 
 
 def logs_digest(rows: list[dict[str, Any]]) -> str | None:
-    """What tells one run's metrics.csv from another's, as read (by the header's names: a copy saved with a
-    byte-order mark, CRLF or its columns in another order is the same), or None for no rows."""
-    return hashlib.blake2b(json.dumps(rows, sort_keys=True).encode(), digest_size=8).hexdigest() if rows else None
+    """What tells one run's metrics.csv from another's, as read: its own columns by the header's names (a copy saved
+    with a byte-order mark, CRLF, its columns in another order or a column added is the same), or None for no rows."""
+    return content_digest([{k: row.get(k) for k in METRICS_COLUMNS} for row in rows]) if rows else None
+
+
+def content_digest(value: Any) -> str:
+    """A short digest of JSON-able `value` (dict keys in any order are the same)."""
+    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
 def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

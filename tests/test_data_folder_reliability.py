@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -245,3 +246,49 @@ def test_same_size_edit_with_restored_mtime_is_decoded_again(tmp_path):
     i = 4  # bird0..3, then cat0
     assert torch.equal(again.images[i], torch.tensor(decode.decode_image(image, False, 16)))
     assert not torch.equal(again.images[i], first.images[i]) and len(caches()) == 1
+
+
+# --------------------------------------------------------------------------- round 35
+
+
+def test_round_35_cache_entries_empty_files_in_the_way_and_another_users_entry(tmp_path, monkeypatch):
+    """An empty labels.npy in a cache entry was an EOFError traceback; a file or a link to nowhere where a folder of
+    the cache goes was "(Not a directory); free space there", naming another path; an entry that could not be moved
+    aside (another user's) left an empty `.old` temporary folder behind, one a try."""
+    write_image_folder(tmp_path / "d")
+    first, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+    (entry,) = caches()
+    (entry / folder_cache.LABELS).write_bytes(b"")
+    again, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)  # rebuilt, as other broken entries are
+    assert torch.equal(again.labels, first.labels) and folder_cache.open_cache(entry) is not None
+
+    shutil.rmtree(entry)
+    (entry / folder_cache.LABELS).parent.mkdir()
+    (entry / folder_cache.LABELS).write_bytes(b"")  # inconsistent: moved aside and rebuilt, unless it cannot move
+    real = os.replace
+
+    def refuse(src, dst, *args, **kwargs):
+        if str(src) == str(entry):
+            raise PermissionError(13, "Permission denied", str(src))
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    msg = folder_error(tmp_path / "d", image_size=8)
+    assert "cannot write the dataset cache (Permission denied" in msg and hidden() == []
+    monkeypatch.setattr(os, "replace", real)
+
+    for what, make, words, places in (
+            ("a file", lambda p: p.write_text("x"), "it is a file", (data.cache_dir(), folders())),  # an entry's: replaced
+            ("a link to nowhere", lambda p: p.symlink_to(tmp_path / "gone"), f"a link to {tmp_path / 'gone'}, which "
+                                                                              "does not exist",
+             (data.cache_dir(), folders(), entry))):
+        for where in places:
+            shutil.rmtree(data.cache_dir(), ignore_errors=True)
+            if data.cache_dir().is_symlink() or data.cache_dir().is_file():
+                data.cache_dir().unlink()
+            where.parent.mkdir(parents=True, exist_ok=True)
+            make(where)
+            msg = folder_error(tmp_path / "d", image_size=8)
+            assert msg.startswith(f"{where}: {words}, where the dataset cache needs a folder; move it away, or set "
+                                  "XDG_CACHE_HOME"), (what, where, msg)
+            where.unlink()

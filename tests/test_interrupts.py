@@ -138,6 +138,27 @@ def test_ctrl_c_after_the_command_returned_is_one_line(tmp_path):
     assert err.splitlines()[0].startswith("error: ") and len(err.splitlines()) == 2
 
 
+def test_the_command_ends_before_the_teardown_where_python_gives_sigint_its_default_action():
+    """A Ctrl-C in the interpreter's teardown (a second or so of unloading torch, after a whole answer), once Python
+    has given SIGINT back its default action, killed `eval` with status 130 and no line. The process's command ends
+    as the interpreter would begin to (threads joined, atexit functions run, streams flushed), then exits with its
+    status at once: here a SIGINT in that teardown, with SIGINT's default action as Python leaves it there, would
+    kill the process in silence."""
+    code = ("import atexit, os, signal, sys\n"
+            "class Teardown:\n"
+            "    def __del__(self):\n"
+            "        signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "keep = Teardown()\n"
+            "atexit.register(lambda: print('atexit ran', flush=True))\n"
+            "sys.argv = ['attnconv', 'eval', 'no-such-run']\n"
+            "from attnconv.cli import command\n"
+            "command()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, "atexit ran\n"), (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: ")
+
+
 def test_ctrl_c_that_python_cannot_raise_where_it_lands_still_stops_the_command(monkeypatch, capsys):
     """A SIGINT handled while the garbage collector ran a weakref callback (`report`, 8 of 15 tries): Python printed
     "Exception ignored in: <function WeakKeyDictionary...>" and its traceback, and the command went on to exit 0.

@@ -472,3 +472,61 @@ def test_round_34_columns_reordered_bench_with_stdout_closed_and_a_board_folder_
                         and real(p, mode, **kw))
     with pytest.raises(AttnconvError, match="tensorboard: this user may not list it, as the event files need; give"):
         check_board_folder(tmp_path / "run")
+
+
+def test_round_35_logs_a_resume_appends_to_a_board_overwrite_lists_a_column_added_and_heads_twice(
+        finished, data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A resume of a run whose steps.csv this user may not write trained, then failed with "not writable; choose
+    another location" (and so did the resume it named); --overwrite of a run whose tensorboard/ this user may not
+    list said the same; one seed's metrics.csv with a column added, or its heads.jsonl, under another seed counted
+    as a third seed."""
+    import os
+
+    from attnconv.training.stopping import stopped_line
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--max-steps", "5")) == 0  # stopped at its checkpoint of step 5
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    real = os.access
+    for name in ("steps.csv", "metrics.csv", "heads.jsonl"):
+        monkeypatch.setattr(os, "access", lambda p, mode, name=name, **kw: not (
+            str(p) == str(run / name) and mode & os.W_OK) and real(p, mode, **kw))
+        assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"this user may not write its {name}, which the run appends to; give this user the permission " \
+               "(chmod)" in err, err
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # refused before any work
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"old events")
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (
+        str(p) == str(run / "tensorboard") and mode & os.R_OK) and real(p, mode, **kw))
+    assert main(tiny_args(run, data_dir, "--overwrite", *ONE_EPOCH)) == 2
+    assert "may not list its tensorboard/ folder, whose event files are the run's; give this user the permission" \
+        in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    monkeypatch.setattr(os, "access", real)
+    line = stopped_line(PermissionError(13, "Permission denied", str(run / "steps.csv")), run, None, False, False, False)
+    assert f"could not write {run / 'steps.csv'} (permission denied; give this user the permission (chmod)" \
+        in line.as_flag()
+
+    group = tmp_path / "group"
+    shutil.copytree(finished, group / "seed0")
+    meta = json.loads((finished / "config.json").read_text())
+    meta["config"]["seed"] = 1
+    (group / "seed1").mkdir()
+    (group / "seed1" / "config.json").write_text(json.dumps(meta))
+    lines = (finished / "metrics.csv").read_text().splitlines()
+    (group / "seed1" / "metrics.csv").write_text("\n".join([lines[0] + ",extra", *(r + ",7" for r in lines[1:])]) + "\n")
+    for command in (["compare", str(group)], ["table", str(group / "seed0"), str(group / "seed1")]):
+        assert main(command) == 2
+        assert "hold the same metrics.csv: one run's logs twice" in capsys.readouterr().err
+    shutil.rmtree(group / "seed1")
+    shutil.copytree(finished, group / "seed1")
+    (group / "seed1" / "config.json").write_text(json.dumps(meta))
+    rows = [r.split(",") for r in lines]
+    col = rows[0].index("test_acc")
+    for r in rows[1:]:
+        r[col] = "0.5"
+    (group / "seed1" / "metrics.csv").write_text("".join(",".join(r) + "\n" for r in rows))
+    assert main(["compare", str(group)]) == 2
+    assert "hold the same heads.jsonl: one run's logs twice" in capsys.readouterr().err

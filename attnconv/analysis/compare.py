@@ -29,7 +29,7 @@ import numpy as np
 
 from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError
-from attnconv.evaluate import logs_digest, run_setup, setup_differences
+from attnconv.evaluate import content_digest, logs_digest, run_setup, setup_differences
 from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
@@ -80,15 +80,26 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
             raise AttnconvError(f"{without}: config.json is missing, while {with_} has one: its configuration and "
                                 "seed cannot be checked against the group's; restore it from a copy of the run, or "
                                 "move the folder out of the group")
-        logs: dict[str, Path] = {}
+        logs: dict[tuple[str, str], Path] = {}
         for p in seeds:  # the same logs twice are one run twice, whatever two config.json say of their seeds
-            digest = logs_digest(read_metrics(p)) if (p / "metrics.csv").is_file() else None
-            if digest is not None and digest in logs:
-                raise AttnconvError(f"{logs[digest]} and {p} hold the same metrics.csv: one run's logs twice; give "
-                                    "each run once")
-            if digest is not None:
-                logs[digest] = p
+            for name, digest in (("metrics.csv", logs_digest(read_metrics(p)) if (p / "metrics.csv").is_file()
+                                  else None), ("heads.jsonl", _trained_heads_digest(p))):
+                if digest is not None and (name, digest) in logs:
+                    raise AttnconvError(f"{logs[name, digest]} and {p} hold the same {name}: one run's logs twice; "
+                                        "give each run once")
+                if digest is not None:
+                    logs[name, digest] = p
     return seeds
+
+
+def _trained_heads_digest(run: Path) -> str | None:
+    """What tells one run's heads.jsonl from another's: its snapshots after training began (two seeds may start
+    alike), or None for none (a damaged file is left to the reader that names it)."""
+    try:
+        trained = [s for s in read_heads(run) if s["epoch"] >= 1]
+    except AttnconvError:
+        return None
+    return content_digest(trained) if trained else None
 
 
 def _converted(run: Path) -> bool:

@@ -9,6 +9,7 @@ the parsed args and returning an exit code). `main` dispatches and turns an
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import functools
@@ -154,6 +155,24 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr = stderr
         if process:
             _exit_on_interrupt()
+
+
+def command() -> None:
+    """The process's command (`attnconv`, `python -m attnconv`): `main`, then the end the interpreter would give it
+    (non-daemon threads joined, atexit functions run, the streams flushed), then exit with its status at once. The
+    interpreter's own teardown after that (a second or so of unloading torch) is skipped: there Python gives SIGINT
+    back its default action, so a Ctrl-C killed the process with status 130 and no line, after a whole answer.
+    Where a stream cannot be flushed, the interpreter ends as it would (and says so)."""
+    status = main()
+    try:
+        threading._shutdown()  # what Python does first at exit; Ctrl-C meanwhile is `_interrupted_exit`'s
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except Exception:  # noqa: BLE001  (a stream closed or full: the interpreter's own exit reports it)
+        raise SystemExit(status) from None
+    os._exit(status)
 
 
 def _exit_on_interrupt() -> Callable | None:

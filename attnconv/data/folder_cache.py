@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from attnconv.errors import AttnconvError
-from attnconv.fileio import TMP_SUFFIX, atomic_write, fsync_dir
+from attnconv.fileio import TMP_SUFFIX, atomic_write, fsync_dir, not_a_folder
 
 INDEX, IMAGES, LABELS = "index.json", "images.npy", "labels.npy"
 CACHE_FORMAT = 1
@@ -84,13 +84,19 @@ def _size(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def _cache_error(directory: Path, e: OSError, nbytes: int) -> AttnconvError:
-    """One line for a failed cache write: a full disk, a folder we may not write, anything else."""
+def _cache_error(target: Path, e: OSError, nbytes: int) -> AttnconvError:
+    """One line for a failed write of the cache entry `target`: a full disk, a file or a link to nowhere where a
+    folder of the cache goes (the entry or a folder above it), a folder we may not write, anything else."""
+    directory = target.parent
     if e.errno in _NO_SPACE:
         return AttnconvError(
             f"{directory}: no space left for the dataset cache (the decoded images take {_size(nbytes)}); "
             "free space there, or set XDG_CACHE_HOME to a disk with room"
         )
+    for path in (target, *target.parents):
+        if os.path.lexists(path) and not path.is_dir():  # mkdir or rename would say "Not a directory", "File exists"
+            return AttnconvError(f"{path}: {not_a_folder(path)}, where the dataset cache needs a folder; move it "
+                                 "away, or set XDG_CACHE_HOME to put the cache elsewhere")
     if e.errno in _NOT_ALLOWED:
         return AttnconvError(
             f"{directory}: cannot write the dataset cache ({e.strerror}: {e.filename or directory}); "
@@ -155,7 +161,7 @@ def open_cache(directory: Path) -> tuple[dict, np.ndarray, np.ndarray] | None:
         n = int(index["train_size"]) + int(index["test_size"])
         shape = (n, int(index["channels"]), int(index["size"]), int(index["size"]))
         num_classes = len(index["classes"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError):  # EOFError: an empty .npy
         return None
     if images.dtype != np.uint8 or images.shape != shape or labels.dtype != np.int64 or labels.shape != (n,):
         return None
@@ -177,7 +183,7 @@ def build_cache(
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.{writer_tag(os.getpid())}.", suffix=TMP_SUFFIX))
     except OSError as e:
-        raise _cache_error(target.parent, e, math.prod(shape)) from e
+        raise _cache_error(target, e, math.prod(shape)) from e
     try:
         try:
             images = _new_images(tmp / IMAGES, shape)
@@ -195,8 +201,10 @@ def build_cache(
                 old = Path(tempfile.mkdtemp(
                     dir=target.parent, prefix=f".{target.name}.old.{writer_tag(os.getpid())}.", suffix=TMP_SUFFIX
                 ))
-                os.replace(target, old / "x")
-                shutil.rmtree(old, ignore_errors=True)
+                try:
+                    os.replace(target, old / "x")
+                finally:  # moved, or refused (an entry of another user's): the folder made for it goes
+                    shutil.rmtree(old, ignore_errors=True)
             try:
                 os.replace(tmp, target)
             except OSError:
@@ -204,7 +212,7 @@ def build_cache(
                     raise
             fsync_dir(target.parent)
         except OSError as e:
-            raise _cache_error(target.parent, e, math.prod(shape)) from e
+            raise _cache_error(target, e, math.prod(shape)) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -103,6 +103,10 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
         return []
     run_config(out)  # only a config.json that attnconv wrote makes the folder a run to resume or replace
     if resume:
+        for name in (METRICS_FILE, HEADS_FILE, STEPS_FILE):  # the logs a resume appends to, as they are
+            if (out / name).is_file() and not os.access(out / name, os.W_OK):
+                raise ParameterError("out", out, f": this user may not write its {name}, which the run appends to; "
+                                     f"{PERMISSION_FIX}")
         return []
     if not overwrite:
         raise ParameterError("out", out, "already holds an attnconv run; pass {resume} to continue it, {overwrite} "
@@ -123,6 +127,9 @@ def event_files(out: Path) -> list[str]:
     board = out / TENSORBOARD_DIR
     if board.is_symlink() or not board.is_dir():
         return []
+    if not os.access(board, os.R_OK | os.X_OK):  # its event files, the run's, cannot be told from a user's files
+        raise ParameterError("out", out, f": this user may not list its {TENSORBOARD_DIR}/ folder, whose event files "
+                             f"are the run's; {PERMISSION_FIX}")
     return sorted(f"{TENSORBOARD_DIR}/{p.name}" for p in board.iterdir()
                   if p.name.startswith(EVENTS_PREFIX) and not p.is_symlink() and p.is_file())
 
