@@ -475,7 +475,7 @@ def test_a_call_torch_refuses_fails_with_torchs_own_words():
     with pytest.raises(RuntimeError) as err:
         Uneven()(torch.zeros(1))
     with pytest.raises(RuntimeError) as captured:
-        capture_attention(Uneven(), torch.zeros(2, 1))
+        capture_attention(Uneven(), torch.zeros(2, 1, 4, 4))
     assert str(captured.value) == str(err.value)
 
 

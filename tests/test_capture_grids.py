@@ -114,9 +114,15 @@ def test_the_guess_reads_the_images_patch_grid_before_a_square(shape, patch, lea
     (36, (30, 20), "read as 7x5 after 1 leading token, a guess: 6x6 fits about as well"),
     (18, (96, 96), "read as 3x3 after 9 leading tokens, a guess: 4x4 after 2 leading tokens fits about as well; if the "
                    "image positions lie there, pass grid=(4, 4), leading=2"),  # patch 32 or patch 24?
-    (37, (16, 32), None), (50, (28, 28), None), (197, (224, 224), None), (32, (16, 32), None), (64, (16, 32), None),
-    (17, (28, 28), None), (213, (224, 224), None), (261, (224, 224), None), (137, (128, 256), None),
-    (35, (30, 20), None), (25, (16, 16), None),
+    # sure: the images' patch grid after at most a class token
+    (50, (28, 28), None), (197, (224, 224), None), (32, (16, 32), None), (17, (28, 28), None),
+    # the best reading, with no rival, but not sure: said, with the grid= and leading= that confirm it
+    (37, (16, 32), "37 tokens of 16x32 images are read as 4x8 after 5 leading tokens, a guess: not the images' patch "
+                   "grid after at most a class token; pass grid=(4, 8), leading=5 to confirm it"),
+    (64, (16, 32), "read as 8x8, a guess: not the images' patch grid after at most a class token; pass grid=(8, 8) "),
+    (213, (224, 224), "read as 14x14 after 17 leading tokens"), (261, (224, 224), "read as 16x16 after 5 leading"),
+    (137, (128, 256), "read as 8x16 after 9 leading tokens"), (35, (30, 20), "read as 7x5, a guess: not the images'"),
+    (25, (16, 16), "read as 4x4 after 9 leading tokens, a guess: not the images' patch grid"),
 ])
 def test_a_guess_that_another_reading_fits_about_as_well_is_said_once_and_grid_silences_it(count, images, said):
     class Sequence(nn.Module):  # `count` tokens of any images, through one SDPA call
@@ -138,7 +144,7 @@ def test_a_guess_that_another_reading_fits_about_as_well_is_said_once_and_grid_s
         assert words == []
     else:
         assert len(words) == 1 and said in words[0], words  # once for the pass, not once a call
-        h, w, lead = re.search(r"grid=\((\d+), (\d+)\)(?:, leading=(\d+))?$", words[0]).groups()
+        h, w, lead = re.search(r"pass grid=\((\d+), (\d+)\)(?:, leading=(\d+))?", words[0]).groups()
         with warnings.catch_warnings():
             warnings.simplefilter("error", AttnconvWarning)
             (r, _) = capture_attention(model, x, grid=(int(h), int(w)), leading=None if lead is None else int(lead))
@@ -491,9 +497,10 @@ def test_round_35_a_repeat_as_many_as_windows_is_said_unbatched_images_are_refus
             warnings.simplefilter("error", AttnconvWarning)
             (r,) = capture_attention(model, x, grid=grid)
         assert (r.size, r.left_out) == (grid, (0, 0, 0))
-    with pytest.raises(AttnconvError, match=r"images of shape \(1, 96, 160\) are one image \(C, H, W\) or a batch of "
-                                            r"token sequences: give images as a batch \(N, C, H, W\)"):
-        capture_attention(PatchTokens(16).eval(), torch.randn(1, 96, 160))
+    for shape in ((1, 96, 160), (2, 3, 1, 96, 160), (60, 8)):  # one image; frames; tokens: the image's shape unknown
+        with pytest.raises(AttnconvError, match=re.escape(f"images of shape {shape} are no batch of images (N, C, H, W), "
+                                                          "whose shape places the tokens: give images as a batch")):
+            capture_attention(PatchTokens(16).eval(), torch.randn(*shape))
 
     class Tokens(nn.Module):  # a user's own attention block, given token sequences (N, T, D) with their grid
         def __init__(self):
@@ -520,3 +527,73 @@ def test_round_35_a_repeat_as_many_as_windows_is_said_unbatched_images_are_refus
         capture_attention(model, x)
     (r,) = capture_attention(model, x, grid=(8, 8), leading=57)
     assert (r.size, r.left_out) == ((8, 8), (57, 57, 0))
+
+
+def test_round_36_windows_in_a_row_or_repeated_a_repeated_class_token_model_appended_tokens_and_nan():
+    """Windows in one row (wide images) or a batch repeated around a windowed model were read with the images' shape,
+    silently; a class-token model repeated 6x (1 + 7x9 = 64 tokens) was read as 8x8 windows, silently; with more than
+    32 leading tokens the warning named one patch grid where two fit; 40 appended tokens could not be placed (grid=
+    with leading=0 was dropped); NaN images gave zero attention averaged in. And a guess that is not the images'
+    patch grid after at most a class token is said, with the grid= and leading= that confirm it."""
+
+    class Around(nn.Module):  # a batch repeated (flipped) around a windowed model
+        def __init__(self, inner, times):
+            super().__init__()
+            self.inner, self.times = inner, times
+
+        def forward(self, x):
+            return self.inner(torch.cat([x.flip(-1) if i % 2 else x for i in range(self.times)]))
+
+    with warnings.catch_warnings():  # 2 copies of 2x2 windows of 4x4, or 8 copies of the patch-4 grid: both 4x4
+        warnings.simplefilter("error", AttnconvWarning)
+        (r,) = capture_attention(Around(Windows(4), 2).eval(), torch.randn(2, 1, 16, 16))
+    assert (r.size, r.left_out) == ((4, 4), (0, 0, 0))
+    for model, shape in ((Windows(4), (8, 64)), (Around(Windows(4), 2), (16, 24)), (Around(Windows(4), 3), (24, 16))):
+        with pytest.warns(AttnconvWarning, match=r"16 tokens of images \(windows folded into the batch\) are read as "
+                                                 r"4x4, a guess: windows in one row or column, or several sets"):
+            (r,) = capture_attention(model.eval(), torch.randn(2, 1, *shape))
+        assert (r.size, r.left_out) == ((4, 4), (0, 0, 0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", AttnconvWarning)
+            (r,) = capture_attention(model.eval(), torch.randn(2, 1, *shape), grid=(4, 4))  # confirmed
+
+    class Repeated(nn.Module):  # a class token and 7x9 patches, the batch repeated 6x inside
+        def __init__(self):
+            super().__init__()
+            self.inner = PatchTokens(4, 1)
+
+        def forward(self, x):
+            return self.inner(x.repeat(6, 1, 1, 1))
+
+    with pytest.warns(AttnconvWarning, match=r"read as 8x8, a guess: 7x9 after 1 leading token is the images' own "
+                                             r"patch grid \(a batch repeated inside the model\); .*pass grid=\(7, 9\), "
+                                             r"leading=1"):
+        capture_attention(Repeated().eval(), torch.randn(1, 1, 28, 36))
+    (r,) = capture_attention(Repeated().eval(), torch.randn(1, 1, 28, 36), grid=(7, 9), leading=1)
+    assert (r.size, r.left_out) == ((7, 9), (1, 1, 0))
+
+    with pytest.warns(AttnconvWarning, match=r"a guess: 8x8 after 33 leading tokens or 7x7 after 48 leading tokens are "
+                                             r"patch grids of the images \(more tokens before them than the guess "
+                                             r"places\); .*pass grid=\(8, 8\), leading=33 or grid=\(7, 7\), leading=48"):
+        capture_attention(PatchTokens(8, 48).eval(), torch.randn(2, 1, 56, 56))
+
+    appended = PatchTokens(4, 0, trail=40).eval()
+    with pytest.warns(AttnconvWarning, match=r"fits none of the model's attention computations .*give leading= \(and "
+                                             r"trailing=\)"):
+        capture_attention(appended, torch.randn(1, 1, 28, 36), grid=(7, 9), leading=0)
+    (r,) = capture_attention(appended, torch.randn(1, 1, 28, 36), grid=(7, 9), leading=0, trailing=40)
+    assert (r.size, r.left_out) == ((7, 9), (0, 0, 40))
+    (site,) = attention_sites(appended, (1, 28, 36), grid=(7, 9), trailing=40)
+    assert tuple(site.size) == (7, 9)
+    with pytest.raises(AttnconvError, match="trailing -1 is invalid: give how many tokens come after the image"):
+        capture_attention(appended, torch.randn(1, 1, 28, 36), grid=(7, 9), trailing=-1)
+
+    x = torch.randn(2, 1, 28, 36)
+    x[1, 0, 0, 0] = float("nan")
+    with pytest.raises(AttnconvError, match="the images hold 1 NaN or infinite value, which make attention undefined"):
+        capture_attention(appended, x)
+    broken = PatchTokens(4, 1).eval()
+    with torch.no_grad():
+        broken.tokens.fill_(float("inf"))
+    with pytest.raises(AttnconvError, match=r"attn: its attention scores hold NaN .*so its attention is undefined"):
+        capture_attention(broken, torch.randn(2, 1, 28, 36))

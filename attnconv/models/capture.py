@@ -62,12 +62,11 @@ from attnconv.models.captured import (
     check_images,
     declared_layout,
     grid_fits,
+    guess_layout,
     image_tokens,
     left_out_note,
     multihead_value_maps,
-    reading_words,
-    rival_reading,
-    windows_folded,
+    whole_bytes,
 )
 from attnconv.modes import eval_mode
 
@@ -101,14 +100,15 @@ class _Accumulator:
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
                  device: torch.device, where: str, entries: int):
         # A site's own layout first, then grid= and leading=, then the guess.
-        lead, grid = capture.grids.get((where, capture.calls.get(where, 0)), (capture.leading, capture.grid))
-        self.q, self.k = (capture.reading(n, grid, lead, where, entries) for n in (lq, sk))
+        known = capture.grids.get((where, capture.calls.get(where, 0)))
+        lead, grid, trail = (*known, None) if known else (capture.leading, capture.grid, capture.trailing)
+        self.q, self.k = (capture.reading(n, grid, lead, where, entries, trail) for n in (lq, sk))
         if not (self.q and self.k):  # queries or keys on no grid: every token kept, none said left out
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
         self.trailing = sk - self.lead_k - self.tk + trailing  # keys after the image positions: appended, bias_k
-        tq, tk = self.tq, self.tk
+        tq, tk, self.where = self.tq, self.tk, where
         self.dtype = torch.float64 if dtype == torch.float64 else torch.float32
         capture.reserve(heads * tq * tk * self.dtype.itemsize * (3 if capture.scores else 1), where,
                         f"{heads} heads x {tq} x {tk} tokens")
@@ -121,6 +121,10 @@ class _Accumulator:
     def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
         """Add a chunk (n, heads, rows, S [+ appended keys]) of scores and probabilities: the query rows row0, row0 + 1,
         ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
+        if torch.isnan(content).any():  # not a masked row (those are -inf): NaN or inf in its queries or keys
+            raise AttnconvError(f"{self.where or '(model)'}: its attention scores hold NaN (NaN or infinite values in "
+                                "what the model computed from the images), so its attention is undefined; check the "
+                                "model's weights and what it computes before this attention")
         a, b = max(row0, self.lead_q), min(row0 + probs.shape[-2], self.lead_q + self.tq)  # the image query rows
         if b > a:
             rows, keys = slice(a - row0, b - row0), slice(self.lead_k, self.lead_k + self.tk)
@@ -337,12 +341,12 @@ class _Capture(TorchFunctionMode):
     def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
                  native_probs: bool = True, aspect: Sequence[int] | None = None,
                  grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None, leading: int | None = None,
-                 images: int = 1):
+                 images: int = 1, trailing: int | None = None):
         super().__init__()
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
-        self.aspect, self.leading = aspect, leading
+        self.aspect, self.leading, self.trailing = aspect, leading, trailing
         self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
-        self.guessed: set[tuple[int, Any]] = set()  # (token count, shape) whose close guess was said
+        self.guessed: set[str] = set()  # the guesses said (once a pass)
         self.images = images  # how many images the pass runs on (the batch of a call on the images' tokens)
         frame = sys._getframe(1)
         while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("attnconv", "torch"):
@@ -380,31 +384,20 @@ class _Capture(TorchFunctionMode):
                                module=frame.f_globals.get("__name__"), registry=registry, module_globals=frame.f_globals)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
-                entries: int) -> tuple[int, tuple[int, int]] | None:
-        """Where `count` tokens lie: on `grid` where it fits (`grid_fits`), else the guess (`image_tokens`) from the
-        images' shape, or from the count alone where the call's batch holds more entries than there are images
-        (windows folded into the batch: their grid is not the images'). A guess that another reading fits about as
-        well is said, once a count (the fix being grid=)."""
-        placed = grid_fits(count, grid, leading)
+                entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
+        """Where `count` tokens lie: on `grid` where it fits (`grid_fits`), else where the model declares, else the
+        guess (`guess_layout`), said once a count where it is not sure (the fix being grid=)."""
+        placed = grid_fits(count, grid, leading, trailing)
         if placed is not None:
             self.grid_used |= grid == self.grid
             return placed
         if self.declared is not None and count == self.declared[0] + self.declared[1][0] * self.declared[1][1]:
             return self.declared  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
-        folded = windows_folded(count, entries, self.images, self.aspect)
-        shape = None if folded else self.aspect
-        rival = rival_reading(count, self.aspect, folded)
-        if rival is not None and (count, shape) not in self.guessed:
-            self.guessed.add((count, shape))
-            (lead, hw), why = rival
-
-            of = f"{shape[0]}x{shape[1]} images" if shape else "images (windows folded into the batch)" \
-                if self.aspect else "images"
-            self.warn(
-                f"{where or '(model)'}: {count} tokens of {of} are read as {reading_words(*image_tokens(count, None, shape))}, "
-                f"a guess: {reading_words(lead, hw)} {why}; if the image positions lie there, pass "
-                f"grid=({hw[0]}, {hw[1]})" + (f", leading={lead}" if lead else ""))
-        return image_tokens(count, None, shape)
+        reading, said = guess_layout(count, self.aspect, entries, self.images)
+        if said is not None and said not in self.guessed:
+            self.guessed.add(said)
+            self.warn(f"{where or '(model)'}: {said}")
+        return reading
 
     def _inside_owner(self) -> bool:
         """True inside a layer whose attention is taken from the layer itself (its own SDPA calls are its)."""
@@ -485,15 +478,16 @@ class _Capture(TorchFunctionMode):
 
 @torch.no_grad()
 def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | None = None, *,
-                      leading: int | None = None, max_bytes: int = MAX_BYTES,
+                      leading: int | None = None, trailing: int | None = None, max_bytes: int = MAX_BYTES,
                       scores: bool = False) -> list[CapturedAttention]:
     """Every attention computation of one forward pass of `model` on `images`, in call order (see the module doc).
 
     images: the batch the model takes (normalized as it was trained). grid: (H, W) of the image
     positions among the tokens, when the token count cannot tell (non-square grids); the tokens
     beyond them are taken to come first (a class token, registers), unless `leading` (with `grid`)
-    says how many come first: the rest come after the image positions (tokens the model appends)
-    and are left out too. A sequence that the grid does not fit is read as without it. max_bytes:
+    says how many come first: the rest come after the image positions (tokens the model appends, at
+    most MAX_EXTRA, or exactly `trailing`) and are left out too. A sequence that the grid does not fit
+    is read as without it; a guess that is not sure is said (`captured.guess_layout`). max_bytes:
     the captured probabilities of all computations together may take at most this; the computation
     that would pass it is refused (AttnconvError) before its probabilities are allocated. It bounds what
     is kept, not the peak: while one computation is recomputed, its float64 sums (twice its float32
@@ -505,16 +499,11 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     sharing a model across threads lock.
     """
     grid = check_grid(grid)
-    leading = check_leading(leading, grid)
+    leading, trailing = check_leading(leading, grid), check_leading(trailing, grid, "trailing")
     check_images(images, grid)
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
-            or max_bytes == math.inf or max_bytes != int(max_bytes):
-        raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
+    max_bytes = whole_bytes(max_bytes)
     check_capturable(model, "capture_attention")
-    if images.device.type == "meta":
-        raise AttnconvError("capture_attention: the images are on the meta device, which holds no values; give "
-                            "images with values")
-    return capture_pass(model, images, grid, int(max_bytes), scores, native_probs=True, leading=leading)
+    return capture_pass(model, images, grid, max_bytes, scores, native_probs=True, leading=leading, trailing=trailing)
 
 
 def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, ...]:
@@ -535,15 +524,16 @@ def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
     return None if grid is None else positive_ints(grid, 2, "grid", "the image positions' (H, W)")
 
 
-def check_leading(leading: Any, grid: tuple[int, int] | None) -> int | None:
-    """`leading` as a Python int, or None: a whole number >= 0, given with a grid."""
+def check_leading(leading: Any, grid: tuple[int, int] | None, name: str = "leading") -> int | None:
+    """`leading` (or `trailing`, as `name` says) as a Python int, or None: a whole number >= 0, given with a grid."""
     if leading is None:
         return None
     if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading:
-        raise AttnconvError(f"leading {leading!r} is invalid: give how many tokens come before the image positions, "
+        where = "before" if name == "leading" else "after"
+        raise AttnconvError(f"{name} {leading!r} is invalid: give how many tokens come {where} the image positions, "
                             "a whole number >= 0")
     if grid is None:
-        raise AttnconvError("leading= places the image positions of a grid: give grid=(H, W) with it")
+        raise AttnconvError(f"{name}= places the image positions of a grid: give grid=(H, W) with it")
     return int(leading)
 
 
@@ -571,7 +561,7 @@ def check_capturable(model: nn.Module, what: str) -> None:
 
 
 def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
-                 native_probs: bool, leading: int | None = None,
+                 native_probs: bool, leading: int | None = None, trailing: int | None = None,
                  grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None) -> list[CapturedAttention]:
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
@@ -579,7 +569,7 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
     (the attention sites'), before `grid` and `leading` and the guess."""
     aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
     capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids, leading,
-                       len(images) if images.dim() >= 1 else 1)
+                       len(images) if images.dim() >= 1 else 1, trailing)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():
@@ -596,5 +586,5 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
             capture.warn(
                 f"grid=({grid[0]}, {grid[1]}) fits none of the model's attention computations (of "
                 f"{', '.join(map(str, counts[:5]))} tokens): a grid places at most {MAX_EXTRA} tokens besides it; "
-                "give leading= with it for more, or the grid the image positions have")
+                "give leading= (and trailing=) with it for more, or the grid the image positions have")
     return capture.records

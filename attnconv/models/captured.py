@@ -106,28 +106,49 @@ def _readings(count: int, shape: tuple[int, int] | None) -> tuple[tuple[float, i
 
 
 def check_images(images: object, grid: Sequence[int] | None) -> None:
-    """One AttnconvError unless `images` is a non-empty batch: a tensor of 3 dimensions, without `grid`, is one image
-    (C, H, W) or a batch of token sequences (N, T, D), and its last two sides are no image's shape to read tokens by."""
+    """One AttnconvError unless `images` is a non-empty batch of images with values: a tensor of other than 4
+    dimensions, without `grid`, is no batch of images (N, C, H, W) whose shape places the tokens (one image (C, H, W),
+    token sequences (N, T, D), frames (N, T, C, H, W)); NaN or infinite values make attention undefined."""
     if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
         raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
-    if images.dim() == 3 and grid is None:
-        raise AttnconvError(f"capture_attention: images of shape {tuple(images.shape)} are one image (C, H, W) or a "
-                            "batch of token sequences: give images as a batch (N, C, H, W), one image as images[None] "
-                            "(token sequences: with grid=(H, W) of their image positions)")
+    if images.dim() != 4 and grid is None:
+        raise AttnconvError(f"capture_attention: images of shape {tuple(images.shape)} are no batch of images (N, C, "
+                            "H, W), whose shape places the tokens: give images as a batch (N, C, H, W), one image as "
+                            "images[None], or with other inputs (tokens, frames) grid=(H, W) of the image positions")
+    if images.device.type == "meta":
+        raise AttnconvError("capture_attention: the images are on the meta device, which holds no values; give "
+                            "images with values")
+    if images.is_floating_point() or images.is_complex():
+        bad = int((~torch.isfinite(images)).sum())
+        if bad:
+            raise AttnconvError(f"capture_attention: the images hold {bad} NaN or infinite value{'s' * (bad > 1)}, "
+                                "which make attention undefined; give images with finite values")
 
 
-def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None) -> tuple[int, tuple[int, int]] | None:
+def whole_bytes(max_bytes: object) -> int:
+    """`max_bytes` as an int, or one AttnconvError: a positive whole number of bytes."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
+            or max_bytes == math.inf or max_bytes != int(max_bytes):
+        raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
+    return int(max_bytes)
+
+
+def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None, trailing: int | None = None
+              ) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens, (H, W)) where the given `grid` fits `count` tokens, else None: H*W of them and at most
     MAX_EXTRA besides, all leading; or, with `leading`, that many first (any number) and at most MAX_EXTRA after the
-    image positions. (A grid given for one computation is not laid on a longer sequence of another.)"""
+    image positions, or with `trailing` too, exactly that many after them (any number). (A grid given for one
+    computation is not laid on a longer sequence of another.)"""
     if grid is None:
         return None
     h, w = (int(v) for v in grid)
     besides = count - h * w
-    if leading is None and 0 <= besides <= MAX_EXTRA:
-        return besides, (h, w)
-    if leading is not None and 0 <= besides - leading <= MAX_EXTRA:
-        return leading, (h, w)
+    if leading is None and trailing is None:
+        return (besides, (h, w)) if 0 <= besides <= MAX_EXTRA else None
+    first = besides - (trailing or 0) if leading is None else leading
+    after = besides - first
+    if first >= 0 and (after == trailing if trailing is not None else 0 <= after <= MAX_EXTRA):
+        return first, (h, w)
     return None
 
 
@@ -146,23 +167,34 @@ def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence
     return (readings[0][1], readings[0][2]) if readings else None
 
 
-def windows_folded(count: int, entries: int, images: int, shape: Sequence[int] | None) -> bool:
+# The most copies of its batch a model is taken to make (test-time augmentation: flips, five or ten crops, the eight
+# views of a square); more windows an image than that are not a batch repeated.
+REPEATS = 16
+TILED, LOOSE = 1, 2  # `windows_folded`'s kinds of windows
+
+
+def windows_folded(count: int, entries: int, images: int, shape: Sequence[int] | None) -> int:
     """Whether a call whose batch holds `entries` sequences of `count` tokens, in a pass over `images` images of
-    `shape` (H, W), has the images' windows folded into its batch: square windows (`count` a square, side >= 2),
-    more entries than images, and as many windows an image as tile a patch grid of the images (a patch side in
-    COMMON_PATCHES), at least two each way, padded to whole windows or not (7x7 windows of 224x168 images: patch 4
-    gives 56x42 tokens, 8x6 = 48 windows an image). A batch repeated (test-time augmentation, crops) or cut into
-    chunks is not."""
+    `shape` (H, W), has the images' windows folded into its batch: 0 if not, TILED or LOOSE if so. Square windows
+    (`count` a square, side >= 2), more entries than images, as many windows an image as tile a patch grid of the
+    images (a patch side in COMMON_PATCHES), padded to whole windows or not (7x7 windows of 224x168 images: patch 4
+    gives 56x42 tokens, 8x6 = 48 windows an image): TILED where they are at least two each way and one set an image,
+    as a Swin's; LOOSE for one row or column of them (wide images, a grid shorter than a window padded up to one), or
+    up to REPEATS sets an image (a batch repeated around a windowed model), which is read as windows and said. A
+    batch repeated (test-time augmentation, crops) or cut into chunks is not windows where no tiling gives its count.
+    """
     side = math.isqrt(count)
     if shape is None or side < 2 or side * side != count or entries <= images or entries % images:
-        return False
-    windows, (H, W) = entries // images, (int(shape[0]), int(shape[1]))
-    for p in sorted(COMMON_PATCHES):  # a patch size models use, and at least two windows each way: a batch
-        for h, w in ((H // p, W // p), (-(-H // p), -(-W // p))):  # repeated is not windows of a grid
+        return 0
+    per, (H, W), kind = entries // images, (int(shape[0]), int(shape[1])), 0
+    for p in sorted(COMMON_PATCHES):
+        for h, w in ((H // p, W // p), (-(-H // p), -(-W // p))):
             rows, cols = -(-h // side), -(-w // side)
-            if h >= side and w >= side and rows >= 2 and cols >= 2 and rows * cols == windows:
-                return True
-    return False
+            if rows * cols >= 2 and per % (rows * cols) == 0 and per // (rows * cols) <= REPEATS:
+                if h >= side and w >= side and rows >= 2 and cols >= 2 and per == rows * cols:
+                    return TILED
+                kind = LOOSE
+    return kind
 
 
 def declared_layout(model: nn.Module, shape: Sequence[int] | None) -> tuple[int, tuple[int, int]] | None:
@@ -224,31 +256,83 @@ def reading_words(lead: int, grid: tuple[int, int]) -> str:
     return f"{grid[0]}x{grid[1]}" + (f" after {lead} leading token{'s' * (lead > 1)}" if lead else "")
 
 
-def rival_reading(count: int, images: Sequence[int] | None, folded: bool) -> tuple[Reading, str] | None:
-    """A reading of `count` tokens other than the guess (`image_tokens`) that may as well be the truth, with why in
-    words, else None. `images`: the images' (H, W); `folded`: the call holds windows folded into its batch, so the
-    guess reads the count alone. Three ways: a second reading about as likely (`close_reading`); for windows, the
-    images' own patch grid, where a batch repeated inside the model (test-time augmentation: 6 views of 9x16 tokens
-    are 6 windows of 12x12 too) would lie; and an exact patch grid of the images with more than MAX_EXTRA tokens
-    before it (fewer than its own), where the guess is a grid the images' patches do not give (40 registers and 8x8
-    read as 4 and 10x10)."""
-    shape = None if folded else images
-    guess, close = image_tokens(count, None, shape), close_reading(count, shape)
-    if close is not None:
-        return close, "fits about as well"
+def sure_reading(reading: Reading, images: Sequence[int] | None) -> bool:
+    """Whether a reading needs no word: the images' patch grid for a patch side models use that divides both sides,
+    after no leading token or one (a class token). Any other is a guess, said."""
     if images is None or min(int(images[0]), int(images[1])) < 1:
-        return None
-    H, W = int(images[0]), int(images[1])
-    exact = [(H // p, W // p) for p in sorted(COMMON_PATCHES) if H % p == 0 and W % p == 0 and H * W // p // p >= 2]
-    if folded:  # windows of as many tokens as the images' patch grid: a batch repeated would be read so
-        own = [(0, grid) for grid in exact if grid[0] * grid[1] == count and (0, grid) != guess]
-        return (own[0], "is the images' own patch grid (a batch repeated inside the model)") if own else None
+        return False
+    lead, grid = reading
+    return lead <= 1 and grid in _exact_grids(int(images[0]), int(images[1]))
+
+
+def _exact_grids(H: int, W: int) -> list[tuple[int, int]]:
+    """The images' patch grids for the patch sides in COMMON_PATCHES that divide both sides (two positions or more)."""
+    return [(H // p, W // p) for p in sorted(COMMON_PATCHES) if H % p == 0 and W % p == 0 and H * W // p // p >= 2]
+
+
+def guess_layout(count: int, images: Sequence[int] | None, entries: int, n_images: int
+                 ) -> tuple[Reading | None, str | None]:
+    """Where `count` tokens of a call lie when nothing places them: (the reading, or None for no grid; what to say
+    of it, or None). `images`: the images' (H, W) (None if unknown); the call's batch holds `entries` sequences in a
+    pass over `n_images` images. Windows folded into the batch (`windows_folded`) are read by the count alone, the
+    rest with the images' shape (`image_tokens`). Silent only where sure: the images' patch grid after at most a
+    class token (`sure_reading`), or windows TILED, with no rival. Said otherwise, with the `grid=` (and `leading=`)
+    that confirms the reading or chooses a rival: a second reading about as likely (`close_reading`); for windows,
+    the images' sure readings (up to REPEATS sets an image: 6 copies of 9x16 tokens are 6 windows of 12x12 too;
+    against LOOSE windows the sure reading is the one read, the windows said where they differ); and exact patch
+    grids of the images after more than MAX_EXTRA leading tokens (fewer than their own), where the guess is a grid
+    the images' patches do not give (57 registers and 8x8 read as 11x11)."""
+    folded, per, rivals = windows_folded(count, entries, n_images, images), entries // max(n_images, 1), None
+    if folded == LOOSE and per <= REPEATS and sure_reading(image_tokens(count, None, images), images):
+        folded, window = 0, image_tokens(count, None, None)  # loose windows, or the images' own grid repeated:
+        rivals = [([window], "fits windows folded into the batch (one row of them, or several sets an image)")] \
+            if window != image_tokens(count, None, images) else []  # the repeat is the likelier
+    shape = None if folded else images
+    reading = image_tokens(count, None, shape)
+    if reading is None:
+        return None, None
+    if rivals is None:
+        rivals = _rivals(count, images, folded, per, reading)
+    of = f"{shape[0]}x{shape[1]} images" if shape else "images (windows folded into the batch)" if images else \
+        "images"
+    said = f"{count} tokens of {of} are read as {reading_words(*reading)}, a guess: "
+    if rivals:
+        return reading, said + "; ".join(" or ".join(reading_words(*r) for r in group) + f" {why}"
+                                         for group, why in rivals) + "; if the image positions lie there, pass " + \
+            " or ".join(_grid_words(*r) for group, _ in rivals for r in group)
+    if folded == LOOSE:
+        why = "windows in one row or column, or several sets of them an image (a batch repeated around them)"
+    elif not folded and not sure_reading(reading, images):
+        why = "not the images' patch grid after at most a class token"
+    else:
+        return reading, None
+    return reading, said + f"{why}; pass {_grid_words(*reading)} to confirm it, or the grid= and leading= of the image " \
+        "positions"
+
+
+def _grid_words(lead: int, grid: tuple[int, int]) -> str:
+    return f"grid=({grid[0]}, {grid[1]})" + (f", leading={lead}" if lead else "")
+
+
+def _rivals(count: int, images: Sequence[int] | None, folded: int, per: int, guess: Reading
+            ) -> list[tuple[list[Reading], str]]:
+    """`guess_layout`'s rival readings of `count` tokens, in groups with why they are, in words ([] for none)."""
+    close = close_reading(count, None if folded else images)
+    found = [([close], "fits about as well")] if close is not None else []
+    if images is None or min(int(images[0]), int(images[1])) < 1:
+        return found
+    exact = _exact_grids(int(images[0]), int(images[1]))
+    if folded:  # windows of as many tokens as the images' patch grid (after a class token): a batch repeated
+        own = [(count - h * w, (h, w)) for h, w in exact if count - h * w in (0, 1) and (count - h * w, (h, w)) != guess]
+        return found + ([(own, "is the images' own patch grid (a batch repeated inside the model)")]
+                        if own and per <= REPEATS else [])
     best = grid_readings(count, images)
-    if not best or best[0][0] - leading_cost(best[0][1]) < RESIZED_COST:  # the guess is a patch grid of the images
-        return None
-    beyond = [(count - h * w, (h, w)) for h, w in exact if MAX_EXTRA < count - h * w < h * w]  # mostly the image's
-    return (min(beyond), "is the images' patch grid (more tokens before it than the guess places)") if beyond \
-        else None
+    if found or not best or best[0][0] - leading_cost(best[0][1]) < RESIZED_COST:  # the guess is a patch grid
+        return found
+    beyond = sorted((count - h * w, (h, w)) for h, w in exact if MAX_EXTRA < count - h * w < h * w)  # mostly image
+    return [(beyond, ("is the images' patch grid (more tokens before it" if len(beyond) == 1 else
+                      "are patch grids of the images (more tokens before them") + " than the guess places)")] \
+        if beyond else []
 
 
 @dataclass(repr=False)

@@ -97,7 +97,8 @@ class NoAttentionLayers(AttnconvError):
 
 
 def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
-                    grid: Sequence[int] | None = None, *, leading: int | None = None) -> list[AttentionSite]:
+                    grid: Sequence[int] | None = None, *, leading: int | None = None,
+                    trailing: int | None = None) -> list[AttentionSite]:
     """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
@@ -107,7 +108,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
     `scaled_dot_product_attention`: a ViT with a converted patch embedding has both), these as
     grid: the token grid (H, W) of the captured computations, when their token count cannot tell
-    (`capture_attention`'s `grid`, and `leading` where tokens follow the image positions; without them the count
+    (`capture_attention`'s `grid`, and `leading` and `trailing` where tokens follow the image positions; without
+    them the count
     and input_shape's (H, W) decide);
     `CapturedLayer`s (their probabilities come from running the model: `site_probs`). A TorchScript
     or torch.compile'd model is refused in words (`capture.check_capturable`).
@@ -120,7 +122,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     if input_shape is None and hasattr(config, "in_channels") and hasattr(config, "image_size"):
         input_shape = (config.in_channels, config.image_size, config.image_size)
     grid = check_grid(grid)
-    leading = check_leading(leading, grid)
+    leading, trailing = check_leading(leading, grid), check_leading(trailing, grid, "trailing")
     if input_shape is not None:
         input_shape = positive_ints(input_shape, 3, "input_shape", "the images' (C, H, W)")
     # Converted CNNs' multi-head 2-d ConvAttention (1x1 convs: one head, nothing to see), the SelfAttention2d
@@ -137,7 +139,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
-        records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading)
+        records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                               trailing=trailing)
     except AttnconvError:
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
