@@ -4,10 +4,12 @@ symlinked class folders, huge images, files edited in place."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +89,7 @@ def test_the_temporary_folder_names_its_writer(tmp_path):
 
     def fill(images):
         seen.extend(hidden())
-        return {"train_size": 1, "test_size": 1, "channels": 1, "size": 2, "classes": ["a"]}
+        return {"train_size": 1, "test_size": 1, "channels": 1, "size": 2, "classes": ["a"], "mean": [0.5], "std": [0.25]}
 
     folder_cache.build_cache(folders() / ("ab" * 16), np.zeros(2, np.int64), (1, 2, 2), fill)
     [tmp] = seen
@@ -292,3 +294,34 @@ def test_round_35_cache_entries_empty_files_in_the_way_and_another_users_entry(t
             assert msg.startswith(f"{where}: {words}, where the dataset cache needs a folder; move it away, or set "
                                   "XDG_CACHE_HOME"), (what, where, msg)
             where.unlink()
+
+
+def test_round_36_cache_files_that_are_no_regular_file_or_an_index_of_wrong_types_are_rebuilt(tmp_path):
+    """A cache entry's images.npy, labels.npy or index.json that is a FIFO (or index.json a link to /dev/zero) hung
+    the load; an index.json with a mean of "x", or nested 100,000 deep, was a traceback: each is an entry that does
+    not match its index, rebuilt."""
+    write_image_folder(tmp_path / "d")
+    first, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+    (entry,) = caches()
+    index = json.loads((entry / folder_cache.INDEX).read_text())
+    damages = [(folder_cache.IMAGES, "fifo"), (folder_cache.LABELS, "fifo"), (folder_cache.INDEX, "fifo"),
+               (folder_cache.INDEX, "zero"), (folder_cache.INDEX, json.dumps({**index, "mean": ["x"]})),
+               (folder_cache.INDEX, json.dumps({**index, "std": [0]})), (folder_cache.INDEX, "[" * 100_000),
+               (folder_cache.INDEX, json.dumps({**index, "classes": [1, 2, 3, 4]}))]
+    for file, damage in damages:
+        path = entry / file
+        path.unlink()
+        if damage == "fifo":
+            os.mkfifo(path)
+        elif damage == "zero":
+            path.symlink_to("/dev/zero")
+        else:
+            path.write_text(damage)
+        opened: list = []  # a FIFO read would block: in a thread, so that the test fails instead of hanging
+        reader = threading.Thread(target=lambda out=opened: out.append(folder_cache.open_cache(entry)), daemon=True)
+        reader.start()
+        reader.join(30)
+        assert opened == [None], (file, damage[:20])
+        again, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+        assert torch.equal(again.images, first.images) and torch.equal(again.labels, first.labels)
+        assert caches() == [entry] and hidden() == []

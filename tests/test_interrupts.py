@@ -247,3 +247,19 @@ def test_a_third_ctrl_c_while_the_run_cleans_up_ends_it_at_once():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           preexec_fn=_as_in_a_terminal)
     assert (proc.returncode, proc.stdout, proc.stderr) == (130, "passed\nraised\n", "interrupted\n")
+
+
+def test_a_ctrl_c_that_the_code_it_landed_in_wrapped_is_one_interrupted_line(monkeypatch, capsys):
+    """SIGINT while a module was imported landed in a dataclass field's __set_name__, which Python 3.11 wraps in a
+    RuntimeError: an 83-line traceback and exit 1. A KeyboardInterrupt among an error's causes is the interrupt."""
+    import attnconv.cli.evaluate as evaluate
+
+    def table(args):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as err:
+            raise RuntimeError("Error calling __set_name__ on '_FIELD' instance 'x' in 'C'") from err
+
+    monkeypatch.setattr(evaluate, "run_table", table)
+    assert main(["table", "x"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

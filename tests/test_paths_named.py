@@ -529,4 +529,58 @@ def test_round_35_logs_a_resume_appends_to_a_board_overwrite_lists_a_column_adde
         r[col] = "0.5"
     (group / "seed1" / "metrics.csv").write_text("".join(",".join(r) + "\n" for r in rows))
     assert main(["compare", str(group)]) == 2
-    assert "hold the same heads.jsonl: one run's logs twice" in capsys.readouterr().err
+    assert "hold heads.jsonl snapshots in common: one run's logs twice" in capsys.readouterr().err
+
+
+def test_round_36_logs_edited_past_the_sixth_digit_heads_in_part_and_a_checkpoint_that_cannot_be_read(
+        finished, tmp_path, capsys):  # noqa: F811
+    """One seed's metrics.csv under another seed with one value changed by 1e-12 (or its seconds), or its heads.jsonl
+    with a snapshot left out or a center moved by 1e-12, counted as another seed; a run stopped while its state.pt
+    could not be read (a FIFO, a folder, no permission) said "no checkpoint was written yet"."""
+    from attnconv.runs.logs_file import metrics_text
+    from attnconv.training.checks import where_the_run_stands
+
+    meta = json.loads((finished / "config.json").read_text())
+    meta["config"]["seed"] = 1
+    rows = __import__("attnconv.runs", fromlist=["read_metrics"]).read_metrics(finished)
+    snaps = [json.loads(line) for line in (finished / "heads.jsonl").read_text().splitlines()]
+    trained = [s for s in snaps if s["epoch"] >= 1]
+    assert trained
+
+    def seed1(group, metrics, heads):
+        shutil.copytree(finished, group / "seed0")
+        (group / "seed1").mkdir()
+        (group / "seed1" / "config.json").write_text(json.dumps(meta))
+        (group / "seed1" / "metrics.csv").write_text(metrics_text(metrics))
+        (group / "seed1" / "heads.jsonl").write_text("".join(json.dumps(s) + "\n" for s in heads))
+
+    edited = [dict(r) for r in rows]
+    edited[-1]["test_loss"] += 1e-12
+    timed = [dict(r) for r in rows]
+    timed[-1]["seconds"] += 5.0
+    own = [dict(r) for r in rows]
+    own[-1]["train_loss"] += 1e-3  # its own run's metrics, for the heads cases
+    moved, others = json.loads(json.dumps(snaps)), json.loads(json.dumps(snaps))
+    moved[-1]["layers"][0][0]["center"][0] += 1e-12
+    for s in others:  # its own run's heads, for the metrics cases
+        s["layers"][0][0]["attention_distance"] += 1e-3
+    for k, (metrics, heads, said) in enumerate((
+            (edited, others, "hold the same metrics.csv"), (timed, others, "hold the same metrics.csv"),
+            (own, snaps[:1] + trained[:1], "hold heads.jsonl snapshots in common"),
+            (own, moved, "hold heads.jsonl snapshots in common"))):
+        group = tmp_path / f"g{k}"
+        seed1(group, metrics, heads)
+        assert main(["compare", str(group)]) == 2
+        assert f"{said}: one run's logs twice" in capsys.readouterr().err
+        if heads is others:
+            assert main(["table", str(group / "seed0"), str(group / "seed1")]) == 2
+            assert "one run's logs twice" in capsys.readouterr().err
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "state.pt").unlink()
+    (run / "state.pt").mkdir()
+    said = where_the_run_stands(run, False, False)
+    assert said.startswith("its checkpoint cannot be read (") and "no checkpoint was written yet" not in said, said
+    (run / "state.pt").rmdir()
+    assert "no checkpoint was written yet" in where_the_run_stands(run, False, False)

@@ -377,13 +377,14 @@ def test_compare_refuses_a_run_counted_twice_or_a_seed_that_is_left_out(finished
     group = tmp_path / "group"
     shutil.copytree(finished, group / "seed0")
 
-    def logs(p, **config):  # the seed's committed logs (a run of its own: its own seconds and heads), config edited
+    def logs(p, **config):  # the seed's committed logs (a run of its own: its own losses and heads), config edited
         p.mkdir()
         snaps = [json.loads(line) for line in (group / "seed0" / "heads.jsonl").read_text().splitlines()]
-        snaps[-1]["layers"][0][0]["attention_distance"] += 1e-3
+        for s in snaps:
+            s["layers"][0][0]["attention_distance"] += 1e-3
         (p / "heads.jsonl").write_text("".join(json.dumps(s) + "\n" for s in snaps))
         rows = read_metrics(group / "seed0")
-        rows[-1]["seconds"] += 1.0
+        rows[-1]["train_loss"] += 1e-3
         (p / "metrics.csv").write_text(metrics_text(rows))
         meta = json.loads((group / "seed0" / "config.json").read_text())
         meta["config"].update(config)

@@ -82,24 +82,25 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
                                 "move the folder out of the group")
         logs: dict[tuple[str, str], Path] = {}
         for p in seeds:  # the same logs twice are one run twice, whatever two config.json say of their seeds
-            for name, digest in (("metrics.csv", logs_digest(read_metrics(p)) if (p / "metrics.csv").is_file()
-                                  else None), ("heads.jsonl", _trained_heads_digest(p))):
-                if digest is not None and (name, digest) in logs:
-                    raise AttnconvError(f"{logs[name, digest]} and {p} hold the same {name}: one run's logs twice; "
-                                        "give each run once")
-                if digest is not None:
-                    logs[name, digest] = p
+            metrics = logs_digest(read_metrics(p)) if (p / "metrics.csv").is_file() else None
+            for name, digest in ((("metrics.csv", metrics),) if metrics else ()) + tuple(
+                    ("heads.jsonl", d) for d in _trained_heads_digests(p)):
+                if (name, digest) in logs:
+                    what = "the same metrics.csv" if name == "metrics.csv" else "heads.jsonl snapshots in common"
+                    raise AttnconvError(f"{logs[name, digest]} and {p} hold {what}: one run's logs twice; give each "
+                                        "run once")
+                logs[name, digest] = p
     return seeds
 
 
-def _trained_heads_digest(run: Path) -> str | None:
-    """What tells one run's heads.jsonl from another's: its snapshots after training began (two seeds may start
-    alike), or None for none (a damaged file is left to the reader that names it)."""
+def _trained_heads_digests(run: Path) -> set[str]:
+    """What tells one run's heads.jsonl from another's: each snapshot after training began, its heads alone (no two
+    seeds share one; two seeds may start alike), to 6 significant digits; none for a damaged file (its reader names
+    it)."""
     try:
-        trained = [s for s in read_heads(run) if s["epoch"] >= 1]
+        return {content_digest(s["layers"]) for s in read_heads(run) if s["epoch"] >= 1}
     except AttnconvError:
-        return None
-    return content_digest(trained) if trained else None
+        return set()
 
 
 def _converted(run: Path) -> bool:

@@ -330,12 +330,25 @@ def _run(argv: list[str] | None, process: bool) -> int:
             why = describe_os_error(err)
         print(f"error: {one_line(where + why)}", file=sys.stderr)
         return 2
-    except (MemoryError, RuntimeError) as err:
-        if not _out_of_memory(err):
+    except Exception as err:  # noqa: BLE001  (re-raised unless it is one of the two below)
+        if _interrupt_inside(err):  # Python 3.11 wraps one landing in a __set_name__ (an import) in a RuntimeError
+            raise KeyboardInterrupt from None
+        if not isinstance(err, (MemoryError, RuntimeError)) or not _out_of_memory(err):
             raise
         print("error: out of memory; give smaller sizes (see the command's --help for the options that set them)",
               file=sys.stderr)
         return 2
+
+
+def _interrupt_inside(err: BaseException) -> bool:
+    """Whether a Ctrl-C's KeyboardInterrupt is among the causes of `err` (code it landed in wrapped it)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 # Characters that are not printable as escapes: control characters (C0, DEL, C1), and Unicode's invisible and

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -136,13 +137,41 @@ def _new_images(path: Path, shape: tuple[int, ...]) -> np.memmap:
     return np.memmap(path, dtype=np.uint8, mode="r+", offset=offset, shape=shape)
 
 
-def read_index(directory: Path) -> dict | None:
-    """The cache's index, or None when it is missing, unreadable or of another format."""
+_MAX_INDEX_BYTES = 16 << 20  # classes' names and statistics: far less
+
+
+def _regular(path: Path) -> bool:
+    """Whether `path` is a regular file (through links): a FIFO or a device in a cache entry would hang a read."""
     try:
-        index = json.loads((directory / INDEX).read_text())
-    except (OSError, ValueError):
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _sound_index(index: object) -> bool:
+    """Whether `index` holds what a load reads, of the types it reads them as (an edited one is rebuilt)."""
+    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT:
+        return False
+    counts = [index.get(k) for k in ("train_size", "test_size", "channels", "size")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts) or counts[2] not in (1, 3):
+        return False
+    classes, stats = index.get("classes"), [index.get("mean"), index.get("std")]
+    return isinstance(classes, list) and all(isinstance(c, str) for c in classes) and all(
+        isinstance(v, list) and len(v) == counts[2] and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                             and math.isfinite(x) for x in v) for v in stats) \
+        and all(x > 0 for x in stats[1])
+
+
+def read_index(directory: Path) -> dict | None:
+    """The cache's index, or None when it is missing, no regular file, unreadable, of another format or unsound."""
+    path = directory / INDEX
+    try:
+        if not _regular(path) or path.stat().st_size > _MAX_INDEX_BYTES:
+            return None
+        index = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return None
-    return index if isinstance(index, dict) and index.get("format") == CACHE_FORMAT else None
+    return index if _sound_index(index) else None
 
 
 def open_cache(directory: Path) -> tuple[dict, np.ndarray, np.ndarray] | None:
@@ -153,7 +182,7 @@ def open_cache(directory: Path) -> tuple[dict, np.ndarray, np.ndarray] | None:
     (writes stay private to the process, the file never changes).
     """
     index = read_index(directory)
-    if index is None:
+    if index is None or not (_regular(directory / IMAGES) and _regular(directory / LABELS)):
         return None
     try:
         images = np.load(directory / IMAGES, mmap_mode="c", allow_pickle=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from pathlib import Path
 
@@ -245,10 +246,12 @@ def where_the_run_stands(out: Path, fresh: bool, untouched: bool, *, data_change
         return f"the run in {out} is as it was (stopped before anything of it was replaced)"
     try:
         step = load_state(out / STATE_FILE)["progress"]["step"]
-    except AttnconvError:
+    except AttnconvError as err:
         if not (out.is_dir() and any(out.iterdir())):  # no run there to --resume (`train` removes a folder it made)
             kept = f"{out} is removed with it" if fresh else f"{out} is left as it was"
             return f"nothing was written, and {kept} (give the same command to start the run)"
+        if os.path.lexists(out / STATE_FILE):  # there, but not readable as one: not "no checkpoint yet"
+            return f"its checkpoint cannot be read ({err})"
         return f"no checkpoint was written yet (`{resume}` starts the run again from step 0)"
     return f"the last good checkpoint (step {step}) is intact; continue with `{resume}`"
 
