@@ -306,7 +306,7 @@ def test_round_36_cache_files_that_are_no_regular_file_or_an_index_of_wrong_type
     index = json.loads((entry / folder_cache.INDEX).read_text())
     damages = [(folder_cache.IMAGES, "fifo"), (folder_cache.LABELS, "fifo"), (folder_cache.INDEX, "fifo"),
                (folder_cache.INDEX, "zero"), (folder_cache.INDEX, json.dumps({**index, "mean": ["x"]})),
-               (folder_cache.INDEX, json.dumps({**index, "std": [0]})), (folder_cache.INDEX, "[" * 100_000),
+               (folder_cache.INDEX, json.dumps({**index, "std": [-1]})), (folder_cache.INDEX, "[" * 100_000),
                (folder_cache.INDEX, json.dumps({**index, "classes": [1, 2, 3, 4]}))]
     for file, damage in damages:
         path = entry / file

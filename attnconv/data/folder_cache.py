@@ -159,7 +159,7 @@ def _sound_index(index: object) -> bool:
     return isinstance(classes, list) and all(isinstance(c, str) for c in classes) and all(
         isinstance(v, list) and len(v) == counts[2] and all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                              and math.isfinite(x) for x in v) for v in stats) \
-        and all(x > 0 for x in stats[1])
+        and all(x >= 0 for x in stats[1])  # 0: images of one colour (refused where a run trains on them)
 
 
 def read_index(directory: Path) -> dict | None:
