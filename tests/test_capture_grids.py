@@ -597,3 +597,56 @@ def test_round_36_windows_in_a_row_or_repeated_a_repeated_class_token_model_appe
         broken.tokens.fill_(float("inf"))
     with pytest.raises(AttnconvError, match=r"attn: its attention scores hold NaN .*so its attention is undefined"):
         capture_attention(broken, torch.randn(2, 1, 28, 36))
+
+
+def test_round_37_a_grid_given_for_one_computation_keeps_the_others_sure_readings_trailing_sites_and_masks():
+    """grid=(2, 2) laid the 4x4 stage of a pyramid on 12 leading tokens and a 2x2 grid, silently (a grid advised for
+    one computation overrode others' sure readings); sites found with trailing= over 32 could not be read by
+    site_probs; NaN or +inf in a mask, or +inf in the queries, gave rows of zeros averaged in."""
+    import torch.nn.functional as F
+
+    class Pyramid(nn.Module):  # 16x16, 8x8, 4x4 and 2x2 tokens of 64x64 images, one SDPA call each
+        def forward(self, x):
+            for p in (4, 8, 16, 32):
+                t = F.avg_pool2d(x, p).flatten(2).transpose(1, 2).repeat(1, 1, 8)
+                F.scaled_dot_product_attention(t[:, None], t[:, None], t[:, None])
+            return x
+
+    with pytest.warns(AttnconvWarning, match=r"16 tokens fit grid=\(2, 2\) only with 12 tokens besides it, while they "
+                                             r"read surely as 4x4: read so; pass grid=\(2, 2\), leading=12 to lay"):
+        records = capture_attention(Pyramid(), torch.randn(1, 1, 64, 64), grid=(2, 2))
+    assert [(r.size, r.left_out) for r in records] == [((16, 16), (0, 0, 0)), ((8, 8), (0, 0, 0)),
+                                                       ((4, 4), (0, 0, 0)), ((2, 2), (0, 0, 0))]
+    with warnings.catch_warnings():  # what the warning says places it there
+        warnings.simplefilter("error", AttnconvWarning)
+        records = capture_attention(Pyramid(), torch.randn(1, 1, 64, 64), grid=(2, 2), leading=12)
+    assert records[2].left_out == (12, 12, 0)
+
+    appended = PatchTokens(4, 0, trail=40).eval()
+    (site,) = attention_sites(appended, (1, 28, 36), grid=(7, 9), trailing=40)
+    x = torch.randn(2, 1, 28, 36)
+    (p,) = site_probs(appended, [site], x)
+    (r,) = capture_attention(appended, x, grid=(7, 9), trailing=40)
+    torch.testing.assert_close(p.double(), r.image_probs().double(), rtol=1e-5, atol=1e-6)
+
+    class Masked(nn.Module):
+        def __init__(self, value, where):
+            super().__init__()
+            self.value, self.where = value, where
+
+        def forward(self, x):
+            t = x.flatten(2).transpose(1, 2).repeat(1, 1, 4)[:, None]  # 16 tokens of 4x4 images
+            mask = torch.zeros(16, 16)
+            if self.where == "mask":
+                mask[3, 5] = self.value
+            else:
+                t = t.clone()
+                t[..., 0, 0] = self.value
+            return F.scaled_dot_product_attention(t, t, t, attn_mask=mask)
+
+    for value, where in ((float("nan"), "mask"), (float("inf"), "mask"), (float("inf"), "queries")):
+        with pytest.raises(AttnconvError, match="its attention scores hold NaN or infinite values .*a mask may hold "
+                                                "-inf, not NaN or \\+inf"):
+            capture_attention(Masked(value, where), torch.randn(2, 1, 4, 4))
+    (r,) = capture_attention(Masked(float("-inf"), "mask"), torch.randn(2, 1, 4, 4))  # -inf masks: as ever
+    assert r.probs[:, 3, 5].abs().max() == 0

@@ -55,13 +55,14 @@ from attnconv.construct.factory import torch_compiled
 from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.limits import format_bytes
 from attnconv.models.captured import (
+    ANY_AFTER,
     KINDS,
     MAX_EXTRA,
     CapturedAttention,
     CapturedLayer,
     check_images,
     declared_layout,
-    grid_fits,
+    given_layout,
     guess_layout,
     image_tokens,
     left_out_note,
@@ -100,8 +101,8 @@ class _Accumulator:
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
                  device: torch.device, where: str, entries: int):
         # A site's own layout first, then grid= and leading=, then the guess.
-        known = capture.grids.get((where, capture.calls.get(where, 0)))
-        lead, grid, trail = (*known, None) if known else (capture.leading, capture.grid, capture.trailing)
+        known = capture.grids.get((where, capture.calls.get(where, 0)))  # a site's: any number after its grid
+        lead, grid, trail = (*known, ANY_AFTER) if known else (capture.leading, capture.grid, capture.trailing)
         self.q, self.k = (capture.reading(n, grid, lead, where, entries, trail) for n in (lq, sk))
         if not (self.q and self.k):  # queries or keys on no grid: every token kept, none said left out
             self.q = self.k = None
@@ -121,10 +122,11 @@ class _Accumulator:
     def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
         """Add a chunk (n, heads, rows, S [+ appended keys]) of scores and probabilities: the query rows row0, row0 + 1,
         ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
-        if torch.isnan(content).any():  # not a masked row (those are -inf): NaN or inf in its queries or keys
-            raise AttnconvError(f"{self.where or '(model)'}: its attention scores hold NaN (NaN or infinite values in "
-                                "what the model computed from the images), so its attention is undefined; check the "
-                                "model's weights and what it computes before this attention")
+        if not torch.isfinite(content).all() or torch.isnan(combined).any() or torch.isposinf(combined).any():
+            raise AttnconvError(f"{self.where or '(model)'}: its attention scores hold NaN or infinite values (from "
+                                "what the model computed, or its mask: a mask may hold -inf, not NaN or +inf), so its "
+                                "attention is undefined; check the model's weights, masks and what it computes before "
+                                "this attention")
         a, b = max(row0, self.lead_q), min(row0 + probs.shape[-2], self.lead_q + self.tq)  # the image query rows
         if b > a:
             rows, keys = slice(a - row0, b - row0), slice(self.lead_k, self.lead_k + self.tk)
@@ -387,13 +389,14 @@ class _Capture(TorchFunctionMode):
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
         """Where `count` tokens lie: on `grid` where it fits (`grid_fits`), else where the model declares, else the
         guess (`guess_layout`), said once a count where it is not sure (the fix being grid=)."""
-        placed = grid_fits(count, grid, leading, trailing)
-        if placed is not None:
+        reading, said = given_layout(count, grid, leading, trailing, self.aspect, entries, self.images) \
+            if grid is not None else (None, None)
+        if reading is not None:
             self.grid_used |= grid == self.grid
-            return placed
-        if self.declared is not None and count == self.declared[0] + self.declared[1][0] * self.declared[1][1]:
+        elif self.declared is not None and count == self.declared[0] + self.declared[1][0] * self.declared[1][1]:
             return self.declared  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
-        reading, said = guess_layout(count, self.aspect, entries, self.images)
+        else:
+            reading, said = guess_layout(count, self.aspect, entries, self.images)
         if said is not None and said not in self.guessed:
             self.guessed.add(said)
             self.warn(f"{where or '(model)'}: {said}")

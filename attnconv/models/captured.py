@@ -133,23 +133,51 @@ def whole_bytes(max_bytes: object) -> int:
     return int(max_bytes)
 
 
+ANY_AFTER = -1  # `grid_fits`'s `trailing` for a layout known for its computation: any number after the grid
+
+
 def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None, trailing: int | None = None
               ) -> tuple[int, tuple[int, int]] | None:
     """(leading tokens, (H, W)) where the given `grid` fits `count` tokens, else None: H*W of them and at most
     MAX_EXTRA besides, all leading; or, with `leading`, that many first (any number) and at most MAX_EXTRA after the
-    image positions, or with `trailing` too, exactly that many after them (any number). (A grid given for one
-    computation is not laid on a longer sequence of another.)"""
+    image positions, or with `trailing` too, exactly that many after them (any number; ANY_AFTER: any number). (A
+    grid given for one computation is not laid on a longer sequence of another.)"""
     if grid is None:
         return None
     h, w = (int(v) for v in grid)
     besides = count - h * w
     if leading is None and trailing is None:
         return (besides, (h, w)) if 0 <= besides <= MAX_EXTRA else None
-    first = besides - (trailing or 0) if leading is None else leading
+    first = besides - max(trailing or 0, 0) if leading is None else leading
     after = besides - first
-    if first >= 0 and (after == trailing if trailing is not None else 0 <= after <= MAX_EXTRA):
+    if first >= 0 and after >= 0 and (trailing == ANY_AFTER or (after == trailing if trailing is not None
+                                                                  else after <= MAX_EXTRA)):
         return first, (h, w)
     return None
+
+
+def given_layout(count: int, grid: tuple[int, int], leading: int | None, trailing: int | None,
+                 images: Sequence[int] | None, entries: int, n_images: int) -> tuple[Reading | None, str | None]:
+    """Where a grid given (`grid=`, with `leading=` and `trailing=` or not) places `count` tokens: (the reading, or
+    None where it does not fit; what to say of it, or None). Laid with tokens it did not place itself (more than one
+    taken as leading, or any taken as appended) it is a guess too: said; and where it took the leading tokens itself
+    and the computation reads surely as something else (`guess_layout`: a Swin's windows under a grid given for its
+    last stage, a pyramid's 4x4 stage under a 2x2 grid), that reading is kept, and said."""
+    placed = grid_fits(count, grid, leading, trailing)
+    if placed is None:
+        return None, None
+    besides = count - grid[0] * grid[1]
+    inferred_lead = placed[0] if leading is None else 0
+    inferred_after = besides - placed[0] if trailing is None else 0
+    if inferred_lead <= 1 and inferred_after == 0:
+        return placed, None
+    given = _grid_words(*placed) + (f", trailing={inferred_after}" if inferred_after else "")
+    own, said = guess_layout(count, images, entries, n_images) if leading is None else (None, None)
+    if own is not None and said is None and own != placed:  # not over a leading= given
+        return own, (f"{count} tokens fit grid=({grid[0]}, {grid[1]}) only with {besides} tokens besides it, while "
+                     f"they read surely as {reading_words(*own)}: read so; pass {given} to lay the grid there")
+    return placed, (f"{count} tokens are read on grid=({grid[0]}, {grid[1]}) with {besides} tokens besides it, a "
+                    f"guess: pass {given} to confirm it, or the leading= and trailing= they have")
 
 
 def image_tokens(count: int, grid: Sequence[int] | None = None, aspect: Sequence[int] | None = None,
