@@ -19,7 +19,7 @@ from fixtures_data import halves, isolated_data, write_image_folder  # noqa: F40
 from PIL import Image
 
 from attnconv import data
-from attnconv.data import decode, folder_cache
+from attnconv.data import decode, folder, folder_cache
 from attnconv.errors import AttnconvError
 
 pytestmark = pytest.mark.usefixtures("isolated_data")
@@ -325,3 +325,23 @@ def test_round_36_cache_files_that_are_no_regular_file_or_an_index_of_wrong_type
         again, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
         assert torch.equal(again.images, first.images) and torch.equal(again.labels, first.labels)
         assert caches() == [entry] and hidden() == []
+
+
+def test_round_37_an_index_edited_to_values_of_the_right_type_is_rebuilt(tmp_path):
+    """index.json's classes set to ["a", "b", "c"] or swapped, or a mean of 1e308 or a spread of 1e-320, was trusted:
+    a 3-class model trained on 2-class data in silence, or `eval` told to restore data that never changed. An index
+    that does not say what its folder holds, or holds statistics no folder of images has, is rebuilt."""
+    write_image_folder(tmp_path / "d")
+    first, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+    info = folder.folder_info(tmp_path / "d", 8)
+    (entry,) = caches()
+    index = json.loads((entry / folder_cache.INDEX).read_text())
+    classes = list(index["classes"])
+    for edit in ({"classes": [*classes, "extra"]}, {"classes": classes[::-1]}, {"classes": [classes[0]] * len(classes)},
+                 {"mean": [1e308] * len(index["mean"])}, {"std": [1e-320] * len(index["std"])},
+                 {"train_size": index["train_size"] - 1}):
+        (entry / folder_cache.INDEX).write_text(json.dumps({**index, **edit}))
+        again, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+        assert torch.equal(again.images, first.images) and torch.equal(again.labels, first.labels), edit
+        assert folder.folder_info(tmp_path / "d", 8) == info, edit
+        assert json.loads((entry / folder_cache.INDEX).read_text()) == index, edit

@@ -584,3 +584,32 @@ def test_round_36_logs_edited_past_the_sixth_digit_heads_in_part_and_a_checkpoin
     assert said.startswith("its checkpoint cannot be read (") and "no checkpoint was written yet" not in said, said
     (run / "state.pt").rmdir()
     assert "no checkpoint was written yet" in where_the_run_stands(run, False, False)
+
+
+def test_round_37_a_cut_state_a_help_into_a_full_stdout_and_heads_without_their_start(finished, tmp_path, capsys):  # noqa: F811
+    """A state.pt cut at 5,000 to 50,000 bytes was "cannot read the training state (Invalid argument)"; `--help` with
+    stdout full exited 0 with nothing written; compare's "heads.jsonl does not start at initialization" gave no fix."""
+    import subprocess
+    import sys
+
+    from attnconv.runs.files import load_state
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    whole = (run / "state.pt").read_bytes()
+    for cut in (100, 5_000, 20_000, len(whole) // 2, len(whole) - 10):
+        (run / "state.pt").write_bytes(whole[:cut])
+        with pytest.raises(AttnconvError, match=r"cannot read the training state: the file is corrupt \(truncated"):
+            load_state(run / "state.pt")
+    for argv in (["--help"], ["eval", "--help"], ["plot", "distance", "--help"]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "attnconv", *argv], stdout=full, stderr=subprocess.PIPE,
+                                  text=True, timeout=120)
+        assert (proc.returncode, proc.stderr) == (2, "error: standard output: no space left on the device; free some "
+                                                     "space\n"), (argv, proc.returncode, proc.stderr)
+    (run / "state.pt").write_bytes(whole)
+    snaps = (run / "heads.jsonl").read_text().splitlines()
+    (run / "heads.jsonl").write_text("\n".join(snaps[1:]) + "\n")  # its start lost (a resume wrote it anew)
+    assert main(["compare", str(run)]) == 2
+    assert "does not start at initialization (epoch 0); restore it from a copy of the run, or move it out of the run " \
+           "folder" in capsys.readouterr().err

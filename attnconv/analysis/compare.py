@@ -178,7 +178,9 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
         heads_runs += 1
         first, last = snaps[0], _snapshot(snaps, epoch, run)
         if first["epoch"] != 0:
-            raise AttnconvError(f"{run}: heads.jsonl does not start at initialization (epoch 0)")
+            raise AttnconvError(f"{run}: heads.jsonl does not start at initialization (epoch 0); restore it from a "
+                                "copy of the run, or move it out of the run folder (the run is then compared by its "
+                                "accuracy alone)")
         moved = center_displacement(first, last)
         if layers is None:
             layers = len(moved)
@@ -233,7 +235,8 @@ def displacement_history(group: str | os.PathLike) -> dict[str, Any]:
     for run in group_runs(group):
         snaps = {s["epoch"]: s for s in _checked_heads(run, _whole_run(run))}  # a replayed epoch: the last record wins
         if 0 not in snaps:
-            raise AttnconvError(f"{run}: heads.jsonl has no snapshot at initialization (epoch 0)")
+            raise AttnconvError(f"{run}: heads.jsonl has no snapshot at initialization (epoch 0); restore it from a "
+                                "copy of the run, or leave the run out of the group")
         histories.append({e: center_displacement(snaps[0], s) for e, s in snaps.items()})
     epochs = sorted(set.intersection(*(set(h) for h in histories)))
     return {"epochs": epochs,

@@ -48,6 +48,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401
         raise AttnconvError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """argparse's, without its silence on a failed write: `--help > /dev/full` is said, as for commands."""
+        if message:
+            (file or sys.stderr).write(message)
+
 
 # The range of every numeric flag that is not a config field (inclusive, by argparse dest); the
 # config fields' flags take theirs from the fields (`attnconv.options`). `ranges()` merges both and
@@ -297,7 +302,12 @@ def _run(argv: list[str] | None, process: bool) -> int:
         parser = build_parser()
         if previous is not None:  # the command's own code: Ctrl-C is a KeyboardInterrupt it may clean up after
             signal.signal(signal.SIGINT, previous)
-        args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+        try:
+            args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+        except SystemExit as done:  # --help: what it printed must reach stdout (a full one is said, as for commands)
+            if done.code in (0, None) and sys.stdout is not None:
+                sys.stdout.flush()
+            raise
         check_ranges(args, parser)
         answers = args.command in _ANSWERS or (args.command == "bench" and not (getattr(args, "json", None)
                                                                                or getattr(args, "markdown", None)))

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from attnconv.data import decode
-from attnconv.data.folder_cache import build_cache, open_cache, prune, remove_dead_temporaries
+from attnconv.data.folder_cache import build_cache, discard, open_cache, prune, remove_dead_temporaries
 from attnconv.data.folder_layout import FolderLayout, scan_folder
 from attnconv.data.imageset import ImageSet
 from attnconv.data.info import DatasetInfo
@@ -154,6 +154,9 @@ def _prepare(root: Path, image_size: int) -> tuple[DatasetInfo, np.ndarray, np.n
     target = cache_dir() / "folders" / layout.cache_key(size)
     remove_dead_temporaries(target.parent)
     cached = open_cache(target)
+    if cached is not None and not _index_fits(cached[0], layout):  # edited: rebuilt, never trusted
+        cached = None
+        discard(target)
     if cached is None:
         _check_fits(layout, 1, size)  # fail fast, before opening every file, if even grey cannot fit
         with decode.quiet():  # once for all the threads: their own catch_warnings race each other
@@ -175,6 +178,14 @@ def _prepare(root: Path, image_size: int) -> tuple[DatasetInfo, np.ndarray, np.n
         stats_source=f"channel_stats() over the {index['train_size']} training images of {layout.root} at {size}x{size}",
     )
     return info, images, labels, info.train_size
+
+
+def _index_fits(index: dict, layout: FolderLayout) -> bool:
+    """Whether a cache entry's index says what its folder holds (classes, split sizes), with statistics a folder of
+    images can have (in [0, 1], a spread of 0 or one that uint8 pixels can make): an edited one is rebuilt."""
+    stats_ok = all(0 <= m <= 1 for m in index["mean"]) and all(s == 0 or 1e-9 <= s <= 0.5 for s in index["std"])
+    return stats_ok and index["classes"] == list(layout.classes) and index["train_size"] == len(layout.train) \
+        and index["test_size"] == len(layout.test)
 
 
 def folder_info(root: Path, image_size: int = DEFAULT_IMAGE_SIZE) -> DatasetInfo:

@@ -226,14 +226,7 @@ def build_cache(
             if target.exists():
                 if open_cache(target) is not None:  # another process (a second DDP rank) built it meanwhile
                     return
-                # an inconsistent cache: a directory cannot be renamed over a non-empty one, move it aside
-                old = Path(tempfile.mkdtemp(
-                    dir=target.parent, prefix=f".{target.name}.old.{writer_tag(os.getpid())}.", suffix=TMP_SUFFIX
-                ))
-                try:
-                    os.replace(target, old / "x")
-                finally:  # moved, or refused (an entry of another user's): the folder made for it goes
-                    shutil.rmtree(old, ignore_errors=True)
+                _move_aside(target)  # an inconsistent cache: a directory cannot be renamed over a non-empty one
             try:
                 os.replace(tmp, target)
             except OSError:
@@ -244,6 +237,25 @@ def build_cache(
             raise _cache_error(target, e, math.prod(shape)) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_aside(target: Path) -> None:
+    """Move the entry `target` out of the way under a temporary name, then delete it (an OSError if it cannot move)."""
+    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old.{writer_tag(os.getpid())}.",
+                                suffix=TMP_SUFFIX))
+    try:
+        os.replace(target, old / "x")
+    finally:  # moved, or refused (an entry of another user's): the folder made for it goes
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(target: Path) -> None:
+    """Remove the entry `target`, one that does not say what its folder holds (an edited index), before it is
+    built again; one AttnconvError if it cannot be."""
+    try:
+        _move_aside(target)
+    except OSError as e:
+        raise _cache_error(target, e, 0) from e
 
 
 def prune(target: Path, same_source: Callable[[dict], bool]) -> None:

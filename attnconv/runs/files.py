@@ -4,6 +4,7 @@ heads.jsonl heads_file.py's."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -136,6 +137,9 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     except IsADirectoryError:
         raise DamagedFile(f"{path} is a directory, not a training state", fix) from None
     except OSError as err:
+        if err.errno in (errno.EINVAL, None):  # torch's reader seeking past the end of a file cut short: corrupt
+            raise DamagedFile(f"{path}: cannot read the training state: the file is corrupt (truncated, damaged, or "
+                              "not written by torch.save)", fix) from None
         raise DamagedFile(f"{path}: cannot read the training state ({err.strerror or err})", fix) from None
     except Exception as err:  # corrupt or foreign file: unpickling errors of many kinds
         # torch's own message suggests weights_only=False, which would run whatever the file asks: never.
