@@ -320,7 +320,7 @@ def test_a_grid_that_fits_no_computation_is_said():
     15x15 after 22."""
     model, x = PatchTokens(16, 51).eval(), torch.randn(1, 1, 224, 224)
     with pytest.warns(AttnconvWarning, match=r"grid=\(14, 14\) fits none of the model's attention computations \(of "
-                                             r"247 tokens\): a grid places at most 32 tokens besides it; give leading="):
+                                             r"247 tokens\): a grid alone places at most 32 tokens besides it; give leading="):
         capture_attention(model, x, grid=(14, 14))
     (r,) = capture_attention(model, x, grid=(14, 14), leading=51)
     assert (r.size, r.left_out) == ((14, 14), (51, 51, 0))
@@ -578,8 +578,8 @@ def test_round_36_windows_in_a_row_or_repeated_a_repeated_class_token_model_appe
         capture_attention(PatchTokens(8, 48).eval(), torch.randn(2, 1, 56, 56))
 
     appended = PatchTokens(4, 0, trail=40).eval()
-    with pytest.warns(AttnconvWarning, match=r"fits none of the model's attention computations .*give leading= \(and "
-                                             r"trailing=\)"):
+    with pytest.warns(AttnconvWarning, match=r"fits none of the model's attention computations .*: give the grid, "
+                                             r"leading= and trailing= the image positions have"):
         capture_attention(appended, torch.randn(1, 1, 28, 36), grid=(7, 9), leading=0)
     (r,) = capture_attention(appended, torch.randn(1, 1, 28, 36), grid=(7, 9), leading=0, trailing=40)
     assert (r.size, r.left_out) == ((7, 9), (0, 0, 40))
@@ -595,7 +595,8 @@ def test_round_36_windows_in_a_row_or_repeated_a_repeated_class_token_model_appe
     broken = PatchTokens(4, 1).eval()
     with torch.no_grad():
         broken.tokens.fill_(float("inf"))
-    with pytest.raises(AttnconvError, match=r"attn: its attention scores hold NaN .*so its attention is undefined"):
+    with pytest.raises(AttnconvError, match=r"attn: its (attention scores|queries and keys) hold NaN .*so its attention "
+                                            r"is undefined"):
         capture_attention(broken, torch.randn(2, 1, 28, 36))
 
 
@@ -650,3 +651,69 @@ def test_round_37_a_grid_given_for_one_computation_keeps_the_others_sure_reading
             capture_attention(Masked(value, where), torch.randn(2, 1, 4, 4))
     (r,) = capture_attention(Masked(float("-inf"), "mask"), torch.randn(2, 1, 4, 4))  # -inf masks: as ever
     assert r.probs[:, 3, 5].abs().max() == 0
+
+
+def test_round_38_a_grid_given_keeps_sure_and_declared_readings_and_scores_past_the_models_precision_are_refused():
+    """grid=(7, 7) given for a pooled 7x7 computation read the 50 tokens of 80x160 images (5x10, sure) as a class
+    token and 7x7, silently; a grid laid with leading tokens it inferred replaced a layout the model declares; scores
+    past what float32 holds (scale 1e200) gave a finite map where the model's own attention was NaN."""
+    import torch.nn.functional as F
+
+    def attend(t):
+        q = t.reshape(len(t), t.shape[1], 2, 4).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q)
+
+    class Pooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Conv2d(1, 8, 16, 16)
+
+        def forward(self, x):
+            g = self.embed(x)
+            attend(g.flatten(2).transpose(1, 2))
+            return attend(F.adaptive_avg_pool2d(g, 7).flatten(2).transpose(1, 2))
+
+    with pytest.warns(AttnconvWarning, match=r"50 tokens fit grid=\(7, 7\) only with 1 token besides it, while they read "
+                                             r"surely as 5x10: read so; pass grid=\(7, 7\), leading=1 to lay the grid"):
+        records = capture_attention(Pooled().eval(), torch.randn(1, 1, 80, 160), grid=(7, 7))
+    assert [(r.size, r.left_out) for r in records] == [((5, 10), (0, 0, 0)), ((7, 7), (0, 0, 0))]
+
+    class Embed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch_size, self.proj = (16, 16), nn.Conv2d(1, 8, 16, 16)
+
+    class Declares(nn.Module):  # timm's convention: 5 tokens before the 14x14 patch grid, then a pooled 13x15
+        num_prefix_tokens = 5
+
+        def __init__(self):
+            super().__init__()
+            self.patch_embed = Embed()
+
+        def forward(self, x):
+            g = self.patch_embed.proj(x)
+            attend(torch.cat([torch.zeros(len(x), 5, 8), g.flatten(2).transpose(1, 2)], 1))
+            return attend(F.adaptive_avg_pool2d(g, (13, 15)).flatten(2).transpose(1, 2))
+
+    with pytest.warns(AttnconvWarning, match=r"201 tokens fit grid=\(13, 15\) only with 6 tokens besides it, while they "
+                                             r"read as the model declares as 14x14 after 5 leading tokens"):
+        records = capture_attention(Declares().eval(), torch.randn(1, 1, 224, 224), grid=(13, 15))
+    assert [(r.size, r.left_out) for r in records] == [((14, 14), (5, 5, 0)), ((13, 15), (0, 0, 0))]
+
+    class Scaled(nn.Module):
+        def __init__(self, scale, dtype):
+            super().__init__()
+            self.embed, self.scale = nn.Conv2d(1, 8, 4, 4).to(dtype), scale
+
+        def forward(self, x):
+            q = self.embed(x).flatten(2).transpose(1, 2).reshape(len(x), 16, 2, 4).transpose(1, 2)
+            return F.scaled_dot_product_attention(q, q, q, scale=self.scale)
+
+    for dtype in (torch.float32, torch.bfloat16):
+        model, x = Scaled(1e200, dtype).eval(), torch.randn(2, 1, 16, 16, dtype=dtype)
+        assert not torch.isfinite(model(x)).all()  # the model's own attention
+        with pytest.raises(AttnconvError, match=r"its attention scores reach .*, past what float32 holds, where the "
+                                                r"model computes them"):
+            capture_attention(model, x)
+    (r,) = capture_attention(Scaled(1e30, torch.float32).eval(), torch.randn(2, 1, 16, 16))  # within float32: as ever
+    assert torch.isfinite(r.probs).all()

@@ -61,6 +61,7 @@ from attnconv.models.captured import (
     CapturedAttention,
     CapturedLayer,
     check_images,
+    check_scores,
     declared_layout,
     given_layout,
     guess_layout,
@@ -109,7 +110,7 @@ class _Accumulator:
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
         self.trailing = sk - self.lead_k - self.tk + trailing  # keys after the image positions: appended, bias_k
-        tq, tk, self.where = self.tq, self.tk, where
+        tq, tk, self.where, self.source = self.tq, self.tk, where, dtype
         self.dtype = torch.float64 if dtype == torch.float64 else torch.float32
         capture.reserve(heads * tq * tk * self.dtype.itemsize * (3 if capture.scores else 1), where,
                         f"{heads} heads x {tq} x {tk} tokens")
@@ -122,11 +123,7 @@ class _Accumulator:
     def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
         """Add a chunk (n, heads, rows, S [+ appended keys]) of scores and probabilities: the query rows row0, row0 + 1,
         ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
-        if not torch.isfinite(content).all() or torch.isnan(combined).any() or torch.isposinf(combined).any():
-            raise AttnconvError(f"{self.where or '(model)'}: its attention scores hold NaN or infinite values (from "
-                                "what the model computed, or its mask: a mask may hold -inf, not NaN or +inf), so its "
-                                "attention is undefined; check the model's weights, masks and what it computes before "
-                                "this attention")
+        check_scores(content, combined, self.source, self.where)
         a, b = max(row0, self.lead_q), min(row0 + probs.shape[-2], self.lead_q + self.tq)  # the image query rows
         if b > a:
             rows, keys = slice(a - row0, b - row0), slice(self.lead_k, self.lead_k + self.tk)
@@ -241,6 +238,7 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     d = e // h
     q = F.linear(query.double(), w_q.detach().double(), None if b_q is None else b_q.detach().double())  # (B, L, E)
     k = F.linear(key.double(), w_k.detach().double(), None if b_k is None else b_k.detach().double())  # (B, S, E)
+    check_scores(torch.cat([q.flatten(), k.flatten()]), None, query.dtype, where, "queries and keys")
     trailing = 0
     if bias_k is not None:
         k = torch.cat([k, bias_k.detach().double().reshape(1, 1, e).expand(B, 1, e)], dim=1)
@@ -389,12 +387,14 @@ class _Capture(TorchFunctionMode):
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
         """Where `count` tokens lie: on `grid` where it fits (`grid_fits`), else where the model declares, else the
         guess (`guess_layout`), said once a count where it is not sure (the fix being grid=)."""
-        reading, said = given_layout(count, grid, leading, trailing, self.aspect, entries, self.images) \
+        declared = self.declared if self.declared is not None \
+            and count == self.declared[0] + self.declared[1][0] * self.declared[1][1] else None
+        reading, said = given_layout(count, grid, leading, trailing, self.aspect, entries, self.images, declared) \
             if grid is not None else (None, None)
         if reading is not None:
             self.grid_used |= grid == self.grid
-        elif self.declared is not None and count == self.declared[0] + self.declared[1][0] * self.declared[1][1]:
-            return self.declared  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
+        elif declared is not None:
+            return declared  # what the model declares (attnconv's ViT, timm's num_prefix_tokens and patch size)
         else:
             reading, said = guess_layout(count, self.aspect, entries, self.images)
         if said is not None and said not in self.guessed:
@@ -588,6 +588,8 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
         if counts:
             capture.warn(
                 f"grid=({grid[0]}, {grid[1]}) fits none of the model's attention computations (of "
-                f"{', '.join(map(str, counts[:5]))} tokens): a grid places at most {MAX_EXTRA} tokens besides it; "
-                "give leading= (and trailing=) with it for more, or the grid the image positions have")
+                f"{', '.join(map(str, counts[:5]))} tokens): " + (
+                    f"a grid alone places at most {MAX_EXTRA} tokens besides it; give leading= (and trailing=) with "
+                    "it for more, or the grid the image positions have" if leading is None and trailing is None else
+                    "give the grid, leading= and trailing= the image positions have"))
     return capture.records

@@ -125,6 +125,27 @@ def check_images(images: object, grid: Sequence[int] | None) -> None:
                                 "which make attention undefined; give images with finite values")
 
 
+def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, where: str,
+                 what: str = "attention scores") -> None:
+    """One AttnconvError where a computation's attention is undefined: its scores (recomputed in float64) hold NaN or
+    infinite values (from what the model computed, or a mask of NaN or +inf: a mask may hold -inf), or values the
+    model's own precision cannot hold (`source`: float32 for a float32, float16 or bfloat16 model, whose score
+    kernels accumulate in float32; the queries and keys of a half-precision projection in their own dtype), where
+    the model's attention is NaN while the recomputation stays finite."""
+    bad = not torch.isfinite(content).all() or (combined is not None and (
+        torch.isnan(combined).any() or torch.isposinf(combined).any()))
+    if not bad and source.is_floating_point and source != torch.float64:
+        held = source if combined is None and source in (torch.float16, torch.bfloat16) else torch.float32
+        if float(content.abs().max()) > torch.finfo(held).max:
+            raise AttnconvError(f"{where or '(model)'}: its {what} reach {float(content.abs().max()):.3g}, past what "
+                                f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "
+                                "attention is not a number there; check the model's weights, scale and inputs")
+    if bad:
+        raise AttnconvError(f"{where or '(model)'}: its {what} hold NaN or infinite values (from what the model "
+                            "computed, or its mask: a mask may hold -inf, not NaN or +inf), so its attention is "
+                            "undefined; check the model's weights, masks and what it computes before this attention")
+
+
 def whole_bytes(max_bytes: object) -> int:
     """`max_bytes` as an int, or one AttnconvError: a positive whole number of bytes."""
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
@@ -157,25 +178,30 @@ def grid_fits(count: int, grid: Sequence[int] | None, leading: int | None = None
 
 
 def given_layout(count: int, grid: tuple[int, int], leading: int | None, trailing: int | None,
-                 images: Sequence[int] | None, entries: int, n_images: int) -> tuple[Reading | None, str | None]:
+                 images: Sequence[int] | None, entries: int, n_images: int, declared: Reading | None = None
+                 ) -> tuple[Reading | None, str | None]:
     """Where a grid given (`grid=`, with `leading=` and `trailing=` or not) places `count` tokens: (the reading, or
-    None where it does not fit; what to say of it, or None). Laid with tokens it did not place itself (more than one
-    taken as leading, or any taken as appended) it is a guess too: said; and where it took the leading tokens itself
-    and the computation reads surely as something else (`guess_layout`: a Swin's windows under a grid given for its
-    last stage, a pyramid's 4x4 stage under a 2x2 grid), that reading is kept, and said."""
+    None where it does not fit; what to say of it, or None). Where it took leading tokens itself and the computation
+    reads surely as something else, or as the model `declared` it (`guess_layout`: 50 tokens of 80x160 images are
+    5x10, not a class token and a 7x7 grid given for another computation; a Swin's windows under a grid given for its
+    last stage), that reading is kept, and said. Otherwise, laid with tokens it did not place itself (more than one
+    taken as leading, or any taken as appended) it is a guess too: said."""
     placed = grid_fits(count, grid, leading, trailing)
     if placed is None:
         return None, None
     besides = count - grid[0] * grid[1]
     inferred_lead = placed[0] if leading is None else 0
     inferred_after = besides - placed[0] if trailing is None else 0
-    if inferred_lead <= 1 and inferred_after == 0:
+    if inferred_lead == 0 and inferred_after == 0:
         return placed, None
     given = _grid_words(*placed) + (f", trailing={inferred_after}" if inferred_after else "")
-    own, said = guess_layout(count, images, entries, n_images) if leading is None else (None, None)
-    if own is not None and said is None and own != placed:  # not over a leading= given
-        return own, (f"{count} tokens fit grid=({grid[0]}, {grid[1]}) only with {besides} tokens besides it, while "
-                     f"they read surely as {reading_words(*own)}: read so; pass {given} to lay the grid there")
+    own, said = (declared, None) if declared is not None else guess_layout(count, images, entries, n_images)
+    if leading is None and own is not None and said is None and own != placed:  # not over a leading= given
+        return own, (f"{count} tokens fit grid=({grid[0]}, {grid[1]}) only with {besides} token{'s' * (besides > 1)} "
+                     f"besides it, while they read {'as the model declares' if declared else 'surely'} as "
+                     f"{reading_words(*own)}: read so; pass {given} to lay the grid there")
+    if inferred_lead <= 1 and inferred_after == 0:
+        return placed, None
     return placed, (f"{count} tokens are read on grid=({grid[0]}, {grid[1]}) with {besides} tokens besides it, a "
                     f"guess: pass {given} to confirm it, or the leading= and trailing= they have")
 
