@@ -345,3 +345,35 @@ def test_round_37_an_index_edited_to_values_of_the_right_type_is_rebuilt(tmp_pat
         assert torch.equal(again.images, first.images) and torch.equal(again.labels, first.labels), edit
         assert folder.folder_info(tmp_path / "d", 8) == info, edit
         assert json.loads((entry / folder_cache.INDEX).read_text()) == index, edit
+
+
+def test_round_38_an_index_edited_within_range_is_rebuilt_and_one_colour_training_images_are_refused(tmp_path, capsys):
+    """A mean of 0.5 where the folder's is 0.39 (a value a folder could have) was trusted: `eval` sent to restore data
+    that never changed, `train` writing the edited statistics into its config.json. The index is sealed when
+    written; an edited one is rebuilt. Training images all of one value (a spread of 0) blamed the run's own new
+    config.json and left it behind: refused naming the dataset, before any file is written."""
+    from PIL import Image
+
+    from attnconv.cli import main
+
+    write_image_folder(tmp_path / "d")
+    first, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+    (entry,) = caches()
+    index = json.loads((entry / folder_cache.INDEX).read_text())
+    for edit in ({"mean": [0.5] * len(index["mean"])}, {"std": [0.25] * len(index["std"])}, {"size": 8}):
+        (entry / folder_cache.INDEX).write_text(json.dumps({**index, **edit}))
+        folder.folder_info(tmp_path / "d", 8)
+        assert json.loads((entry / folder_cache.INDEX).read_text()) == index, edit
+
+    flat = tmp_path / "flat"
+    for split, count in (("train", 4), ("test", 2)):
+        for cls in ("a", "b"):
+            (flat / split / cls).mkdir(parents=True)
+            for i in range(count):
+                value = 128 if split == "train" else 40 * i + (cls == "b") * 10
+                Image.new("L", (8, 8), value).save(flat / split / cls / f"{i}.png")
+    out = tmp_path / "run"
+    assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4", "--max-steps",
+                 "1", "--no-progress", "--dataset", f"folder:{flat}", "--out", str(out)]) == 2
+    assert "its training images are all of one value in channel 0 (a spread of 0)" in capsys.readouterr().err
+    assert not out.exists()

@@ -148,9 +148,20 @@ def _regular(path: Path) -> bool:
         return False
 
 
+def _seal(index: dict) -> str:
+    """The digest an index is written with (all of it but the digest): one edited by hand no longer matches it."""
+    rest = {k: v for k, v in index.items() if k != "sealed"}
+    return hashlib.blake2b(json.dumps(rest, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def _sealed(index: dict) -> dict:
+    return {**{k: v for k, v in index.items() if k != "sealed"}, "sealed": _seal(index)}
+
+
 def _sound_index(index: object) -> bool:
-    """Whether `index` holds what a load reads, of the types it reads them as (an edited one is rebuilt)."""
-    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT:
+    """Whether `index` is as it was written (its seal) and holds what a load reads, of the types it reads them as
+    (an edited one, even to values a folder could have, is rebuilt)."""
+    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT or index.get("sealed") != _seal(index):
         return False
     counts = [index.get(k) for k in ("train_size", "test_size", "channels", "size")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts) or counts[2] not in (1, 3):
@@ -222,7 +233,8 @@ def build_cache(
             _fsync(tmp / IMAGES)
             np.save(tmp / LABELS, labels.astype(np.int64), allow_pickle=False)
             _fsync(tmp / LABELS)
-            atomic_write(tmp / INDEX, lambda p: p.write_text(json.dumps({"format": CACHE_FORMAT, **index}, indent=1)))
+            sealed = _sealed({"format": CACHE_FORMAT, **index})
+            atomic_write(tmp / INDEX, lambda p: p.write_text(json.dumps(sealed, indent=1)))
             if target.exists():
                 if open_cache(target) is not None:  # another process (a second DDP rank) built it meanwhile
                     return
