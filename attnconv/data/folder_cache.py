@@ -155,7 +155,7 @@ def _seal(index: dict) -> str:
 
 
 def _sealed(index: dict) -> dict:
-    return {**{k: v for k, v in index.items() if k != "sealed"}, "sealed": _seal(index)}
+    return {**index, "sealed": _seal(index)}
 
 
 def _sound_index(index: object) -> bool:

@@ -238,7 +238,8 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     d = e // h
     q = F.linear(query.double(), w_q.detach().double(), None if b_q is None else b_q.detach().double())  # (B, L, E)
     k = F.linear(key.double(), w_k.detach().double(), None if b_k is None else b_k.detach().double())  # (B, S, E)
-    check_scores(torch.cat([q.flatten(), k.flatten()]), None, query.dtype, where, "queries and keys")
+    for projected in (q, k):  # a half-precision projection past its dtype: the model's own q, k are inf
+        check_scores(projected, None, query.dtype, where, "queries and keys")
     trailing = 0
     if bias_k is not None:
         k = torch.cat([k, bias_k.detach().double().reshape(1, 1, e).expand(B, 1, e)], dim=1)

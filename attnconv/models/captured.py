@@ -132,12 +132,12 @@ def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, 
     model's own precision cannot hold (`source`: float32 for a float32, float16 or bfloat16 model, whose score
     kernels accumulate in float32; the queries and keys of a half-precision projection in their own dtype), where
     the model's attention is NaN while the recomputation stays finite."""
-    bad = not torch.isfinite(content).all() or (combined is not None and (
-        torch.isnan(combined).any() or torch.isposinf(combined).any()))
+    peak = float(content.abs().amax()) if content.numel() else 0.0  # NaN or inf if any value is
+    bad = not math.isfinite(peak) or (combined is not None and bool((combined.isnan() | combined.isposinf()).any()))
     if not bad and source.is_floating_point and source != torch.float64:
         held = source if combined is None and source in (torch.float16, torch.bfloat16) else torch.float32
-        if float(content.abs().max()) > torch.finfo(held).max:
-            raise AttnconvError(f"{where or '(model)'}: its {what} reach {float(content.abs().max()):.3g}, past what "
+        if peak > torch.finfo(held).max:
+            raise AttnconvError(f"{where or '(model)'}: its {what} reach {peak:.3g}, past what "
                                 f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "
                                 "attention is not a number there; check the model's weights, scale and inputs")
     if bad:
@@ -337,10 +337,11 @@ def guess_layout(count: int, images: Sequence[int] | None, entries: int, n_image
     grids of the images after more than MAX_EXTRA leading tokens (fewer than their own), where the guess is a grid
     the images' patches do not give (57 registers and 8x8 read as 11x11)."""
     folded, per, rivals = windows_folded(count, entries, n_images, images), entries // max(n_images, 1), None
-    if folded == LOOSE and per <= REPEATS and sure_reading(image_tokens(count, None, images), images):
+    own = image_tokens(count, None, images)
+    if folded == LOOSE and per <= REPEATS and sure_reading(own, images):
         folded, window = 0, image_tokens(count, None, None)  # loose windows, or the images' own grid repeated:
         rivals = [([window], "fits windows folded into the batch (one row of them, or several sets an image)")] \
-            if window != image_tokens(count, None, images) else []  # the repeat is the likelier
+            if window != own else []  # the repeat is the likelier
     shape = None if folded else images
     reading = image_tokens(count, None, shape)
     if reading is None:
