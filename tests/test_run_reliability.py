@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_train import REPO, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
 
 import attnconv.training.loop as loop
@@ -706,3 +707,76 @@ def test_run_knows_its_data_by_content_an_unordered_digest_that_is_no_digest_is_
     del meta["data"]["digest"]["test_unordered"], meta["data"]["digest"]["train_unordered"]  # an old run's record
     (out / "config.json").write_text(json.dumps(meta))
     assert sorted(read_config(out)["data"]["digest"]) == ["test", "train"]
+
+
+def _flip_inside(path: Path, start: int, end: int) -> None:
+    """One byte of `path` inverted, halfway between offsets `start` and `end`."""
+    data = bytearray(path.read_bytes())
+    data[(start + end) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_round_38_s1_a_byte_changed_inside_a_checkpoint_tensor_is_corrupt(finished, data_dir, tmp_path,  # noqa: F811
+                                                                          capsys):
+    """A byte flipped inside a tensor of state.pt was resumed from (or stopped the run as "non-finite" with the
+    checkpoint called intact), and one inside model.safetensors gave other numbers: neither file had a checksum
+    of its tensors. state.pt's zip records carry torch's CRC-32s (torch does not check them; `load_state` does)
+    and model.safetensors records a checksum of its tensors in its metadata."""
+    import zipfile
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    with zipfile.ZipFile(out / "state.pt") as archive:  # the largest tensor's record
+        record = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        start = record.header_offset + 30 + len(record.filename.encode()) + len(record.extra)
+    sound = (out / "state.pt").read_bytes()
+    _flip_inside(out / "state.pt", start, start + record.file_size)
+    before = tree(out)
+    for argv in (tiny_args(out, data_dir, *ONE_EPOCH, "--resume"),):
+        capsys.readouterr()
+        code = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1, (argv, err)
+        assert f"{out / 'state.pt'}: cannot read the training state: the file is corrupt (the bytes of its record " \
+               f"{record.filename} are not the ones written" in err[0], err
+        assert err[0].endswith("restore it from a copy of the run; without it the run cannot be resumed: train it "
+                               "again into a new --out, or over this one with --overwrite"), err
+    assert tree(out) == before
+    with pytest.raises(AttnconvError, match="record archive/data/"):
+        load_state(out / "state.pt")
+    (out / "state.pt").write_bytes(sound)
+
+    path = out / "model.safetensors"
+    size = int.from_bytes(path.read_bytes()[:8], "little")
+    _flip_inside(path, 8 + size, path.stat().st_size)
+    for argv in (["eval", str(out), "--data-dir", str(data_dir)], ["analyze", str(out)]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0] == (
+            f"error: {path}: corrupt weights file (its tensors' bytes are not the ones written: the file changed on "
+            "disk since (a damaged disk or copy, or an edit)); restore it from a copy of the run, or train the run "
+            "again"), err
+    # Weights without a checksum (written before it, or by another tool) read as before; one written with a
+    # checksum is whole again once rewritten; a state written where torch's CRCs were turned off still has them.
+    from attnconv.runs.files import CHECKSUM_KEY, state_bytes
+
+    tensors = load_file(str(finished / "model.safetensors"))
+    save_file(tensors, str(path), metadata={k: v for k, v in _metadata(finished).items() if k != CHECKSUM_KEY})
+    assert main(["analyze", str(out)]) == 0
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        data = state_bytes(load_state(finished / "state.pt"))
+    finally:
+        torch.serialization.set_crc32_options(crc)
+    (out / "state.pt").write_bytes(data)
+    assert load_state(out / "state.pt")["progress"]["step"] == load_state(finished / "state.pt")["progress"]["step"]
+
+
+def _metadata(run_dir: Path) -> dict[str, str]:
+    from attnconv.runs.files import weights_metadata
+
+    return weights_metadata((Path(run_dir) / "model.safetensors").read_bytes())

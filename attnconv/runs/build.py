@@ -38,6 +38,7 @@ from attnconv.runs.files import (
     METRICS_FILE,
     STATE_FILE,
     WEIGHTS_FILE,
+    checksum_problem,
     load_state,
     read_config,
     save_weights,
@@ -120,6 +121,9 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         raise AttnconvError(f"{path}: {why}; {fix}") from None
     except (SafetensorError, ValueError) as err:
         raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
+    problem = checksum_problem(tensors, weights_metadata(data))
+    if problem is not None:
+        raise AttnconvError(f"{path}: corrupt weights file ({problem}); {fix}")
     problem = None if meta is None else record_problem(weights_metadata(data), meta, path)
     if problem is not None:  # what config.json says of the model and its data is not what the weights were for
         raise AttnconvError(problem)

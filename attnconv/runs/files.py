@@ -5,11 +5,13 @@ heads.jsonl heads_file.py's."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import json
 import os
 import re
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +67,48 @@ STATE_FORMAT = 1
 RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FILE, HEADS_FILE, STEPS_FILE); fileio
 # guards them
 
+# The metadata key of model.safetensors that holds `tensors_checksum` of its tensors (safetensors has none of its
+# own): a byte changed on disk inside a tensor is then "corrupt", not other numbers. Files without it (written
+# before it existed, or by other tools) are read as before.
+CHECKSUM_KEY = "attnconv_checksum"
+
+
+def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    """A digest of named CPU tensors: each one's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous()
+        digest.update(f"{len(name)}:{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def checksum_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str | None:
+    """Why `tensors` are not what a weights file's metadata says they were when written (`CHECKSUM_KEY`),
+    or None (they are, or the file records no checksum)."""
+    recorded = metadata.get(CHECKSUM_KEY)
+    if recorded is None or recorded == tensors_checksum(tensors):
+        return None
+    return ("its tensors' bytes are not the ones written: the file changed on disk since (a damaged disk or copy, or "
+            "an edit)")
+
+
 def weights_bytes(model: nn.Module, metadata: dict[str, str]) -> bytes:
-    """A model's state_dict as a safetensors file's bytes, with `metadata`."""
+    """A model's state_dict as a safetensors file's bytes, with `metadata` and the tensors' checksum."""
     # A copy of each tensor: safetensors refuses tensors that share storage, and a state_dict may hold views.
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    return save(tensors, metadata=metadata)
+    return save(tensors, metadata={**metadata, CHECKSUM_KEY: tensors_checksum(tensors)})
 
 
 def state_bytes(state: dict[str, Any]) -> bytes:
+    """torch.save's bytes of `state`: a zip archive with a CRC-32 of every record (`load_state` checks them)."""
     buf = io.BytesIO()
-    torch.save(state, buf)
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(True)  # torch's default; a process that turned it off still gets them
+    try:
+        torch.save(state, buf)
+    finally:
+        torch.serialization.set_crc32_options(crc)
     return buf.getvalue()
 
 
@@ -130,6 +164,8 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
         with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
             warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file
             state = torch.load(f, map_location="cpu", weights_only=True)
+            f.seek(0)
+            changed = _changed_record(f)  # torch reads without checking its own CRCs
     except AttnconvError:
         raise
     except FileNotFoundError:
@@ -148,9 +184,22 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
                else "truncated, damaged, or not written by torch.save")
         raise DamagedFile(f"{path}: cannot read the training state: the file is corrupt ({why})", fix) from None
     problem = _state_problem(state)
+    if problem is None and changed is not None:
+        problem = (f"the bytes of its record {changed} are not the ones written (their CRC-32 differs): the file "
+                   "changed on disk since (a damaged disk or copy, or an edit)")
     if problem is not None:
         raise DamagedFile(f"{path}: cannot read the training state: the file is corrupt ({problem})", fix)
     return state
+
+
+def _changed_record(f: Any) -> str | None:
+    """The first record of the zip archive torch.save wrote whose bytes fail their CRC-32, or None; one a zip
+    reader cannot read at all is named as such (torch read it, so the damage is in what torch skips)."""
+    try:
+        with zipfile.ZipFile(f) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, ValueError) as err:
+        return f"index ({err})"
 
 _STATE_COUNTERS = ("step", "epoch", "batch", "rows")
 

@@ -12,7 +12,8 @@ and how a resumed run replays from them (`Checkpointer`).
 Both are written as one pair (`runs.save_checkpoint`: both temporaries written and synced, then both
 renamed with Ctrl-C held back in between; only a crash between the two renames leaves
 model.safetensors one checkpoint newer, which is still a consistent set of weights), and
-state.pt is read with `runs.load_state` (weights_only, structure checked). A resumed run replays
+state.pt is read with `runs.load_state` (weights_only, structure and torch's CRC-32s checked;
+model.safetensors carries a checksum of its tensors, `runs.files.tensors_checksum`). A resumed run replays
 exactly: batches and the learning rate are pure functions of the counters, dropout draws come from
 the restored RNG states, and the logs are cut back to what the checkpoint knows of
 (`runs.trim_logs`, which refuses logs that lost rows the checkpoint counted).
