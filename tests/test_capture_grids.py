@@ -1,6 +1,7 @@
 """Where captured tokens lie on an image: each computation's own grid, the guess from a token count and the images'
 shape, and what `grid=` and `leading=` settle."""
 
+import math
 import re
 import warnings
 
@@ -717,3 +718,111 @@ def test_round_38_a_grid_given_keeps_sure_and_declared_readings_and_scores_past_
             capture_attention(model, x)
     (r,) = capture_attention(Scaled(1e30, torch.float32).eval(), torch.randn(2, 1, 16, 16))  # within float32: as ever
     assert torch.isfinite(r.probs).all()
+
+
+def test_round_39_a_models_own_attention_that_is_not_a_number_is_refused_and_site_images_are_checked():
+    """The model's own attention was NaN where the recomputation in float64 was finite, and a map was given: q k^T
+    past float32 before the scale, a float mask that overflows the scores, is_causal with scale 0 (torch's kernel
+    masks with -inf, then scales), a float16 nn.MultiheadAttention whose scores pass float16 (need_weights computes
+    them in float16), an attnconv layer in float16 whose weights are past it. Now the model's own output (or the
+    weights it returns) decides, where only its attention can make it NaN; legitimate models are not refused (fully
+    masked rows, causal masks, -inf masks, half precision). NaN images given to the site functions were blamed on the
+    model. A grid given with leading= for one computation, laid with trailing tokens it inferred, replaced another's
+    sure reading of as many leading tokens."""
+    import torch.nn.functional as F
+
+    from attnconv.attention.layer import SelfAttention2d
+    from attnconv.models.captured import given_layout
+
+    class Sdpa(nn.Module):
+        def __init__(self, gain=1.0, mask=None, **kw):
+            super().__init__()
+            self.embed, self.gain, self.mask, self.kw = nn.Conv2d(1, 8, 4, 4), gain, mask, kw
+
+        def forward(self, x):
+            t = self.embed(x).flatten(2).transpose(1, 2)[:, None].contiguous()  # (B, 1, 16, 8)
+            t = 4 * t / t.norm(dim=-1, keepdim=True)  # q.k at most 16 gain^2
+            self.out = F.scaled_dot_product_attention(t * self.gain, t * self.gain, t, attn_mask=self.mask, **self.kw)
+            return self.out
+
+    x = torch.randn(2, 1, 16, 16)
+    overflowing = torch.zeros(16, 16)
+    overflowing[:, 0] = 3.3e38
+    for model in (Sdpa(1e19, scale=1e-30), Sdpa(3e18, mask=overflowing), Sdpa(is_causal=True, scale=0.0)):
+        model.eval()
+        with torch.no_grad():
+            model(x)
+        if model.out.isfinite().all():  # is_causal with scale 0: NaN in the kernel CPUs take for contiguous inputs
+            assert model.kw.get("is_causal")
+            capture_attention(model, x)
+            continue
+        with pytest.raises(AttnconvError, match=r"its own attention is not a number in \d+ of 32 query rows, whose "
+                                                r"keys are not all masked \(its output holds NaN or inf there"):
+            capture_attention(model, x)
+    rows = torch.ones(16, 16, dtype=torch.bool)
+    rows[3] = False  # a query row attending nowhere: NaN in the model's output, legitimately
+    minus = torch.zeros(16, 16).masked_fill(~rows, -math.inf)
+    for model in (Sdpa(mask=rows), Sdpa(mask=minus), Sdpa(is_causal=True), Sdpa(scale=0.0)):
+        (r,) = capture_attention(model.eval(), x)
+        assert torch.isfinite(r.probs).all() and r.probs[0, 3].sum() == 0 if model.mask is not None else True
+
+    class Multihead(nn.Module):
+        def __init__(self, gain, need_weights):
+            super().__init__()
+            self.embed, self.mha, self.need = nn.Conv2d(1, 16, 8, 8), nn.MultiheadAttention(16, 2, batch_first=True), \
+                need_weights
+            with torch.no_grad():
+                self.mha.in_proj_weight.mul_(gain)
+
+        def forward(self, x, kpm=None):
+            t = self.embed(x).flatten(2).transpose(1, 2)
+            return self.mha(t, t, t, need_weights=self.need, key_padding_mask=kpm)[0]
+
+    torch.manual_seed(1)
+    half = torch.randn(2, 1, 32, 32).half()
+    with pytest.raises(AttnconvError, match=r"mha: its own attention is not a number .* \(the attention weights it "
+                                            r"returns hold NaN or inf there\), although it is one in float64: its "
+                                            r"scores, scale or mask are past what float16"):
+        capture_attention(Multihead(300, True).half().eval(), half)
+    for need in (True, False):  # within float16: as ever
+        (r,) = capture_attention(Multihead(1, need).half().eval(), half)
+        assert torch.isfinite(r.probs).all()
+    kpm = torch.zeros(2, 16, dtype=torch.bool)
+    kpm[1] = True  # the second entry attends nowhere: NaN rows of the model's own, not refused
+
+    class Padded(nn.Module):
+        def __init__(self, need):
+            super().__init__()
+            self.inner = Multihead(1, need)
+
+        def forward(self, x):
+            return self.inner(x, kpm)
+
+    for need in (True, False):
+        (r,) = capture_attention(Padded(need).eval(), torch.randn(2, 1, 32, 32))
+        assert torch.isfinite(r.probs).all()
+
+    layer = SelfAttention2d(8, heads=2, encoding="quadratic", max_size=16)
+    with torch.no_grad():
+        for p in layer.parameters():
+            if p.dim() >= 2:
+                p.mul_(1e10)  # finite in float32, past float16
+    with pytest.raises(AttnconvError, match=r"its attention probabilities hold NaN or inf \(the layer's weights do, or "
+                                            r"its scores are past float16\)"):
+        capture_attention(layer.half().eval(), torch.randn(2, 8, 8, 8).half())
+
+    nan = torch.randn(2, 1, 16, 16)
+    nan[0, 0, 0, 0] = math.nan
+    sites = attention_sites(Sdpa().eval(), (1, 16, 16))
+    for name, call in (("site_probs", lambda: site_probs(Sdpa().eval(), sites, nan)),
+                       ("site_maps", lambda: site_maps(Sdpa().eval(), sites, nan[:1])),
+                       ("site_scores", lambda: site_scores(Sdpa().eval(), sites, nan[:1]))):
+        with pytest.raises(AttnconvError, match=rf"^{name}: the images hold 1 NaN or infinite value, which make "
+                                                "attention undefined"):
+            call()
+
+    reading, said = given_layout(65, (7, 7), 1, None, (64, 64), 2, 2)  # 1 + 8x8, sure; the grid 7x7 + 15 after
+    assert reading == (1, (8, 8)) and said.endswith("read surely as 8x8 after 1 leading token: read so; pass "
+                                                    "grid=(7, 7), leading=1, trailing=15 to lay the grid there")
+    reading, said = given_layout(17, (4, 4), 0, None, (16, 16), 2, 2)  # leading=0: a token appended, as given
+    assert reading == (0, (4, 4)) and "with 1 token besides it, a guess" in said

@@ -61,6 +61,9 @@ from attnconv.models.captured import (
     CapturedAttention,
     CapturedLayer,
     check_images,
+    check_native_probs,
+    check_own_attention,
+    check_own_multihead,
     check_scores,
     declared_layout,
     given_layout,
@@ -68,6 +71,9 @@ from attnconv.models.captured import (
     image_tokens,
     left_out_note,
     multihead_value_maps,
+    own_rows_bad,
+    same_output,
+    softmax_parts,
     whole_bytes,
 )
 from attnconv.modes import eval_mode
@@ -81,20 +87,6 @@ MAX_BYTES = 2 * 2**30
 # Bytes of float64 intermediates per chunk of the batch while recomputing one call's probabilities.
 _CHUNK_BYTES = 64 * 2**20
 _NATIVE_BATCH = 16  # images per attention_probs call of a content SelfAttention2d / ConvAttention
-
-def _softmax_parts(content: Tensor, mask: Tensor | None, causal: bool, row0: int = 0) -> tuple[Tensor, Tensor]:
-    """(combined scores, probabilities) from q k^T * scale (..., L, S) and an additive float mask or a
-    keep-mask (bool, True: take part), and top-left causal masking. Fully masked rows attend nowhere (0).
-    row0: the first query row `content` holds, when the rows come in pieces (`_row_pieces`)."""
-    combined = content
-    if mask is not None:
-        combined = combined.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else combined + mask.double()
-    if causal:
-        L, S = content.shape[-2:]
-        keep = torch.ones(L, S, dtype=torch.bool, device=content.device).tril(row0)
-        combined = combined.masked_fill(~keep, -math.inf)
-    return combined, combined.softmax(-1).nan_to_num(0.0)
-
 
 class _Accumulator:
     """The sums of one computation's probabilities (and scores) over the batch, on the image tokens."""
@@ -119,11 +111,14 @@ class _Accumulator:
         self.scores = {t: torch.zeros(heads, tq, tk, dtype=torch.float64, device=device)
                        for t in ("combined", "content")} if capture.scores else None
         self.count = 0
+        self.dead = torch.zeros(entries, heads, lq, dtype=torch.bool, device=device)  # fully masked query rows
 
     def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
         """Add a chunk (n, heads, rows, S [+ appended keys]) of scores and probabilities: the query rows row0, row0 + 1,
         ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
         check_scores(content, combined, self.source, self.where)
+        e0 = self.count - (probs.shape[0] if row0 else 0)  # the first batch entry of the chunk
+        self.dead[e0:e0 + probs.shape[0], :, row0:row0 + probs.shape[-2]] = torch.isneginf(combined).all(-1)
         a, b = max(row0, self.lead_q), min(row0 + probs.shape[-2], self.lead_q + self.tq)  # the image query rows
         if b > a:
             rows, keys = slice(a - row0, b - row0), slice(self.lead_k, self.lead_k + self.tk)
@@ -158,8 +153,9 @@ def _row_pieces(rows: int, per_row: int) -> list[tuple[int, int]]:
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
-def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _Accumulator:
-    """Recompute one scaled_dot_product_attention call's probabilities (float64), averaged over its batch."""
+def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: Any) -> _Accumulator:
+    """Recompute one scaled_dot_product_attention call's probabilities (float64), averaged over its batch; refused
+    where the call's own output `out` shows its attention is not a number (`check_own_attention`)."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -182,30 +178,39 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _A
         kt = kf[i:i + step].double().transpose(-1, -2)
         for r0, r1 in _row_pieces(L, step * heads * S * 8 * 3):
             content = torch.matmul(qf[i:i + step, :, r0:r1].double(), kt) * scale
-            combined, probs = _softmax_parts(content, None if mask is None else mask[i:i + step, :, r0:r1], causal, r0)
+            combined, probs = softmax_parts(content, None if mask is None else mask[i:i + step, :, r0:r1], causal, r0)
             acc.add(content, combined, probs, r0)
+    value = bound["value"]
+    if isinstance(out, Tensor) and isinstance(value, Tensor) and bool(value.detach().isfinite().all()):
+        check_own_attention(own_rows_bad(out, qf.shape[0], L), acc.dead, where, q.dtype, "its output holds NaN or "
+                            "inf there, its values being finite")
     return acc
 
 
 def _multihead_record(capture: _Capture, where: str, mha: nn.MultiheadAttention, args: tuple,
-                      kwargs: dict) -> _Accumulator:
-    """Recompute an nn.MultiheadAttention call's probabilities from its inputs and weights, in float64."""
+                      kwargs: dict, output: Any) -> _Accumulator:
+    """Recompute an nn.MultiheadAttention call's probabilities from its inputs and weights, in float64 (checked
+    against its own `output`: `captured.check_own_multihead`)."""
     names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
     bound = dict(zip(names, args))
     bound.update(kwargs)
     e = mha.embed_dim
     same = mha._qkv_same_embed_dim
-    w_q, w_k = (mha.in_proj_weight[:e], mha.in_proj_weight[e:2 * e]) if same else (mha.q_proj_weight, mha.k_proj_weight)
-    b = mha.in_proj_bias
-    return _attention_record(capture, where, bound["query"], bound["key"], mha.batch_first, mha.num_heads, w_q, w_k,
-                             None if b is None else b[:e], None if b is None else b[e:2 * e], mha.bias_k,
-                             mha.add_zero_attn, bound.get("key_padding_mask"), bound.get("attn_mask"))
+    w = (mha.in_proj_weight[:e], mha.in_proj_weight[e:2 * e], mha.in_proj_weight[2 * e:]) if same \
+        else (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight)
+    b = (None,) * 3 if mha.in_proj_bias is None else mha.in_proj_bias.split(e)
+    acc = _attention_record(capture, where, bound["query"], bound["key"], mha.batch_first, mha.num_heads, w[0], w[1],
+                            b[0], b[1], mha.bias_k, mha.add_zero_attn, bound.get("key_padding_mask"),
+                            bound.get("attn_mask"))
+    check_own_multihead(acc.dead, acc.where, output, bound["value"], mha.batch_first, (w[2], b[2], mha.bias_v),
+                         (mha.out_proj.weight, mha.out_proj.bias))
+    return acc
 
 
-def _functional_record(capture: _Capture, where: str, args: tuple, kwargs: dict) -> _Accumulator | None:
+def _functional_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: Any) -> _Accumulator | None:
     """Recompute a `F.multi_head_attention_forward` call (a module calling it itself, or a subclass's
-    `super().forward`), sequence first as the function takes it; None for one whose keys are given already
-    projected (`static_k`), which is said."""
+    `super().forward`), sequence first as the function takes it, checked against its own output `out`; None for one
+    whose keys are given already projected (`static_k`), which is said."""
     names = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias", "bias_k",
              "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias", "training")
     bound = dict(zip(names, args))
@@ -215,11 +220,16 @@ def _functional_record(capture: _Capture, where: str, args: tuple, kwargs: dict)
                      "projected) is not captured")
         return None
     e, w, b = int(bound["embed_dim_to_check"]), bound.get("in_proj_weight"), bound.get("in_proj_bias")
-    w_q, w_k = (bound["q_proj_weight"], bound["k_proj_weight"]) if bound.get("use_separate_proj_weight") \
-        else (w[:e], w[e:2 * e])
-    return _attention_record(capture, where, bound["query"], bound["key"], False, int(bound["num_heads"]), w_q, w_k,
-                             None if b is None else b[:e], None if b is None else b[e:2 * e], bound.get("bias_k"),
-                             bool(bound.get("add_zero_attn")), bound.get("key_padding_mask"), bound.get("attn_mask"))
+    w_q, w_k, w_v = (bound["q_proj_weight"], bound["k_proj_weight"], bound.get("v_proj_weight")) \
+        if bound.get("use_separate_proj_weight") else (w[:e], w[e:2 * e], w[2 * e:])
+    b_q, b_k, b_v = (None,) * 3 if b is None else b.split(e)
+    acc = _attention_record(capture, where, bound["query"], bound["key"], False, int(bound["num_heads"]), w_q, w_k,
+                            b_q, b_k, bound.get("bias_k"), bool(bound.get("add_zero_attn")),
+                            bound.get("key_padding_mask"), bound.get("attn_mask"))
+    value = bound["value"] if bound.get("static_v") is None and isinstance(w_v, Tensor) else None  # else unbounded
+    check_own_multihead(acc.dead, acc.where, out, value, False, (w_v, b_v, bound.get("bias_v")),
+                         (bound["out_proj_weight"], bound.get("out_proj_bias")))
+    return acc
 
 
 def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor, batch_first: bool, h: int,
@@ -269,7 +279,7 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
         kt = k[i:i + step].transpose(-1, -2)
         for r0, r1 in _row_pieces(L, step * h * (S + trailing) * 8 * 3):
             content = torch.matmul(q[i:i + step, :, r0:r1], kt) / math.sqrt(d)
-            combined, probs = _softmax_parts(content, mask[i:i + step, :, r0:r1], False, r0)
+            combined, probs = softmax_parts(content, mask[i:i + step, :, r0:r1], False, r0)
             acc.add(content, combined, probs, r0)
     return acc
 
@@ -287,6 +297,7 @@ def _native_record(capture: _Capture, where: str, layer: nn.Module, x: Tensor) -
         probs = layer.attention_probs(size=size)[0]
     else:
         probs = sum(layer.attention_probs(part).sum(0).double() for part in x.split(_NATIVE_BATCH)) / len(x)
+    check_native_probs(probs, where, x.dtype)
     if capture.scores and hasattr(layer, "attention_scores"):
         terms = [layer.attention_scores(part) for part in x.split(_NATIVE_BATCH)]
         scores = {t: sum(s[t].double().expand(len(part), *s[t].shape[1:]).sum(0)
@@ -312,14 +323,6 @@ def plain_multihead(module: nn.Module) -> bool:
     when its output is that forward's (`_Capture.post`); else (torch's quantizable one, a user's with a locality
     bias) its SDPA calls are captured instead."""
     return isinstance(module, nn.MultiheadAttention) and type(module).forward is nn.MultiheadAttention.forward
-
-
-def _same_output(output: Any, expected: Any) -> bool:
-    """Whether a module's output is nn.MultiheadAttention's on the same call (its attention output, to float error)."""
-    out = output[0] if isinstance(output, tuple) else output
-    exp = expected[0] if isinstance(expected, tuple) else expected
-    return isinstance(out, Tensor) and isinstance(exp, Tensor) and out.shape == exp.shape \
-        and bool(torch.allclose(out.double(), exp.double(), rtol=1e-4, atol=1e-5))
 
 
 def first_input(args: tuple, kwargs: dict) -> Tensor | None:
@@ -447,7 +450,7 @@ class _Capture(TorchFunctionMode):
         if after is None or output is None:  # nothing to add, or the forward raised
             return
         start, args, kwargs, expected, where = after
-        if not plain_multihead(module) and not _same_output(output, expected):
+        if not plain_multihead(module) and not same_output(output, expected):
             # Not nn.MultiheadAttention's output on this call (or a forward that takes other arguments): its attention
             # is what it computes inside (SDPA, multi_head_attention_forward: a super().forward), said when nothing.
             if len(self.records) == start and module not in self.warned:
@@ -461,7 +464,7 @@ class _Capture(TorchFunctionMode):
         for r in self.records[start:]:  # its own calls inside (a subclass's): the whole computation replaces them
             self.calls[r.path] -= 1
         del self.records[start:]
-        self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs))
+        self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs, output))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Called with this mode off: the torch calls below are not intercepted again.
@@ -472,9 +475,9 @@ class _Capture(TorchFunctionMode):
             module = self.stack[-1] if self.stack else None
             where = self.names.get(module, "") if module is not None else ""
             if func is F.scaled_dot_product_attention:
-                self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs))
+                self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs, out))
             else:  # with the mode off inside it, its own SDPA call is not seen: the whole call is one record
-                made = _functional_record(self, where, args, kwargs)
+                made = _functional_record(self, where, args, kwargs, out)
                 if made is not None:
                     self._add(where, module, "multi_head_attention_forward", made)
         return out

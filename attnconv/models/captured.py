@@ -16,8 +16,10 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnconv.errors import AttnconvError
@@ -115,14 +117,28 @@ def check_images(images: object, grid: Sequence[int] | None) -> None:
         raise AttnconvError(f"capture_attention: images of shape {tuple(images.shape)} are no batch of images (N, C, "
                             "H, W), whose shape places the tokens: give images as a batch (N, C, H, W), one image as "
                             "images[None], or with other inputs (tokens, frames) grid=(H, W) of the image positions")
+    check_values(images, "capture_attention")
+
+
+def check_values(images: Tensor, who: str) -> None:
+    """One AttnconvError (`who` says whose images) unless the tensor `images` holds values, all finite: NaN or
+    infinite values make attention undefined (and a map of them would blame the model)."""
     if images.device.type == "meta":
-        raise AttnconvError("capture_attention: the images are on the meta device, which holds no values; give "
-                            "images with values")
+        raise AttnconvError(f"{who}: the images are on the meta device, which holds no values; give images with values")
     if images.is_floating_point() or images.is_complex():
         bad = int((~torch.isfinite(images)).sum())
         if bad:
-            raise AttnconvError(f"capture_attention: the images hold {bad} NaN or infinite value{'s' * (bad > 1)}, "
-                                "which make attention undefined; give images with finite values")
+            raise AttnconvError(f"{who}: the images hold {bad} NaN or infinite value{'s' * (bad > 1)}, which make "
+                                "attention undefined; give images with finite values")
+
+
+def check_native_probs(probs: Tensor, where: str, dtype: torch.dtype) -> None:
+    """One AttnconvError where an attnconv attention layer's own probabilities hold NaN or inf (its weights do, or
+    its scores are past its dtype, `dtype`), not a map of them with measures of None."""
+    if not bool(probs.isfinite().all()):
+        raise AttnconvError(f"{where or '(model)'}: its attention probabilities hold NaN or inf (the layer's weights "
+                            f"do, or its scores are past {str(dtype).replace('torch.', '')}); check its weights and "
+                            "inputs")
 
 
 def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, where: str,
@@ -139,11 +155,99 @@ def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, 
         if peak > torch.finfo(held).max:
             raise AttnconvError(f"{where or '(model)'}: its {what} reach {peak:.3g}, past what "
                                 f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "
-                                "attention is not a number there; check the model's weights, scale and inputs")
+                                "attention there is not a number, or not the one these scores give; check the model's "
+                                "weights, scale and inputs")
     if bad:
         raise AttnconvError(f"{where or '(model)'}: its {what} hold NaN or infinite values (from what the model "
                             "computed, or its mask: a mask may hold -inf, not NaN or +inf), so its attention is "
                             "undefined; check the model's weights, masks and what it computes before this attention")
+
+
+def softmax_parts(content: Tensor, mask: Tensor | None, causal: bool, row0: int = 0) -> tuple[Tensor, Tensor]:
+    """(combined scores, probabilities) from q k^T * scale (..., L, S) and an additive float mask or a
+    keep-mask (bool, True: take part), and top-left causal masking. Fully masked rows attend nowhere (0).
+    row0: the first query row `content` holds, when the rows come in pieces (`capture._row_pieces`)."""
+    combined = content
+    if mask is not None:
+        combined = combined.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else combined + mask.double()
+    if causal:
+        L, S = content.shape[-2:]
+        keep = torch.ones(L, S, dtype=torch.bool, device=content.device).tril(row0)
+        combined = combined.masked_fill(~keep, -math.inf)
+    return combined, combined.softmax(-1).nan_to_num(0.0)
+
+
+
+
+def same_output(output: Any, expected: Any) -> bool:
+    """Whether a module's output is nn.MultiheadAttention's on the same call (its attention output, to float error)."""
+    out = output[0] if isinstance(output, tuple) else output
+    exp = expected[0] if isinstance(expected, tuple) else expected
+    return isinstance(out, Tensor) and isinstance(exp, Tensor) and out.shape == exp.shape \
+        and bool(torch.allclose(out.double(), exp.double(), rtol=1e-4, atol=1e-5))
+
+
+def own_rows_bad(result: Tensor, entries: int, rows: int) -> Tensor | None:
+    """(entries, heads or 1, rows): the query rows where a model's own result holds NaN or inf, from an attention
+    output (..., rows, E) or its attention weights (..., rows, S), heads apart or averaged; None where the result
+    is laid out otherwise (a nested tensor, another shape: nothing to tell)."""
+    if result.is_nested or result.dim() < 2 or result.shape[-2] != rows or result[..., 0].numel() % (entries * rows):
+        return None
+    return ~result.detach().isfinite().all(-1).reshape(entries, -1, rows)
+
+
+def check_own_attention(bad: Tensor | None, dead: Tensor, where: str, dtype: torch.dtype, what: str) -> None:
+    """One AttnconvError where a model's own attention is not a number while its recomputation in float64 is: `bad`
+    (`own_rows_bad`: entries, heads or 1, rows) marks query rows where its own result (`what`) holds NaN or inf, taken
+    only where nothing but its attention can put them there; `dead` (entries, heads, rows) the rows the recomputation
+    finds fully masked, NaN in many kernels and left out (zero) in the records. The model's kernel overflowed where
+    float64 did not (scores, a scale or a mask past its dtype, q k^T past float32 before the scale, a kernel's own
+    masking, `is_causal` with scale 0): its attention there is none, and a map recomputed in float64 would not be
+    its attention."""
+    if bad is None or bad.shape[1] not in (1, dead.shape[1]):
+        return
+    exempt = dead if bad.shape[1] == dead.shape[1] else dead.any(1, keepdim=True)
+    n = int((bad & ~exempt).sum())
+    if n:
+        raise AttnconvError(
+            f"{where or '(model)'}: its own attention is not a number in {n} of {bad.numel()} query rows, whose keys "
+            f"are not all masked ({what}), although it is one in float64: its scores, scale or mask "
+            f"are past what {str(dtype).replace('torch.', '')}, or the kernel torch took, computes; check the model's "
+            "weights, scale, masks and inputs")
+
+
+def values_bounded(value: Tensor, w_v: Tensor | None, b_v: Tensor | None, bias_v: Tensor | None, w_o: Tensor | None,
+                   b_o: Tensor | None, dtype: torch.dtype) -> bool:
+    """Whether a multi-head attention's output in `dtype` is NaN or inf only through its attention: its values
+    (projected by `w_v`, `b_v`; `bias_v` appended), finite, and any average of them projected out (`w_o`, `b_o`)
+    stay well within what `dtype` holds."""
+    if not dtype.is_floating_point or not isinstance(w_v, Tensor) or not isinstance(w_o, Tensor):
+        return False
+    v = F.linear(value.detach().double(), w_v.detach().double(), None if b_v is None else b_v.detach().double())
+    peak = float(v.abs().amax()) if v.numel() else 0.0
+    if bias_v is not None:
+        peak = max(peak, float(bias_v.detach().double().abs().amax()))
+    out = peak * float(w_o.detach().double().abs().sum(1).amax()) + (
+        0.0 if b_o is None else float(b_o.detach().double().abs().amax()))
+    return math.isfinite(out) and out < torch.finfo(dtype).max / 2
+
+
+def check_own_multihead(dead: Tensor, where: str, output: Any, value: Any, batch_first: bool, v_side: tuple,
+                        out_side: tuple) -> None:
+    """Refuse a multi-head attention call whose own attention is not a number (`check_own_attention`): its
+    attention weights when it returned them (computed in its own dtype), else its output where only its
+    attention can make that NaN or inf (`values_bounded`). `dead`: the recomputation's fully masked rows, `where` its
+    path; `v_side` the value projection (weight, bias, bias_v), `out_side` the output projection's (weight, bias)."""
+    attn_out, weights = output if isinstance(output, tuple) and len(output) == 2 else (output, None)
+    entries, rows = dead.shape[0], dead.shape[-1]
+    if isinstance(weights, Tensor):
+        check_own_attention(own_rows_bad(weights, entries, rows), dead, where, weights.dtype,
+                            "the attention weights it returns hold NaN or inf there")
+    elif isinstance(attn_out, Tensor) and isinstance(value, Tensor) and values_bounded(value, *v_side, *out_side,
+                                                                                       attn_out.dtype):
+        rows_first = attn_out.dim() == 3 and not batch_first  # (L, B, E)
+        check_own_attention(own_rows_bad(attn_out.transpose(0, 1) if rows_first else attn_out, entries, rows),
+                            dead, where, attn_out.dtype, "its output holds NaN or inf there, its values being finite")
 
 
 def whole_bytes(max_bytes: object) -> int:
@@ -181,8 +285,9 @@ def given_layout(count: int, grid: tuple[int, int], leading: int | None, trailin
                  images: Sequence[int] | None, entries: int, n_images: int, declared: Reading | None = None
                  ) -> tuple[Reading | None, str | None]:
     """Where a grid given (`grid=`, with `leading=` and `trailing=` or not) places `count` tokens: (the reading, or
-    None where it does not fit; what to say of it, or None). Where it took leading tokens itself and the computation
-    reads surely as something else, or as the model `declared` it (`guess_layout`: 50 tokens of 80x160 images are
+    None where it does not fit; what to say of it, or None). Where it took leading tokens itself (or trailing ones,
+    after as many leading as the other reading has) and the computation reads surely as something else, or as the
+    model `declared` it (`guess_layout`: 50 tokens of 80x160 images are
     5x10, not a class token and a 7x7 grid given for another computation; a Swin's windows under a grid given for its
     last stage), that reading is kept, and said. Otherwise, laid with tokens it did not place itself (more than one
     taken as leading, or any taken as appended) it is a guess too: said."""
@@ -196,13 +301,15 @@ def given_layout(count: int, grid: tuple[int, int], leading: int | None, trailin
         return placed, None
     given = _grid_words(*placed) + (f", trailing={inferred_after}" if inferred_after else "")
     own, said = (declared, None) if declared is not None else guess_layout(count, images, entries, n_images)
-    if leading is None and own is not None and said is None and own != placed:  # not over a leading= given
+    # Not over a leading= given that the reading does not share (leading=0 for a token the model appends: T1).
+    if own is not None and said is None and own != placed and (leading is None or inferred_after and own[0] == leading):
         return own, (f"{count} tokens fit grid=({grid[0]}, {grid[1]}) only with {besides} token{'s' * (besides > 1)} "
                      f"besides it, while they read {'as the model declares' if declared else 'surely'} as "
                      f"{reading_words(*own)}: read so; pass {given} to lay the grid there")
     if inferred_lead <= 1 and inferred_after == 0:
         return placed, None
-    return placed, (f"{count} tokens are read on grid=({grid[0]}, {grid[1]}) with {besides} tokens besides it, a "
+    return placed, (f"{count} tokens are read on grid=({grid[0]}, {grid[1]}) with {besides} token{'s' * (besides > 1)} "
+                    "besides it, a "
                     f"guess: pass {given} to confirm it, or the leading= and trailing= they have")
 
 

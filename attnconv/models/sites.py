@@ -39,6 +39,7 @@ from attnconv.models.capture import (
     native_layer,
     positive_ints,
 )
+from attnconv.models.captured import check_values
 from attnconv.modes import eval_mode
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
@@ -277,6 +278,7 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
         return exact
     if x is None or len(x) == 0:
         raise AttnconvError("content attention depends on the input: give test images to average over")
+    check_values(x, "site_probs")
     captured = _captured(sites)
     native = [i for i in range(len(sites)) if i not in captured]
     sums: list[Tensor | float] = [0.0] * len(sites)
@@ -305,6 +307,7 @@ def site_scores(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> 
     """
     if len(x) != 1:
         raise AttnconvError(f"site_scores takes one image, got {len(x)}")
+    check_values(x, "site_scores")
     captured = _captured(sites)
     native = [i for i in range(len(sites)) if i not in captured]
     out: list[dict[str, Tensor]] = [{} for _ in sites]
@@ -342,6 +345,7 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
         raise AttnconvError(f"mode must be probs or scores, got {mode!r}")
     if len(x) != 1:
         raise AttnconvError(f"site_maps takes one image, got {len(x)}")
+    check_values(x, "site_maps")
     out: list[Tensor | None] = [None] * len(sites)
     have = [i for i, site in enumerate(sites) if term in site_terms(site)]
     captured = set(_captured(sites))
