@@ -18,7 +18,6 @@ prints the rows, in the paper's order, as text or Markdown:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
 from attnconv.modes import eval_mode
 from attnconv.runs import WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
+from attnconv.runs.logs_record import TRAINED_COLUMNS, content_digest, logs_digest  # noqa: F401  (their names here too)
 from attnconv.runs.record import recorded_step
 from attnconv.tables import format_table
 
@@ -378,32 +378,6 @@ def _flat_setup(setup: dict[str, Any]) -> dict[str, str]:
             flat[key] = value
     return {k: v if isinstance(v, str) else json.dumps(v) if isinstance(v, (dict, list)) else repr(v)
             for k, v in flat.items()}
-
-
-# What a run's training decides in metrics.csv (not its timing: a copy with its seconds edited is the same run).
-TRAINED_COLUMNS = ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "lr")
-
-
-def logs_digest(rows: list[dict[str, Any]]) -> str | None:
-    """What tells one run's metrics.csv from another's, as read: the columns its training decides, by the header's
-    names, to 6 significant digits (a copy saved with a byte-order mark, CRLF, its columns in another order, a
-    column added, its timing or a value edited past the sixth digit is the same), or None for no rows."""
-    return content_digest([{k: row.get(k) for k in TRAINED_COLUMNS} for row in rows]) if rows else None
-
-
-def content_digest(value: Any) -> str:
-    """A short digest of JSON-able `value`: dict keys in any order, and numbers to 6 significant digits, the same."""
-    return hashlib.blake2b(json.dumps(_rounded(value), sort_keys=True).encode(), digest_size=8).hexdigest()
-
-
-def _rounded(value: Any) -> Any:
-    if isinstance(value, float):
-        return float(f"{value:.6g}") if math.isfinite(value) else repr(value)
-    if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_rounded(v) for v in value]
-    return value
 
 
 def setup_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

@@ -357,6 +357,15 @@ def _attention_section(run: Run, *, images: int) -> str:
     )
 
 
+def _recorded_when(epochs: list[int]) -> str:
+    """When heads.jsonl's snapshots were taken, as the file holds them: a run's start and every epoch, or (lines
+    lost) which."""
+    if epochs == list(range(epochs[-1] + 1)):
+        return "at initialization (epoch 0) and after each epoch"
+    lost = "no line from initialization (epoch 0)" if epochs[0] else "epochs missing between them"
+    return f"at epochs {epochs[0]} to {epochs[-1]}, not all of them (heads.jsonl holds {lost})"
+
+
 def _history_section(run: Run) -> str:
     """Figure 4 over training (every layer at a few recorded epochs), attention distance, grid-likeness."""
     head = '<h3 id="history">Heads over training</h3>'
@@ -378,7 +387,7 @@ def _history_section(run: Run) -> str:
     table = _table(["epoch", *(f"layer {i + 1}" for i in range(n_layers))], rows, numeric=(0,))
     return (
         head
-        + f"<p>Recorded at initialization (epoch 0) and after each epoch ({len(snapshots)} snapshots). "
+        + f"<p>Recorded {_recorded_when(sorted(by_epoch))} ({len(snapshots)} snapshots). "
           f"Epochs {', '.join(map(str, epochs))}, one row per layer (Figure 4 over training"
           + ("; quadratic heads with their 50% / 90% contours" if panels[0]["inverse_covariance"] is not None
              else "; learned and content heads have no Gaussian: the centers of mass of their positional attention")

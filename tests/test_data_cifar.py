@@ -82,13 +82,13 @@ def test_cifar_new_archive_replaces_old_extraction(tmp_path):
 
 
 def test_cifar_tar_members_outside_the_folder_are_ignored(tmp_path):
-    outside = tmp_path / "absolute-escape"
-    evil = {"../../escaped": b"x", str(outside): b"x", "cifar-10-batches-py/../up": b"x"}
+    outside = tmp_path / "absolute-escape-cifar"  # names no other test makes (the suite runs in parallel)
+    evil = {"../../escaped-cifar": b"x", str(outside): b"x", "cifar-10-batches-py/../up-cifar": b"x"}
     (tmp_path / "d").mkdir()
     write_cifar_tar(tmp_path / "d" / "cifar-10-python.tar.gz", cifar_arrays(), extra=evil)
     data.load_dataset("cifar10", tmp_path / "d", download=False)
     written = {p.name for p in tmp_path.parent.rglob("*")}
-    assert not {"escaped", "up", "absolute-escape"} & written
+    assert not {"escaped-cifar", "up-cifar", "absolute-escape-cifar"} & written
 
 
 def test_cifar_corrupt_tar_is_named(tmp_path):

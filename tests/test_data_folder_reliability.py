@@ -375,5 +375,60 @@ def test_round_38_an_index_edited_within_range_is_rebuilt_and_one_colour_trainin
     out = tmp_path / "run"
     assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4", "--max-steps",
                  "1", "--no-progress", "--dataset", f"folder:{flat}", "--out", str(out)]) == 2
-    assert "its training images are all of one value in channel 0 (a spread of 0)" in capsys.readouterr().err
+    assert "its training images are all of one value (a spread of 0)" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_round_39_a_cache_entry_is_its_own_index_and_arrays_another_users_is_named_one_flat_channel_trains(
+        tmp_path, monkeypatch):
+    """An index.json (validly sealed) copied from another folder's entry with the same classes and sizes was trusted:
+    `train` recorded the other folder's statistics, or, with its images.npy too, trained on the other folder's pixels;
+    labels.npy rewritten was trained on. Each entry's index now names the entry and holds a digest of its arrays: a
+    copy or an edit is rebuilt. An entry another user made (mode 0700) was "cannot write ... make it writable", after
+    decoding the whole folder: now the entry is named, with its owner, first. RGB images with one constant channel (the
+    others varying) were refused as "all of one value": that channel is left at 0 by its mean (std 1)."""
+    write_image_folder(tmp_path / "d", seed=0)
+    write_image_folder(tmp_path / "e", seed=1)
+    first_d, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+    data.load_dataset(name(tmp_path / "e"), image_size=8)
+    info_d = data.dataset_info(name(tmp_path / "d"), image_size=8)
+    entry_d, entry_e = (next(p for p in caches() if json.loads((p / folder_cache.INDEX).read_text())["folder"] == str(
+        tmp_path / f)) for f in "de")
+    for names in ((folder_cache.INDEX,), (folder_cache.INDEX, folder_cache.IMAGES, folder_cache.LABELS),
+                  (folder_cache.IMAGES,), (folder_cache.LABELS,)):
+        for n in names:
+            shutil.copy(entry_e / n, entry_d / n)
+        again, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+        assert torch.equal(again.images, first_d.images) and torch.equal(again.labels, first_d.labels), names
+        assert data.dataset_info(name(tmp_path / "d"), image_size=8).mean == info_d.mean, names
+    labels = np.load(entry_d / folder_cache.LABELS)
+    np.save(entry_d / folder_cache.LABELS, labels[::-1].copy())  # the labels reordered, the index untouched
+    again, _ = data.load_dataset(name(tmp_path / "d"), image_size=8)
+    assert torch.equal(again.labels, first_d.labels)
+
+    import pwd
+
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != entry_d)  # another user's entry
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: type("P", (), {"pw_name": "alice"})())
+    monkeypatch.setattr(folder, "open_cache", lambda directory: None)  # as it cannot be read
+    message = folder_error(tmp_path / "d", image_size=8)
+    assert message.startswith(f"{entry_d}: this user may not read it (owned by alice, mode ") and message.endswith(
+        "so the dataset cache there cannot be used; set XDG_CACHE_HOME to a cache folder of your own, or have its owner "
+        "open it to you"), message
+    monkeypatch.undo()
+
+    blue = tmp_path / "blue"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 4), ("test", 2)):
+        for cls in ("a", "b"):
+            (blue / split / cls).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+                pixels[..., 2] = 0  # two-band data stored as RGB
+                Image.fromarray(pixels, mode="RGB").save(blue / split / cls / f"{i}.png")
+    info = data.dataset_info(name(blue), image_size=8)
+    assert info.std[2] == 1.0 and info.std[0] > 0 and info.mean[2] == 0.0
+    from attnconv.cli import main
+
+    assert main(["train", "--model", "sa-quadratic", "--hidden", "8", "--layers", "1", "--heads", "4", "--max-steps",
+                 "1", "--no-progress", "--dataset", name(blue), "--image-size", "8", "--out", str(tmp_path / "run")]) == 0

@@ -780,3 +780,65 @@ def _metadata(run_dir: Path) -> dict[str, str]:
     from attnconv.runs.files import weights_metadata
 
     return weights_metadata((Path(run_dir) / "model.safetensors").read_bytes())
+
+
+def test_round_39_logs_that_are_not_the_checkpoints_are_named_and_an_older_copy_of_the_weights_is_written_anew(
+        data_dir, tmp_path, capsys):  # noqa: F811
+    """metrics.csv or heads.jsonl cut at a line, an older copy, or a sibling run's (another seed) were read by `table`,
+    `compare`, `report` and `analyze` as the run's (`table` showing 1 epoch of 2, or the sibling's accuracy), exit 0.
+    Each checkpoint now records the logs it was written after (their row counts and digests) in model.safetensors;
+    the readers compare. `train --resume` of a finished run whose model.safetensors was an older copy said "already
+    finished" and left it: it is written anew from state.pt, as a cut one is. `report` said the heads were recorded
+    at initialization when heads.jsonl had no such line. A backslash in a name was shown as is, so `a\\nb.png` passed
+    for the name with a newline."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.cli import one_line
+    from attnconv.runs.files import weights_metadata
+
+    runs = {}
+    for seed in ("0", "1"):
+        runs[seed] = tmp_path / f"seed{seed}"
+        assert main(tiny_args(runs[seed], data_dir, "--seed", seed, "--log-every", "3")) == 0
+    run = tmp_path / "run"
+
+    def one_error(argv):
+        capsys.readouterr()
+        code = main([str(a) for a in argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (argv, err)
+        return err[0]
+
+    metrics, heads = run / "metrics.csv", run / "heads.jsonl"
+    for edit, file, argv, said in (
+            ("cut", metrics, ["table", run], "it holds 1 row, and the run's weights were written after 2: rows were "
+                                             "lost (cut short, or an older copy of the file)"),
+            ("sibling", metrics, ["table", run], "its first 2 rows are not what the run's weights were written after "
+                                                 "(another run's, or an edited copy)"),
+            ("cut", heads, ["analyze", run], "it holds 2 snapshots, and the run's weights were written after 3"),
+            ("sibling", heads, ["analyze", run], "its first 3 snapshots are not what the run's weights were written"),
+            ("sibling", heads, ["compare", run, runs["1"]], "its first 3 snapshots are not what")):
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(runs["0"], run)
+        lines = file.read_text().splitlines(keepends=True)
+        file.write_text("".join(lines[:-1]) if edit == "cut" else (runs["1"] / file.name).read_text())
+        line = one_error(argv)
+        assert line.startswith(f"error: {file}: {said}"), line
+
+    shutil.rmtree(run)
+    shutil.copytree(runs["0"], run)  # the weights of an older step (their metadata says so), state.pt at the last
+    weights_path = run / "model.safetensors"
+    meta = weights_metadata(weights_path.read_bytes())
+    save_file(load_file(str(weights_path)), str(weights_path), metadata={**meta, "step": "3"})
+    capsys.readouterr()
+    assert main(tiny_args(run, data_dir, "--seed", "0", "--log-every", "3", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert "model.safetensors held the weights of step 3, not the checkpoint's 16 (an older copy, or another run's): " \
+           "written anew from state.pt" in err, err
+    assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 0
+
+    from attnconv.report import _recorded_when
+
+    assert _recorded_when([0, 1, 2]) == "at initialization (epoch 0) and after each epoch"
+    assert "no line from initialization (epoch 0)" in _recorded_when([1, 2])
+    assert one_line("a\\nb.png") == "a\\\\nb.png" and one_line("a\nb.png") == "a\\nb.png"

@@ -280,8 +280,11 @@ def _whole_run(run: Path) -> Run | None:
 
 def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:
     """`read_heads` of a run; for a whole run (`_whole_run`), the snapshots checked against the model and the
-    length its config.json describes (`Run.check_heads_fit`)."""
+    length its config.json describes (`Run.check_heads_fit`), and those its last checkpoint was written after
+    (`Run.check_logs`)."""
     snaps = read_heads(run)
     if whole is not None:
         whole.check_heads_fit(snaps)
+        if not snaps or snaps[0]["epoch"] == 0:  # one without its start: said by its readers, with their fix
+            whole.check_logs("heads", snaps)
     return snaps

@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run(argv, process)
         except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
             print(one_line(err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted", file=sys.stderr)
+            _said.append(True)  # a second SIGINT after it (`timeout -s INT` sends one to the group too) says nothing
             return 130
     finally:
         if isinstance(sys.stdout, _NamedStdout):
@@ -230,14 +231,19 @@ def _interrupts_not_lost() -> Iterator[None]:
         sys.unraisablehook = previous
 
 
+# Whether this process has said `interrupted` already (`main`): one Ctrl-C, one line.
+_said: list[bool] = []
+
+
 def _interrupted_exit(signum: int, frame: object) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # closed, or the reader left
             pass
-    with contextlib.suppress(OSError):  # stderr full or gone: the exit status says it
-        os.write(2, b"interrupted\n")
+    if not _said:
+        with contextlib.suppress(OSError):  # stderr full or gone: the exit status says it
+            os.write(2, b"interrupted\n")
     os._exit(130)
 
 
@@ -365,7 +371,7 @@ def _interrupt_inside(err: BaseException) -> bool:
 # layout ones (zero-width spaces, direction overrides, line and paragraph separators, lone surrogates). A file
 # name or a class name holding one must not split the one line a message is, act on the terminal, read as
 # another name, or fail to print.
-_SPECIAL = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_SPECIAL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
 
 
 def _escape(c: str) -> str:
@@ -377,10 +383,12 @@ def _escape(c: str) -> str:
 
 def one_line(text: str) -> str:
     """`text` as one line of plain text: characters that are not printable shown as escapes (`\\n`, `\\x1b`,
-    `\\u202e`); a plain space and every letter, digit, mark and symbol of any script kept."""
-    if text.isprintable():
+    `\\u202e`), and a backslash as two, so that an escape never passes for the characters it stands for (a file named
+    `a\\nb.png` is not the one with a newline); a plain space and every letter, digit, mark and symbol of any script
+    kept."""
+    if text.isprintable() and "\\" not in text:
         return text
-    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+    return "".join(c if (c.isprintable() and c != "\\") or c == " " else _escape(c) for c in text)
 
 
 def plain(text: str) -> str:

@@ -19,7 +19,14 @@ import numpy as np
 import torch
 
 from attnconv.data import decode
-from attnconv.data.folder_cache import build_cache, discard, open_cache, prune, remove_dead_temporaries
+from attnconv.data.folder_cache import (
+    build_cache,
+    closed_entry,
+    discard,
+    open_cache,
+    prune,
+    remove_dead_temporaries,
+)
 from attnconv.data.folder_layout import FolderLayout, scan_folder
 from attnconv.data.imageset import ImageSet
 from attnconv.data.info import DatasetInfo
@@ -158,6 +165,9 @@ def _prepare(root: Path, image_size: int) -> tuple[DatasetInfo, np.ndarray, np.n
         cached = None
         discard(target)
     if cached is None:
+        closed = closed_entry(target)  # another user's entry (or a cache folder this user may not enter): said first,
+        if closed is not None:  # not after decoding the whole folder
+            raise AttnconvError(closed)
         _check_fits(layout, 1, size)  # fail fast, before opening every file, if even grey cannot fit
         with decode.quiet():  # once for all the threads: their own catch_warnings race each other
             _build(layout, size, target)
@@ -165,13 +175,16 @@ def _prepare(root: Path, image_size: int) -> tuple[DatasetInfo, np.ndarray, np.n
         if cached is None:
             raise AttnconvError(f"{target}: the cache just written cannot be read back; delete it and try again")
     index, images, labels = cached
+    std = [float(v) for v in index["std"]]
+    if any(v > 0 for v in std):  # a channel of one value while others vary (two-band data as RGB): left at 0 by
+        std = [v if v > 0 else 1.0 for v in std]  # its mean alone; images all of one value are refused by training
     info = DatasetInfo(
         name=f"{FOLDER_PREFIX}{layout.root}",
         channels=int(index["channels"]),
         size=int(index["size"]),
         num_classes=len(index["classes"]),
         mean=tuple(float(m) for m in index["mean"]),
-        std=tuple(float(s) for s in index["std"]),
+        std=tuple(std),
         classes=tuple(index["classes"]),
         train_size=int(index["train_size"]),
         test_size=int(index["test_size"]),

@@ -3,7 +3,9 @@
     $XDG_CACHE_HOME/attnconv/folders/<key>/
         images.npy    uint8 (N, C, S, S), train images then test images; memory-mapped on load
         labels.npy    int64 (N,)
-        index.json    classes, split sizes, channels, size, mean/std, the folder it came from
+        index.json    classes, split sizes, channels, size, mean/std, the folder it came from, the entry's own
+                      name ("entry") and a digest of images.npy and labels.npy ("arrays"), sealed with a digest of
+                      itself: an index or arrays copied from another entry, or edited, are rebuilt
 
 The directory is built under a temporary name next to it and renamed into place
 (a reader sees all of it or none of it); a cache that does not match its index is
@@ -99,6 +101,9 @@ def _cache_error(target: Path, e: OSError, nbytes: int) -> AttnconvError:
             return AttnconvError(f"{path}: {not_a_folder(path)}, where the dataset cache needs a folder; move it "
                                  "away, or set XDG_CACHE_HOME to put the cache elsewhere")
     if e.errno in _NOT_ALLOWED:
+        closed = closed_entry(target)
+        if closed is not None:  # a folder on the way, or the entry, this user may not enter or read: another user's
+            return AttnconvError(closed)
         return AttnconvError(
             f"{directory}: cannot write the dataset cache ({e.strerror}: {e.filename or directory}); "
             "make it writable, or set XDG_CACHE_HOME to put the cache elsewhere"
@@ -107,6 +112,32 @@ def _cache_error(target: Path, e: OSError, nbytes: int) -> AttnconvError:
         f"{directory}: cannot write the dataset cache ({e.strerror or e}); "
         "free space there, or set XDG_CACHE_HOME to put the cache elsewhere"
     )
+
+
+def closed_entry(target: Path) -> str | None:
+    """The line for a folder on the way to the entry `target` that this user may not enter, or a file of the entry
+    (the entry itself) it may not read, with its owner and mode (an entry another user made: attnconv makes them
+    0700); None when every one is open to this user."""
+    files = [target / name for name in (INDEX, IMAGES, LABELS)]
+    for path in (*reversed(target.parents), target, *files):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # not there (yet): nothing closed at it
+        need = os.X_OK | os.R_OK if path == target else os.X_OK if stat.S_ISDIR(st.st_mode) else os.R_OK
+        if os.access(path, need):
+            continue
+        try:
+            import pwd
+
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except (ImportError, KeyError):
+            owner = f"uid {st.st_uid}"
+        what = "enter" if stat.S_ISDIR(st.st_mode) and path != target else "read"
+        return (f"{path}: this user may not {what} it (owned by {owner}, mode {stat.S_IMODE(st.st_mode):o}), so the "
+                "dataset cache there cannot be used; set XDG_CACHE_HOME to a cache folder of your own, or have its "
+                f"owner open it to you")
+    return None
 
 
 def _reserve(fd: int, offset: int, length: int) -> None:
@@ -158,10 +189,22 @@ def _sealed(index: dict) -> dict:
     return {**index, "sealed": _seal(index)}
 
 
+def _arrays_digest(directory: Path) -> str:
+    """A digest of the bytes of the entry's images.npy and labels.npy (read in chunks)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in (IMAGES, LABELS):
+        with open(directory / name, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+        digest.update(b"|")
+    return digest.hexdigest()
+
+
 def _sound_index(index: object) -> bool:
     """Whether `index` is as it was written (its seal) and holds what a load reads, of the types it reads them as
     (an edited one, even to values a folder could have, is rebuilt)."""
-    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT or index.get("sealed") != _seal(index):
+    if not isinstance(index, dict) or index.get("format") != CACHE_FORMAT or index.get("sealed") != _seal(index) \
+            or not all(isinstance(index.get(k), str) for k in ("entry", "arrays")):  # entries before them: rebuilt
         return False
     counts = [index.get(k) for k in ("train_size", "test_size", "channels", "size")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts) or counts[2] not in (1, 3):
@@ -195,7 +238,9 @@ def open_cache(directory: Path) -> tuple[dict, np.ndarray, np.ndarray] | None:
     index = read_index(directory)
     if index is None or not (_regular(directory / IMAGES) and _regular(directory / LABELS)):
         return None
-    try:
+    try:  # another entry's index or arrays (copied, linked), or arrays changed since: not this entry's
+        if index["entry"] != directory.name or index["arrays"] != _arrays_digest(directory):
+            return None
         images = np.load(directory / IMAGES, mmap_mode="c", allow_pickle=False)
         labels = np.load(directory / LABELS, allow_pickle=False)
         n = int(index["train_size"]) + int(index["test_size"])
@@ -233,7 +278,7 @@ def build_cache(
             _fsync(tmp / IMAGES)
             np.save(tmp / LABELS, labels.astype(np.int64), allow_pickle=False)
             _fsync(tmp / LABELS)
-            sealed = _sealed({"format": CACHE_FORMAT, **index})
+            sealed = _sealed({"format": CACHE_FORMAT, **index, "entry": target.name, "arrays": _arrays_digest(tmp)})
             atomic_write(tmp / INDEX, lambda p: p.write_text(json.dumps(sealed, indent=1)))
             if target.exists():
                 if open_cache(target) is not None:  # another process (a second DDP rank) built it meanwhile

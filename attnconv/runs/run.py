@@ -26,12 +26,14 @@ from attnconv.runs.files import (
     HEADS_LOST,
     METRICS_FILE,
     METRICS_LOST,
+    WEIGHTS_FILE,
     log_fix,
     read_config,
 )
 from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.record import check_record
+from attnconv.runs.logs_record import logs_problem
+from attnconv.runs.record import check_record, recorded_metadata
 from attnconv.runs.run_data import (
     check_other_dataset,
     data_changes,
@@ -102,7 +104,25 @@ class Run:
             raise DamagedFile(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
                               f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
                               "in config.json)", log_fix(METRICS_LOST, config_edited=True))
+        self.check_logs("metrics", rows)
         return rows
+
+    def check_logs(self, what: str, entries: list[dict[str, Any]]) -> None:
+        """One DamagedFile where metrics.csv's rows (`what` "metrics") or heads.jsonl's snapshots ("heads"), read as
+        `entries`, are not those the run's last checkpoint was written after (`runs.logs_record.logs_problem`: cut,
+        an older copy, another run's)."""
+        name, fix = (METRICS_FILE, log_fix(METRICS_LOST)) if what == "metrics" else \
+            (HEADS_FILE, log_fix(HEADS_LOST, hint=_FINAL_HEADS))
+        if not os.path.lexists(self.path / name):  # deleted, as the fix for a damaged one allows: nothing to judge
+            return
+        problem = logs_problem(self.weights_metadata, what, entries)
+        if problem is not None:
+            raise DamagedFile(f"{self.path / name}: {problem}", fix)
+
+    @functools.cached_property
+    def weights_metadata(self) -> dict[str, str]:
+        """model.safetensors' metadata, from its header alone ({} without weights): what its checkpoint records."""
+        return recorded_metadata(self.path / WEIGHTS_FILE)
 
     @functools.cached_property
     def heads(self) -> list[dict[str, Any]]:
@@ -121,6 +141,8 @@ class Run:
                           f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}",
                           AttnconvWarning, stacklevel=2)
         self.check_heads_fit(records)
+        if not skipped:  # damaged lines skipped: fewer than the checkpoint counts, said above
+            self.check_logs("heads", records)
         return records
 
     def check_heads_fit(self, records: Sequence[dict[str, Any]]) -> None:

@@ -7,7 +7,9 @@ and how a resumed run replays from them (`Checkpointer`).
                         "optimizer": the optimizer's state_dict,
                         "rng": {"torch": [CPU generator state per rank], "cuda": [per rank] or None},
                         "record": config.json as `runs.record.config_record` gives it}
-    model.safetensors  the same weights, metadata {"model", "step", "epoch", "attnconv_run": the record}
+    model.safetensors  the same weights, metadata {"model", "step", "epoch", "attnconv_run": the record,
+                        "attnconv_logs": the logs it was written after (`runs.logs_record`),
+                        "attnconv_checksum": its tensors' checksum}
 
 Both are written as one pair (`runs.save_checkpoint`: both temporaries written and synced, then both
 renamed with Ctrl-C held back in between; only a crash between the two renames leaves
@@ -46,6 +48,8 @@ from attnconv.runs import (
     weights_fit,
 )
 from attnconv.runs.files import STATE_FIX
+from attnconv.runs.logs_record import LOGS_KEY, logs_record
+from attnconv.runs.record import recorded_metadata, recorded_step
 from attnconv.runs.values import is_finite, short_value
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
@@ -251,18 +255,27 @@ class Checkpointer:
         meta = {"model": self.model_name, "step": str(p.step), "epoch": str(p.epoch)}
         if self.record is not None:
             meta[RECORD_KEY] = self.record
+        logs = logs_record(self.out, p.rows, p.snapshots)  # the logs it is written after, for their readers to check
+        if logs is not None:
+            meta[LOGS_KEY] = logs
         return meta
 
     def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
         """Rank 0, a finished run resumed: model.safetensors written anew from the restored state where it is
         missing (deleted, moved away), a link to nowhere (or into a loop), or a file that does not hold the model's
-        tensors (`runs.weights_fit`: cut short, junk), as an unfinished run's next checkpoint writes it (a link is
+        tensors (`runs.weights_fit`: cut short, junk) or those of another step (an older copy), as an unfinished run's
+        next checkpoint writes it (a link is
         replaced, nothing is written through it); what it was, or None."""
         path = self.out / WEIGHTS_FILE
         dangling = dangling_link(path)
+        step = None
         if dangling is None and path.exists() and weights_fit(model, path):
-            return None
-        why = f"was {dangling}" if dangling else "was missing" if not path.exists() else "did not hold the run's weights"
+            step = recorded_step(recorded_metadata(path))
+            if step is None or step == progress.step:
+                return None
+        why = f"was {dangling}" if dangling else "was missing" if not path.exists() else \
+            f"held the weights of step {step}, not the checkpoint's {progress.step} (an older copy, or another run's)" \
+            if step is not None else "did not hold the run's weights"
         save_weights(model, path, self._weights_meta(progress))
         return why
 

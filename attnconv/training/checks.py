@@ -57,8 +57,9 @@ def check_data(info: D.DatasetInfo, train_set, test_set, batch_size: int, world_
             raise AttnconvError(f"{name} labels must be in 0..{info.num_classes - 1}")
     flat = [c for c, spread in enumerate(info.std) if not spread > 0]
     if flat:  # images of one colour: nothing to normalize by, before config.json is written with a spread of 0
-        raise ParameterError("dataset", info.name, f": its training images are all of one value in channel "
-                             f"{flat[0]} (a spread of 0), which cannot be normalized; give images that vary",
+        where = "" if len(flat) == len(info.std) else f" in channel {flat[0]}"
+        raise ParameterError("dataset", info.name, f": its training images are all of one value{where} (a spread of "
+                             "0), which cannot be normalized; give images that vary",
                              shown=info.name.removeprefix("folder:") if info.name.startswith("folder:") else None)
     if batch_size > len(train_set):
         if resuming:

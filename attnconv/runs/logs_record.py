@@ -1,0 +1,100 @@
+"""What a checkpoint records of the logs it was written after, and the check that the logs a command reads are those.
+
+model.safetensors' metadata holds, under `LOGS_KEY`, {"rows": metrics.csv rows the checkpoint counts, "metrics": a
+digest of them, "snapshots": heads.jsonl lines it counts, "heads": a digest of them} (`logs_record`), written with
+every checkpoint. `logs_problem` compares the logs read now with it: fewer rows than the checkpoint counts (cut short,
+an older copy) or other rows (another run's, other seeds', an edited copy) are one line naming the file. Rows past the
+count are not judged: a run stopped between its last row and its checkpoint has one more (`train --resume` cuts it).
+Weights without the record (written before it, converted runs) are not checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+LOGS_KEY = "attnconv_logs"
+
+# What a run's training decides in metrics.csv (not its timing: a copy with its seconds edited is the same run).
+TRAINED_COLUMNS = ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "lr")
+
+
+def content_digest(value: Any) -> str:
+    """A short digest of JSON-able `value`: dict keys in any order, and numbers to 6 significant digits, the same."""
+    return hashlib.blake2b(json.dumps(_rounded(value), sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.6g}") if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def logs_digest(rows: list[dict[str, Any]]) -> str | None:
+    """What tells one run's metrics.csv from another's, as read: the columns its training decides, by the header's
+    names, to 6 significant digits (a copy saved with a byte-order mark, CRLF, its columns in another order, a
+    column added, its timing or a value edited past the sixth digit is the same), or None for no rows."""
+    return content_digest([{k: row.get(k) for k in TRAINED_COLUMNS} for row in rows]) if rows else None
+
+
+def heads_digest(snapshots: list[dict[str, Any]]) -> str | None:
+    """What tells one run's heads.jsonl from another's: each snapshot's epoch, step and heads, or None for none."""
+    return content_digest([[s["epoch"], s["step"], s["layers"]] for s in snapshots]) if snapshots else None
+
+
+def logs_record(run_dir: Path, rows: int, snapshots: int | None) -> str | None:
+    """The `LOGS_KEY` metadata of a checkpoint that counts `rows` metrics.csv rows and `snapshots` heads.jsonl lines
+    (None: the run records no heads), from the files as they are now; None where they cannot be read whole (the
+    checkpoint then vouches for nothing, and their own readers say what is wrong)."""
+    from attnconv.errors import AttnconvError
+    from attnconv.runs.heads_file import read_heads
+    from attnconv.runs.logs_file import read_metrics
+
+    try:
+        metrics = read_metrics(run_dir)[:rows]
+        heads = read_heads(run_dir)[:snapshots] if snapshots is not None else None
+    except (AttnconvError, OSError):
+        return None
+    if len(metrics) != rows or (heads is not None and len(heads) != snapshots):
+        return None
+    record: dict[str, Any] = {"rows": rows, "metrics": logs_digest(metrics)}
+    if heads is not None:
+        record.update(snapshots=snapshots, heads=heads_digest(heads))
+    return json.dumps(record, sort_keys=True)
+
+
+def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
+    try:
+        record = json.loads(metadata[LOGS_KEY])
+    except (KeyError, TypeError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, Any]]) -> str | None:
+    """Why the log `what` ("metrics" for metrics.csv's rows, "heads" for heads.jsonl's snapshots), read as `entries`,
+    is not the one the run's last checkpoint (its weights' `metadata`) was written after; None where it is, or the
+    weights record nothing of it."""
+    record = _recorded(metadata)
+    count_key, digest = ("rows", logs_digest) if what == "metrics" else ("snapshots", heads_digest)
+    if record is None or not isinstance(record.get(count_key), int) or record[count_key] < 0:
+        return None
+    count, noun = record[count_key], "row" if what == "metrics" else "snapshot"
+    if len(entries) < count:
+        return (f"it holds {_many(len(entries), noun)}, and the run's weights were written after {count}: {noun}s were "
+                "lost (cut short, or an older copy of the file)")
+    if digest(entries[:count]) != record.get(what):
+        first = f"its first {count} {noun}s are" if count > 1 else f"its first {noun} is"
+        return f"{first} not what the run's weights were written after (another run's, or an edited copy)"
+    return None
+
+
+def _many(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
