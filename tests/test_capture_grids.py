@@ -826,3 +826,73 @@ def test_round_39_a_models_own_attention_that_is_not_a_number_is_refused_and_sit
                                                     "grid=(7, 7), leading=1, trailing=15 to lay the grid there")
     reading, said = given_layout(17, (4, 4), 0, None, (16, 16), 2, 2)  # leading=0: a token appended, as given
     assert reading == (0, (4, 4)) and "with 1 token besides it, a guess" in said
+
+
+def test_round_40_an_output_made_non_finite_by_its_values_is_not_blamed_on_the_attention_and_odd_calls_are_taken():
+    """The output check blamed the attention where the values made the output inf (values near float32's limit that
+    a kernel's unnormalized sums overflow, float32 values that autocast casts past float16, a float16 value
+    projection past its limit with need_weights=False, a NaN bias_v): it now judges only where the values cannot.
+    Queries broadcast against larger keys, and nested (jagged) tensors, crashed the recomputation with a raw
+    RuntimeError: the first is captured, the second said and skipped."""
+    import torch.nn.functional as F
+
+    def capture(forward):
+        class M(nn.Module):
+            def forward(self, x):
+                return forward()
+
+        return capture_attention(M().eval(), torch.zeros(1, 3, 16, 16))
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 1, 16, 8)
+    big = torch.full((1, 1, 16, 8), 1e38)  # finite values, summed unnormalized by a fast kernel: inf
+    (r,) = capture(lambda: F.scaled_dot_product_attention(q, q, big))
+    assert torch.isfinite(r.probs).all()
+    q2, v2 = torch.randn(2, 2, 16, 8), torch.randn(2, 2, 16, 8) * 1e5  # past float16 once autocast casts them
+
+    def autocast_sdpa():
+        with torch.autocast("cpu", dtype=torch.float16):
+            return F.scaled_dot_product_attention(q2, q2, v2)
+
+    (r,) = capture(autocast_sdpa)
+    assert torch.isfinite(r.probs).all()
+
+    mha = nn.MultiheadAttention(16, 2, batch_first=True).half().eval()
+    with torch.no_grad():
+        mha.in_proj_weight[32:] *= 30000  # the value projection past float16, the output projection tiny
+        mha.out_proj.weight.mul_(1e-5)
+    x = torch.randn(2, 16, 16).half()
+    assert not mha(x, x, x, need_weights=False)[0].isfinite().all() and mha(x, x, x)[1].isfinite().all()
+    (r,) = capture(lambda: mha(x, x, x, need_weights=False)[0])
+    assert torch.isfinite(r.probs).all()
+    nan_v = nn.MultiheadAttention(16, 2, batch_first=True, add_bias_kv=True).eval()
+    with torch.no_grad():
+        nan_v.bias_v.fill_(math.nan)
+    x32 = torch.randn(2, 16, 16)
+    (r,) = capture(lambda: nan_v(x32, x32, x32, need_weights=False)[0])
+    assert torch.isfinite(r.probs).all()
+
+    k = torch.randn(2, 2, 16, 8)  # the queries broadcast over the keys' batch
+    (r,) = capture(lambda: F.scaled_dot_product_attention(torch.randn(1, 2, 16, 8), k, k))
+    assert r.probs.shape == (2, 16, 16) and r.images == 2
+    jagged = torch.nested.nested_tensor([torch.randn(12, 2, 8), torch.randn(16, 2, 8)], layout=torch.jagged)
+    jagged = jagged.transpose(1, 2)
+    with pytest.warns(AttnconvWarning, match="a scaled_dot_product_attention call on nested tensors is not captured"):
+        assert capture(lambda: F.scaled_dot_product_attention(jagged, jagged, jagged)) == []
+    from attnconv.attention.layer import SelfAttention2d
+    from attnconv.models.sites import site_probs as probs_of
+
+    class Own(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sa = SelfAttention2d(3, heads=2, encoding="learned-content", max_size=16)
+
+        def forward(self, x):
+            return self.sa(x)
+
+    own = Own().eval()
+    sites = attention_sites(own, (3, 8, 8))
+    with torch.no_grad():
+        own.sa.query.weight.fill_(math.nan)
+    with pytest.raises(AttnconvError, match=r"sa: its attention probabilities hold NaN or inf"):
+        probs_of(own, sites, torch.randn(2, 3, 8, 8))

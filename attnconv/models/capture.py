@@ -65,6 +65,7 @@ from attnconv.models.captured import (
     check_own_attention,
     check_own_multihead,
     check_scores,
+    chunks,
     declared_layout,
     given_layout,
     guess_layout,
@@ -72,7 +73,9 @@ from attnconv.models.captured import (
     left_out_note,
     multihead_value_maps,
     own_rows_bad,
+    row_pieces,
     same_output,
+    sdpa_values_bounded,
     softmax_parts,
     whole_bytes,
 )
@@ -84,8 +87,6 @@ __all__ = ["KINDS", "MAX_BYTES", "MAX_EXTRA", "CapturedAttention", "CapturedLaye
 
 # The most bytes the captured probabilities may take, all computations together, by default.
 MAX_BYTES = 2 * 2**30
-# Bytes of float64 intermediates per chunk of the batch while recomputing one call's probabilities.
-_CHUNK_BYTES = 64 * 2**20
 _NATIVE_BATCH = 16  # images per attention_probs call of a content SelfAttention2d / ConvAttention
 
 class _Accumulator:
@@ -142,18 +143,7 @@ class _Accumulator:
             scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()})
 
 
-def _chunks(total: int, per_item: int) -> int:
-    return max(1, min(total, _CHUNK_BYTES // max(per_item, 1)))
-
-
-def _row_pieces(rows: int, per_row: int) -> list[tuple[int, int]]:
-    """The query rows in pieces whose float64 intermediates (`per_row` bytes a row) stay within _CHUNK_BYTES (one
-    piece when all fit): a batch entry larger than a chunk is recomputed a piece of rows at a time."""
-    step = max(1, min(rows, _CHUNK_BYTES // max(per_row, 1)))
-    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
-
-
-def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: Any) -> _Accumulator:
+def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: Any) -> _Accumulator | None:
     """Recompute one scaled_dot_product_attention call's probabilities (float64), averaged over its batch; refused
     where the call's own output `out` shows its attention is not a number (`check_own_attention`)."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -161,29 +151,32 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
     bound.update(kwargs)
     q, k = bound["query"].detach(), bound["key"].detach()
     mask, causal, scale = bound.get("attn_mask"), bool(bound.get("is_causal", False)), bound.get("scale")
+    if q.is_nested or k.is_nested:  # sequences of several lengths in one tensor
+        capture.warn(f"{where or '(model)'}: a scaled_dot_product_attention call on nested tensors is not captured")
+        return None
     if q.dim() < 3:
         raise AttnconvError(f"{where}: scaled_dot_product_attention with {q.dim()}-d queries; expected (..., L, E)")
+    if bound.get("enable_gqa") and k.dim() >= 4 and q.dim() >= 4 and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])  # either may broadcast over the other's
+    q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
-    if bound.get("enable_gqa") and k.dim() >= 4 and k.shape[-3] != heads:  # each key head serves several query heads
-        k = k.repeat_interleave(heads // k.shape[-3], dim=-3)
-    k = k.expand(*q.shape[:-2], *k.shape[-2:])
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1 / math.sqrt(E) if scale is None else float(scale)
     qf, kf = q.reshape(-1, heads, L, E), k.reshape(-1, heads, S, E)
     if mask is not None:
         mask = mask.detach().expand(*q.shape[:-1], S).reshape(-1, heads, L, S)
     acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where, qf.shape[0])
-    step = _chunks(qf.shape[0], heads * L * S * 8 * 3)
+    step = chunks(qf.shape[0], heads * L * S * 8 * 3)
     for i in range(0, qf.shape[0], step):
         kt = kf[i:i + step].double().transpose(-1, -2)
-        for r0, r1 in _row_pieces(L, step * heads * S * 8 * 3):
+        for r0, r1 in row_pieces(L, step * heads * S * 8 * 3):
             content = torch.matmul(qf[i:i + step, :, r0:r1].double(), kt) * scale
             combined, probs = softmax_parts(content, None if mask is None else mask[i:i + step, :, r0:r1], causal, r0)
             acc.add(content, combined, probs, r0)
-    value = bound["value"]
-    if isinstance(out, Tensor) and isinstance(value, Tensor) and bool(value.detach().isfinite().all()):
-        check_own_attention(own_rows_bad(out, qf.shape[0], L), acc.dead, where, q.dtype, "its output holds NaN or "
-                            "inf there, its values being finite")
+    if isinstance(out, Tensor) and sdpa_values_bounded(bound["value"], S, bound.get("dropout_p", 0.0), out.dtype):
+        check_own_attention(own_rows_bad(out, qf.shape[0], L), acc.dead, where, out.dtype, "its output holds NaN or "
+                            "inf there, its values finite and bounded")
     return acc
 
 
@@ -274,10 +267,10 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     if kpm is not None:
         add(kpm, (B, 1, 1, S + trailing))
     acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where, B)
-    step = _chunks(B, h * L * (S + trailing) * 8 * 3)
+    step = chunks(B, h * L * (S + trailing) * 8 * 3)
     for i in range(0, B, step):
         kt = k[i:i + step].transpose(-1, -2)
-        for r0, r1 in _row_pieces(L, step * h * (S + trailing) * 8 * 3):
+        for r0, r1 in row_pieces(L, step * h * (S + trailing) * 8 * 3):
             content = torch.matmul(q[i:i + step, :, r0:r1], kt) / math.sqrt(d)
             combined, probs = softmax_parts(content, mask[i:i + step, :, r0:r1], False, r0)
             acc.add(content, combined, probs, r0)
@@ -475,7 +468,9 @@ class _Capture(TorchFunctionMode):
             module = self.stack[-1] if self.stack else None
             where = self.names.get(module, "") if module is not None else ""
             if func is F.scaled_dot_product_attention:
-                self._add(where, module, "sdpa", _sdpa_record(self, where, args, kwargs, out))
+                made = _sdpa_record(self, where, args, kwargs, out)
+                if made is not None:
+                    self._add(where, module, "sdpa", made)
             else:  # with the mode off inside it, its own SDPA call is not seen: the whole call is one record
                 made = _functional_record(self, where, args, kwargs, out)
                 if made is not None:

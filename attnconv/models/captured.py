@@ -166,7 +166,7 @@ def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, 
 def softmax_parts(content: Tensor, mask: Tensor | None, causal: bool, row0: int = 0) -> tuple[Tensor, Tensor]:
     """(combined scores, probabilities) from q k^T * scale (..., L, S) and an additive float mask or a
     keep-mask (bool, True: take part), and top-left causal masking. Fully masked rows attend nowhere (0).
-    row0: the first query row `content` holds, when the rows come in pieces (`capture._row_pieces`)."""
+    row0: the first query row `content` holds, when the rows come in pieces (`row_pieces`)."""
     combined = content
     if mask is not None:
         combined = combined.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else combined + mask.double()
@@ -216,20 +216,35 @@ def check_own_attention(bad: Tensor | None, dead: Tensor, where: str, dtype: tor
             "weights, scale, masks and inputs")
 
 
+def _peak(*tensors: Tensor | None) -> float:
+    """The largest magnitude in `tensors` (None skipped), in float64: NaN or inf if any value is."""
+    peaks = [float(t.detach().double().abs().amax()) for t in tensors if isinstance(t, Tensor) and t.numel()]
+    return math.nan if any(math.isnan(p) for p in peaks) else max(peaks, default=0.0)
+
+
+def sdpa_values_bounded(value: Any, keys: int, dropout_p: Any, dtype: torch.dtype) -> bool:
+    """Whether an attention call's output in `dtype` can be NaN or inf only through its attention: its `value`s are
+    finite, and so small that a kernel's sums over `keys` of them (unnormalized, as flash-style kernels keep them;
+    scaled by dropout's 1 / (1 - p)) stay within what `dtype` holds (values near its limit, or past it once cast,
+    as autocast does, would overflow with a finite attention)."""
+    if not isinstance(value, Tensor) or not dtype.is_floating_point or value.is_nested:
+        return False
+    p = float(dropout_p or 0.0)
+    scale = 1.0 if p == 0 else 1 / (1 - p) if 0 < p < 1 else math.inf
+    return _peak(value) * max(keys, 1) * scale < torch.finfo(dtype).max / 2
+
+
 def values_bounded(value: Tensor, w_v: Tensor | None, b_v: Tensor | None, bias_v: Tensor | None, w_o: Tensor | None,
-                   b_o: Tensor | None, dtype: torch.dtype) -> bool:
-    """Whether a multi-head attention's output in `dtype` is NaN or inf only through its attention: its values
-    (projected by `w_v`, `b_v`; `bias_v` appended), finite, and any average of them projected out (`w_o`, `b_o`)
-    stay well within what `dtype` holds."""
-    if not dtype.is_floating_point or not isinstance(w_v, Tensor) or not isinstance(w_o, Tensor):
+                   b_o: Tensor | None, dtype: torch.dtype, keys: int) -> bool:
+    """Whether a multi-head attention's output in `dtype` is NaN or inf only through its attention: its value input,
+    its values (projected by `w_v`, `b_v`; `bias_v` appended) summed over its `keys` (`sdpa_values_bounded`), and any
+    average of them projected out (`w_o`, `b_o`), all finite and within what `dtype` holds."""
+    if not dtype.is_floating_point or not isinstance(w_v, Tensor) or not isinstance(w_o, Tensor) or value.is_nested:
         return False
     v = F.linear(value.detach().double(), w_v.detach().double(), None if b_v is None else b_v.detach().double())
-    peak = float(v.abs().amax()) if v.numel() else 0.0
-    if bias_v is not None:
-        peak = max(peak, float(bias_v.detach().double().abs().amax()))
-    out = peak * float(w_o.detach().double().abs().sum(1).amax()) + (
-        0.0 if b_o is None else float(b_o.detach().double().abs().amax()))
-    return math.isfinite(out) and out < torch.finfo(dtype).max / 2
+    peak, limit = _peak(v, bias_v), torch.finfo(dtype).max / 2
+    out = peak * float(w_o.detach().double().abs().sum(1).amax()) + _peak(b_o)
+    return _peak(value) < limit and peak * (keys + 2) < limit and out < limit  # NaN compares false
 
 
 def check_own_multihead(dead: Tensor, where: str, output: Any, value: Any, batch_first: bool, v_side: tuple,
@@ -243,11 +258,26 @@ def check_own_multihead(dead: Tensor, where: str, output: Any, value: Any, batch
     if isinstance(weights, Tensor):
         check_own_attention(own_rows_bad(weights, entries, rows), dead, where, weights.dtype,
                             "the attention weights it returns hold NaN or inf there")
-    elif isinstance(attn_out, Tensor) and isinstance(value, Tensor) and values_bounded(value, *v_side, *out_side,
-                                                                                       attn_out.dtype):
+    elif isinstance(attn_out, Tensor) and isinstance(value, Tensor) and values_bounded(
+            value, *v_side, *out_side, attn_out.dtype, value.shape[1 if value.dim() == 3 and batch_first else 0]):
         rows_first = attn_out.dim() == 3 and not batch_first  # (L, B, E)
         check_own_attention(own_rows_bad(attn_out.transpose(0, 1) if rows_first else attn_out, entries, rows),
                             dead, where, attn_out.dtype, "its output holds NaN or inf there, its values being finite")
+
+
+# Bytes of float64 intermediates per chunk of the batch while recomputing one call's probabilities.
+CHUNK_BYTES = 64 * 2**20
+
+
+def chunks(total: int, per_item: int) -> int:
+    return max(1, min(total, CHUNK_BYTES // max(per_item, 1)))
+
+
+def row_pieces(rows: int, per_row: int) -> list[tuple[int, int]]:
+    """The query rows in pieces whose float64 intermediates (`per_row` bytes a row) stay within CHUNK_BYTES (one
+    piece when all fit): a batch entry larger than a chunk is recomputed a piece of rows at a time."""
+    step = max(1, min(rows, CHUNK_BYTES // max(per_row, 1)))
+    return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
 def whole_bytes(max_bytes: object) -> int:

@@ -39,7 +39,7 @@ from attnconv.models.capture import (
     native_layer,
     positive_ints,
 )
-from attnconv.models.captured import check_values
+from attnconv.models.captured import check_native_probs, check_values
 from attnconv.modes import eval_mode
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
@@ -274,6 +274,9 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
         raise AttnconvError(f"batch_size {batch_size!r} is invalid: give a whole number of images >= 1")
     batch_size = int(batch_size)  # numpy's integers too
     exact = [site.layer.attention_probs(size=site.size)[0].float() if site.position_only else None for site in sites]
+    for site, probs in zip(sites, exact):
+        if probs is not None:
+            check_native_probs(probs, site.path, probs.dtype)
     if not needs_inputs(sites):
         return exact
     if x is None or len(x) == 0:
@@ -292,6 +295,9 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
             for i, r in zip(captured, _captured_records(model, sites, batch)):
                 sums[i] = sums[i] + r.probs.double() * len(batch)
     out = [p if p is not None else s / len(x) for p, s in zip(exact, sums)]
+    for i in native:  # a layer's weights of NaN: refused, as capture_attention refuses them
+        if exact[i] is None:
+            check_native_probs(out[i], sites[i].path, out[i].dtype)
     for i in captured:  # over the image positions, renormalized (what the measures see)
         total = out[i].sum(-1, keepdim=True)
         out[i] = torch.where(total > 0, out[i] / total.clamp_min(1e-300), out[i]).float()
