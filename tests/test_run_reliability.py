@@ -842,3 +842,42 @@ def test_round_39_logs_that_are_not_the_checkpoints_are_named_and_an_older_copy_
     assert _recorded_when([0, 1, 2]) == "at initialization (epoch 0) and after each epoch"
     assert "no line from initialization (epoch 0)" in _recorded_when([1, 2])
     assert one_line("a\\nb.png") == "a\\\\nb.png" and one_line("a\nb.png") == "a\\nb.png"
+
+
+def test_round_40_a_last_line_without_its_newline_that_the_checkpoint_counts_is_whole_and_weights_failing_their_checksum_are_rewritten(  # noqa: E501
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """metrics.csv or heads.jsonl saved again without the final newline (as editors and CSV tools save them) lost
+    their last row, read as cut short by a crash, and since each checkpoint records the logs it was written after,
+    `table`, `report` and `train --resume` refused the run as rows lost. A last line the checkpoint counts and
+    recorded is whole. `train --resume` of a finished run whose model.safetensors fails its checksum said "already
+    finished" and left it: it is written anew from state.pt."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import weights_metadata
+
+    run = tmp_path / "run"
+    for name in ("metrics.csv", "heads.jsonl"):
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(finished, run)
+        whole = (run / name).read_bytes()
+        (run / name).write_bytes(whole.rstrip(b"\n").replace(b"\n", b"\r\n"))  # CRLF, no final line end
+        capsys.readouterr()
+        for argv in (["table", str(run)], ["analyze", str(run)], tiny_args(run, data_dir, *ONE_EPOCH, "--resume")):
+            assert main(argv) == 0, (name, argv, capsys.readouterr().err)
+        assert "error" not in capsys.readouterr().err
+    cut = run / "metrics.csv"  # a last row a crash cut short, which the checkpoint does not count: still dropped
+    cut.write_bytes(cut.read_bytes() + b"2,16,2.3")
+    assert main(["table", str(run)]) == 0
+
+    shutil.rmtree(run)
+    shutil.copytree(finished, run)
+    path = run / "model.safetensors"
+    tensors, meta = load_file(str(path)), weights_metadata(path.read_bytes())
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1  # other numbers under the recorded checksum: a byte changed on disk
+    save_file(tensors, str(path), metadata=meta)
+    capsys.readouterr()
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
+    assert "model.safetensors failed its checksum (bytes changed on disk): written anew from state.pt" in \
+        capsys.readouterr().err
+    assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 0

@@ -224,6 +224,16 @@ def weights_fit(model: nn.Module, path: Path) -> bool:
     return weights_problem(tensors, model.state_dict()) is None
 
 
+def weights_changed(path: Path) -> bool:
+    """Whether the safetensors file `path` holds tensors that fail the checksum its metadata records
+    (`checksum_problem`: bytes changed on disk since they were written); False where it cannot tell."""
+    try:
+        data = read_regular(path, "")
+        return checksum_problem(load(data), weights_metadata(data)) is not None
+    except (AttnconvError, OSError, SafetensorError, ValueError):
+        return False
+
+
 def weights_problem(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> str | None:
     """What keeps `tensors` (a weights file) from being `expected` (a state_dict) exactly, naming the
     first tensor at fault, or None: names, then each tensor's dtype and shape."""

@@ -36,11 +36,14 @@ from attnconv.runs.files import (
     STEPS_COLUMNS,
     STEPS_FILE,
     TENSORBOARD_DIR,
+    WEIGHTS_FILE,
     NotARunConfig,
     read_config,
 )
 from attnconv.runs.heads_file import heads_line, read_heads
 from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
+from attnconv.runs.logs_record import with_last_line
+from attnconv.runs.record import recorded_metadata
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
 # (`SetAside`); renamed to DISCARDED before it is deleted, so a half-deleted one is never restored.
@@ -268,10 +271,16 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     Logs that lost what the checkpoint counts (rows or lines deleted by hand, a file restored from an older
     copy) are one AttnconvError naming the file, before any file is changed: fewer rows than counted, or,
     with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted)."""
-    metrics = _kept(out / METRICS_FILE, _resumed(read_metrics, out, rows + 1), rows, "rows", step)
+    try:  # a last line without its newline that the checkpoint vouches for is whole
+        meta = recorded_metadata(out / WEIGHTS_FILE)
+    except AttnconvError:  # weights this user may not read: they vouch for nothing here
+        meta = {}
+    metrics = _kept(out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1), meta),
+                    rows, "rows", step)
     steps = _kept(out / STEPS_FILE, _resumed(read_steps, out, step_rows + 1), step_rows, "rows", step)
-    heads = None if snapshots is None else _kept(out / HEADS_FILE, _resumed(read_heads, out, snapshots + 1, "lines"),
-                                                 snapshots, "lines", step)
+    heads = None if snapshots is None else _kept(
+        out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
+        snapshots, "lines", step)
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
     if heads is not None:

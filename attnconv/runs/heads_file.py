@@ -16,16 +16,18 @@ from attnconv.runs.values import file_text, is_finite, is_whole, json_loads, pat
 
 _MAX_HEADS_BYTES = 2**28  # 256 MiB: thousands of snapshots of a large model
 
-def read_heads(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+def read_heads(run_dir: str | os.PathLike, limit: int | None = None, *, unterminated: bool = False
+               ) -> list[dict[str, Any]]:
     """The snapshots of heads.jsonl, oldest first ([] for a run without one), at most `limit`.
 
     Each is {"epoch", "step", "layers": [[{"center", "attention_distance", "alpha" or
     "inverse_covariance"}, ...per head], ...per layer]} (`attnconv.analysis.head_snapshot`),
     written by `train` at initialization (epoch 0, step 0) and after every epoch. A last line
     without its newline was cut short by a crash and is skipped; anything else that is not
-    such a record (`snapshot_problem`) is one AttnconvError naming the file and the line.
+    such a record (`snapshot_problem`) is one AttnconvError naming the file and the line. With `unterminated`,
+    that last line is read too (`runs.logs_record.with_last_line`).
     """
-    return _read_heads(Path(run_dir), limit, skip_bad=False)[0]
+    return _read_heads(Path(run_dir), limit, skip_bad=False, unterminated=unterminated)[0]
 
 
 def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
@@ -38,7 +40,8 @@ def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]
     return _read_heads(Path(run_dir), None, skip_bad=True)
 
 
-def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[dict[str, Any]], list[int]]:
+def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool, unterminated: bool = False
+                ) -> tuple[list[dict[str, Any]], list[int]]:
     path = run_dir / HEADS_FILE
     fix = log_fix(HEADS_LOST)
     if not path.exists():
@@ -51,7 +54,8 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool) -> tuple[list[
         raise DamagedFile(f"{path}: corrupt heads file (over {_MAX_HEADS_BYTES >> 20} MiB)", fix)
     try:
         lines = file_text(read_regular(path, fix)).split("\n")
-        cut = lines.pop()  # "" after a last newline; else a last line cut short by a crash (skipped)
+        cut = "" if unterminated and lines[-1].strip() else lines.pop()  # "" after a last newline; else a last
+        # line cut short by a crash (skipped)
     except UnicodeDecodeError:
         raise DamagedFile(f"{path}: corrupt heads file (binary data, not JSON lines)", fix) from None
     except OSError as err:

@@ -26,15 +26,17 @@ from attnconv.runs.values import file_text, path_kind, short_value
 
 _MAX_METRICS_BYTES = 2**26  # 64 MiB: about a million epochs
 
-def read_metrics(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
+def read_metrics(run_dir: str | os.PathLike, limit: int | None = None, *, unterminated: bool = False
+                 ) -> list[dict[str, float]]:
     """Rows of metrics.csv as dicts of numbers ([] if no epoch finished yet), at most `limit`.
 
-    A last line without its newline is a row cut short by a crash and is skipped. The
+    A last line without its newline is a row cut short by a crash and is skipped (read, with `unterminated`:
+    `runs.logs_record.with_last_line` takes it where the checkpoint vouches for it). The
     header must name every column of METRICS_COLUMNS; a file that is not UTF-8 text, not
     CSV, or holds a value that is not a number is one AttnconvError naming the file.
     """
     return _read_csv(Path(run_dir) / METRICS_FILE, METRICS_COLUMNS, "metrics file", limit, _MAX_METRICS_BYTES,
-                     log_fix(METRICS_LOST), "epoch")
+                     log_fix(METRICS_LOST), "epoch", unterminated)
 
 # Why a run's checkpoint (model.safetensors and state.pt) is gone although its logs show one was whole.
 CHECKPOINT_GONE = "they were moved or deleted; restore them from a copy of the run"
@@ -78,7 +80,7 @@ def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dic
 _MAX_STEPS_BYTES = 2**28  # 256 MiB: millions of rows (--log-every 1 on a long run)
 
 def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None, max_bytes: int,
-              fix: str, order: str) -> list[dict[str, float]]:
+              fix: str, order: str, unterminated: bool = False) -> list[dict[str, float]]:
     """The rows of a run's CSV log (`read_metrics`, `read_steps`); one AttnconvError naming `path` if it is unsound.
     Line ends of any system (LF, CRLF, CR); every column named once; the `order` column rising from row to row (an
     epoch or step logged twice, or rows out of order, would leave two answers to one question)."""
@@ -97,7 +99,9 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     except OSError as err:
         raise DamagedFile(f"{path}: cannot read the {what} ({err.strerror or err})", fix) from None
     text = text.replace("\r\n", "\n").replace("\r", "\n")  # a file saved by an editor on Windows or an old Mac
-    lines = text.split("\n")[:-1]  # the piece after the last newline is empty or cut short
+    lines = text.split("\n")
+    if not (unterminated and lines[-1].strip()):
+        lines.pop()  # the piece after the last newline is empty or cut short
     if not lines:
         return []
     if limit is not None:

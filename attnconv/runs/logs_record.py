@@ -98,3 +98,23 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
 
 def _many(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def with_last_line(run_dir: Path, what: str, entries: list[dict[str, Any]], metadata: dict[str, str]
+                   ) -> list[dict[str, Any]]:
+    """`entries` of the log `what` ("metrics" or "heads") read again with a last line that lacks its newline, where
+    the checkpoint counts that line and it is what the checkpoint recorded (a file saved again without its final
+    newline, as editors and CSV tools save them: not a line a crash cut short, which no checkpoint counts); else
+    `entries`."""
+    from attnconv.errors import AttnconvError
+    from attnconv.runs.heads_file import read_heads
+    from attnconv.runs.logs_file import read_metrics
+
+    record = _recorded(metadata)
+    if record is None or record.get("rows" if what == "metrics" else "snapshots") != len(entries) + 1:
+        return entries
+    try:
+        whole = (read_metrics if what == "metrics" else read_heads)(run_dir, unterminated=True)
+    except (AttnconvError, OSError):
+        return entries
+    return whole if len(whole) == len(entries) + 1 and logs_problem(metadata, what, whole) is None else entries

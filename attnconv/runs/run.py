@@ -32,7 +32,7 @@ from attnconv.runs.files import (
 )
 from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.logs_record import logs_problem
+from attnconv.runs.logs_record import logs_problem, with_last_line
 from attnconv.runs.record import check_record, recorded_metadata
 from attnconv.runs.run_data import (
     check_other_dataset,
@@ -99,7 +99,7 @@ class Run:
     def metrics(self) -> list[dict[str, float]]:
         """metrics.csv's rows (`runs.read_metrics`), none past the run's epochs in config.json. (Its steps are not
         bounded by config.json's total_steps: a resume with `allow_data_change` may change a run's length.)"""
-        rows = read_metrics(self.path)
+        rows = with_last_line(self.path, "metrics", read_metrics(self.path), self.weights_metadata)
         if rows and rows[-1]["epoch"] > self.config.epochs:
             raise DamagedFile(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
                               f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
@@ -132,6 +132,9 @@ class Run:
         are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many; a file with
         no sound line left is one AttnconvError."""
         records, skipped = read_heads_skipping(self.path)
+        if len(skipped) == 1:  # a last line without its newline that the checkpoint counts is whole (a file saved again)
+            whole = with_last_line(self.path, "heads", records, self.weights_metadata)
+            records, skipped = whole, [] if len(whole) > len(records) else skipped
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
                               "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))

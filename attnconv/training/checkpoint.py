@@ -47,6 +47,7 @@ from attnconv.runs import (
     trim_logs,
     weights_fit,
 )
+from attnconv.runs.build import weights_changed
 from attnconv.runs.files import STATE_FIX
 from attnconv.runs.logs_record import LOGS_KEY, logs_record
 from attnconv.runs.record import recorded_metadata, recorded_step
@@ -263,17 +264,19 @@ class Checkpointer:
     def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
         """Rank 0, a finished run resumed: model.safetensors written anew from the restored state where it is
         missing (deleted, moved away), a link to nowhere (or into a loop), or a file that does not hold the model's
-        tensors (`runs.weights_fit`: cut short, junk) or those of another step (an older copy), as an unfinished run's
+        tensors (`runs.weights_fit`: cut short, junk), those of another step (an older copy) or tensors that fail their
+        checksum (`runs.build.weights_changed`), as an unfinished run's
         next checkpoint writes it (a link is
         replaced, nothing is written through it); what it was, or None."""
         path = self.out / WEIGHTS_FILE
         dangling = dangling_link(path)
-        step = None
+        step, changed = None, False
         if dangling is None and path.exists() and weights_fit(model, path):
-            step = recorded_step(recorded_metadata(path))
-            if step is None or step == progress.step:
+            step, changed = recorded_step(recorded_metadata(path)), weights_changed(path)
+            if not changed and (step is None or step == progress.step):
                 return None
         why = f"was {dangling}" if dangling else "was missing" if not path.exists() else \
+            "failed its checksum (bytes changed on disk)" if changed else \
             f"held the weights of step {step}, not the checkpoint's {progress.step} (an older copy, or another run's)" \
             if step is not None else "did not hold the run's weights"
         save_weights(model, path, self._weights_meta(progress))
