@@ -865,6 +865,10 @@ def test_round_40_a_last_line_without_its_newline_that_the_checkpoint_counts_is_
         for argv in (["table", str(run)], ["analyze", str(run)], tiny_args(run, data_dir, *ONE_EPOCH, "--resume")):
             assert main(argv) == 0, (name, argv, capsys.readouterr().err)
         assert "error" not in capsys.readouterr().err
+    with open(run / "heads.jsonl", "ab") as f:  # blank lines at the end, as an editor leaves them: no damage
+        f.write(b"\n\n")
+    capsys.readouterr()
+    assert main(["analyze", str(run)]) == 0 and "damaged" not in capsys.readouterr().err
     cut = run / "metrics.csv"  # a last row a crash cut short, which the checkpoint does not count: still dropped
     cut.write_bytes(cut.read_bytes() + b"2,16,2.3")
     assert main(["table", str(run)]) == 0

@@ -63,6 +63,8 @@ def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool, unterminated: 
     records: list[dict[str, Any]] = []
     skipped: list[int] = []
     for number, line in enumerate(lines[:limit] if limit is not None else lines, 1):
+        if not line.strip():  # a blank line (an editor's, at the end): no snapshot, and no damage
+            continue
         try:
             record = json_loads(line)
             problem = snapshot_problem(record, records[0] if records else None)
