@@ -591,7 +591,7 @@ def test_cross_attention_alone_is_named_and_the_python_api_takes_numpy_and_whole
             return self.attn(query=t[:, :4], key=t, value=t)[0]
 
     with pytest.raises(AttnconvError, match=r"Cross: its attention computations are not self-attention over one "
-                       r"image grid \(attn: cross-attention\)"):
+                       r"image grid \(attn: queries on 2x2, keys on 4x4\)"):
         attention_sites(Cross().eval(), (4, 8, 8))
     vit = attnconv.build_model("vit", in_channels=1, image_size=8, patch=2, hidden=8, heads=2, layers=1,
                                intermediate=8)

@@ -896,3 +896,100 @@ def test_round_40_an_output_made_non_finite_by_its_values_is_not_blamed_on_the_a
         own.sa.query.weight.fill_(math.nan)
     with pytest.raises(AttnconvError, match=r"sa: its attention probabilities hold NaN or inf"):
         probs_of(own, sites, torch.randn(2, 3, 8, 8))
+
+
+def test_round_41_calls_torch_takes_are_taken_site_maps_are_the_attention_and_queries_shared_by_every_image_are_none():
+    """Unbatched (L, E) queries and grouped-query attention on 3-d tensors, which torch takes, were refused or ended in
+    a raw RuntimeError; scores past float32 only below (-inf there: a key left out) were refused as "not a number".
+    `site_maps` gave NaN maps for an attnconv layer with NaN weights, a NaN row for a fully masked one, and for windows
+    the softmax of averaged scores, not the attention (0.11 from `site_probs`). Learned queries shared by every image
+    (batch 1, broadcast over the images' keys) were read as image positions; queries and keys on grids of their own
+    were blamed on a class token left out."""
+    import torch.nn.functional as F
+
+    from attnconv.attention.layer import SelfAttention2d
+
+    def model(forward):
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pe = nn.Conv2d(3, 16, 8, 8)
+
+            def forward(self, x):
+                return forward(self, x)
+
+        return M().eval()
+
+    torch.manual_seed(0)
+    img = torch.randn(2, 3, 32, 32)
+    q, k = torch.randn(16, 8), torch.randn(16, 8)
+    (r,) = capture_attention(model(lambda m, x: F.scaled_dot_product_attention(q, k, k)), img)
+    assert r.probs.shape == (1, 16, 16)
+    q4, k2 = torch.randn(4, 16, 8), torch.randn(2, 16, 8)
+    (r,) = capture_attention(model(lambda m, x: F.scaled_dot_product_attention(q4, k2, k2, enable_gqa=True)), img)
+    expected = torch.softmax(q4.double() @ k2.double().repeat_interleave(2, 0).transpose(-1, -2) / 8 ** 0.5, -1)
+    assert torch.allclose(r.probs.double(), expected.mean(0, keepdim=True), atol=1e-6)  # 3-d: the first dim a batch
+
+    def below(m, x):
+        qq = torch.full((2, 2, 16, 1), 1e20)
+        kk = torch.full((2, 2, 16, 1), -1e19)
+        kk[..., 0, :] = 1e-3  # every key but the first past float32 below: left out; the model attends to key 0
+        return F.scaled_dot_product_attention(qq, kk, torch.randn(2, 2, 16, 4))
+
+    (r,) = capture_attention(model(below), img)
+    assert torch.isfinite(r.probs).all()
+
+    def masked(m, x):
+        t = m.pe(x).flatten(2).transpose(1, 2)[:, None]
+        keep = torch.ones(16, 16, dtype=torch.bool)
+        keep[5] = False  # query 5 attends nowhere
+        return F.scaled_dot_product_attention(t, t, t, attn_mask=keep)
+
+    def windows(m, x):
+        t = m.pe(x)  # 4x4 patch tokens in four 2x2 windows folded into the batch
+        B, E = t.shape[:2]
+        t = t.reshape(B, E, 2, 2, 2, 2).permute(0, 2, 4, 3, 5, 1).reshape(-1, 4, E) * 3
+        qq = t.reshape(len(t), 4, 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(qq, qq, qq)
+
+    for forward in (masked, windows):
+        m = model(forward)
+        sites = attention_sites(m, (3, 32, 32))
+        probs, maps = site_probs(m, sites, img[:1])[0], site_maps(m, sites, img[:1])[0]
+        assert torch.isfinite(maps).all() and torch.allclose(maps, probs, atol=1e-6), forward.__name__
+
+    class Own(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = SelfAttention2d(3, heads=2, encoding="learned-content", max_size=16)
+
+        def forward(self, x):
+            return self.att(x)
+
+    own = Own().eval()
+    sites = attention_sites(own, (3, 8, 8))
+    with torch.no_grad():
+        own.att.query.weight.fill_(math.nan)
+    for call in (lambda: site_maps(own, sites, torch.randn(1, 3, 8, 8)),
+                 lambda: site_scores(own, sites, torch.randn(1, 3, 8, 8))):
+        with pytest.raises(AttnconvError, match=r"att: its attention (probabilities|scores) hold NaN or inf"):
+            call()
+
+    learned = torch.randn(1, 2, 16, 8)  # 16 queries of every image: a 4x4 count, no image positions
+
+    def pooled(m, x):
+        t = m.pe(x).flatten(2).transpose(1, 2).reshape(len(x), 16, 2, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(learned, t, t)
+
+    (r,) = capture_attention(model(pooled), img)
+    assert r.size is None and r.query_size is None
+
+    def pyramid(m, x):  # 4x4 queries over 2x2 pooled keys with a class token
+        t = m.pe(x)
+        keys = torch.cat([torch.zeros(len(x), 1, 16), F.avg_pool2d(t, 2).flatten(2).transpose(1, 2)], 1)
+        return F.scaled_dot_product_attention(t.flatten(2).transpose(1, 2), keys, keys)
+
+    from attnconv.models.sites import captured_sites
+
+    with pytest.raises(AttnconvError, match=r"not one image grid \(queries on 4x4, keys on 2x2\)"):
+        captured_sites(capture_attention(model(pyramid), img))

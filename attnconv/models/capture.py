@@ -93,12 +93,12 @@ class _Accumulator:
     """The sums of one computation's probabilities (and scores) over the batch, on the image tokens."""
 
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
-                 device: torch.device, where: str, entries: int):
+                 device: torch.device, where: str, entries: int, shared_queries: bool = False):
         # A site's own layout first, then grid= and leading=, then the guess.
         known = capture.grids.get((where, capture.calls.get(where, 0)))  # a site's: any number after its grid
         lead, grid, trail = (*known, ANY_AFTER) if known else (capture.leading, capture.grid, capture.trailing)
         self.q, self.k = (capture.reading(n, grid, lead, where, entries, trail) for n in (lq, sk))
-        if not (self.q and self.k):  # queries or keys on no grid: every token kept, none said left out
+        if shared_queries or not (self.q and self.k):  # queries or keys on no grid: every token kept
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
@@ -154,11 +154,13 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
     if q.is_nested or k.is_nested:  # sequences of several lengths in one tensor
         capture.warn(f"{where or '(model)'}: a scaled_dot_product_attention call on nested tensors is not captured")
         return None
-    if q.dim() < 3:
-        raise AttnconvError(f"{where}: scaled_dot_product_attention with {q.dim()}-d queries; expected (..., L, E)")
-    if bound.get("enable_gqa") and k.dim() >= 4 and q.dim() >= 4 and k.shape[-3] != q.shape[-3]:
+    if q.dim() < 2:
+        raise AttnconvError(f"{where or '(model)'}: scaled_dot_product_attention with {q.dim()}-d queries; expected "
+                            "(..., L, E)")
+    if bound.get("enable_gqa") and min(k.dim(), q.dim()) >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])  # either may broadcast over the other's
+    shared = 0 < math.prod(q.shape[:-2]) < math.prod(k.shape[:-2])  # queries broadcast over the keys' batch: learned
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])  # ones, shared by every image: no image positions
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -166,7 +168,7 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
     qf, kf = q.reshape(-1, heads, L, E), k.reshape(-1, heads, S, E)
     if mask is not None:
         mask = mask.detach().expand(*q.shape[:-1], S).reshape(-1, heads, L, S)
-    acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where, qf.shape[0])
+    acc = _Accumulator(capture, heads, L, S, 0, q.dtype, q.device, where, qf.shape[0], shared)
     step = chunks(qf.shape[0], heads * L * S * 8 * 3)
     for i in range(0, qf.shape[0], step):
         kt = kf[i:i + step].double().transpose(-1, -2)

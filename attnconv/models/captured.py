@@ -132,11 +132,11 @@ def check_values(images: Tensor, who: str) -> None:
                                 "attention undefined; give images with finite values")
 
 
-def check_native_probs(probs: Tensor, where: str, dtype: torch.dtype) -> None:
-    """One AttnconvError where an attnconv attention layer's own probabilities hold NaN or inf (its weights do, or
-    its scores are past its dtype, `dtype`), not a map of them with measures of None."""
+def check_native_probs(probs: Tensor, where: str, dtype: torch.dtype, what: str = "probabilities") -> None:
+    """One AttnconvError where an attnconv attention layer's own probabilities (or scores, `what`) hold NaN or inf
+    (its weights do, or its scores are past its dtype, `dtype`), not a map of them with measures of None."""
     if not bool(probs.isfinite().all()):
-        raise AttnconvError(f"{where or '(model)'}: its attention probabilities hold NaN or inf (the layer's weights "
+        raise AttnconvError(f"{where or '(model)'}: its attention {what} hold NaN or inf (the layer's weights "
                             f"do, or its scores are past {str(dtype).replace('torch.', '')}); check its weights and "
                             "inputs")
 
@@ -152,6 +152,8 @@ def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, 
     bad = not math.isfinite(peak) or (combined is not None and bool((combined.isnan() | combined.isposinf()).any()))
     if not bad and source.is_floating_point and source != torch.float64:
         held = source if combined is None and source in (torch.float16, torch.bfloat16) else torch.float32
+        if combined is not None:  # scores: past the limit below is -inf there, a key left out, no NaN (a row all of
+            peak = float(content.amax()) if content.numel() else 0.0  # them is the output check's)
         if peak > torch.finfo(held).max:
             raise AttnconvError(f"{where or '(model)'}: its {what} reach {peak:.3g}, past what "
                                 f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "

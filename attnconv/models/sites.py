@@ -162,11 +162,12 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     if sites:
         return sites
     if records:  # attention was seen, none of it self-attention over one image grid: say which and why
-        shown = "; ".join(f"{r.name}: {r.note() or 'cross-attention'}" for r in records[:3])
+        shown = "; ".join(f"{r.name}: {_not_one_grid(r)}" for r in records[:3])
         raise NoAttentionLayers.seen(
             f"{type(model).__name__}: its attention computations are not self-attention over one image grid ({shown}"
-            f"{'; ...' if len(records) > 3 else ''}); the per-head measures need that (give grid= where the tokens lie "
-            "on a grid their count does not tell)")
+            f"{'; ...' if len(records) > 3 else ''}); the per-head measures need that"
+            + (" (give grid= where the tokens lie on a grid their count does not tell)"
+               if any(r.size is None or r.query_size is None for r in records) else ""))
     raise NoAttentionLayers(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
@@ -185,12 +186,23 @@ def captured_sites(records: Sequence[CapturedAttention]) -> tuple[list[Attention
             probs.append(r.probs)
             continue
         if r.size is None or r.query_size != r.size:
-            raise AttnconvError(f"{r.name}: its queries and keys are not one image grid ({r.note() or 'cross-attention'}); "
-                                "the per-head measures need self-attention over an image")
+            raise AttnconvError(f"{r.name}: its queries and keys are not one image grid ({_not_one_grid(r)}); the "
+                                "per-head measures need self-attention over an image")
         sites.append(AttentionSite(r.name, CapturedLayer(r.path, r.kind, r.call, r.heads, r.module, r.size, r.left_out,
                                                          r.image_probs(), image_size=r.image_size), r.size))
         probs.append(r.image_probs())
     return sites, probs
+
+
+def _not_one_grid(r: CapturedAttention) -> str:
+    """Why a record's queries and keys are not one image grid, in words: tokens on no grid, queries on none, or
+    queries and keys on grids of their own (a pooled key grid), not what was left out besides."""
+    if r.size is None:
+        return r.note()
+    if r.query_size is None:
+        return "queries on no image grid"
+    return f"queries on {r.query_size[0]}x{r.query_size[1]}, keys on {r.size[0]}x{r.size[1]}" \
+        if r.query_size != r.size else r.note() or "cross-attention"
 
 
 def records_heads(model: nn.Module) -> bool:
@@ -322,6 +334,9 @@ def site_scores(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> 
             inputs = site_inputs(model, [sites[i] for i in native], x)
             for i, inp in zip(native, inputs):
                 out[i] = sites[i].layer.attention_scores(inp)
+                for scores in out[i].values():  # weights of NaN: refused, as capture_attention refuses them
+                    check_native_probs(scores.masked_fill(scores.isneginf(), 0.0), sites[i].path, scores.dtype,
+                                       "scores")
         if captured:
             for i, r in zip(captured, _captured_records(model, sites, x, scores=True)):
                 out[i] = {t: s.float().unsqueeze(0) for t, s in r.scores.items()}
@@ -356,8 +371,11 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
     have = [i for i, site in enumerate(sites) if term in site_terms(site)]
     captured = set(_captured(sites))
     own = [i for i in have if mode == "probs" and i not in captured]  # the layer's attention_probs
-    scored = [i for i in have if i not in own]  # from their scores
+    mean = [i for i in have if mode == "probs" and i in captured]  # their probabilities, as site_probs takes them
+    scored = [i for i in have if i not in own and i not in mean]  # from their scores (windows: averaged scores)
     with torch.no_grad():
+        for i, probs in zip(mean, site_probs(model, [sites[i] for i in mean], x, term=term) if mean else []):
+            out[i] = probs
         fixed = [i for i in own if sites[i].position_only]
         for i in fixed:
             out[i] = sites[i].layer.attention_probs(size=sites[i].size, term=term)[0].float()
@@ -365,6 +383,7 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
         if content:
             for i, inp in zip(content, site_inputs(model, [sites[i] for i in content], x)):
                 out[i] = sites[i].layer.attention_probs(inp, term=term)[0].float()
+                check_native_probs(out[i], sites[i].path, out[i].dtype)
         if scored:
             for i, terms in zip(scored, site_scores(model, [sites[i] for i in scored], x)):
                 values = terms[term][0].float()
