@@ -885,3 +885,78 @@ def test_round_40_a_last_line_without_its_newline_that_the_checkpoint_counts_is_
     assert "model.safetensors failed its checksum (bytes changed on disk): written anew from state.pt" in \
         capsys.readouterr().err
     assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 0
+
+
+def test_round_41_a_finished_runs_logs_are_not_rewritten_a_state_link_to_nowhere_is_named_and_odd_records_vouch_for_nothing(  # noqa: E501
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """`train --resume` of a finished run rewrote its logs (a column a user added, dropped); with state.pt a link to
+    nowhere it trained the run again from step 0 over its logs. A record of the logs edited by hand (rows 0 with a
+    digest, rows true) blamed a sound metrics.csv; a line of spaces at the end of metrics.csv made it corrupt;
+    `compare` refused a heads.jsonl re-saved without its final newline, which the other readers take; `eval` of a
+    run without model.safetensors offered `train --resume`, which a damaged state.pt then refused."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import weights_metadata
+
+    def fresh():
+        run = tmp_path / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(finished, run)
+        return run
+
+    def one_error(argv):
+        capsys.readouterr()
+        code = main([str(a) for a in argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (argv, err)
+        return err[0]
+
+    run = fresh()
+    lines = (run / "metrics.csv").read_text().splitlines()
+    mine = "\n".join([lines[0] + ",mine"] + [line + ",42" for line in lines[1:]]) + "\n"
+    (run / "metrics.csv").write_text(mine)
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
+    assert (run / "metrics.csv").read_text() == mine
+
+    run = fresh()
+    (run / "model.safetensors").unlink()
+    (run / "state.pt").unlink()
+    (run / "state.pt").symlink_to(tmp_path / "backup" / "state.pt")
+    before = tree(run)
+    line = one_error(tiny_args(run, data_dir, *ONE_EPOCH, "--resume"))
+    assert line.startswith(f"error: {run / 'state.pt'}: a link to {tmp_path / 'backup' / 'state.pt'}, which does not "
+                           "exist; move it out of the run folder first"), line
+    assert tree(run) == before and (run / "state.pt").is_symlink()
+
+    run = fresh()
+    path = run / "model.safetensors"
+    meta = weights_metadata(path.read_bytes())
+    record = json.loads(meta["attnconv_logs"])
+    for edit in ({"rows": 0}, {"rows": True}, {"metrics": None}, {"snapshots": -1}):
+        save_file(load_file(str(path)), str(path), metadata={**meta, "attnconv_logs": json.dumps({**record, **edit})})
+        capsys.readouterr()
+        assert main(["table", str(run)]) == 0 and main(["analyze", str(run)]) == 0, (edit, capsys.readouterr().err)
+
+    run = fresh()
+    with open(run / "metrics.csv", "a") as f:
+        f.write("   \n\t\n")
+    assert main(["table", str(run)]) == 0
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
+
+    group = tmp_path / "group"
+    shutil.copytree(finished, group / "seed0")
+    heads = group / "seed0" / "heads.jsonl"
+    heads.write_bytes(heads.read_bytes().rstrip(b"\n"))
+    capsys.readouterr()
+    assert main(["compare", str(group)]) == 0, capsys.readouterr().err
+
+    run = fresh()
+    (run / "model.safetensors").unlink()
+    data = bytearray((run / "state.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (run / "state.pt").write_bytes(bytes(data))
+    line = one_error(["eval", run, "--data-dir", data_dir])
+    assert f"{run / 'model.safetensors'}: missing, and state.pt, which could write it anew, does not read (" in line
+    assert line.endswith("restore both from a copy of the run, or train the run again"), line

@@ -34,6 +34,7 @@ from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
 from attnconv.runs.files import read_config, trained_here
+from attnconv.runs.logs_record import with_last_line
 from attnconv.tables import format_table
 
 
@@ -284,6 +285,7 @@ def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:
     (`Run.check_logs`)."""
     snaps = read_heads(run)
     if whole is not None:
+        snaps = with_last_line(run, "heads", snaps, whole.weights_metadata)  # re-saved without its final newline
         whole.check_heads_fit(snaps)
         if not snaps or snaps[0]["epoch"] == 0:  # one without its start: said by its readers, with their fix
             whole.check_logs("heads", snaps)

@@ -166,7 +166,13 @@ def _missing(path: Path) -> str:
     if path.is_symlink():
         return (f"{path}: a link to {os.readlink(path)}, which does not exist; restore the run's weights from a copy "
                 "of the run")
-    if (run / STATE_FILE).exists():
+    if os.path.lexists(run / STATE_FILE):
+        try:
+            load_state(run / STATE_FILE)
+        except AttnconvError as err:  # `--resume` could not write it anew: both are to restore
+            why = err.head.removeprefix(f"{run / STATE_FILE}: ") if isinstance(err, DamagedFile) else str(err)
+            return (f"{path}: missing, and {STATE_FILE}, which could write it anew, does not read ({why}); restore "
+                    "both from a copy of the run, or train the run again")
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
                 f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from "
                 f"{STATE_FILE} (and goes on training, if the run was not finished)")

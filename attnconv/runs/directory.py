@@ -264,13 +264,15 @@ def _restore(out: Path, folder: Path) -> bool:
     return True
 
 
-def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *, step: int | None = None) -> None:
+def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *, step: int | None = None,
+              write: bool = True) -> None:
     """Keep exactly the metrics rows, steps.csv rows (and heads.jsonl lines, unless `snapshots` is None)
     a checkpoint knows of: what was logged after the last checkpoint is replayed, and must not be logged twice.
 
     Logs that lost what the checkpoint counts (rows or lines deleted by hand, a file restored from an older
     copy) are one AttnconvError naming the file, before any file is changed: fewer rows than counted, or,
-    with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted)."""
+    with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted). `write` False:
+    checked only (a finished run, which replays nothing)."""
     try:  # a last line without its newline that the checkpoint vouches for is whole
         meta = recorded_metadata(out / WEIGHTS_FILE)
     except AttnconvError:  # weights this user may not read: they vouch for nothing here
@@ -281,6 +283,8 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     heads = None if snapshots is None else _kept(
         out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
         snapshots, "lines", step)
+    if not write:  # a finished run: nothing is replayed, and a user's columns or keys are not rewritten away
+        return
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
     if heads is not None:

@@ -28,6 +28,7 @@ from attnconv.fileio import (
     Unreadable,
     atomic_write,
     atomic_write_all,
+    dangling_link,
     not_a_folder,
     open_regular,
     read_regular,
@@ -169,6 +170,8 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     except AttnconvError:
         raise
     except FileNotFoundError:
+        if path.is_symlink():  # a link to nowhere (or into a loop) is no run that has not checkpointed
+            raise DamagedFile(f"{path}: {dangling_link(path)}", fix) from None
         raise AttnconvError(f"{path}: no training state here (the run has not checkpointed yet)") from None
     except IsADirectoryError:
         raise DamagedFile(f"{path} is a directory, not a training state", fix) from None

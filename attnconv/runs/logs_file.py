@@ -118,7 +118,7 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
             raise AttnconvError(f"the header names column {short_value(twice)} twice")
         rows: list[dict[str, float]] = []
         for fields in reader:
-            if not fields:
+            if not any(field.strip() for field in fields):  # a blank line, or one of spaces (an editor's, at the end)
                 continue
             row = _csv_row(header, fields, reader.line_num)
             if rows and not row[order] > rows[-1][order]:

@@ -71,11 +71,22 @@ def logs_record(run_dir: Path, rows: int, snapshots: int | None) -> str | None:
 
 
 def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
+    """The record, or None where there is none or it is not one attnconv writes (edited by hand: it vouches for
+    nothing, and sound logs are not blamed for it)."""
     try:
         record = json.loads(metadata[LOGS_KEY])
     except (KeyError, TypeError, ValueError, RecursionError):
         return None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    for count, digest in (("rows", "metrics"), ("snapshots", "heads")):
+        n, d = record.get(count), record.get(digest)
+        if count == "snapshots" and count not in record:
+            continue
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or (n == 0) != (d is None) or \
+                not (d is None or isinstance(d, str)):
+            return None
+    return record
 
 
 def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, Any]]) -> str | None:

@@ -24,6 +24,7 @@ the restored RNG states, and the logs are cut back to what the checkpoint knows 
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +221,9 @@ class Checkpointer:
         self.record: str | None = None
 
     def exists(self) -> bool:
-        """Whether the run has a checkpoint to resume from."""
-        return self.path.exists()
+        """Whether the run has a checkpoint to resume from (a link at state.pt, even to nothing, is one: its
+        reader names it, rather than the run starting over)."""
+        return os.path.lexists(self.path)
 
     def last_step(self) -> int | None:
         """The step of the checkpoint on disk, or None when there is none (or none that reads)."""
@@ -382,8 +384,8 @@ class Checkpointer:
         Logs that lost rows the checkpoint counted are refused (`runs.trim_logs`). Without a checkpoint to
         restore (`restored` False: an attempt stopped before its first one was whole, or a run resumed from
         nothing) no row is vouched for: the run starts from step 0 and every log is written anew."""
-        if restored:
+        if restored:  # a finished run replays nothing: its logs are checked, not rewritten
             trim_logs(self.out, progress.rows, progress.snapshots if heads else None, progress.step_rows,
-                      step=progress.step)
+                      step=progress.step, write=not progress.finished)
         else:
             trim_logs(self.out, 0, 0 if heads else None, 0)
