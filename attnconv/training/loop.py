@@ -65,10 +65,12 @@ from attnconv.runs import (
     nonfinite_tensor,
     read_config,
     read_metrics,
+    recorded_metadata,
     run_image_size,
     run_info,
     write_config,
 )
+from attnconv.runs.logs_record import with_last_line
 from attnconv.training.board import TensorBoardLog, check_board_folder, summary_writer_class
 from attnconv.training.checkpoint import Checkpointer
 from attnconv.training.checks import (
@@ -372,7 +374,9 @@ class _Trainer:
                 if why is not None:
                     print(f"{self.out}: {WEIGHTS_FILE} {why}: written anew from {STATE_FILE}", file=sys.stderr)
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
-            return read_metrics(self.out)[-1]
+            # its logs as trim_logs checked them: a last row re-saved without its newline is the run's
+            return with_last_line(self.out, "metrics", read_metrics(self.out),
+                                  recorded_metadata(self.out / WEIGHTS_FILE))[-1]
         if self.d.main and p.step:
             print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
         row: dict[str, float] = {}
