@@ -982,7 +982,7 @@ def test_round_41_calls_torch_takes_are_taken_site_maps_are_the_attention_and_qu
         return F.scaled_dot_product_attention(learned, t, t)
 
     (r,) = capture_attention(model(pooled), img)
-    assert r.size is None and r.query_size is None
+    assert r.query_size is None and r.size == (4, 4) and "queries of every image, on no image grid" in r.note()
 
     def pyramid(m, x):  # 4x4 queries over 2x2 pooled keys with a class token
         t = m.pe(x)
@@ -993,3 +993,63 @@ def test_round_41_calls_torch_takes_are_taken_site_maps_are_the_attention_and_qu
 
     with pytest.raises(AttnconvError, match=r"not one image grid \(queries on 4x4, keys on 2x2\)"):
         captured_sites(capture_attention(model(pyramid), img))
+
+
+def test_round_42_queries_broadcast_over_heads_are_the_images_and_site_maps_take_every_term():
+    """Round 41's rule for queries shared by every image compared all batch dimensions, so queries broadcast over
+    heads (multi-query attention, one image too) were put on no grid, and learned queries over one-head keys were read
+    as the images' grid when there were fewer images than heads. Only the images' dimension counts now. `site_maps`
+    of a captured site's content term failed ("term must be one of combined, position"), and a position-only attnconv
+    layer with NaN weights gave NaN maps without a word."""
+    import torch.nn.functional as F
+
+    from attnconv.attention.layer import SelfAttention2d
+
+    class MultiQuery(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.kv = nn.Conv2d(3, 8, 4, 4), nn.Linear(8, 32)
+
+        def forward(self, x):
+            t = self.emb(x).flatten(2).transpose(1, 2)  # (B, 16, 8)
+            k = self.kv(t).reshape(len(x), 16, 4, 8).transpose(1, 2)  # (B, 4, 16, 8)
+            return F.scaled_dot_product_attention(t[:, None], k, k)  # queries (B, 1, 16, 8) broadcast over heads
+
+    class Learned(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.queries = nn.Conv2d(3, 8, 4, 4), nn.Parameter(torch.randn(1, 4, 16, 8))
+
+        def forward(self, x):
+            t = self.emb(x).flatten(2).transpose(1, 2)[:, None]  # (B, 1, 16, 8): one key head
+            return F.scaled_dot_product_attention(self.queries, t, t)
+
+    torch.manual_seed(0)
+    for n in (1, 2):
+        (r,) = capture_attention(MultiQuery().eval(), torch.randn(n, 3, 16, 16))
+        assert r.query_size == r.size == (4, 4), n
+    for n in (2, 3, 8):
+        (r,) = capture_attention(Learned().eval(), torch.randn(n, 3, 16, 16))
+        assert r.query_size is None and r.size == (4, 4), n
+
+    m = MultiQuery().eval()
+    sites = attention_sites(m, (3, 16, 16))
+    x = torch.randn(1, 3, 16, 16)
+    content = site_maps(m, sites, x, term="content")[0]
+    assert torch.allclose(content, site_scores(m, sites, x)[0]["content"][0].softmax(-1), atol=1e-6)
+
+    class Position(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sa = SelfAttention2d(3, heads=4, encoding="quadratic", max_size=8)
+
+        def forward(self, x):
+            return self.sa(x)
+
+    own = Position().eval()
+    sites = attention_sites(own, (3, 8, 8))
+    with torch.no_grad():
+        for p in own.sa.parameters():
+            p.fill_(math.nan)
+    with pytest.raises(AttnconvError, match=r"sa: its attention probabilities hold NaN or inf"):
+        site_maps(own, sites, torch.randn(1, 3, 8, 8))

@@ -98,7 +98,9 @@ class _Accumulator:
         known = capture.grids.get((where, capture.calls.get(where, 0)))  # a site's: any number after its grid
         lead, grid, trail = (*known, ANY_AFTER) if known else (capture.leading, capture.grid, capture.trailing)
         self.q, self.k = (capture.reading(n, grid, lead, where, entries, trail) for n in (lq, sk))
-        if shared_queries or not (self.q and self.k):  # queries or keys on no grid: every token kept
+        if shared_queries:  # queries of every image, not its positions: the keys keep their grid
+            self.q = None
+        elif not (self.q and self.k):  # queries or keys on no grid: every token kept
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
@@ -159,8 +161,10 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
                             "(..., L, E)")
     if bound.get("enable_gqa") and min(k.dim(), q.dim()) >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
-    shared = 0 < math.prod(q.shape[:-2]) < math.prod(k.shape[:-2])  # queries broadcast over the keys' batch: learned
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])  # ones, shared by every image: no image positions
+    # Queries broadcast over the keys' images (their first dimension, the batch): learned ones, shared by every image,
+    # no image positions. (Over heads or views they are the images' own: multi-query attention.)
+    shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0])
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]

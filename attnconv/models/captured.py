@@ -572,6 +572,9 @@ class CapturedAttention:
         """What was left out, in words ('' when nothing was)."""
         if self.size is None:
             return f"{self.probs.shape[-1]} tokens on no image grid: all kept"
+        if self.query_size is None:  # queries shared by every image (learned ones): the keys on their grid
+            left = left_out_note(self.left_out)
+            return "queries of every image, on no image grid" + (f"; {left}" if left else "")
         return left_out_note(self.left_out)
 
     def image_probs(self) -> Tensor:

@@ -371,7 +371,7 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
     have = [i for i, site in enumerate(sites) if term in site_terms(site)]
     captured = set(_captured(sites))
     own = [i for i in have if mode == "probs" and i not in captured]  # the layer's attention_probs
-    mean = [i for i in have if mode == "probs" and i in captured]  # their probabilities, as site_probs takes them
+    mean = [i for i in have if mode == "probs" and i in captured and term != "content"]  # as site_probs takes them
     scored = [i for i in have if i not in own and i not in mean]  # from their scores (windows: averaged scores)
     with torch.no_grad():
         for i, probs in zip(mean, site_probs(model, [sites[i] for i in mean], x, term=term) if mean else []):
@@ -379,6 +379,7 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
         fixed = [i for i in own if sites[i].position_only]
         for i in fixed:
             out[i] = sites[i].layer.attention_probs(size=sites[i].size, term=term)[0].float()
+            check_native_probs(out[i], sites[i].path, out[i].dtype)
         content = [i for i in own if i not in fixed]
         if content:
             for i, inp in zip(content, site_inputs(model, [sites[i] for i in content], x)):
