@@ -958,5 +958,61 @@ def test_round_41_a_finished_runs_logs_are_not_rewritten_a_state_link_to_nowhere
     data[len(data) // 2] ^= 0xFF
     (run / "state.pt").write_bytes(bytes(data))
     line = one_error(["eval", run, "--data-dir", data_dir])
-    assert f"{run / 'model.safetensors'}: missing, and state.pt, which could write it anew, does not read (" in line
+    assert f"{run / 'model.safetensors'}: missing, and state.pt, which could write it anew, cannot (" in line
     assert line.endswith("restore both from a copy of the run, or train the run again"), line
+
+
+def test_round_42_resume_checks_the_logs_it_keeps_against_the_record_and_odd_records_vouch_for_nothing(
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """`train --resume` counted the logs but never compared them with the checkpoint's record, so an edited row was
+    written into the next record and `table` showed the edited accuracy; a finished run's steps.csv saved without its
+    final newline was refused as rows deleted; `eval` of a run without weights offered `--resume` where state.pt was
+    another run's; records with counts the checkpoint's epoch cannot have, or a key given twice, blamed sound logs."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import weights_metadata
+
+    def fresh():
+        run = tmp_path / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(finished, run)
+        return run
+
+    run = fresh()
+    lines = (run / "metrics.csv").read_text().splitlines()
+    fields = lines[1].split(",")
+    fields[lines[0].split(",").index("test_acc")] = "0.9375"  # an edited accuracy
+    (run / "metrics.csv").write_text("\n".join([lines[0], ",".join(fields), *lines[2:]]) + "\n")
+    before = tree(run)
+    capsys.readouterr()
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {run / 'metrics.csv'}: its first row is not what the run's "
+                                               "weights were written after"), err
+    assert tree(run) == before
+
+    run = fresh()
+    steps = run / "steps.csv"
+    steps.write_bytes(steps.read_bytes().rstrip(b"\n"))
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
+
+    run = fresh()
+    (run / "model.safetensors").unlink()
+    (tmp_path / "other").mkdir()
+    assert main(tiny_args(tmp_path / "other" / "run", data_dir, *ONE_EPOCH, "--lr", "0.003")) == 0
+    shutil.copy(tmp_path / "other" / "run" / "state.pt", run / "state.pt")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 2
+    assert "state.pt, which could write it anew, cannot (it is another run's" in capsys.readouterr().err
+
+    run = fresh()
+    path = run / "model.safetensors"
+    meta = weights_metadata(path.read_bytes())
+    record = json.loads(meta["attnconv_logs"])
+    for text in (json.dumps({**record, "rows": 5}), json.dumps({**record, "snapshots": 9}),
+                 json.dumps(record)[:-1] + ', "rows": 1}'):
+        save_file(load_file(str(path)), str(path), metadata={**meta, "attnconv_logs": text})
+        capsys.readouterr()
+        assert main(["table", str(run)]) == 0 and main(["analyze", str(run)]) == 0, (text, capsys.readouterr().err)

@@ -168,10 +168,13 @@ def _missing(path: Path) -> str:
                 "of the run")
     if os.path.lexists(run / STATE_FILE):
         try:
-            load_state(run / STATE_FILE)
+            state = load_state(run / STATE_FILE)
+            if "record" in state and record_problem({RECORD_KEY: state["record"]}, read_config(run),
+                                                    run / STATE_FILE) is not None:
+                raise AttnconvError("it is another run's: it records another config.json")
         except AttnconvError as err:  # `--resume` could not write it anew: both are to restore
             why = err.head.removeprefix(f"{run / STATE_FILE}: ") if isinstance(err, DamagedFile) else str(err)
-            return (f"{path}: missing, and {STATE_FILE}, which could write it anew, does not read ({why}); restore "
+            return (f"{path}: missing, and {STATE_FILE}, which could write it anew, cannot ({why}); restore "
                     "both from a copy of the run, or train the run again")
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
                 f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from "

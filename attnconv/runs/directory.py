@@ -42,7 +42,7 @@ from attnconv.runs.files import (
 )
 from attnconv.runs.heads_file import heads_line, read_heads
 from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
-from attnconv.runs.logs_record import with_last_line
+from attnconv.runs.logs_record import logs_problem, with_last_line
 from attnconv.runs.record import recorded_metadata
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
@@ -279,10 +279,18 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
         meta = {}
     metrics = _kept(out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1), meta),
                     rows, "rows", step)
-    steps = _kept(out / STEPS_FILE, _resumed(read_steps, out, step_rows + 1), step_rows, "rows", step)
+    steps = _resumed(read_steps, out, step_rows + 1)
+    if len(steps) < step_rows:  # a counted last row re-saved without its newline (no crash cuts a counted one)
+        steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1)
+    steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step)
     heads = None if snapshots is None else _kept(
         out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
         snapshots, "lines", step)
+    for name, what, kept in ((METRICS_FILE, "metrics", metrics), (HEADS_FILE, "heads", heads)):
+        problem = None if kept is None else logs_problem(meta, what, kept)  # edited since the checkpoint vouched
+        if problem is not None:
+            raise DamagedFile(f"{out / name}: {problem}", "restore it from a copy of the run, or train into a new "
+                              "--out (resuming would take its rows as the run's)")
     if not write:  # a finished run: nothing is replayed, and a user's columns or keys are not rewritten away
         return
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))

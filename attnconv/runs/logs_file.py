@@ -71,11 +71,12 @@ def checkpointed_once(run_dir: Path, meta: dict[str, Any]) -> str | None:
                     "first checkpoint and which it goes past only once that checkpoint is whole")
     return None
 
-def read_steps(run_dir: str | os.PathLike, limit: int | None = None) -> list[dict[str, float]]:
+def read_steps(run_dir: str | os.PathLike, limit: int | None = None, *, unterminated: bool = False
+               ) -> list[dict[str, float]]:
     """Rows of steps.csv (a row every --log-every steps: STEPS_COLUMNS) as dicts of numbers, at most
     `limit`; [] for a run without one. Read and checked as `read_metrics` reads metrics.csv."""
     return _read_csv(Path(run_dir) / STEPS_FILE, STEPS_COLUMNS, "steps log", limit, _MAX_STEPS_BYTES,
-                     log_fix("the run's per-step curves are"), "step")
+                     log_fix("the run's per-step curves are"), "step", unterminated)
 
 _MAX_STEPS_BYTES = 2**28  # 256 MiB: millions of rows (--log-every 1 on a long run)
 

@@ -74,10 +74,16 @@ def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
     """The record, or None where there is none or it is not one attnconv writes (edited by hand: it vouches for
     nothing, and sound logs are not blamed for it)."""
     try:
-        record = json.loads(metadata[LOGS_KEY])
+        record = json.loads(metadata[LOGS_KEY], object_pairs_hook=_no_key_twice)
     except (KeyError, TypeError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict):
+        return None
+    epoch = metadata.get("epoch")  # the checkpoint's own: a row per epoch done, and one for a run ended mid-epoch
+    if isinstance(epoch, str) and epoch.isdigit() and record.get("rows") not in (int(epoch), int(epoch) + 1):
+        return None
+    if isinstance(record.get("snapshots"), int) and isinstance(record.get("rows"), int) \
+            and record["snapshots"] > record["rows"] + 1:  # a line at the start and one per row, at most
         return None
     for count, digest in (("rows", "metrics"), ("snapshots", "heads")):
         n, d = record.get(count), record.get(digest)
@@ -129,3 +135,10 @@ def with_last_line(run_dir: Path, what: str, entries: list[dict[str, Any]], meta
     except (AttnconvError, OSError):
         return entries
     return whole if len(whole) == len(entries) + 1 and logs_problem(metadata, what, whole) is None else entries
+
+
+def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):  # attnconv writes each key once
+        raise ValueError("a key twice")
+    return dict(pairs)
