@@ -879,18 +879,9 @@ def test_round_40_an_output_made_non_finite_by_its_values_is_not_blamed_on_the_a
     jagged = jagged.transpose(1, 2)
     with pytest.warns(AttnconvWarning, match="a scaled_dot_product_attention call on nested tensors is not captured"):
         assert capture(lambda: F.scaled_dot_product_attention(jagged, jagged, jagged)) == []
-    from attnconv.attention.layer import SelfAttention2d
     from attnconv.models.sites import site_probs as probs_of
 
-    class Own(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.sa = SelfAttention2d(3, heads=2, encoding="learned-content", max_size=16)
-
-        def forward(self, x):
-            return self.sa(x)
-
-    own = Own().eval()
+    own = _Wrapped(heads=2, encoding="learned-content", max_size=16).eval()
     sites = attention_sites(own, (3, 8, 8))
     with torch.no_grad():
         own.sa.query.weight.fill_(math.nan)
@@ -907,7 +898,6 @@ def test_round_41_calls_torch_takes_are_taken_site_maps_are_the_attention_and_qu
     were blamed on a class token left out."""
     import torch.nn.functional as F
 
-    from attnconv.attention.layer import SelfAttention2d
 
     def model(forward):
         class M(nn.Module):
@@ -958,21 +948,13 @@ def test_round_41_calls_torch_takes_are_taken_site_maps_are_the_attention_and_qu
         probs, maps = site_probs(m, sites, img[:1])[0], site_maps(m, sites, img[:1])[0]
         assert torch.isfinite(maps).all() and torch.allclose(maps, probs, atol=1e-6), forward.__name__
 
-    class Own(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.att = SelfAttention2d(3, heads=2, encoding="learned-content", max_size=16)
-
-        def forward(self, x):
-            return self.att(x)
-
-    own = Own().eval()
+    own = _Wrapped(heads=2, encoding="learned-content", max_size=16).eval()
     sites = attention_sites(own, (3, 8, 8))
     with torch.no_grad():
-        own.att.query.weight.fill_(math.nan)
+        own.sa.query.weight.fill_(math.nan)
     for call in (lambda: site_maps(own, sites, torch.randn(1, 3, 8, 8)),
                  lambda: site_scores(own, sites, torch.randn(1, 3, 8, 8))):
-        with pytest.raises(AttnconvError, match=r"att: its attention (probabilities|scores) hold NaN or inf"):
+        with pytest.raises(AttnconvError, match=r"sa: its attention (probabilities|scores) hold NaN or inf"):
             call()
 
     learned = torch.randn(1, 2, 16, 8)  # 16 queries of every image: a 4x4 count, no image positions
@@ -1003,7 +985,6 @@ def test_round_42_queries_broadcast_over_heads_are_the_images_and_site_maps_take
     layer with NaN weights gave NaN maps without a word."""
     import torch.nn.functional as F
 
-    from attnconv.attention.layer import SelfAttention2d
 
     class MultiQuery(nn.Module):
         def __init__(self):
@@ -1038,18 +1019,23 @@ def test_round_42_queries_broadcast_over_heads_are_the_images_and_site_maps_take
     content = site_maps(m, sites, x, term="content")[0]
     assert torch.allclose(content, site_scores(m, sites, x)[0]["content"][0].softmax(-1), atol=1e-6)
 
-    class Position(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.sa = SelfAttention2d(3, heads=4, encoding="quadratic", max_size=8)
-
-        def forward(self, x):
-            return self.sa(x)
-
-    own = Position().eval()
+    own = _Wrapped(heads=4, encoding="quadratic", max_size=8).eval()
     sites = attention_sites(own, (3, 8, 8))
     with torch.no_grad():
         for p in own.sa.parameters():
             p.fill_(math.nan)
     with pytest.raises(AttnconvError, match=r"sa: its attention probabilities hold NaN or inf"):
         site_maps(own, sites, torch.randn(1, 3, 8, 8))
+
+
+class _Wrapped(nn.Module):
+    """One attnconv SelfAttention2d of 3 channels inside a user's model (its path: `sa`)."""
+
+    def __init__(self, **options):
+        super().__init__()
+        from attnconv.attention.layer import SelfAttention2d
+
+        self.sa = SelfAttention2d(3, **options)
+
+    def forward(self, x):
+        return self.sa(x)

@@ -709,6 +709,23 @@ def test_run_knows_its_data_by_content_an_unordered_digest_that_is_no_digest_is_
     assert sorted(read_config(out)["data"]["digest"]) == ["test", "train"]
 
 
+def _fresh_copy(finished: Path, tmp_path: Path) -> Path:
+    """tmp_path/run: a copy of the finished run, made anew."""
+    run = tmp_path / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    shutil.copytree(finished, run)
+    return run
+
+
+def _only_error(capsys, argv) -> str:
+    """The one `error:` line of a CLI command that must exit 2."""
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (argv, err)
+    return err[0]
+
+
 def _flip_inside(path: Path, start: int, end: int) -> None:
     """One byte of `path` inverted, halfway between offsets `start` and `end`."""
     data = bytearray(path.read_bytes())
@@ -802,13 +819,6 @@ def test_round_39_logs_that_are_not_the_checkpoints_are_named_and_an_older_copy_
         assert main(tiny_args(runs[seed], data_dir, "--seed", seed, "--log-every", "3")) == 0
     run = tmp_path / "run"
 
-    def one_error(argv):
-        capsys.readouterr()
-        code = main([str(a) for a in argv])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (argv, err)
-        return err[0]
-
     metrics, heads = run / "metrics.csv", run / "heads.jsonl"
     for edit, file, argv, said in (
             ("cut", metrics, ["table", run], "it holds 1 row, and the run's weights were written after 2: rows were "
@@ -822,7 +832,7 @@ def test_round_39_logs_that_are_not_the_checkpoints_are_named_and_an_older_copy_
         shutil.copytree(runs["0"], run)
         lines = file.read_text().splitlines(keepends=True)
         file.write_text("".join(lines[:-1]) if edit == "cut" else (runs["1"] / file.name).read_text())
-        line = one_error(argv)
+        line = _only_error(capsys, argv)
         assert line.startswith(f"error: {file}: {said}"), line
 
     shutil.rmtree(run)
@@ -900,37 +910,24 @@ def test_round_41_a_finished_runs_logs_are_not_rewritten_a_state_link_to_nowhere
 
     from attnconv.runs.files import weights_metadata
 
-    def fresh():
-        run = tmp_path / "run"
-        shutil.rmtree(run, ignore_errors=True)
-        shutil.copytree(finished, run)
-        return run
-
-    def one_error(argv):
-        capsys.readouterr()
-        code = main([str(a) for a in argv])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and len(err) == 1 and err[0].startswith("error: "), (argv, err)
-        return err[0]
-
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     lines = (run / "metrics.csv").read_text().splitlines()
     mine = "\n".join([lines[0] + ",mine"] + [line + ",42" for line in lines[1:]]) + "\n"
     (run / "metrics.csv").write_text(mine)
     assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
     assert (run / "metrics.csv").read_text() == mine
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     (run / "model.safetensors").unlink()
     (run / "state.pt").unlink()
     (run / "state.pt").symlink_to(tmp_path / "backup" / "state.pt")
     before = tree(run)
-    line = one_error(tiny_args(run, data_dir, *ONE_EPOCH, "--resume"))
+    line = _only_error(capsys, tiny_args(run, data_dir, *ONE_EPOCH, "--resume"))
     assert line.startswith(f"error: {run / 'state.pt'}: a link to {tmp_path / 'backup' / 'state.pt'}, which does not "
                            "exist; move it out of the run folder first"), line
     assert tree(run) == before and (run / "state.pt").is_symlink()
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     path = run / "model.safetensors"
     meta = weights_metadata(path.read_bytes())
     record = json.loads(meta["attnconv_logs"])
@@ -939,7 +936,7 @@ def test_round_41_a_finished_runs_logs_are_not_rewritten_a_state_link_to_nowhere
         capsys.readouterr()
         assert main(["table", str(run)]) == 0 and main(["analyze", str(run)]) == 0, (edit, capsys.readouterr().err)
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     with open(run / "metrics.csv", "a") as f:
         f.write("   \n\t\n")
     assert main(["table", str(run)]) == 0
@@ -952,12 +949,12 @@ def test_round_41_a_finished_runs_logs_are_not_rewritten_a_state_link_to_nowhere
     capsys.readouterr()
     assert main(["compare", str(group)]) == 0, capsys.readouterr().err
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     (run / "model.safetensors").unlink()
     data = bytearray((run / "state.pt").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (run / "state.pt").write_bytes(bytes(data))
-    line = one_error(["eval", run, "--data-dir", data_dir])
+    line = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
     assert f"{run / 'model.safetensors'}: missing, and state.pt, which could write it anew, cannot (" in line
     assert line.endswith("restore both from a copy of the run, or train the run again"), line
 
@@ -974,13 +971,7 @@ def test_round_42_resume_checks_the_logs_it_keeps_against_the_record_and_odd_rec
 
     from attnconv.runs.files import weights_metadata
 
-    def fresh():
-        run = tmp_path / "run"
-        shutil.rmtree(run, ignore_errors=True)
-        shutil.copytree(finished, run)
-        return run
-
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     lines = (run / "metrics.csv").read_text().splitlines()
     fields = lines[1].split(",")
     fields[lines[0].split(",").index("test_acc")] = "0.9375"  # an edited accuracy
@@ -993,12 +984,12 @@ def test_round_42_resume_checks_the_logs_it_keeps_against_the_record_and_odd_rec
                                                "weights were written after"), err
     assert tree(run) == before
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     steps = run / "steps.csv"
     steps.write_bytes(steps.read_bytes().rstrip(b"\n"))
     assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     (run / "model.safetensors").unlink()
     (tmp_path / "other").mkdir()
     assert main(tiny_args(tmp_path / "other" / "run", data_dir, *ONE_EPOCH, "--lr", "0.003")) == 0
@@ -1007,7 +998,7 @@ def test_round_42_resume_checks_the_logs_it_keeps_against_the_record_and_odd_rec
     assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 2
     assert "state.pt, which could write it anew, cannot (it is another run's" in capsys.readouterr().err
 
-    run = fresh()
+    run = _fresh_copy(finished, tmp_path)
     path = run / "model.safetensors"
     meta = weights_metadata(path.read_bytes())
     record = json.loads(meta["attnconv_logs"])
