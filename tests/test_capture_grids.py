@@ -1039,3 +1039,25 @@ class _Wrapped(nn.Module):
 
     def forward(self, x):
         return self.sa(x)
+
+
+def test_round_42_e_learned_queries_copied_to_every_image_with_expand_are_no_image_positions():
+    """Learned queries copied to every image with `.expand` (as DETR does; a stride of 0 over the images) were read as
+    the images' grid; queries that differ from image to image still are."""
+    import torch.nn.functional as F
+
+    class Decoder(nn.Module):
+        def __init__(self, copy):
+            super().__init__()
+            self.emb, self.queries, self.copy = nn.Conv2d(3, 8, 4, 4), nn.Parameter(torch.randn(1, 2, 16, 4)), copy
+
+        def forward(self, x):
+            t = self.emb(x).flatten(2).transpose(1, 2).reshape(len(x), 16, 2, 4).transpose(1, 2)
+            q = self.queries.expand(len(x), -1, -1, -1) if self.copy else t
+            return F.scaled_dot_product_attention(q, t, t)
+
+    torch.manual_seed(0)
+    (r,) = capture_attention(Decoder(True).eval(), torch.randn(3, 3, 16, 16))
+    assert r.query_size is None and r.size == (4, 4)
+    (r,) = capture_attention(Decoder(False).eval(), torch.randn(3, 3, 16, 16))
+    assert r.query_size == r.size == (4, 4)

@@ -162,8 +162,8 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
     if bound.get("enable_gqa") and min(k.dim(), q.dim()) >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
     # Queries broadcast over the keys' images (their first dimension, the batch): learned ones, shared by every image,
-    # no image positions. (Over heads or views they are the images' own: multi-query attention.)
-    shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0])
+    # no image positions (copied with .expand: a stride of 0). (Over heads they are the images' own: multi-query.)
+    shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0] or q.shape[0] > 1 and q.stride(0) == 0)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
