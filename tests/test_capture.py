@@ -517,7 +517,7 @@ def test_a_batch_entry_larger_than_a_chunk_is_recomputed_in_pieces_of_rows_with_
     (128 MiB kept, about 1 GiB used). Past the chunk size the query rows come in pieces; every record (probabilities,
     the class token's share, both score terms) is what one piece gives, for SDPA (causal, masks) and
     MultiheadAttention (bias_k, zero attention, masks)."""
-    import attnconv.models.captured as captured_module
+    import attnconv.models.capture_numbers as numbers_module
 
     g = torch.Generator().manual_seed(seed)
     side, dim = 3 + seed % 2, 8
@@ -530,8 +530,8 @@ def test_a_batch_entry_larger_than_a_chunk_is_recomputed_in_pieces_of_rows_with_
     x = torch.randn(3, 2, side, side, dtype=torch.float64, generator=g)
     for model in (sdpa, mha):
         whole = capture_attention(model, x, scores=True)
-        monkeypatch.setattr(captured_module, "CHUNK_BYTES", 3 * 2 * n * 8 * 3 + 1)  # 3 rows of one entry a piece
-        assert captured_module.row_pieces(n, 2 * n * 8 * 3)[:2] == [(0, 3), (3, 6)]
+        monkeypatch.setattr(numbers_module, "CHUNK_BYTES", 3 * 2 * n * 8 * 3 + 1)  # 3 rows of one entry a piece
+        assert numbers_module.row_pieces(n, 2 * n * 8 * 3)[:2] == [(0, 3), (3, 6)]
         pieces = capture_attention(model, x, scores=True)
         monkeypatch.undo()
         for a, b in zip(whole, pieces):

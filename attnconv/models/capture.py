@@ -54,24 +54,13 @@ from attnconv.construct import ConvAttention
 from attnconv.construct.factory import torch_compiled
 from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.limits import format_bytes
-from attnconv.models.captured import (
-    ANY_AFTER,
-    KINDS,
-    MAX_EXTRA,
-    CapturedAttention,
-    CapturedLayer,
+from attnconv.models.capture_numbers import (
     check_images,
     check_native_probs,
     check_own_attention,
     check_own_multihead,
     check_scores,
     chunks,
-    declared_layout,
-    given_layout,
-    guess_layout,
-    image_tokens,
-    left_out_note,
-    multihead_value_maps,
     own_rows_bad,
     row_pieces,
     same_output,
@@ -79,14 +68,26 @@ from attnconv.models.captured import (
     softmax_parts,
     whole_bytes,
 )
+from attnconv.models.captured import (
+    ANY_AFTER,
+    KINDS,
+    MAX_EXTRA,
+    CapturedAttention,
+    CapturedLayer,
+    declared_layout,
+    given_layout,
+    guess_layout,
+    image_tokens,
+    left_out_note,
+    multihead_value_maps,
+)
 from attnconv.modes import eval_mode
 
 # The records and their helpers live in `captured.py`; they are this module's names too (its users import them here).
 __all__ = ["KINDS", "MAX_BYTES", "MAX_EXTRA", "CapturedAttention", "CapturedLayer", "capture_attention",
            "image_tokens", "left_out_note", "multihead_value_maps"]
 
-# The most bytes the captured probabilities may take, all computations together, by default.
-MAX_BYTES = 2 * 2**30
+MAX_BYTES = 2 * 2**30  # the most bytes the captured probabilities may take, all computations together, by default
 _NATIVE_BATCH = 16  # images per attention_probs call of a content SelfAttention2d / ConvAttention
 
 class _Accumulator:
@@ -161,8 +162,7 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
                             "(..., L, E)")
     if bound.get("enable_gqa") and min(k.dim(), q.dim()) >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
-    # Queries broadcast over the keys' images (their first dimension, the batch): learned ones, shared by every image,
-    # no image positions (copied with .expand: a stride of 0). (Over heads they are the images' own: multi-query.)
+    # Queries of every image (broadcast over the images' dimension, or .expand's stride 0) are no image positions.
     shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0] or q.shape[0] > 1 and q.stride(0) == 0)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
@@ -189,7 +189,7 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
 def _multihead_record(capture: _Capture, where: str, mha: nn.MultiheadAttention, args: tuple,
                       kwargs: dict, output: Any) -> _Accumulator:
     """Recompute an nn.MultiheadAttention call's probabilities from its inputs and weights, in float64 (checked
-    against its own `output`: `captured.check_own_multihead`)."""
+    against its own `output`: `capture_numbers.check_own_multihead`)."""
     names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask")
     bound = dict(zip(names, args))
     bound.update(kwargs)

@@ -39,7 +39,7 @@ from attnconv.models.capture import (
     native_layer,
     positive_ints,
 )
-from attnconv.models.captured import check_native_probs, check_values
+from attnconv.models.capture_numbers import check_native_probs, check_values
 from attnconv.modes import eval_mode
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
