@@ -119,7 +119,7 @@ class _Accumulator:
 
     def add(self, content: Tensor, combined: Tensor, probs: Tensor, row0: int = 0) -> None:
         """Add a chunk (n, heads, rows, S [+ appended keys]) of scores and probabilities: the query rows row0, row0 + 1,
-        ... of n batch entries (all rows, or one piece of them: `_row_pieces`; the entries count at row 0)."""
+        ... of n batch entries (all rows, or one piece of them: `row_pieces`; the entries count at row 0)."""
         check_scores(content, combined, self.source, self.where)
         e0 = self.count - (probs.shape[0] if row0 else 0)  # the first batch entry of the chunk
         self.dead[e0:e0 + probs.shape[0], :, row0:row0 + probs.shape[-2]] = torch.isneginf(combined).all(-1)

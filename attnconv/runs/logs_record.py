@@ -16,6 +16,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from attnconv.errors import AttnconvError
+from attnconv.runs.heads_file import read_heads
+from attnconv.runs.logs_file import read_metrics
+
 LOGS_KEY = "attnconv_logs"
 
 # What a run's training decides in metrics.csv (not its timing: a copy with its seconds edited is the same run).
@@ -53,10 +57,6 @@ def logs_record(run_dir: Path, rows: int, snapshots: int | None) -> str | None:
     """The `LOGS_KEY` metadata of a checkpoint that counts `rows` metrics.csv rows and `snapshots` heads.jsonl lines
     (None: the run records no heads), from the files as they are now; None where they cannot be read whole (the
     checkpoint then vouches for nothing, and their own readers say what is wrong)."""
-    from attnconv.errors import AttnconvError
-    from attnconv.runs.heads_file import read_heads
-    from attnconv.runs.logs_file import read_metrics
-
     try:
         metrics = read_metrics(run_dir)[:rows]
         heads = read_heads(run_dir)[:snapshots] if snapshots is not None else None
@@ -99,9 +99,9 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
     """Why the log `what` ("metrics" for metrics.csv's rows, "heads" for heads.jsonl's snapshots), read as `entries`,
     is not the one the run's last checkpoint (its weights' `metadata`) was written after; None where it is, or the
     weights record nothing of it."""
-    record = _recorded(metadata)
+    record = _recorded(metadata)  # its counts, where present, are whole numbers >= 0
     count_key, digest = ("rows", logs_digest) if what == "metrics" else ("snapshots", heads_digest)
-    if record is None or not isinstance(record.get(count_key), int) or record[count_key] < 0:
+    if record is None or count_key not in record:
         return None
     count, noun = record[count_key], "row" if what == "metrics" else "snapshot"
     if len(entries) < count:
@@ -123,10 +123,6 @@ def with_last_line(run_dir: Path, what: str, entries: list[dict[str, Any]], meta
     the checkpoint counts that line and it is what the checkpoint recorded (a file saved again without its final
     newline, as editors and CSV tools save them: not a line a crash cut short, which no checkpoint counts); else
     `entries`."""
-    from attnconv.errors import AttnconvError
-    from attnconv.runs.heads_file import read_heads
-    from attnconv.runs.logs_file import read_metrics
-
     record = _recorded(metadata)
     if record is None or record.get("rows" if what == "metrics" else "snapshots") != len(entries) + 1:
         return entries
