@@ -1062,3 +1062,84 @@ def test_round_42_e_learned_queries_copied_to_every_image_with_expand_are_no_ima
     assert r.query_size is None and r.size == (4, 4)
     (r,) = capture_attention(Decoder(False).eval(), torch.randn(3, 3, 16, 16))
     assert r.query_size == r.size == (4, 4)
+
+
+class _LearnedQueries(nn.Module):
+    """A DETR-like decoder: learned queries of every image (broadcast over the images through SDPA, or copied with
+    `.expand` into nn.MultiheadAttention) attending to the patch tokens."""
+
+    def __init__(self, queries: int, mha: bool, expand_keys: bool = False):
+        super().__init__()
+        self.emb, self.mha, self.expand_keys = nn.Conv2d(1, 8, 4, 4), mha, expand_keys
+        self.q = nn.Parameter(torch.randn(1, queries, 8) if mha else torch.randn(1, 2, queries, 4))
+        self.dec = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        t = self.emb(x).flatten(2).transpose(1, 2)
+        if self.mha:
+            if self.expand_keys:  # one image's tokens copied to every image, queries too: the images are one
+                t = t[:1].expand(len(x), -1, -1)
+            return self.dec(self.q.expand(len(x), -1, -1), t, t)[0]
+        k = t.reshape(len(t), -1, 2, 4).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(self.q, k, k)
+
+
+def test_round_43_learned_queries_are_told_by_every_path_and_site_maps_names_its_terms():
+    """Round 43: learned queries copied with `.expand` into nn.MultiheadAttention (DETR's decoder) were read as the
+    images' own on a grid of their count (16 as 4x4, 5 as a class token and 2x2), as only SDPA calls were checked;
+    attention_sites' one zero image read broadcast learned queries as a site, on which site_probs then crashed
+    (TypeError); site_maps took any term and gave None for every site."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 1, 16, 16)
+    for count in (16, 5, 100):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            (r,) = capture_attention(_LearnedQueries(count, mha=True).eval(), x)
+        assert r.query_size is None and r.size == (4, 4), (count, r)
+        assert not said, [str(w.message) for w in said]  # no guess said of queries that are no positions
+        assert "queries of every image" in r.note()
+    # Queries and keys both copied from one image: self-attention of that image, on its grid as before.
+    (r,) = capture_attention(_LearnedQueries(16, mha=True, expand_keys=True).eval(), x)
+    assert r.query_size == r.size == (4, 4)
+    for mha in (False, True):
+        with pytest.raises(AttnconvError, match="queries of every image, on no image grid") as err:
+            attention_sites(_LearnedQueries(16, mha=mha).eval(), (1, 16, 16))
+        assert "give grid=" not in str(err.value)  # no grid tells learned queries' positions
+    # Sites found where the queries could not be told (one image) are refused in words on a batch that tells them.
+    model = _LearnedQueries(16, mha=False).eval()
+    from attnconv.models.sites import captured_sites
+
+    sites, _ = captured_sites(capture_attention(model, x[:1]))
+    with pytest.raises(AttnconvError, match="queries are the same for every image"):
+        site_probs(model, sites, x)
+    model = PatchTokens(4).eval()
+    sites = attention_sites(model, (1, 16, 16))
+    for mode in ("probs", "scores"):
+        with pytest.raises(AttnconvError, match="term must be one of combined, content, position, got 'contnet'"):
+            site_maps(model, sites, x[:1], mode=mode, term="contnet")
+    assert site_maps(model, sites, x[:1], term="content")[0] is not None
+
+
+def test_round_43_a_warning_of_a_capture_asked_for_by_python_c_or_stdin_is_shown_not_an_import_error(tmp_path):
+    """Round 43: a capture's warning, asked for from `python -c`, a script on stdin, exec or `python -m`, crashed
+    with ImportError ('__main__' is not a built-in module): the warnings machinery asked __main__'s loader for its
+    source."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch.nn as nn, torch.nn.functional as F\n"
+        "from attnconv import capture_attention\n"
+        "class M(nn.Module):\n"
+        "    def __init__(s):\n"
+        "        super().__init__(); s.pe = nn.Conv2d(1, 8, 4, 4); s.reg = nn.Parameter(torch.randn(1, 3, 8))\n"
+        "    def forward(s, x):\n"
+        "        t = s.pe(x).flatten(2).transpose(1, 2); t = torch.cat([s.reg.expand(len(t), -1, -1), t], 1)\n"
+        "        q = t.reshape(len(t), -1, 2, 4).transpose(1, 2); return F.scaled_dot_product_attention(q, q, q)\n"
+        "print('records', len(capture_attention(M(), torch.randn(2, 1, 16, 16))))\n")
+    (tmp_path / "warner.py").write_text(code)
+    for how in (["-c", code], ["-"], ["-m", "warner"]):
+        done = subprocess.run([sys.executable, *how], input=code if how == ["-"] else None, capture_output=True,
+                              text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0 and "records 1" in done.stdout, (how, done.stderr[-800:])
+        assert "AttnconvWarning" in done.stderr and "Traceback" not in done.stderr, (how, done.stderr[-800:])

@@ -14,31 +14,28 @@ One forward pass without autograd, in eval mode (the training mode is restored),
 - any call of `torch.nn.functional.multi_head_attention_forward` made outside such a module (a module that
   calls it itself, as CLIP's attention pooling does, or a subclass's `super().forward`): recomputed the same way
   from the call's own arguments (kind "multi_head_attention_forward");
-- any call of `torch.nn.functional.scaled_dot_product_attention` (timm's and Hugging Face's ViTs):
-  intercepted by a torch function mode while the model runs, the module's output unchanged;
-  softmax(q k^T * scale + mask) recomputed in float64 from its q, k, attn_mask, scale, is_causal
-  (and enable_gqa), and attributed to the innermost module running (module pre/post hooks).
-  Calls made inside the layers above are theirs, not counted again.
+- any call of `torch.nn.functional.scaled_dot_product_attention` (timm's and Hugging Face's ViTs): intercepted by a
+  torch function mode while the model runs, the module's output unchanged; softmax(q k^T * scale + mask) recomputed
+  in float64 from its q, k, attn_mask, scale, is_causal (and enable_gqa), and attributed to the innermost module
+  running (module pre/post hooks). Calls made inside the layers above are theirs, not counted again.
 
-Probabilities are averaged over the batch (the images, and whatever else the model folds into the
-batch, such as windows). Tokens that are not image positions are found from `grid` (H, W) or from
-the token count and the images' shape (a grid plus up to `MAX_EXTRA` leading tokens: a class token,
-registers; `captured.grid_readings`) and left out: `probs` holds the model's probabilities between
-image positions (rows sum to one minus `extra_mass`, the attention the left-out tokens took). Keys appended after the sequence
-(`bias_k`, `add_zero_attn`) are left out the same way. Tokens that fit no image grid are all kept
-and the record says so (`size` None).
+Probabilities are averaged over the batch (the images, and whatever else the model folds into the batch, such as
+windows). Tokens that are not image positions are found from `grid` (H, W) or from the token count and the images'
+shape (a grid plus up to `MAX_EXTRA` leading tokens: a class token, registers; `captured.grid_readings`) and left out:
+`probs` holds the model's probabilities between image positions (rows sum to one minus `extra_mass`, the attention the
+left-out tokens took). Keys appended after the sequence (`bias_k`, `add_zero_attn`) are left out the same way. Tokens
+that fit no image grid are all kept and the record says so (`size` None).
 
-The per-head measures of `attnconv.analysis` work on the records through
-`attnconv.models.sites.captured_sites` (`AttentionSite`s whose layers, `CapturedLayer`, follow the
-`AttentionLayer` protocol) or `attnconv.analysis.analyze_captured`. They see each head's attention
-over the image positions, renormalized over them (`image_probs`).
+The per-head measures of `attnconv.analysis` work on the records through `attnconv.models.sites.captured_sites`
+(`AttentionSite`s whose layers, `CapturedLayer`, follow the `AttentionLayer` protocol) or
+`attnconv.analysis.analyze_captured`. They see each head's attention over the image positions, renormalized over them
+(`image_probs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import sys
 import warnings
 from collections.abc import Sequence
@@ -55,7 +52,9 @@ from attnconv.construct.factory import torch_compiled
 from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.limits import format_bytes
 from attnconv.models.capture_numbers import (
+    check_grid,
     check_images,
+    check_leading,
     check_native_probs,
     check_own_attention,
     check_own_multihead,
@@ -98,10 +97,10 @@ class _Accumulator:
         # A site's own layout first, then grid= and leading=, then the guess.
         known = capture.grids.get((where, capture.calls.get(where, 0)))  # a site's: any number after its grid
         lead, grid, trail = (*known, ANY_AFTER) if known else (capture.leading, capture.grid, capture.trailing)
-        self.q, self.k = (capture.reading(n, grid, lead, where, entries, trail) for n in (lq, sk))
-        if shared_queries:  # queries of every image, not its positions: the keys keep their grid
-            self.q = None
-        elif not (self.q and self.k):  # queries or keys on no grid: every token kept
+        # Queries of every image are not its positions (not read: no guess said of them); the keys keep their grid.
+        self.q = None if shared_queries else capture.reading(lq, grid, lead, where, entries, trail)
+        self.k = capture.reading(sk, grid, lead, where, entries, trail)
+        if not shared_queries and not (self.q and self.k):  # queries or keys on no grid: every token kept
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
@@ -163,7 +162,8 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
     if bound.get("enable_gqa") and min(k.dim(), q.dim()) >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
     # Queries of every image (broadcast over the images' dimension, or .expand's stride 0) are no image positions.
-    shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0] or q.shape[0] > 1 and q.stride(0) == 0)
+    shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0] or 1 < q.shape[0] and q.stride(0) == 0
+                               != k.stride(0))
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
@@ -237,6 +237,8 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     """Multi-head attention's probabilities in float64 from its inputs, projections and masks (nn.MultiheadAttention's
     and `F.multi_head_attention_forward`'s conventions: bool masks are True where NOT allowed)."""
     query, key = query.detach(), key.detach()
+    images = 0 if batch_first else 1  # learned queries copied to every image with .expand: a stride of 0 there
+    shared = query.dim() == 3 and query.shape[images] > 1 and query.stride(images) == 0 != key.stride(images)
     if query.dim() == 2:  # unbatched (L, E)
         query, key = query.unsqueeze(0), key.unsqueeze(0)
         kpm = None if kpm is None else kpm.unsqueeze(0)
@@ -272,7 +274,7 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
         add(attn_mask, (1, 1, L, S + trailing) if attn_mask.dim() == 2 else (B, h, L, S + trailing))
     if kpm is not None:
         add(kpm, (B, 1, 1, S + trailing))
-    acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where, B)
+    acc = _Accumulator(capture, h, L, S, trailing, query.dtype, query.device, where, B, shared)
     step = chunks(B, h * L * (S + trailing) * 8 * 3)
     for i in range(0, B, step):
         kt = k[i:i + step].transpose(-1, -2)
@@ -383,8 +385,9 @@ class _Capture(TorchFunctionMode):
             warnings.warn(AttnconvWarning(message), stacklevel=2)
             return
         registry = frame.f_globals.setdefault("__warningregistry__", {})
+        # No module_globals: the loader of a __main__ run by `python -c`, stdin, exec or `-m` fails to give its source.
         warnings.warn_explicit(AttnconvWarning(message), AttnconvWarning, frame.f_code.co_filename, frame.f_lineno,
-                               module=frame.f_globals.get("__name__"), registry=registry, module_globals=frame.f_globals)
+                               module=frame.f_globals.get("__name__"), registry=registry)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
@@ -512,37 +515,6 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     max_bytes = whole_bytes(max_bytes)
     check_capturable(model, "capture_attention")
     return capture_pass(model, images, grid, max_bytes, scores, native_probs=True, leading=leading, trailing=trailing)
-
-
-def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, ...]:
-    """`values` as `count` Python ints (numpy's integers taken too); one AttnconvError naming `name` and `what`
-    they are if they are not `count` positive whole numbers."""
-    try:
-        ok = len(values) == count and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                                          for v in values)
-    except TypeError:
-        ok = False
-    if not ok:
-        raise AttnconvError(f"{name} {values!r} is invalid: give {what}, {count} positive integers")
-    return tuple(int(v) for v in values)
-
-
-def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
-    """`grid` as (H, W) of Python ints, or None (`positive_ints`)."""
-    return None if grid is None else positive_ints(grid, 2, "grid", "the image positions' (H, W)")
-
-
-def check_leading(leading: Any, grid: tuple[int, int] | None, name: str = "leading") -> int | None:
-    """`leading` (or `trailing`, as `name` says) as a Python int, or None: a whole number >= 0, given with a grid."""
-    if leading is None:
-        return None
-    if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading:
-        where = "before" if name == "leading" else "after"
-        raise AttnconvError(f"{name} {leading!r} is invalid: give how many tokens come {where} the image positions, "
-                            "a whole number >= 0")
-    if grid is None:
-        raise AttnconvError(f"{name}= places the image positions of a grid: give grid=(H, W) with it")
-    return int(leading)
 
 
 def check_capturable(model: nn.Module, what: str) -> None:

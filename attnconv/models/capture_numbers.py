@@ -5,7 +5,8 @@ the model's precision); the model's own result against them (`check_own_attentio
 output or returned weights NaN where only its attention can make them so, `own_rows_bad`, `sdpa_values_bounded`,
 `values_bounded`); attnconv's own layers' probabilities (`check_native_probs`). The recomputation itself:
 `softmax_parts` (scores, masks and causal masking to probabilities), `chunks` and `row_pieces` (float64
-intermediates within CHUNK_BYTES), `whole_bytes` (the `max_bytes` argument). The pass is `attnconv.models.capture`;
+intermediates within CHUNK_BYTES). The arguments: `whole_bytes` (`max_bytes`), `check_grid`, `check_leading`,
+`positive_ints`. The pass is `attnconv.models.capture`;
 the records and the token grids are `attnconv.models.captured`.
 """
 
@@ -204,3 +205,34 @@ def whole_bytes(max_bytes: object) -> int:
             or max_bytes == math.inf or max_bytes != int(max_bytes):
         raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
     return int(max_bytes)
+
+
+def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, ...]:
+    """`values` as `count` Python ints (numpy's integers taken too); one AttnconvError naming `name` and `what`
+    they are if they are not `count` positive whole numbers."""
+    try:
+        ok = len(values) == count and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
+                                          for v in values)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise AttnconvError(f"{name} {values!r} is invalid: give {what}, {count} positive integers")
+    return tuple(int(v) for v in values)
+
+
+def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:
+    """`grid` as (H, W) of Python ints, or None (`positive_ints`)."""
+    return None if grid is None else positive_ints(grid, 2, "grid", "the image positions' (H, W)")
+
+
+def check_leading(leading: Any, grid: tuple[int, int] | None, name: str = "leading") -> int | None:
+    """`leading` (or `trailing`, as `name` says) as a Python int, or None: a whole number >= 0, given with a grid."""
+    if leading is None:
+        return None
+    if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading:
+        where = "before" if name == "leading" else "after"
+        raise AttnconvError(f"{name} {leading!r} is invalid: give how many tokens come {where} the image positions, "
+                            "a whole number >= 0")
+    if grid is None:
+        raise AttnconvError(f"{name}= places the image positions of a grid: give grid=(H, W) with it")
+    return int(leading)

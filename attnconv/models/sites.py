@@ -33,18 +33,16 @@ from attnconv.models.capture import (
     CapturedLayer,
     capture_pass,
     check_capturable,
-    check_grid,
-    check_leading,
     first_input,
     native_layer,
-    positive_ints,
 )
-from attnconv.models.capture_numbers import check_native_probs, check_values
+from attnconv.models.capture_numbers import check_grid, check_leading, check_native_probs, check_values, positive_ints
 from attnconv.modes import eval_mode
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
 BATCH = 16
 TERMS = ("combined", "position")
+ALL_TERMS = ("combined", "content", "position")  # a content layer's terms (`site_terms`)
 
 
 @runtime_checkable
@@ -103,7 +101,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
-    found by one forward pass of a zero image (default: the model's config, in_channels and
+    found by one forward pass of two zero images (default: the model's config, in_channels and
     image_size, when it has one); classifiers know their token grid. Other models get, in call
     order, their `SelfAttention2d` and multi-head 2-d `ConvAttention` layers and the other
     computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
@@ -137,7 +135,9 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
         raise AttnconvError(f"{type(model).__name__}: give its input shape (C, H, W) to find its attention")
     check_capturable(model, "attention_sites")
     param = next(iter(model.parameters()), None)
-    zero = torch.zeros(1, *input_shape, device=param.device if param is not None else "cpu",
+    # Two images, not one: queries shared by every image (learned queries broadcast or expanded) are told apart
+    # from the images' own only where there is more than one image.
+    zero = torch.zeros(2, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
         records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading,
@@ -147,8 +147,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise NoAttentionLayers(
-            f"{type(model).__name__} has no attention layers to analyze: a forward pass of a zero "
-            f"{tuple(input_shape)} image, to find its attention, failed ({type(err).__name__}: {first}); give the "
+            f"{type(model).__name__} has no attention layers to analyze: a forward pass of two zero "
+            f"{tuple(input_shape)} images, to find its attention, failed ({type(err).__name__}: {first}); give the "
             "input shape it takes") from None
     sites, seen = [], set()
     for r in records:
@@ -167,7 +167,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
             f"{type(model).__name__}: its attention computations are not self-attention over one image grid ({shown}"
             f"{'; ...' if len(records) > 3 else ''}); the per-head measures need that"
             + (" (give grid= where the tokens lie on a grid their count does not tell)"
-               if any(r.size is None or r.query_size is None for r in records) else ""))
+               if any(r.size is None for r in records) else ""))
     raise NoAttentionLayers(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
@@ -197,17 +197,15 @@ def captured_sites(records: Sequence[CapturedAttention]) -> tuple[list[Attention
 def _not_one_grid(r: CapturedAttention) -> str:
     """Why a record's queries and keys are not one image grid, in words: tokens on no grid, queries on none, or
     queries and keys on grids of their own (a pooled key grid), not what was left out besides."""
-    if r.size is None:
+    if r.size is None or r.query_size is None:  # tokens on no grid; queries of every image, the keys on theirs
         return r.note()
-    if r.query_size is None:
-        return "queries on no image grid"
     return f"queries on {r.query_size[0]}x{r.query_size[1]}, keys on {r.size[0]}x{r.size[1]}" \
         if r.query_size != r.size else r.note() or "cross-attention"
 
 
 def records_heads(model: nn.Module) -> bool:
     """Whether training records the model's heads (heads.jsonl): attention classifiers and models whose attention
-    is captured (the ViT); not CNNs, nor networks converted from one. Costs a forward of one zero image at most."""
+    is captured (the ViT); not CNNs, nor networks converted from one. Costs a forward of two zero images at most."""
     if getattr(model, "attention_layers", None):
         return True
     if any(isinstance(m, (ConvAttention, SelfAttention2d)) for m in model.modules()):
@@ -246,6 +244,10 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
             raise AttnconvError(f"{sites[i].path}: the sites were found for {found[0]}x{found[1]} images, these are "
                                 f"{x.shape[-2]}x{x.shape[-1]}; find them again with these images' shape "
                                 "(attention_sites(model, (C, H, W)))")
+        if r.size is not None and r.query_size is None:  # queries of every image that the sites' pass could not tell
+            raise AttnconvError(f"{sites[i].path}: on these images its queries are the same for every image "
+                                "(learned queries, on no image grid), not the image's own positions: it is no "
+                                "self-attention over the image, which the per-head measures need")
         if r.size != size or r.query_size != size:  # other images than the sites were found for: another grid
             where = "no image grid" if r.size is None else f"{r.query_size[0]}x{r.query_size[1]} queries and " \
                 f"{r.size[0]}x{r.size[1]} keys"
@@ -349,7 +351,7 @@ def site_terms(site: AttentionSite) -> tuple[str, ...]:
     own = getattr(site.layer, "score_terms", None)
     if own is not None:
         return tuple(own)
-    return TERMS if site.position_only else ("combined", "content", "position")
+    return TERMS if site.position_only else ALL_TERMS
 
 
 def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mode: str = "probs",
@@ -366,6 +368,8 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
         raise AttnconvError(f"mode must be probs or scores, got {mode!r}")
     if len(x) != 1:
         raise AttnconvError(f"site_maps takes one image, got {len(x)}")
+    if term not in ALL_TERMS:
+        raise AttnconvError(f"term must be one of {', '.join(ALL_TERMS)}, got {term!r}")
     check_values(x, "site_maps")
     out: list[Tensor | None] = [None] * len(sites)
     have = [i for i, site in enumerate(sites) if term in site_terms(site)]
