@@ -58,11 +58,12 @@ def rerecord(run: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     from attnconv.runs import RECORD_KEY, WEIGHTS_FILE, config_record, read_config
+    from attnconv.runs.files import sealed_metadata
 
     path = run / WEIGHTS_FILE
     with safe_open(str(path), "pt") as f:
         metadata = f.metadata() or {}
-    save_file(load_file(path), path, metadata={**metadata, RECORD_KEY: config_record(read_config(run))})
+    save_file(load_file(path), path, metadata=sealed_metadata({**metadata, RECORD_KEY: config_record(read_config(run))}))
 
 
 def unrecord(run: Path) -> None:
@@ -74,11 +75,12 @@ def unrecord(run: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     from attnconv.runs import RECORD_KEY, STATE_FILE, WEIGHTS_FILE
+    from attnconv.runs.files import META_CHECKSUM_KEY
 
     path = run / WEIGHTS_FILE
-    if path.exists():
+    if path.exists():  # written before the record, and before the metadata's checksum
         with safe_open(str(path), "pt") as f:
-            metadata = {k: v for k, v in (f.metadata() or {}).items() if k != RECORD_KEY}
+            metadata = {k: v for k, v in (f.metadata() or {}).items() if k not in (RECORD_KEY, META_CHECKSUM_KEY)}
         save_file(load_file(path), path, metadata=metadata)
     if (run / STATE_FILE).exists():
         state = torch.load(run / STATE_FILE, weights_only=True)

@@ -1313,10 +1313,12 @@ def _set_step(run: Path, step: int | str, *, state: bool = False) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
+    from attnconv.runs.files import sealed_metadata
+
     weights = run / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
         metadata = dict(f.metadata())
-    save_file(load_file(weights), weights, metadata={**metadata, "step": str(step)})
+    save_file(load_file(weights), weights, metadata=sealed_metadata({**metadata, "step": str(step)}))
     if state:
         saved = torch.load(run / "state.pt", weights_only=True)
         saved["progress"].update(step=step, epoch=0, batch=step, rows=0, snapshots=1, step_rows=0, finished=False)

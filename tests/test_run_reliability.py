@@ -23,6 +23,7 @@ from attnconv.cli import main
 from attnconv.errors import AttnconvError
 from attnconv.runs import SetAside, claim_run_dir, load_state, metrics_text, read_config, read_metrics, read_steps
 from attnconv.runs.directory import SET_ASIDE
+from attnconv.runs.files import sealed_metadata
 from attnconv.training.checkpoint import Checkpointer
 
 ONE_EPOCH = ("--epochs", "1", "--log-every", "3", "--checkpoint-every", "5")  # 8 steps, checkpoints at 5 and 8
@@ -778,10 +779,11 @@ def test_round_38_s1_a_byte_changed_inside_a_checkpoint_tensor_is_corrupt(finish
             "again"), err
     # Weights without a checksum (written before it, or by another tool) read as before; one written with a
     # checksum is whole again once rewritten; a state written where torch's CRCs were turned off still has them.
-    from attnconv.runs.files import CHECKSUM_KEY, state_bytes
+    from attnconv.runs.files import CHECKSUM_KEY, META_CHECKSUM_KEY, state_bytes
 
     tensors = load_file(str(finished / "model.safetensors"))
-    save_file(tensors, str(path), metadata={k: v for k, v in _metadata(finished).items() if k != CHECKSUM_KEY})
+    save_file(tensors, str(path), metadata={k: v for k, v in _metadata(finished).items()
+                                            if k not in (CHECKSUM_KEY, META_CHECKSUM_KEY)})
     assert main(["analyze", str(out)]) == 0
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
@@ -821,12 +823,12 @@ def test_round_39_logs_that_are_not_the_checkpoints_are_named_and_an_older_copy_
 
     metrics, heads = run / "metrics.csv", run / "heads.jsonl"
     for edit, file, argv, said in (
-            ("cut", metrics, ["table", run], "it holds 1 row, and the run's weights were written after 2: rows were "
-                                             "lost (cut short, or an older copy of the file)"),
-            ("sibling", metrics, ["table", run], "its first 2 rows are not what the run's weights were written after "
+            ("cut", metrics, ["table", run], "it holds 1 row, and the run's last checkpoint was written after 2: "
+                                             "rows were lost (cut short, or an older copy of the file)"),
+            ("sibling", metrics, ["table", run], "its first 2 rows are not what the run's last checkpoint was written after "
                                                  "(another run's, or an edited copy)"),
-            ("cut", heads, ["analyze", run], "it holds 2 snapshots, and the run's weights were written after 3"),
-            ("sibling", heads, ["analyze", run], "its first 3 snapshots are not what the run's weights were written"),
+            ("cut", heads, ["analyze", run], "it holds 2 snapshots, and the run's last checkpoint was written after 3"),
+            ("sibling", heads, ["analyze", run], "its first 3 snapshots are not what the run's last checkpoint was"),
             ("sibling", heads, ["compare", run, runs["1"]], "its first 3 snapshots are not what")):
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(runs["0"], run)
@@ -839,7 +841,7 @@ def test_round_39_logs_that_are_not_the_checkpoints_are_named_and_an_older_copy_
     shutil.copytree(runs["0"], run)  # the weights of an older step (their metadata says so), state.pt at the last
     weights_path = run / "model.safetensors"
     meta = weights_metadata(weights_path.read_bytes())
-    save_file(load_file(str(weights_path)), str(weights_path), metadata={**meta, "step": "3"})
+    save_file(load_file(str(weights_path)), str(weights_path), metadata=sealed_metadata({**meta, "step": "3"}))
     capsys.readouterr()
     assert main(tiny_args(run, data_dir, "--seed", "0", "--log-every", "3", "--resume")) == 0
     err = capsys.readouterr().err
@@ -932,7 +934,8 @@ def test_round_41_a_finished_runs_logs_are_not_rewritten_a_state_link_to_nowhere
     meta = weights_metadata(path.read_bytes())
     record = json.loads(meta["attnconv_logs"])
     for edit in ({"rows": 0}, {"rows": True}, {"metrics": None}, {"snapshots": -1}):
-        save_file(load_file(str(path)), str(path), metadata={**meta, "attnconv_logs": json.dumps({**record, **edit})})
+        save_file(load_file(str(path)), str(path),
+                  metadata=sealed_metadata({**meta, "attnconv_logs": json.dumps({**record, **edit})}))
         capsys.readouterr()
         assert main(["table", str(run)]) == 0 and main(["analyze", str(run)]) == 0, (edit, capsys.readouterr().err)
 
@@ -981,7 +984,7 @@ def test_round_42_resume_checks_the_logs_it_keeps_against_the_record_and_odd_rec
     assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {run / 'metrics.csv'}: its first row is not what the run's "
-                                               "weights were written after"), err
+                                               "last checkpoint was written after"), err
     assert tree(run) == before
 
     run = _fresh_copy(finished, tmp_path)
@@ -1004,6 +1007,77 @@ def test_round_42_resume_checks_the_logs_it_keeps_against_the_record_and_odd_rec
     record = json.loads(meta["attnconv_logs"])
     for text in (json.dumps({**record, "rows": 5}), json.dumps({**record, "snapshots": 9}),
                  json.dumps(record)[:-1] + ', "rows": 1}'):
-        save_file(load_file(str(path)), str(path), metadata={**meta, "attnconv_logs": text})
+        save_file(load_file(str(path)), str(path), metadata=sealed_metadata({**meta, "attnconv_logs": text}))
         capsys.readouterr()
         assert main(["table", str(run)]) == 0 and main(["analyze", str(run)]) == 0, (text, capsys.readouterr().err)
+
+
+def test_round_43_the_checkpoint_keeps_its_logs_record_in_state_pt_and_its_metadata_under_a_checksum(
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """A finished run's `--resume` printed a metrics.csv row past its last checkpoint as the run's result (and
+    `analyze` offered that resume to cut it back); an epoch in the weights' metadata that `isdigit` takes and `int`
+    refuses was a traceback; a byte changed on disk inside the logs record passed the tensors' checksum and blamed
+    sound logs; weights deleted or damaged beside edited logs were written anew from state.pt with a record of the
+    edited logs, which `table` then showed as the run's. state.pt now keeps the record, the metadata has a checksum
+    of its own, and a finished run has no row past its last checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import weights_metadata
+
+    # A1: a row past a finished run's last checkpoint.
+    run = _fresh_copy(finished, tmp_path)
+    lines = (run / "metrics.csv").read_text().splitlines()
+    names, row = lines[0].split(","), lines[-1].split(",")
+    row[names.index("epoch")], row[names.index("step")], row[names.index("test_acc")] = "2", "16", "0.99"
+    (run / "metrics.csv").write_text("\n".join([*lines, ",".join(row)]) + "\n")
+    before = tree(run)
+    err = _only_error(capsys, tiny_args(run, data_dir, *ONE_EPOCH, "--resume"))
+    assert err.startswith(f"error: {run / 'metrics.csv'}: row 2 (step 16) comes after the finished run's last "
+                          "checkpoint (step 8)") and "delete its rows after the first 1" in err, err
+    err = _only_error(capsys, ["analyze", run])
+    assert "delete its rows after step 8" in err and "--resume" not in err, err
+    assert tree(run) == before
+
+    # A2: epochs no checkpoint writes vouch for nothing, in one piece.
+    for epoch in ("\u00b3", "9" * 5000):
+        run = _fresh_copy(finished, tmp_path)
+        path = run / "model.safetensors"
+        save_file(load_file(str(path)), str(path),
+                  metadata=sealed_metadata({**weights_metadata(path.read_bytes()), "epoch": epoch}))
+        capsys.readouterr()
+        assert main(["table", str(run)]) == 0, capsys.readouterr().err
+        assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0, capsys.readouterr().err
+
+    # A3: a byte changed inside the metadata is damage: sound logs are not blamed, eval names the weights, and a
+    # finished run's resume writes them anew.
+    run = _fresh_copy(finished, tmp_path)
+    path = run / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    at = data.index(b'metrics\\": \\"') + 14
+    data[at] = ord("0") if data[at] != ord("0") else ord("1")
+    path.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["table", str(run)]) == 0, capsys.readouterr().err
+    err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+    assert "model.safetensors" in err and "its metadata is not what was written" in err, err
+    capsys.readouterr()
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
+    assert "model.safetensors failed its checksum (bytes changed on disk): written anew" in capsys.readouterr().err
+    assert weights_metadata(path.read_bytes())["attnconv_logs"] == weights_metadata(
+        (finished / "model.safetensors").read_bytes())["attnconv_logs"]
+
+    # A4: edited logs beside weights deleted or damaged: state.pt's record judges them, nothing is written anew.
+    for loss in ("deleted", "cut"):
+        run = _fresh_copy(finished, tmp_path)
+        lines = (run / "metrics.csv").read_text().splitlines()
+        row = lines[1].split(",")
+        row[lines[0].split(",").index("test_acc")] = "0.9375"
+        (run / "metrics.csv").write_text("\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n")
+        path = run / "model.safetensors"
+        path.unlink() if loss == "deleted" else path.write_bytes(b"")
+        before = tree(run)
+        for argv in (tiny_args(run, data_dir, *ONE_EPOCH, "--resume"), ["table", run]):
+            err = _only_error(capsys, argv)
+            assert err.startswith(f"error: {run / 'metrics.csv'}: its first row is not what the run's last "
+                                  "checkpoint was written after"), (loss, argv, err)
+        assert tree(run) == before

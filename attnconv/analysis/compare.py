@@ -285,7 +285,7 @@ def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:
     (`Run.check_logs`)."""
     snaps = read_heads(run)
     if whole is not None:
-        snaps = with_last_line(run, "heads", snaps, whole.weights_metadata)  # re-saved without its final newline
+        snaps = with_last_line(run, "heads", snaps, whole.logs_metadata)  # re-saved without its final newline
         whole.check_heads_fit(snaps)
         if not snaps or snaps[0]["epoch"] == 0:  # one without its start: said by its readers, with their fix
             whole.check_logs("heads", snaps)

@@ -209,9 +209,14 @@ def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:
         return None
     last = int(rows[-1]["step"])
     try:
-        saved = load_state(run / STATE_FILE)["progress"]["step"]
+        progress = load_state(run / STATE_FILE)["progress"]
+        saved, finished = progress["step"], progress.get("finished") is True
     except AttnconvError:
-        saved = None
+        saved = finished = None
+    if saved == step and finished:  # its last checkpoint follows its last row: nothing is logged after it
+        return (f"{run / METRICS_FILE} goes on to step {last}, past step {step}, where the run finished and wrote its "
+                f"last checkpoint ({path} and {STATE_FILE}): its rows after step {step} are not the run's (an edited "
+                f"copy, or another run's); restore it from a copy of the run, or delete its rows after step {step}")
     if saved == step:
         return (f"{path} holds the weights of step {step}, the run's last checkpoint, and {run / METRICS_FILE} goes on "
                 f"to step {last}: the run was stopped between its last row and its checkpoint; continue it with "

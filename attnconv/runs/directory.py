@@ -265,27 +265,32 @@ def _restore(out: Path, folder: Path) -> bool:
 
 
 def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *, step: int | None = None,
-              write: bool = True) -> None:
+              write: bool = True, metadata: dict[str, str] | None = None) -> None:
     """Keep exactly the metrics rows, steps.csv rows (and heads.jsonl lines, unless `snapshots` is None)
     a checkpoint knows of: what was logged after the last checkpoint is replayed, and must not be logged twice.
 
     Logs that lost what the checkpoint counts (rows or lines deleted by hand, a file restored from an older
     copy) are one AttnconvError naming the file, before any file is changed: fewer rows than counted, or,
-    with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted). `write` False:
-    checked only (a finished run, which replays nothing)."""
-    try:  # a last line without its newline that the checkpoint vouches for is whole
-        meta = recorded_metadata(out / WEIGHTS_FILE)
-    except AttnconvError:  # weights this user may not read: they vouch for nothing here
-        meta = {}
+    with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted), and kept rows
+    other than the checkpoint's record of them (`metadata`, the checkpoint's; default model.safetensors'). `write`
+    False: checked only (a finished run, which replays nothing, and after whose last checkpoint nothing is logged: a
+    row past its count is refused)."""
+    meta = metadata
+    if meta is None:
+        try:  # a last line without its newline that the checkpoint vouches for is whole
+            meta = recorded_metadata(out / WEIGHTS_FILE)
+        except AttnconvError:  # weights this user may not read: they vouch for nothing here
+            meta = {}
+    done = not write
     metrics = _kept(out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1), meta),
-                    rows, "rows", step)
+                    rows, "rows", step, done)
     steps = _resumed(read_steps, out, step_rows + 1)
     if len(steps) < step_rows:  # a counted last row re-saved without its newline (no crash cuts a counted one)
         steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1)
-    steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step)
+    steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step, done)
     heads = None if snapshots is None else _kept(
         out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
-        snapshots, "lines", step)
+        snapshots, "lines", step, done)
     for name, what, kept in ((METRICS_FILE, "metrics", metrics), (HEADS_FILE, "heads", heads)):
         problem = None if kept is None else logs_problem(meta, what, kept)  # edited since the checkpoint vouched
         if problem is not None:
@@ -311,12 +316,19 @@ def _resumed(read, out: Path, limit: int, unit: str = "rows") -> list[dict[str, 
                            f"be resumed: the checkpoint counts its {unit})") from None
 
 
-def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None) -> list[dict[str, Any]]:
+def _kept(path: Path, records: list[dict[str, Any]], count: int, unit: str, step: int | None,
+          finished: bool = False) -> list[dict[str, Any]]:
     """`records` (a log's first `count` and the one after, if any), checked against the checkpoint that counts
     `count` of them; the first `count`. The one after is cut by resuming: it must have been logged after the
-    checkpoint's step (or repeat a kept one), else the checkpoint and the log disagree and cutting would lose it."""
+    checkpoint's step (or repeat a kept one), else the checkpoint and the log disagree and cutting would lose it;
+    a `finished` run's last checkpoint follows its last row, so it has none."""
     fix = "restore the file from a copy of the run, or train into a new {out}; resuming would lose them for good"
     records, dropped = records[:count], (records[count] if len(records) > count else None)
+    if dropped is not None and finished:
+        raise DamagedFile(f"{path}: {unit[:-1]} {count + 1} (step {int(dropped['step'])}) comes after the finished "
+                          f"run's last checkpoint (step {step}), which counts {count} {unit} and is written after its "
+                          "last: it is not the run's (an edited copy, or another run's)",
+                          f"restore the file from a copy of the run, or delete its {unit} after the first {count}")
     if dropped is not None and step is not None and dropped["step"] <= step and dropped not in records:
         raise ParameterError(None, None, f"{path}: {unit[:-1]} {count + 1} is of step {int(dropped['step'])}, not "
                              f"after the checkpoint's step {step}, yet the checkpoint counts only {count} {unit} (the "

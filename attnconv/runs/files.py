@@ -73,6 +73,11 @@ RUN_FILES = RUN_FILE_NAMES  # (CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE, STATE_FI
 # before it existed, or by other tools) are read as before.
 CHECKSUM_KEY = "attnconv_checksum"
 
+# The metadata key that holds a digest of the rest of the metadata (the step, the run's record, the logs record, the
+# tensors' checksum): a byte changed on disk there is damage, not another run's record or edited logs. Files
+# without it are read as before.
+META_CHECKSUM_KEY = "attnconv_metadata_checksum"
+
 
 def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
     """A digest of named CPU tensors: each one's name, dtype, shape and bytes, in name order."""
@@ -84,9 +89,31 @@ def tensors_checksum(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
+def metadata_checksum(metadata: dict[str, str]) -> str:
+    """A digest of a weights file's metadata, each key and value, but `META_CHECKSUM_KEY`'s own."""
+    rest = {k: v for k, v in metadata.items() if k != META_CHECKSUM_KEY}
+    return hashlib.blake2b(json.dumps(rest, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def sealed_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """`metadata` with its checksum (`META_CHECKSUM_KEY`), as attnconv writes it."""
+    return {**metadata, META_CHECKSUM_KEY: metadata_checksum(metadata)}
+
+
+def metadata_problem(metadata: dict[str, str]) -> str | None:
+    """Why a weights file's metadata is not what was written (`META_CHECKSUM_KEY`), or None (it is, or the file
+    records no such checksum)."""
+    recorded = metadata.get(META_CHECKSUM_KEY)
+    if recorded is None or recorded == metadata_checksum(metadata):
+        return None
+    return "its metadata is not what was written: the file changed on disk since (a damaged disk or copy, or an edit)"
+
+
 def checksum_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str | None:
-    """Why `tensors` are not what a weights file's metadata says they were when written (`CHECKSUM_KEY`),
-    or None (they are, or the file records no checksum)."""
+    """Why `tensors`, or the metadata beside them, are not what a weights file says they were when written
+    (`CHECKSUM_KEY`, `META_CHECKSUM_KEY`), or None (they are, or the file records no checksum)."""
+    if metadata_problem(metadata) is not None:
+        return metadata_problem(metadata)
     recorded = metadata.get(CHECKSUM_KEY)
     if recorded is None or recorded == tensors_checksum(tensors):
         return None
@@ -95,10 +122,11 @@ def checksum_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str])
 
 
 def weights_bytes(model: nn.Module, metadata: dict[str, str]) -> bytes:
-    """A model's state_dict as a safetensors file's bytes, with `metadata` and the tensors' checksum."""
+    """A model's state_dict as a safetensors file's bytes, with `metadata`, the tensors' checksum and the
+    metadata's."""
     # A copy of each tensor: safetensors refuses tensors that share storage, and a state_dict may hold views.
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    return save(tensors, metadata={**metadata, CHECKSUM_KEY: tensors_checksum(tensors)})
+    return save(tensors, metadata=sealed_metadata({**metadata, CHECKSUM_KEY: tensors_checksum(tensors)}))
 
 
 def state_bytes(state: dict[str, Any]) -> bytes:
@@ -260,6 +288,8 @@ def _state_problem(state: Any) -> str | None:
         return "the optimizer state is not an optimizer's state_dict"
     if "record" in state and not isinstance(state["record"], str):  # runs.record.config_record, where written
         return "its record of config.json is not text"
+    if "logs" in state and not isinstance(state["logs"], str):  # runs.logs_record.logs_record, where written
+        return "its record of the logs is not text"
     rng = state.get("rng")
     if not isinstance(rng, dict):
         return "no random number generator states"

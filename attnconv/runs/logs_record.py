@@ -2,7 +2,8 @@
 
 model.safetensors' metadata holds, under `LOGS_KEY`, {"rows": metrics.csv rows the checkpoint counts, "metrics": a
 digest of them, "snapshots": heads.jsonl lines it counts, "heads": a digest of them} (`logs_record`), written with
-every checkpoint. `logs_problem` compares the logs read now with it: fewer rows than the checkpoint counts (cut short,
+every checkpoint, and in state.pt under "logs" (`checkpoint_logs`: what vouches where the weights are lost or
+damaged). `logs_problem` compares the logs read now with it: fewer rows than the checkpoint counts (cut short,
 an older copy) or other rows (another run's, other seeds', an edited copy) are one line naming the file. Rows past the
 count are not judged: a run stopped between its last row and its checkpoint has one more (`train --resume` cuts it).
 Weights without the record (written before it, converted runs) are not checked.
@@ -13,12 +14,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from attnconv.errors import AttnconvError
+from attnconv.runs.files import STATE_FILE, WEIGHTS_FILE, load_state, read_config
 from attnconv.runs.heads_file import read_heads
 from attnconv.runs.logs_file import read_metrics
+from attnconv.runs.record import RECORD_KEY, record_problem, recorded_metadata
 
 LOGS_KEY = "attnconv_logs"
 
@@ -70,6 +74,25 @@ def logs_record(run_dir: Path, rows: int, snapshots: int | None) -> str | None:
     return json.dumps(record, sort_keys=True)
 
 
+def checkpoint_logs(run_dir: Path) -> dict[str, str]:
+    """What vouches for a run's logs: model.safetensors' metadata where it records them; else state.pt's record of
+    them (the weights missing, their metadata damaged, or written before the record), its CRC-32s checked; else the
+    weights' metadata ({} without weights), which vouches for nothing."""
+    meta = recorded_metadata(run_dir / WEIGHTS_FILE)
+    if LOGS_KEY in meta or not os.path.lexists(run_dir / STATE_FILE):
+        return meta
+    try:
+        state = load_state(run_dir / STATE_FILE)
+        foreign = "record" in state and record_problem({RECORD_KEY: state["record"]}, read_config(run_dir),
+                                                       run_dir / STATE_FILE) is not None
+    except AttnconvError:  # their own readers say what is wrong with them
+        return meta
+    logs = state.get("logs")
+    if foreign or not isinstance(logs, str):  # another run's state.pt (another seed's) vouches for nothing here
+        return meta
+    return {LOGS_KEY: logs, "epoch": str(state["progress"]["epoch"])}
+
+
 def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
     """The record, or None where there is none or it is not one attnconv writes (edited by hand: it vouches for
     nothing, and sound logs are not blamed for it)."""
@@ -80,7 +103,9 @@ def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
     if not isinstance(record, dict):
         return None
     epoch = metadata.get("epoch")  # the checkpoint's own: a row per epoch done, and one for a run ended mid-epoch
-    if isinstance(epoch, str) and epoch.isdigit() and record.get("rows") not in (int(epoch), int(epoch) + 1):
+    if epoch is not None and not (isinstance(epoch, str) and epoch.isascii() and epoch.isdigit() and len(epoch) < 20):
+        return None  # not an epoch attnconv writes
+    if epoch is not None and record.get("rows") not in (int(epoch), int(epoch) + 1):
         return None
     if isinstance(record.get("snapshots"), int) and isinstance(record.get("rows"), int) \
             and record["snapshots"] > record["rows"] + 1:  # a line at the start and one per row, at most
@@ -105,11 +130,11 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
         return None
     count, noun = record[count_key], "row" if what == "metrics" else "snapshot"
     if len(entries) < count:
-        return (f"it holds {_many(len(entries), noun)}, and the run's weights were written after {count}: {noun}s were "
+        return (f"it holds {_many(len(entries), noun)}, and the run's last checkpoint was written after {count}: {noun}s were "
                 "lost (cut short, or an older copy of the file)")
     if digest(entries[:count]) != record.get(what):
         first = f"its first {count} {noun}s are" if count > 1 else f"its first {noun} is"
-        return f"{first} not what the run's weights were written after (another run's, or an edited copy)"
+        return f"{first} not what the run's last checkpoint was written after (another run's, or an edited copy)"
     return None
 
 

@@ -22,7 +22,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.fileio import Unreadable, open_regular
-from attnconv.runs.files import CONFIG_FILE, MAX_HEADER, WEIGHTS_FILE, weights_metadata
+from attnconv.runs.files import CONFIG_FILE, MAX_HEADER, WEIGHTS_FILE, metadata_problem, weights_metadata
 from attnconv.runs.values import shown_pair
 
 # The metadata key of model.safetensors that holds `config_record`.
@@ -94,14 +94,16 @@ def recorded_step(metadata: dict[str, Any]) -> int | None:
 def recorded_metadata(path: Path) -> dict[str, Any]:
     """The "__metadata__" of the safetensors file `path`, read from its header alone (the header `load_weights`
     reads, up to safetensors' limit); {} when there is none or the file cannot be read (where the weights are
-    loaded, their own reader says why)."""
+    loaded, their own reader says why), as it is when the metadata fails its checksum (damaged on disk: it vouches
+    for nothing, and `load_weights` names it)."""
     try:
         with open_regular(path, "") as f:
             head = f.read(8)
             size = int.from_bytes(head, "little")
             if len(head) < 8 or not 0 < size <= min(os.fstat(f.fileno()).st_size - 8, MAX_HEADER):
                 return {}
-            return weights_metadata(head + f.read(size))
+            meta = weights_metadata(head + f.read(size))
+            return {} if metadata_problem(meta) is not None else meta
     except Unreadable:  # sound weights this user may not read: their record cannot vouch for config.json, said so
         raise
     except (AttnconvError, OSError):

@@ -26,14 +26,13 @@ from attnconv.runs.files import (
     HEADS_LOST,
     METRICS_FILE,
     METRICS_LOST,
-    WEIGHTS_FILE,
     log_fix,
     read_config,
 )
 from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.logs_record import logs_problem, with_last_line
-from attnconv.runs.record import check_record, recorded_metadata
+from attnconv.runs.logs_record import checkpoint_logs, logs_problem, with_last_line
+from attnconv.runs.record import check_record
 from attnconv.runs.run_data import (
     check_other_dataset,
     data_changes,
@@ -99,7 +98,7 @@ class Run:
     def metrics(self) -> list[dict[str, float]]:
         """metrics.csv's rows (`runs.read_metrics`), none past the run's epochs in config.json. (Its steps are not
         bounded by config.json's total_steps: a resume with `allow_data_change` may change a run's length.)"""
-        rows = with_last_line(self.path, "metrics", read_metrics(self.path), self.weights_metadata)
+        rows = with_last_line(self.path, "metrics", read_metrics(self.path), self.logs_metadata)
         if rows and rows[-1]["epoch"] > self.config.epochs:
             raise DamagedFile(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
                               f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
@@ -115,14 +114,15 @@ class Run:
             (HEADS_FILE, log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         if not os.path.lexists(self.path / name):  # deleted, as the fix for a damaged one allows: nothing to judge
             return
-        problem = logs_problem(self.weights_metadata, what, entries)
+        problem = logs_problem(self.logs_metadata, what, entries)
         if problem is not None:
             raise DamagedFile(f"{self.path / name}: {problem}", fix)
 
     @functools.cached_property
-    def weights_metadata(self) -> dict[str, str]:
-        """model.safetensors' metadata, from its header alone ({} without weights): what its checkpoint records."""
-        return recorded_metadata(self.path / WEIGHTS_FILE)
+    def logs_metadata(self) -> dict[str, str]:
+        """What the run's last checkpoint records of its logs (`runs.logs_record.checkpoint_logs`: model.safetensors'
+        metadata, from its header alone, else state.pt's record)."""
+        return checkpoint_logs(self.path)
 
     @functools.cached_property
     def heads(self) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ class Run:
         no sound line left is one AttnconvError."""
         records, skipped = read_heads_skipping(self.path)
         if len(skipped) == 1:  # a last line without its newline that the checkpoint counts is whole (a file saved again)
-            whole = with_last_line(self.path, "heads", records, self.weights_metadata)
+            whole = with_last_line(self.path, "heads", records, self.logs_metadata)
             records, skipped = whole, [] if len(whole) > len(records) else skipped
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "

@@ -6,7 +6,8 @@ and how a resumed run replays from them (`Checkpointer`).
                         "model": the weights (CPU tensors; a copy, so state.pt alone is a resume point),
                         "optimizer": the optimizer's state_dict,
                         "rng": {"torch": [CPU generator state per rank], "cuda": [per rank] or None},
-                        "record": config.json as `runs.record.config_record` gives it}
+                        "record": config.json as `runs.record.config_record` gives it,
+                        "logs": the logs it was written after, as model.safetensors records them}
     model.safetensors  the same weights, metadata {"model", "step", "epoch", "attnconv_run": the record,
                         "attnconv_logs": the logs it was written after (`runs.logs_record`),
                         "attnconv_checksum": its tensors' checksum}
@@ -219,6 +220,7 @@ class Checkpointer:
         self.path = out / STATE_FILE
         # `runs.record.config_record` of the run's config.json, once written (rank 0): model.safetensors records it
         self.record: str | None = None
+        self.logs: str | None = None  # the restored state.pt's record of the logs (`runs.logs_record`), if it has one
 
     def exists(self) -> bool:
         """Whether the run has a checkpoint to resume from (a link at state.pt, even to nothing, is one: its
@@ -252,6 +254,8 @@ class Checkpointer:
         }
         if self.record is not None:
             state["record"] = self.record  # both files know which run they are
+        if LOGS_KEY in meta:  # and which logs: state.pt's CRC-32s keep it when the weights are lost or damaged
+            state["logs"] = meta[LOGS_KEY]
         save_checkpoint(model, meta, state, self.out)
 
     def _weights_meta(self, p: RunProgress) -> dict[str, str]:
@@ -262,6 +266,16 @@ class Checkpointer:
         if logs is not None:
             meta[LOGS_KEY] = logs
         return meta
+
+    def logs_metadata(self, progress: RunProgress) -> dict[str, str]:
+        """What vouches for the logs a resume keeps: the restored state.pt's record of them (the checkpoint itself,
+        its CRC-32s checked), else model.safetensors' metadata (a state.pt written before it kept one)."""
+        if self.logs is not None:
+            return {LOGS_KEY: self.logs, "epoch": str(progress.epoch)}
+        try:
+            return recorded_metadata(self.out / WEIGHTS_FILE)
+        except AttnconvError:  # weights this user may not read: they vouch for nothing here
+            return {}
 
     def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
         """Rank 0, a finished run resumed: model.safetensors written anew from the restored state where it is
@@ -281,7 +295,10 @@ class Checkpointer:
             "failed its checksum (bytes changed on disk)" if changed else \
             f"held the weights of step {step}, not the checkpoint's {progress.step} (an older copy, or another run's)" \
             if step is not None else "did not hold the run's weights"
-        save_weights(model, path, self._weights_meta(progress))
+        meta = self._weights_meta(progress)
+        if self.logs is not None:  # the logs the checkpoint vouched for, not whatever they hold now
+            meta[LOGS_KEY] = self.logs
+        save_weights(model, path, meta)
         return why
 
     def _rng_states(self) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
@@ -305,6 +322,7 @@ class Checkpointer:
         so state.pt is another run's), else on an edited config.json. With another number of
         processes than the run had, dropout streams start anew from `seed` and the step."""
         state = load_state(self.path)
+        self.logs = state.get("logs")
         if "record" in state:  # another run's state.pt (another seed), or config.json edited since: named as such
             problem = record_problem({RECORD_KEY: state["record"]}, read_config(self.out), self.path)
             if problem is not None:
@@ -386,6 +404,6 @@ class Checkpointer:
         nothing) no row is vouched for: the run starts from step 0 and every log is written anew."""
         if restored:  # a finished run replays nothing: its logs are checked, not rewritten
             trim_logs(self.out, progress.rows, progress.snapshots if heads else None, progress.step_rows,
-                      step=progress.step, write=not progress.finished)
+                      step=progress.step, write=not progress.finished, metadata=self.logs_metadata(progress))
         else:
             trim_logs(self.out, 0, 0 if heads else None, 0)

@@ -65,7 +65,6 @@ from attnconv.runs import (
     nonfinite_tensor,
     read_config,
     read_metrics,
-    recorded_metadata,
     run_image_size,
     run_info,
     write_config,
@@ -375,8 +374,7 @@ class _Trainer:
                     print(f"{self.out}: {WEIGHTS_FILE} {why}: written anew from {STATE_FILE}", file=sys.stderr)
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
             # its logs as trim_logs checked them: a last row re-saved without its newline is the run's
-            return with_last_line(self.out, "metrics", read_metrics(self.out),
-                                  recorded_metadata(self.out / WEIGHTS_FILE))[-1]
+            return with_last_line(self.out, "metrics", read_metrics(self.out), self.checkpoint.logs_metadata(p))[-1]
         if self.d.main and p.step:
             print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
         row: dict[str, float] = {}
