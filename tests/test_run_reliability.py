@@ -1081,3 +1081,20 @@ def test_round_43_the_checkpoint_keeps_its_logs_record_in_state_pt_and_its_metad
             assert err.startswith(f"error: {run / 'metrics.csv'}: its first row is not what the run's last "
                                   "checkpoint was written after"), (loss, argv, err)
         assert tree(run) == before
+
+
+def test_round_43_metrics_saved_with_padded_names_a_comma_ending_each_line_or_comma_space_read_as_written(
+        finished, tmp_path):  # noqa: F811
+    """Round 43's notes: metrics.csv saved by a tool that pads the header's names with spaces, ends every line with a
+    comma, or separates fields by ", " was refused as `no lr column` or `'' is not a number`; the rows are the same."""
+    run = _fresh_copy(finished, tmp_path)
+    text = (run / "metrics.csv").read_text()
+    sound = read_metrics(run)
+    lines = text.splitlines()
+    for saved in ("\n".join(line + "  " for line in lines), "\n".join(line + "," for line in lines),
+                  text.replace(",", ", "), "\n".join(", ".join(f" {f} " for f in line.split(",")) for line in lines)):
+        (run / "metrics.csv").write_text(saved + "\n")
+        assert read_metrics(run) == sound, saved
+    (run / "metrics.csv").write_text("\n".join(line + "," for line in lines[:1]) + "\n" + "\n".join(lines[1:]) + ",7\n")
+    with pytest.raises(AttnconvError, match="fields, the header has"):  # a value in the empty column: not that form
+        read_metrics(run)

@@ -108,8 +108,11 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
     if limit is not None:
         lines = lines[: limit + 1]
     try:
-        reader = csv.reader(lines)
-        header = next(reader, None) or []
+        reader = csv.reader(lines, skipinitialspace=True)  # ", " separators, as some tools save them
+        header = [name.strip() for name in next(reader, None) or []]  # names padded with spaces
+        comma = bool(header) and header[-1] == ""  # a comma ending every line: an empty last column, not one
+        if comma:
+            header.pop()
         missing = [c for c in columns if c not in header]
         if missing:
             raise AttnconvError(f"no {', '.join(missing)} column{'s' if len(missing) > 1 else ''}")
@@ -121,6 +124,8 @@ def _read_csv(path: Path, columns: tuple[str, ...], what: str, limit: int | None
         for fields in reader:
             if not any(field.strip() for field in fields):  # a blank line, or one of spaces (an editor's, at the end)
                 continue
+            if comma and len(fields) == len(header) + 1 and not fields[-1].strip():
+                fields = fields[:-1]
             row = _csv_row(header, fields, reader.line_num)
             if rows and not row[order] > rows[-1][order]:
                 raise AttnconvError(f"line {reader.line_num}: {order} {row[order]:g} after {order} "
