@@ -1098,9 +1098,9 @@ def test_round_43_learned_queries_are_told_by_every_path_and_site_maps_names_its
         assert r.query_size is None and r.size == (4, 4), (count, r)
         assert not said, [str(w.message) for w in said]  # no guess said of queries that are no positions
         assert "queries of every image" in r.note()
-    # Queries and keys both copied from one image: self-attention of that image, on its grid as before.
+    # Queries and keys both copied to every image: learned tokens on either side (round 44: no grid, all kept).
     (r,) = capture_attention(_LearnedQueries(16, mha=True, expand_keys=True).eval(), x)
-    assert r.query_size == r.size == (4, 4)
+    assert r.query_size is None and r.size is None and r.shared == ("queries", "keys"), r
     for mha in (False, True):
         with pytest.raises(AttnconvError, match="queries of every image, on no image grid") as err:
             attention_sites(_LearnedQueries(16, mha=mha).eval(), (1, 16, 16))
@@ -1143,3 +1143,103 @@ def test_round_43_a_warning_of_a_capture_asked_for_by_python_c_or_stdin_is_shown
                               text=True, cwd=tmp_path, timeout=120)
         assert done.returncode == 0 and "records 1" in done.stdout, (how, done.stderr[-800:])
         assert "AttnconvWarning" in done.stderr and "Traceback" not in done.stderr, (how, done.stderr[-800:])
+
+
+class _LearnedTokens(nn.Module):
+    """Learned tokens copied to every image with `.expand`: a DETR-like decoder layer (its self-attention among
+    learned queries, then their cross-attention to the patches), or patches attending learned memory."""
+
+    def __init__(self, memory: bool, sdpa: bool = False, one_image: bool = False):
+        super().__init__()
+        self.tok, self.memory, self.sdpa, self.one = nn.Conv2d(1, 16, 7, 7), memory, sdpa, one_image
+        self.learned = nn.Parameter(torch.randn(16, 16))
+        self.dec = nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        if self.one:
+            x = x.view(1, *x.shape[1:])  # a model that takes one image a call
+        t = self.tok(x).flatten(2).transpose(1, 2)
+        learned = self.learned.unsqueeze(0).expand(len(x), -1, -1)
+        if not self.memory:
+            return self.dec(learned, t)
+        if self.sdpa:
+            return torch.nn.functional.scaled_dot_product_attention(t, learned, learned)
+        return self.attn(t, learned, learned)[0]
+
+
+def test_round_44_learned_keys_are_no_image_grid_and_sites_of_one_image_models_are_found(capsys):
+    """Round 44: learned tokens copied with `.expand` on both sides (a decoder's self-attention among its queries)
+    were read as the images' grid when they were as many as its positions, and so were learned memory keys, both
+    then taken as attention sites over the image; attention_sites' two images refused a model that takes one image a
+    call, blaming the shape; a warning turned into an error was reworded as the model's failure; a capture asked for
+    from code exec'd with globals of no name lost its warning; the site functions took any object as images."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 28, 28)
+    self_attn, cross = capture_attention(_LearnedTokens(memory=False).eval(), x)
+    assert self_attn.size is None and self_attn.query_size is None and "queries and keys of every image" in \
+        self_attn.note()
+    assert cross.query_size is None and cross.size == (4, 4)  # queries computed from the copies: equal by value
+
+    class Repeated(nn.Module):  # DETR's own: learned queries copied with .repeat (no stride tells)
+        def __init__(self):
+            super().__init__()
+            self.tok, self.queries = nn.Conv2d(1, 16, 7, 7), nn.Parameter(torch.randn(16, 1, 16))
+            self.attn = nn.MultiheadAttention(16, 2)
+
+        def forward(self, x):
+            t = self.tok(x).flatten(2).permute(2, 0, 1)  # (T, N, E)
+            return self.attn(self.queries.repeat(1, len(x), 1), t, t)[0]
+
+    (r,) = capture_attention(Repeated().eval(), x)
+    assert r.query_size is None and r.size == (4, 4), r
+    same = x[:1].expand(4, -1, -1, -1).contiguous()  # one image repeated: its tokens equal on both sides, read as its
+    (r,) = capture_attention(PatchTokens(7).eval(), same)
+    assert r.query_size == r.size == (4, 4), r
+    with pytest.raises(AttnconvError, match="queries and keys of every image, on no image grid"):
+        attention_sites(_LearnedTokens(memory=False).eval(), (1, 28, 28))
+    for sdpa in (False, True):
+        (r,) = capture_attention(_LearnedTokens(memory=True, sdpa=sdpa).eval(), x)
+        assert r.size is None and r.query_size is None and r.note() == "keys of every image, on no image grid: all kept"
+        with pytest.raises(AttnconvError, match="keys of every image") as err:
+            attention_sites(_LearnedTokens(memory=True, sdpa=sdpa).eval(), (1, 28, 28))
+        assert "give grid=" not in str(err.value)
+
+    one = PatchTokens(7).eval()
+    one.forward = lambda x, f=one.forward: f(x.view(1, *x.shape[1:]))  # takes one image a call
+    assert [s.size for s in attention_sites(one, (1, 28, 28))] == [(4, 4)]
+
+    class Guessed(nn.Module):  # 10 tokens of 28x28 images: a reading that is said
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Linear(49, 8)
+
+        def forward(self, x):
+            t = self.p(x.unfold(2, 7, 7).unfold(3, 7, 7).reshape(len(x), 16, 49))[:, :10]
+            return torch.nn.functional.scaled_dot_product_attention(t, t, t)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttnconvWarning, match="a guess"):
+            attention_sites(Guessed(), (1, 28, 28))
+    code = ("import torch, torch.nn as nn, torch.nn.functional as F\nfrom attnconv import capture_attention\n"
+            "class M(nn.Module):\n    def __init__(s):\n        super().__init__(); s.p = nn.Linear(49, 8)\n"
+            "    def forward(s, x):\n        t = s.p(x.unfold(2, 7, 7).unfold(3, 7, 7).reshape(len(x), 16, 49))[:, :10]\n"
+            "        return F.scaled_dot_product_attention(t, t, t)\n"
+            "print('records', len(capture_attention(M(), torch.randn(2, 1, 28, 28))))\n")
+    for globs in ("{}", "{'__name__': None}"):
+        done = subprocess.run([sys.executable, "-c", f"exec(compile({code!r}, '<cell-1>', 'exec'), {globs})"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "records 1" in done.stdout, (globs, done.stderr[-800:])
+        assert "<cell-1>:9: AttnconvWarning" in done.stderr, (globs, done.stderr[-800:])
+
+    model = PatchTokens(7).eval()
+    sites = attention_sites(model, (1, 28, 28))
+    for bad in (None, x[:1].numpy(), [x[:1]], torch.tensor(1.0)):
+        for call in (lambda b: site_maps(model, sites, b), lambda b: site_scores(model, sites, b),
+                     lambda b: site_probs(model, sites, b)):
+            with pytest.raises(AttnconvError):
+                call(bad)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -64,6 +65,7 @@ from attnconv.models.capture_numbers import (
     row_pieces,
     same_output,
     sdpa_values_bounded,
+    shared_tokens,
     softmax_parts,
     whole_bytes,
 )
@@ -93,14 +95,16 @@ class _Accumulator:
     """The sums of one computation's probabilities (and scores) over the batch, on the image tokens."""
 
     def __init__(self, capture: _Capture, heads: int, lq: int, sk: int, trailing: int, dtype: torch.dtype,
-                 device: torch.device, where: str, entries: int, shared_queries: bool = False):
+                 device: torch.device, where: str, entries: int, shared: tuple[str, ...] = ()):
         # A site's own layout first, then grid= and leading=, then the guess.
         known = capture.grids.get((where, capture.calls.get(where, 0)))  # a site's: any number after its grid
         lead, grid, trail = (*known, ANY_AFTER) if known else (capture.leading, capture.grid, capture.trailing)
         # Queries of every image are not its positions (not read: no guess said of them); the keys keep their grid.
-        self.q = None if shared_queries else capture.reading(lq, grid, lead, where, entries, trail)
-        self.k = capture.reading(sk, grid, lead, where, entries, trail)
-        if not shared_queries and not (self.q and self.k):  # queries or keys on no grid: every token kept
+        # Learned keys make no image grid (every token kept: neither side is read, no guess said of them).
+        self.shared = shared
+        self.q = None if shared else capture.reading(lq, grid, lead, where, entries, trail)
+        self.k = None if "keys" in shared else capture.reading(sk, grid, lead, where, entries, trail)
+        if not shared and not (self.q and self.k):  # queries or keys on no grid: every token kept
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
@@ -142,7 +146,8 @@ class _Accumulator:
             path=path, kind=kind, call=call, probs=self.probs.div_(n).to(self.dtype),  # in place: no second copy
             size=self.k[1] if self.k else None, query_size=self.q[1] if self.q else None, left_out=left,
             extra_mass=(self.extra / n).to(self.dtype) if any(left) else None, images=self.count, module=module,
-            scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()})
+            scores=None if self.scores is None else {t: s.div_(n).to(self.dtype) for t, s in self.scores.items()},
+            shared=self.shared)
 
 
 def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: Any) -> _Accumulator | None:
@@ -161,9 +166,11 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
                             "(..., L, E)")
     if bound.get("enable_gqa") and min(k.dim(), q.dim()) >= 3 and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # each key head serves several query heads
-    # Queries of every image (broadcast over the images' dimension, or .expand's stride 0) are no image positions.
-    shared = k.dim() >= 3 and (q.dim() < k.dim() or q.shape[0] == 1 < k.shape[0] or 1 < q.shape[0] and q.stride(0) == 0
-                               != k.stride(0))
+    # Queries or keys of every image (broadcast over the images' dimension, or .expand's stride 0) are no image
+    # positions: learned ones.
+    copied = [o.dim() >= 3 and (t.dim() < o.dim() or t.shape[0] == 1 < o.shape[0] or 1 < t.shape[0] and t.stride(0) == 0)
+              for t, o in ((q, k), (k, q))]
+    shared = shared_tokens(q, k, *copied) if max(q.dim(), k.dim()) >= 3 else ()
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
@@ -237,8 +244,9 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     """Multi-head attention's probabilities in float64 from its inputs, projections and masks (nn.MultiheadAttention's
     and `F.multi_head_attention_forward`'s conventions: bool masks are True where NOT allowed)."""
     query, key = query.detach(), key.detach()
-    images = 0 if batch_first else 1  # learned queries copied to every image with .expand: a stride of 0 there
-    shared = query.dim() == 3 and query.shape[images] > 1 and query.stride(images) == 0 != key.stride(images)
+    images = 0 if batch_first else 1  # learned queries or keys copied to every image with .expand: a stride of 0 there
+    shared = shared_tokens(query, key, *(t.dim() == 3 and t.shape[images] > 1 and t.stride(images) == 0
+                                         for t in (query, key)), images) if query.dim() == 3 else ()
     if query.dim() == 2:  # unbatched (L, E)
         query, key = query.unsqueeze(0), key.unsqueeze(0)
         kpm = None if kpm is None else kpm.unsqueeze(0)
@@ -354,7 +362,7 @@ class _Capture(TorchFunctionMode):
         self.guessed: set[str] = set()  # the guesses said (once a pass)
         self.images = images  # how many images the pass runs on (the batch of a call on the images' tokens)
         frame = sys._getframe(1)
-        while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("attnconv", "torch"):
+        while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in ("attnconv", "torch"):
             frame = frame.f_back
         self.caller = frame  # where the pass was asked for: its warnings point there
         self.declared = declared_layout(model, aspect)  # the model's own word on where its tokens lie
@@ -386,8 +394,10 @@ class _Capture(TorchFunctionMode):
             return
         registry = frame.f_globals.setdefault("__warningregistry__", {})
         # No module_globals: the loader of a __main__ run by `python -c`, stdin, exec or `-m` fails to give its source.
-        warnings.warn_explicit(AttnconvWarning(message), AttnconvWarning, frame.f_code.co_filename, frame.f_lineno,
-                               module=frame.f_globals.get("__name__"), registry=registry)
+        name, file = frame.f_globals.get("__name__"), frame.f_code.co_filename  # code exec'd with globals of no name
+        module = name if isinstance(name, str) and name else os.path.splitext(os.path.basename(file))[0] or "<unknown>"
+        warnings.warn_explicit(AttnconvWarning(message), AttnconvWarning, file, frame.f_lineno, module=module,
+                               registry=registry)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:

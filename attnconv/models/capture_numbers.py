@@ -40,6 +40,9 @@ def check_images(images: object, grid: Sequence[int] | None) -> None:
 def check_values(images: Tensor, who: str) -> None:
     """One AttnconvError (`who` says whose images) unless the tensor `images` holds values, all finite: NaN or
     infinite values make attention undefined (and a map of them would blame the model)."""
+    if not isinstance(images, Tensor) or images.dim() == 0:
+        raise AttnconvError(f"{who}: the images are {type(images).__name__}{' of no dimension' * isinstance(images, Tensor)}"
+                            ", not a batch of images; give them as a torch.Tensor (N, C, H, W)")
     if images.device.type == "meta":
         raise AttnconvError(f"{who}: the images are on the meta device, which holds no values; give images with values")
     if images.is_floating_point() or images.is_complex():
@@ -96,6 +99,24 @@ def softmax_parts(content: Tensor, mask: Tensor | None, causal: bool, row0: int 
     return combined, combined.softmax(-1).nan_to_num(0.0)
 
 
+
+
+def same_for_every_image(t: Tensor, dim: int = 0) -> bool:
+    """Whether `t` holds the same values for each of its images (along `dim`, more than one of them)."""
+    if t.is_nested or t.dim() <= dim or t.shape[dim] < 2:
+        return False
+    return t.stride(dim) == 0 or bool((t == t.narrow(dim, 0, 1)).all())
+
+
+def shared_tokens(q: Tensor, k: Tensor, q_copied: bool, k_copied: bool, dim: int = 0) -> tuple[str, ...]:
+    """Which of a call's queries and keys are the same for every image, not its positions ("queries", "keys"):
+    those copied to every image (`q_copied`, `k_copied`: broadcast over the images, or .expand's stride of 0), and
+    those equal for every image while the other side's are not (learned queries copied with .repeat, or computed
+    from copies, as a decoder's cross-attention has them; learned memory keys). Where both are equal only by value,
+    the images may be one image repeated: the tokens are read as theirs."""
+    same_q, same_k = q_copied or same_for_every_image(q, dim), k_copied or same_for_every_image(k, dim)
+    return tuple(name for name, copied, same, other in (("queries", q_copied, same_q, same_k),
+                                                          ("keys", k_copied, same_k, same_q)) if copied or same and not other)
 
 
 def same_output(output: Any, expected: Any) -> bool:

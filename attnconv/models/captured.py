@@ -352,7 +352,8 @@ class CapturedAttention:
     computations of that module came before it in the pass (0: its first).
     probs (heads, T_q, T_k): the probabilities between image positions (left-out tokens dropped, not
     renormalized), float32 (float64 for float64 inputs). size / query_size: the key and query grids
-    (H, W), None when the query or key tokens fit no grid (then every token is kept). left_out: (leading
+    (H, W), None when the query or key tokens fit no grid (then every token is kept), or are the same for every
+    image (`shared`: learned queries, on no grid while the keys keep theirs; learned keys, every token kept). left_out: (leading
     query tokens, leading key tokens, trailing key tokens: appended after the image positions, bias_k,
     add_zero_attn) not on the grid. extra_mass (heads, T_q): the
     attention the left-out keys took, None when none were left out. images: the batch entries
@@ -372,6 +373,7 @@ class CapturedAttention:
     module: nn.Module | None = field(compare=False)
     scores: dict[str, Tensor] | None = None
     image_size: tuple[int, int] | None = None  # the images' (H, W) the pass ran on
+    shared: tuple[str, ...] = ()  # "queries", "keys": tokens the same for every image (learned ones), on no grid
 
     @property
     def heads(self) -> int:
@@ -385,6 +387,8 @@ class CapturedAttention:
 
     def note(self) -> str:
         """What was left out, in words ('' when nothing was)."""
+        if self.size is None and "keys" in self.shared:  # learned keys (a decoder's memory, its own queries)
+            return f"{' and '.join(self.shared)} of every image, on no image grid: all kept"
         if self.size is None:
             return f"{self.probs.shape[-1]} tokens on no image grid: all kept"
         if self.query_size is None:  # queries shared by every image (learned ones): the keys on their grid

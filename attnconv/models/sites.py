@@ -101,8 +101,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
-    found by one forward pass of two zero images (default: the model's config, in_channels and
-    image_size, when it has one); classifiers know their token grid. Other models get, in call
+    found by one forward pass of two images (zero, and a fixed draw), or of one for a model that takes no more (default:
+    the model's config, in_channels and image_size, when it has one); classifiers know their token grid. Other models get, in call
     order, their `SelfAttention2d` and multi-head 2-d `ConvAttention` layers and the other
     computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
     `scaled_dot_product_attention`: a ViT with a converted patch embedding has both), these as
@@ -136,20 +136,28 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     check_capturable(model, "attention_sites")
     param = next(iter(model.parameters()), None)
     # Two images, not one: queries shared by every image (learned queries broadcast or expanded) are told apart
-    # from the images' own only where there is more than one image.
+    # from the images' own only where there is more than one image; one for a model that takes one image a call.
+    # The first image zero, the second a fixed draw: tokens the same for both are not the images' own.
     zero = torch.zeros(2, *input_shape, device=param.device if param is not None else "cpu",
                        dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
+    zero[1] = torch.randn(*input_shape, generator=torch.Generator().manual_seed(0)).to(zero)
     try:
-        records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading,
-                               trailing=trailing)
-    except AttnconvError:
+        try:
+            records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                                   trailing=trailing)
+        except (AttnconvError, Warning):
+            raise
+        except Exception:  # a model that takes one image a call: shared queries are then not told
+            records = capture_pass(model, zero[:1], grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                                   trailing=trailing)
+    except (AttnconvError, Warning):  # a warning the caller turned into an error is theirs, not the model's failure
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise NoAttentionLayers(
-            f"{type(model).__name__} has no attention layers to analyze: a forward pass of two zero "
-            f"{tuple(input_shape)} images, to find its attention, failed ({type(err).__name__}: {first}); give the "
-            "input shape it takes") from None
+            f"{type(model).__name__} has no attention layers to analyze: a forward pass of {tuple(input_shape)} "
+            f"images (two, then one), to find its attention, failed ({type(err).__name__}: {first}); give the input "
+            "shape it takes") from None
     sites, seen = [], set()
     for r in records:
         if native_layer(r.module):
@@ -167,7 +175,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
             f"{type(model).__name__}: its attention computations are not self-attention over one image grid ({shown}"
             f"{'; ...' if len(records) > 3 else ''}); the per-head measures need that"
             + (" (give grid= where the tokens lie on a grid their count does not tell)"
-               if any(r.size is None for r in records) else ""))
+               if any(r.size is None and "keys" not in r.shared for r in records) else ""))
     raise NoAttentionLayers(
         f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
@@ -205,7 +213,7 @@ def _not_one_grid(r: CapturedAttention) -> str:
 
 def records_heads(model: nn.Module) -> bool:
     """Whether training records the model's heads (heads.jsonl): attention classifiers and models whose attention
-    is captured (the ViT); not CNNs, nor networks converted from one. Costs a forward of two zero images at most."""
+    is captured (the ViT); not CNNs, nor networks converted from one. Costs a forward of two images at most."""
     if getattr(model, "attention_layers", None):
         return True
     if any(isinstance(m, (ConvAttention, SelfAttention2d)) for m in model.modules()):
@@ -293,9 +301,11 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
             check_native_probs(probs, site.path, probs.dtype)
     if not needs_inputs(sites):
         return exact
-    if x is None or len(x) == 0:
+    if x is None:
         raise AttnconvError("content attention depends on the input: give test images to average over")
     check_values(x, "site_probs")
+    if len(x) == 0:
+        raise AttnconvError("content attention depends on the input: give test images to average over")
     captured = _captured(sites)
     native = [i for i in range(len(sites)) if i not in captured]
     sums: list[Tensor | float] = [0.0] * len(sites)
@@ -325,9 +335,9 @@ def site_scores(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> 
     sites: "combined" and "content" (q k^T * scale) over the image positions (`capture_attention`).
     Their softmax over the keys is the attention over the image positions, renormalized.
     """
+    check_values(x, "site_scores")
     if len(x) != 1:
         raise AttnconvError(f"site_scores takes one image, got {len(x)}")
-    check_values(x, "site_scores")
     captured = _captured(sites)
     native = [i for i in range(len(sites)) if i not in captured]
     out: list[dict[str, Tensor]] = [{} for _ in sites]
@@ -366,11 +376,11 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
     """
     if mode not in ("probs", "scores"):
         raise AttnconvError(f"mode must be probs or scores, got {mode!r}")
+    check_values(x, "site_maps")
     if len(x) != 1:
         raise AttnconvError(f"site_maps takes one image, got {len(x)}")
     if term not in ALL_TERMS:
         raise AttnconvError(f"term must be one of {', '.join(ALL_TERMS)}, got {term!r}")
-    check_values(x, "site_maps")
     out: list[Tensor | None] = [None] * len(sites)
     have = [i for i, site in enumerate(sites) if term in site_terms(site)]
     captured = set(_captured(sites))
