@@ -1098,3 +1098,64 @@ def test_round_43_metrics_saved_with_padded_names_a_comma_ending_each_line_or_co
     (run / "metrics.csv").write_text("\n".join(line + "," for line in lines[:1]) + "\n" + "\n".join(lines[1:]) + ",7\n")
     with pytest.raises(AttnconvError, match="fields, the header has"):  # a value in the empty column: not that form
         read_metrics(run)
+
+
+def test_round_44_the_later_checkpoint_judges_the_logs_a_finished_run_has_none_past_it_and_deleted_logs_are_not_judged(
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """A finished run whose weights and a log were deleted (the readers' own fix for a damaged log) could not get its
+    weights back: `--resume` refused the deleted log, which `eval` did not say; an older copy of model.safetensors
+    beside the run's last state.pt made `table` judge the logs by the older record only (an edited or cut last row
+    shown as the run's); a heads.jsonl line past a finished run's last checkpoint was read by `analyze` and `report`
+    as its next epoch."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import state_bytes, weights_metadata
+    from attnconv.runs.logs_record import logs_record
+
+    # A1: weights and a log deleted in a finished run: the weights are written anew, the log is not judged.
+    for log in ("metrics.csv", "heads.jsonl", "steps.csv"):
+        run = _fresh_copy(finished, tmp_path)
+        (run / "model.safetensors").unlink()
+        (run / log).unlink()
+        capsys.readouterr()
+        assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0, (log, capsys.readouterr().err)
+        assert "model.safetensors was missing: written anew from state.pt" in capsys.readouterr().err
+        assert not (run / log).exists() and (run / "model.safetensors").is_file()
+    # ... and where the run is unfinished, eval does not offer the resume that would refuse.
+    run = _fresh_copy(finished, tmp_path)
+    state = load_state(run / "state.pt")
+    state["progress"]["finished"] = False
+    (run / "state.pt").write_bytes(state_bytes(state))
+    (run / "model.safetensors").unlink()
+    (run / "metrics.csv").unlink()
+    err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+    assert "so is metrics.csv, which the run's checkpoint counts: it cannot be resumed without them" in err, err
+
+    # B1: an older copy of the weights (the checkpoint at step 5: no row, the first snapshot) beside the last state.pt.
+    for edit in ("edited", "cut"):
+        run = _fresh_copy(finished, tmp_path)
+        path = run / "model.safetensors"
+        older = {**weights_metadata(path.read_bytes()), "step": "5", "epoch": "0",
+                 "attnconv_logs": logs_record(run, 0, 1)}
+        save_file(load_file(str(path)), str(path), metadata=sealed_metadata(older))
+        lines = (run / "metrics.csv").read_text().splitlines()
+        if edit == "edited":
+            row = lines[1].split(",")
+            row[lines[0].split(",").index("test_acc")] = "0.9375"
+            (run / "metrics.csv").write_text("\n".join([lines[0], ",".join(row)]) + "\n")
+        else:
+            (run / "metrics.csv").write_text(lines[0] + "\n")
+        err = _only_error(capsys, ["table", run])
+        assert f"{run / 'metrics.csv'}: " in err and "the run's last checkpoint was written after" in err, (edit, err)
+
+    # C1: a heads.jsonl line past the last checkpoint of a run finished by --max-steps (its epoch within config's).
+    run = tmp_path / "short"
+    assert main(tiny_args(run, data_dir, "--epochs", "2", "--max-steps", "8", "--log-every", "3")) == 0
+    last = json.loads((run / "heads.jsonl").read_text().splitlines()[-1])
+    with open(run / "heads.jsonl", "a") as f:
+        f.write(json.dumps({**last, "epoch": 2, "step": 16}) + "\n")
+    for argv in (["analyze", run], ["report", run, "--out", tmp_path / "page.html"]):
+        err = _only_error(capsys, argv)
+        assert err.startswith(f"error: {run / 'heads.jsonl'}: it holds 1 snapshot after the 2 the finished run's "
+                              "last checkpoint was written after"), err
+    assert not (tmp_path / "page.html").exists()

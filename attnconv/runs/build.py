@@ -34,9 +34,11 @@ from attnconv.runs.directory import replaced_run_line, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
     CONFIG_FIX,
+    HEADS_FILE,
     MAX_HEADER,
     METRICS_FILE,
     STATE_FILE,
+    STEPS_FILE,
     WEIGHTS_FILE,
     checksum_problem,
     load_state,
@@ -176,6 +178,12 @@ def _missing(path: Path) -> str:
             why = err.head.removeprefix(f"{run / STATE_FILE}: ") if isinstance(err, DamagedFile) else str(err)
             return (f"{path}: missing, and {STATE_FILE}, which could write it anew, cannot ({why}); restore "
                     "both from a copy of the run, or train the run again")
+        progress = state["progress"]
+        lost = [name for name, count in ((METRICS_FILE, "rows"), (STEPS_FILE, "step_rows"), (HEADS_FILE, "snapshots"))
+                if progress.get(count, 0) and not progress.get("finished") and not os.path.lexists(run / name)]
+        if lost:  # an unfinished run resumes from the logs its checkpoint counts: `--resume` would refuse
+            return (f"{path}: missing, and so is {' and '.join(lost)}, which the run's checkpoint counts: it cannot be "
+                    "resumed without them; restore them from a copy of the run, or train the run again")
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
                 f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from "
                 f"{STATE_FILE} (and goes on training, if the run was not finished)")

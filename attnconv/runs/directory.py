@@ -282,13 +282,17 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
         except AttnconvError:  # weights this user may not read: they vouch for nothing here
             meta = {}
     done = not write
-    metrics = _kept(out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1), meta),
-                    rows, "rows", step, done)
-    steps = _resumed(read_steps, out, step_rows + 1)
-    if len(steps) < step_rows:  # a counted last row re-saved without its newline (no crash cuts a counted one)
-        steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1)
-    steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step, done)
-    heads = None if snapshots is None else _kept(
+    # A finished run's log deleted (the readers' fix for a damaged one) is not judged: nothing is replayed into it.
+    gone = {name for name in (METRICS_FILE, STEPS_FILE, HEADS_FILE) if done and not os.path.lexists(out / name)}
+    metrics = None if METRICS_FILE in gone else _kept(
+        out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1), meta), rows, "rows",
+        step, done)
+    if STEPS_FILE not in gone:
+        steps = _resumed(read_steps, out, step_rows + 1)
+        if len(steps) < step_rows:  # a counted last row re-saved without its newline (no crash cuts a counted one)
+            steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1)
+        steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step, done)
+    heads = None if snapshots is None or HEADS_FILE in gone else _kept(
         out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
         snapshots, "lines", step, done)
     for name, what, kept in ((METRICS_FILE, "metrics", metrics), (HEADS_FILE, "heads", heads)):

@@ -223,6 +223,23 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+def state_head(path: Path) -> dict[str, Any] | None:
+    """state.pt's "progress", "record" and "logs", read without its tensors' bytes (mapped, not read: cheap for a
+    large state), the CRC-32 of the record that holds them checked; None where it does not read as a sound state
+    (`load_state`, where the state is loaded, says why)."""
+    try:
+        with open_regular(path, "") as f, zipfile.ZipFile(f) as archive:  # a FIFO would block: refused first
+            archive.read(next(i.filename for i in archive.infolist() if i.filename.endswith("/data.pkl")))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if _state_problem(state) is not None:
+            return None
+    except Exception:  # noqa: BLE001 - unreadable, damaged or foreign: the state's own reader words each
+        return None
+    return {key: state[key] for key in ("progress", "record", "logs") if key in state}
+
+
 def _changed_record(f: Any) -> str | None:
     """The first record of the zip archive torch.save wrote whose bytes fail their CRC-32, or None; one a zip
     reader cannot read at all is named as such (torch read it, so the damage is in what torch skips)."""

@@ -1,11 +1,12 @@
 """What a checkpoint records of the logs it was written after, and the check that the logs a command reads are those.
 
 model.safetensors' metadata holds, under `LOGS_KEY`, {"rows": metrics.csv rows the checkpoint counts, "metrics": a
-digest of them, "snapshots": heads.jsonl lines it counts, "heads": a digest of them} (`logs_record`), written with
-every checkpoint, and in state.pt under "logs" (`checkpoint_logs`: what vouches where the weights are lost or
-damaged). `logs_problem` compares the logs read now with it: fewer rows than the checkpoint counts (cut short,
-an older copy) or other rows (another run's, other seeds', an edited copy) are one line naming the file. Rows past the
-count are not judged: a run stopped between its last row and its checkpoint has one more (`train --resume` cuts it).
+digest of them, "snapshots": heads.jsonl lines it counts, "heads": a digest of them, "finished": true for a finished
+run's last} (`logs_record`), written with every checkpoint, and in state.pt under "logs" (`checkpoint_logs`: the
+later checkpoint's record vouches, state.pt's where the weights are lost, damaged or an older copy). `logs_problem`
+compares the logs read now with it: fewer rows than the checkpoint counts (cut short, an older copy) or other rows
+(another run's, other seeds', an edited copy) are one line naming the file. Rows past the count are not judged,
+but in a finished run: a run stopped between its last row and its checkpoint has one more (`train --resume` cuts it).
 Weights without the record (written before it, converted runs) are not checked.
 """
 
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from attnconv.errors import AttnconvError
-from attnconv.runs.files import STATE_FILE, WEIGHTS_FILE, load_state, read_config
+from attnconv.runs.files import STATE_FILE, WEIGHTS_FILE, read_config, state_head
 from attnconv.runs.heads_file import read_heads
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.record import RECORD_KEY, record_problem, recorded_metadata
+from attnconv.runs.record import RECORD_KEY, record_problem, recorded_metadata, recorded_step
 
 LOGS_KEY = "attnconv_logs"
 
@@ -57,10 +58,11 @@ def heads_digest(snapshots: list[dict[str, Any]]) -> str | None:
     return content_digest([[s["epoch"], s["step"], s["layers"]] for s in snapshots]) if snapshots else None
 
 
-def logs_record(run_dir: Path, rows: int, snapshots: int | None) -> str | None:
+def logs_record(run_dir: Path, rows: int, snapshots: int | None, finished: bool = False) -> str | None:
     """The `LOGS_KEY` metadata of a checkpoint that counts `rows` metrics.csv rows and `snapshots` heads.jsonl lines
-    (None: the run records no heads), from the files as they are now; None where they cannot be read whole (the
-    checkpoint then vouches for nothing, and their own readers say what is wrong)."""
+    (None: the run records no heads), from the files as they are now, and whether it is a finished run's last (after
+    which nothing is logged); None where they cannot be read whole (the checkpoint then vouches for nothing, and
+    their own readers say what is wrong)."""
     try:
         metrics = read_metrics(run_dir)[:rows]
         heads = read_heads(run_dir)[:snapshots] if snapshots is not None else None
@@ -71,26 +73,30 @@ def logs_record(run_dir: Path, rows: int, snapshots: int | None) -> str | None:
     record: dict[str, Any] = {"rows": rows, "metrics": logs_digest(metrics)}
     if heads is not None:
         record.update(snapshots=snapshots, heads=heads_digest(heads))
+    if finished:
+        record["finished"] = True
     return json.dumps(record, sort_keys=True)
 
 
 def checkpoint_logs(run_dir: Path) -> dict[str, str]:
-    """What vouches for a run's logs: model.safetensors' metadata where it records them; else state.pt's record of
-    them (the weights missing, their metadata damaged, or written before the record), its CRC-32s checked; else the
-    weights' metadata ({} without weights), which vouches for nothing."""
+    """What vouches for a run's logs: the record of its later checkpoint, model.safetensors' metadata or state.pt's
+    (`files.state_head`), where state.pt is this run's: state.pt's where the weights record none (missing, their
+    metadata damaged, written before the record) or are an older copy; else the weights' metadata ({} without
+    weights), which vouches for nothing."""
     meta = recorded_metadata(run_dir / WEIGHTS_FILE)
-    if LOGS_KEY in meta or not os.path.lexists(run_dir / STATE_FILE):
+    head = state_head(run_dir / STATE_FILE) if os.path.lexists(run_dir / STATE_FILE) else None
+    if head is None or not isinstance(head.get("logs"), str):
+        return meta
+    step, saved = recorded_step(meta), head["progress"]["step"]
+    if LOGS_KEY in meta and step is not None and step >= saved:  # the weights' checkpoint is the later (or the same)
         return meta
     try:
-        state = load_state(run_dir / STATE_FILE)
-        foreign = "record" in state and record_problem({RECORD_KEY: state["record"]}, read_config(run_dir),
-                                                       run_dir / STATE_FILE) is not None
-    except AttnconvError:  # their own readers say what is wrong with them
+        if "record" in head and record_problem({RECORD_KEY: head["record"]}, read_config(run_dir),
+                                               run_dir / STATE_FILE) is not None:
+            return meta  # another run's state.pt (another seed's) vouches for nothing here
+    except AttnconvError:  # config.json's own reader says what is wrong with it
         return meta
-    logs = state.get("logs")
-    if foreign or not isinstance(logs, str):  # another run's state.pt (another seed's) vouches for nothing here
-        return meta
-    return {LOGS_KEY: logs, "epoch": str(state["progress"]["epoch"])}
+    return {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"])}
 
 
 def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
@@ -100,7 +106,7 @@ def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
         record = json.loads(metadata[LOGS_KEY], object_pairs_hook=_no_key_twice)
     except (KeyError, TypeError, ValueError, RecursionError):
         return None
-    if not isinstance(record, dict):
+    if not isinstance(record, dict) or not isinstance(record.get("finished", False), bool):
         return None
     epoch = metadata.get("epoch")  # the checkpoint's own: a row per epoch done, and one for a run ended mid-epoch
     if epoch is not None and not (isinstance(epoch, str) and epoch.isascii() and epoch.isdigit() and len(epoch) < 20):
@@ -135,6 +141,11 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
     if digest(entries[:count]) != record.get(what):
         first = f"its first {count} {noun}s are" if count > 1 else f"its first {noun} is"
         return f"{first} not what the run's last checkpoint was written after (another run's, or an edited copy)"
+    if record.get("finished") and len(entries) > count:
+        extra = len(entries) - count
+        return (f"it holds {_many(extra, noun)} after the {count} the finished run's last checkpoint was written "
+                f"after, which follows its last: {'they are' if extra > 1 else 'it is'} not the run's (an edited copy, "
+                f"or another run's; its {noun}s after the first {count} can be deleted)")
     return None
 
 

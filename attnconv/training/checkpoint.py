@@ -262,7 +262,7 @@ class Checkpointer:
         meta = {"model": self.model_name, "step": str(p.step), "epoch": str(p.epoch)}
         if self.record is not None:
             meta[RECORD_KEY] = self.record
-        logs = logs_record(self.out, p.rows, p.snapshots)  # the logs it is written after, for their readers to check
+        logs = logs_record(self.out, p.rows, p.snapshots, p.finished)  # the logs it is written after, for their readers
         if logs is not None:
             meta[LOGS_KEY] = logs
         return meta

@@ -373,8 +373,10 @@ class _Trainer:
                 if why is not None:
                     print(f"{self.out}: {WEIGHTS_FILE} {why}: written anew from {STATE_FILE}", file=sys.stderr)
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
-            # its logs as trim_logs checked them: a last row re-saved without its newline is the run's
-            return with_last_line(self.out, "metrics", read_metrics(self.out), self.checkpoint.logs_metadata(p))[-1]
+            # its logs as trim_logs checked them: a last row re-saved without its newline is the run's; none where
+            # metrics.csv was deleted (its weights are still written anew)
+            rows = with_last_line(self.out, "metrics", read_metrics(self.out), self.checkpoint.logs_metadata(p))
+            return rows[-1] if rows else {}
         if self.d.main and p.step:
             print(f"resuming {self.out} at step {p.step} (epoch {p.epoch + 1}, batch {p.batch})", file=sys.stderr)
         row: dict[str, float] = {}
