@@ -775,8 +775,8 @@ def test_round_38_s1_a_byte_changed_inside_a_checkpoint_tensor_is_corrupt(finish
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0] == (
             f"error: {path}: corrupt weights file (its tensors' bytes are not the ones written: the file changed on "
-            "disk since (a damaged disk or copy, or an edit)); restore it from a copy of the run, or train the run "
-            "again"), err
+            f"disk since (a damaged disk or copy, or an edit)); restore it from a copy of the run, or `attnconv train "
+            f"--out {out} --resume` writes it anew from state.pt"), err
     # Weights without a checksum (written before it, or by another tool) read as before; one written with a
     # checksum is whole again once rewritten; a state written where torch's CRCs were turned off still has them.
     from attnconv.runs.files import CHECKSUM_KEY, META_CHECKSUM_KEY, state_bytes
@@ -1159,3 +1159,22 @@ def test_round_44_the_later_checkpoint_judges_the_logs_a_finished_run_has_none_p
         assert err.startswith(f"error: {run / 'heads.jsonl'}: it holds 1 snapshot after the 2 the finished run's "
                               "last checkpoint was written after"), err
     assert not (tmp_path / "page.html").exists()
+
+
+def test_round_44_notes_damaged_weights_of_a_finished_run_offer_the_resume_that_writes_them_anew(
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """Round 44's notes: damaged weights were named with `restore it from a copy of the run, or train the run
+    again`, not the `train --resume` that writes them anew from state.pt; offered only where it works (a finished
+    run, its state.pt sound and its own), and it does."""
+    run = _fresh_copy(finished, tmp_path)
+    path = run / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-7])
+    err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+    assert err.endswith(f"`attnconv train --out {run} --resume` writes it anew from state.pt"), err
+    capsys.readouterr()
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0
+    assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 0
+    path.write_bytes(path.read_bytes()[:-7])
+    (run / "state.pt").write_bytes(b"junk")
+    err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+    assert err.endswith("restore it from a copy of the run, or train the run again"), err

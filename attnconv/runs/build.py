@@ -122,10 +122,10 @@ def load_weights(model: nn.Module, path: Path, what: str, *, allow_nonfinite: bo
         why = dangling_link(path) or f"cannot read the weights ({err.strerror or err})"
         raise AttnconvError(f"{path}: {why}; {fix}") from None
     except (SafetensorError, ValueError) as err:
-        raise AttnconvError(f"{path}: corrupt weights file ({err}); {fix}") from None
+        raise AttnconvError(f"{path}: corrupt weights file ({err}); {_rewrite_fix(path, fix)}") from None
     problem = checksum_problem(tensors, weights_metadata(data))
     if problem is not None:
-        raise AttnconvError(f"{path}: corrupt weights file ({problem}); {fix}")
+        raise AttnconvError(f"{path}: corrupt weights file ({problem}); {_rewrite_fix(path, fix)}")
     problem = None if meta is None else record_problem(weights_metadata(data), meta, path)
     if problem is not None:  # what config.json says of the model and its data is not what the weights were for
         raise AttnconvError(problem)
@@ -157,6 +157,20 @@ def _check_size(path: Path, model: nn.Module, fix: str) -> None:
     if len(head) == 8 and int.from_bytes(head, "little") > MAX_HEADER:
         raise AttnconvError(f"{path}: corrupt weights file (its header claims {format_bytes(int.from_bytes(head, 'little'))}; "
                             f"safetensors allows {format_bytes(MAX_HEADER)}); {fix}")
+
+
+def _rewrite_fix(path: Path, fix: str) -> str:
+    """`fix` for a damaged model.safetensors, or, where the run is finished and its state.pt reads and is this run's,
+    the `train --resume` that writes the weights anew from it."""
+    run = path.parent
+    try:
+        state = load_state(run / STATE_FILE)
+        if not state["progress"].get("finished") or "record" in state and record_problem(
+                {RECORD_KEY: state["record"]}, read_config(run), run / STATE_FILE) is not None:
+            return fix
+    except AttnconvError:
+        return fix
+    return f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from {STATE_FILE}"
 
 
 def _missing(path: Path) -> str:
