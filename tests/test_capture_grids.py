@@ -1180,8 +1180,7 @@ def test_round_44_learned_keys_are_no_image_grid_and_sites_of_one_image_models_a
     torch.manual_seed(0)
     x = torch.randn(4, 1, 28, 28)
     self_attn, cross = capture_attention(_LearnedTokens(memory=False).eval(), x)
-    assert self_attn.size is None and self_attn.query_size is None and "queries and keys of every image" in \
-        self_attn.note()
+    assert self_attn.size is None and self_attn.query_size is None and "queries and keys" in self_attn.note()
     assert cross.query_size is None and cross.size == (4, 4)  # queries computed from the copies: equal by value
 
     class Repeated(nn.Module):  # DETR's own: learned queries copied with .repeat (no stride tells)
@@ -1199,7 +1198,7 @@ def test_round_44_learned_keys_are_no_image_grid_and_sites_of_one_image_models_a
     same = x[:1].expand(4, -1, -1, -1).contiguous()  # one image repeated: its tokens equal on both sides, read as its
     (r,) = capture_attention(PatchTokens(7).eval(), same)
     assert r.query_size == r.size == (4, 4), r
-    with pytest.raises(AttnconvError, match="queries and keys of every image, on no image grid"):
+    with pytest.raises(AttnconvError, match="queries and keys of a decoder's target"):  # round 45's rule first
         attention_sites(_LearnedTokens(memory=False).eval(), (1, 28, 28))
     for sdpa in (False, True):
         (r,) = capture_attention(_LearnedTokens(memory=True, sdpa=sdpa).eval(), x)
@@ -1243,3 +1242,42 @@ def test_round_44_learned_keys_are_no_image_grid_and_sites_of_one_image_models_a
                      lambda b: site_probs(model, sites, b)):
             with pytest.raises(AttnconvError):
                 call(bad)
+
+
+def test_round_45_a_torch_decoders_target_is_no_image_grid_in_any_layer_and_the_probe_images_are_no_constants():
+    """Round 45: from the second layer of an nn.TransformerDecoder on, the learned queries have attended to the image
+    and differ per image, so its self- and cross-attention were read on a grid of the queries' count (16 queries as a
+    silent 4x4 site); attention_sites' zero probe image turned per-image min-max scaling into NaN, blamed on the
+    model."""
+
+    class DetrLike(nn.Module):
+        def __init__(self, batch_first: bool):
+            super().__init__()
+            self.conv, self.pos, self.bf = nn.Conv2d(1, 16, 7, 7), nn.Parameter(torch.randn(1, 16, 16)), batch_first
+            layer = nn.TransformerDecoderLayer(16, 2, 32, 0.0, batch_first=batch_first)
+            self.dec, self.query = nn.TransformerDecoder(layer, 2), nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x):
+            memory = self.conv(x).flatten(2).transpose(1, 2) + self.pos
+            queries = self.query.unsqueeze(0).repeat(len(x), 1, 1)
+            if not self.bf:
+                memory, queries = memory.transpose(0, 1), queries.transpose(0, 1)
+            return self.dec(queries, memory)
+
+    torch.manual_seed(0)
+    for batch_first in (True, False):
+        records = capture_attention(DetrLike(batch_first).eval(), torch.randn(3, 1, 28, 28))
+        assert [r.path for r in records] == [f"dec.layers.{i}.{a}" for i in (0, 1) for a in ("self_attn",
+                                                                                             "multihead_attn")]
+        for r in records:
+            assert r.query_size is None and "decoder's target" in r.note(), r
+            assert r.size == ((4, 4) if r.path.endswith("multihead_attn") else None), r
+        with pytest.raises(AttnconvError, match="decoder's target"):
+            attention_sites(DetrLike(batch_first).eval(), (1, 28, 28))
+
+    class Scaled(PatchTokens):  # each image scaled to 0..1 by its own range, as some pipelines do
+        def forward(self, x):
+            lo, hi = x.amin((1, 2, 3), keepdim=True), x.amax((1, 2, 3), keepdim=True)
+            return super().forward((x - lo) / (hi - lo))
+
+    assert [s.size for s in attention_sites(Scaled(7).eval(), (1, 28, 28))] == [(4, 4)]

@@ -247,6 +247,7 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     images = 0 if batch_first else 1  # learned queries or keys copied to every image with .expand: a stride of 0 there
     shared = shared_tokens(query, key, *(t.dim() == 3 and t.shape[images] > 1 and t.stride(images) == 0
                                          for t in (query, key)), images) if query.dim() == 3 else ()
+    shared = tuple(dict.fromkeys(shared + capture.target.get(where, ())))  # a decoder's target: none of the image's
     if query.dim() == 2:  # unbatched (L, E)
         query, key = query.unsqueeze(0), key.unsqueeze(0)
         kpm = None if kpm is None else kpm.unsqueeze(0)
@@ -372,6 +373,12 @@ class _Capture(TorchFunctionMode):
         self.records: list[CapturedAttention] = []
         self.calls: dict[str, int] = {}
         self.warned: set[nn.Module] = set()
+        # The attentions of torch's decoder layers, whose queries (and the self-attention's keys) are its target, which
+        # every layer after the first has mixed with the image: never the image's positions, whatever their count.
+        self.target = {f"{name}{'.' * bool(name)}{child}": sides for name, m in model.named_modules()
+                       if isinstance(m, nn.TransformerDecoderLayer)
+                       for child, sides in (("self_attn", ("queries", "keys", "target")), ("multihead_attn",
+                                                                                           ("queries", "target")))}
         self.after: list[tuple | None] = []  # per running module: what post() records once its forward has run
         self.quiet = 0  # > 0 while a subclass's output is computed as nn.MultiheadAttention's, to compare
         self.total = 0

@@ -373,7 +373,9 @@ class CapturedAttention:
     module: nn.Module | None = field(compare=False)
     scores: dict[str, Tensor] | None = None
     image_size: tuple[int, int] | None = None  # the images' (H, W) the pass ran on
-    shared: tuple[str, ...] = ()  # "queries", "keys": tokens the same for every image (learned ones), on no grid
+    # "queries", "keys": tokens the same for every image (learned ones), on no grid; "target" with them: the target
+    # of torch's decoder layers
+    shared: tuple[str, ...] = ()
 
     @property
     def heads(self) -> int:
@@ -387,6 +389,10 @@ class CapturedAttention:
 
     def note(self) -> str:
         """What was left out, in words ('' when nothing was)."""
+        if "target" in self.shared:  # an nn.TransformerDecoderLayer's attention
+            sides = "queries and keys" if "keys" in self.shared else "queries"
+            left = ": all kept" if self.size is None else f"; {left_out_note(self.left_out)}" if any(self.left_out) else ""
+            return f"{sides} of a decoder's target (nn.TransformerDecoderLayer), on no image grid{left}"
         if self.size is None and "keys" in self.shared:  # learned keys (a decoder's memory, its own queries)
             return f"{' and '.join(self.shared)} of every image, on no image grid: all kept"
         if self.size is None:

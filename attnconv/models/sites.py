@@ -101,7 +101,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     """Every attention layer of `model`, first to last (NoAttentionLayers for a model without one, a CNN).
 
     input_shape (C, H, W): needed for converted networks and captured attention, whose grids are
-    found by one forward pass of two images (zero, and a fixed draw), or of one for a model that takes no more (default:
+    found by one forward pass of two images (fixed draws), or of one for a model that takes no more (default:
     the model's config, in_channels and image_size, when it has one); classifiers know their token grid. Other models get, in call
     order, their `SelfAttention2d` and multi-head 2-d `ConvAttention` layers and the other
     computations `capture_attention` sees on an image grid (`nn.MultiheadAttention`,
@@ -137,18 +137,19 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     param = next(iter(model.parameters()), None)
     # Two images, not one: queries shared by every image (learned queries broadcast or expanded) are told apart
     # from the images' own only where there is more than one image; one for a model that takes one image a call.
-    # The first image zero, the second a fixed draw: tokens the same for both are not the images' own.
-    zero = torch.zeros(2, *input_shape, device=param.device if param is not None else "cpu",
-                       dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
-    zero[1] = torch.randn(*input_shape, generator=torch.Generator().manual_seed(0)).to(zero)
+    # Two fixed draws, in 0.1 to 0.9 (no constant image, which per-image scaling or a log would turn into NaN):
+    # tokens the same for both are not the images' own.
+    draw = torch.rand(2, *input_shape, generator=torch.Generator().manual_seed(0)) * 0.8 + 0.1
+    probe = draw.to(device=param.device if param is not None else "cpu",
+                    dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
         try:
-            records = capture_pass(model, zero, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+            records = capture_pass(model, probe, grid, MAX_BYTES, False, native_probs=False, leading=leading,
                                    trailing=trailing)
         except (AttnconvError, Warning):
             raise
         except Exception:  # a model that takes one image a call: shared queries are then not told
-            records = capture_pass(model, zero[:1], grid, MAX_BYTES, False, native_probs=False, leading=leading,
+            records = capture_pass(model, probe[:1], grid, MAX_BYTES, False, native_probs=False, leading=leading,
                                    trailing=trailing)
     except (AttnconvError, Warning):  # a warning the caller turned into an error is theirs, not the model's failure
         raise
