@@ -1178,3 +1178,37 @@ def test_round_44_notes_damaged_weights_of_a_finished_run_offer_the_resume_that_
     (run / "state.pt").write_bytes(b"junk")
     err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
     assert err.endswith("restore it from a copy of the run, or train the run again"), err
+
+
+def test_round_45_a_damaged_heads_line_does_not_let_edited_snapshots_through_and_a_cache_entry_moved_meanwhile_is_no_error(
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """One damaged line in heads.jsonl turned off the check against the checkpoint's record, so an edited snapshot,
+    another seed's, or one made up past a finished run's end was read as the run's (with only "skipped 1 damaged
+    line"); two commands rebuilding one damaged cache entry at once failed the slower one on sound data ("free space
+    there"). The record now holds a digest of each snapshot; an entry moved aside meanwhile is out of the way."""
+    from attnconv.data.folder_cache import _move_aside
+
+    lines = (finished / "heads.jsonl").read_text().splitlines()
+    edited = json.loads(lines[1])
+    edited["layers"][0][0]["center"] = [0.5, -0.5]
+    short = tmp_path / "short"  # finished by --max-steps: a snapshot of epoch 2 is within config.json's epochs
+    assert main(tiny_args(short, data_dir, "--epochs", "2", "--max-steps", "8", "--log-every", "3")) == 0
+    past = [*(short / "heads.jsonl").read_text().splitlines(), json.dumps({**edited, "epoch": 2, "step": 16}), "{"]
+    for name, run, text in (("edited", finished, [lines[0], json.dumps(edited), *lines[2:], "junk"]),
+                            ("past the end", short, past)):
+        run = _fresh_copy(run, tmp_path)
+        (run / "heads.jsonl").write_text("\n".join(text) + "\n")
+        err = _only_error(capsys, ["analyze", run])
+        assert err.startswith(f"error: {run / 'heads.jsonl'}: its snapshot of epoch ") and \
+            "is not one the run's last checkpoint was written after" in err, (name, err)
+    for name, text in (("junk appended", [*lines, "junk"]), ("a counted line cut", [lines[0][:-9], *lines[1:]])):
+        run = _fresh_copy(finished, tmp_path)
+        (run / "heads.jsonl").write_text("\n".join(text) + "\n")
+        capsys.readouterr()
+        assert main(["analyze", str(run)]) == 0, (name, capsys.readouterr().err)
+        assert "skipped 1 damaged line" in capsys.readouterr().err, name
+
+    gone = tmp_path / "cache" / "entry"
+    gone.parent.mkdir()
+    _move_aside(gone)  # another process moved it first: no error, nothing left behind
+    assert list(gone.parent.iterdir()) == []

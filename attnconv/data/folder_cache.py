@@ -302,6 +302,8 @@ def _move_aside(target: Path) -> None:
                                 suffix=TMP_SUFFIX))
     try:
         os.replace(target, old / "x")
+    except FileNotFoundError:  # another process moved it meanwhile (building the same folder): it is out of the way
+        pass
     finally:  # moved, or refused (an entry of another user's): the folder made for it goes
         shutil.rmtree(old, ignore_errors=True)
 

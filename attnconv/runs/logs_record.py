@@ -58,6 +58,11 @@ def heads_digest(snapshots: list[dict[str, Any]]) -> str | None:
     return content_digest([[s["epoch"], s["step"], s["layers"]] for s in snapshots]) if snapshots else None
 
 
+def snapshot_digest(snapshot: dict[str, Any]) -> str:
+    """One snapshot's digest (its epoch, step and heads): what vouches for each line where others are damaged."""
+    return content_digest([snapshot["epoch"], snapshot["step"], snapshot["layers"]])
+
+
 def logs_record(run_dir: Path, rows: int, snapshots: int | None, finished: bool = False) -> str | None:
     """The `LOGS_KEY` metadata of a checkpoint that counts `rows` metrics.csv rows and `snapshots` heads.jsonl lines
     (None: the run records no heads), from the files as they are now, and whether it is a finished run's last (after
@@ -72,7 +77,7 @@ def logs_record(run_dir: Path, rows: int, snapshots: int | None, finished: bool 
         return None
     record: dict[str, Any] = {"rows": rows, "metrics": logs_digest(metrics)}
     if heads is not None:
-        record.update(snapshots=snapshots, heads=heads_digest(heads))
+        record.update(snapshots=snapshots, heads=heads_digest(heads), heads_each=[snapshot_digest(s) for s in heads])
     if finished:
         record["finished"] = True
     return json.dumps(record, sort_keys=True)
@@ -107,6 +112,10 @@ def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
     except (KeyError, TypeError, ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or not isinstance(record.get("finished", False), bool):
+        return None
+    each = record.get("heads_each", [])
+    if not isinstance(each, list) or not all(isinstance(d, str) for d in each) or \
+            "heads_each" in record and len(each) != record.get("snapshots"):
         return None
     epoch = metadata.get("epoch")  # the checkpoint's own: a row per epoch done, and one for a run ended mid-epoch
     if epoch is not None and not (isinstance(epoch, str) and epoch.isascii() and epoch.isdigit() and len(epoch) < 20):
@@ -146,6 +155,24 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
         return (f"it holds {_many(extra, noun)} after the {count} the finished run's last checkpoint was written "
                 f"after, which follows its last: {'they are' if extra > 1 else 'it is'} not the run's (an edited copy, "
                 f"or another run's; its {noun}s after the first {count} can be deleted)")
+    return None
+
+
+def skipped_heads_problem(metadata: dict[str, str], snapshots: list[dict[str, Any]]) -> str | None:
+    """Why the sound snapshots of a heads.jsonl whose damaged lines were skipped are not the run's: each must be one
+    the checkpoint recorded (`snapshot_digest`), in order; past them, one only in a run not finished (logged after
+    its checkpoint). None where they are, or the record holds no digest of each (written before it)."""
+    record = _recorded(metadata)
+    if record is None or "heads_each" not in record:
+        return None
+    recorded, at = record["heads_each"], 0
+    for snapshot in snapshots:
+        digest = snapshot_digest(snapshot)
+        if digest in recorded[at:]:
+            at = recorded.index(digest, at) + 1
+        elif record.get("finished") or at < len(recorded):
+            return (f"its snapshot of epoch {snapshot['epoch']}, step {snapshot['step']} is not one the run's last "
+                    "checkpoint was written after (an edited copy, or another run's)")
     return None
 
 

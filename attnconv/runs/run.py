@@ -31,7 +31,7 @@ from attnconv.runs.files import (
 )
 from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.logs_record import checkpoint_logs, logs_problem, with_last_line
+from attnconv.runs.logs_record import checkpoint_logs, logs_problem, skipped_heads_problem, with_last_line
 from attnconv.runs.record import check_record
 from attnconv.runs.run_data import (
     check_other_dataset,
@@ -138,13 +138,16 @@ class Run:
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
                               "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
+        problem = skipped_heads_problem(self.logs_metadata, records) if skipped else None
+        if problem is not None:  # each sound line must be a snapshot the checkpoint recorded: one error, no warning
+            raise DamagedFile(f"{self.path / HEADS_FILE}: {problem}", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         if skipped:
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
                           f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}",
                           AttnconvWarning, stacklevel=2)
         self.check_heads_fit(records)
-        if not skipped:  # damaged lines skipped: fewer than the checkpoint counts, said above
+        if not skipped:  # damaged lines skipped: the sound ones were matched with the record one by one above
             self.check_logs("heads", records)
         return records
 
