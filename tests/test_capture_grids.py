@@ -1281,3 +1281,66 @@ def test_round_45_a_torch_decoders_target_is_no_image_grid_in_any_layer_and_the_
             return super().forward((x - lo) / (hi - lo))
 
     assert [s.size for s in attention_sites(Scaled(7).eval(), (1, 28, 28))] == [(4, 4)]
+
+
+class _SdpaAttention(nn.Module):
+    """A drop-in for a batch-first nn.MultiheadAttention (two heads) that computes with SDPA."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.batch_first = True
+
+    def forward(self, q, k, v, **kwargs):
+        heads = [w(t).view(len(t), t.shape[1], 2, -1).transpose(1, 2) for t, w in ((q, self.q), (k, self.k), (v, self.v))]
+        out = torch.nn.functional.scaled_dot_product_attention(*heads)
+        return self.o(out.transpose(1, 2).reshape(q.shape)), None
+
+
+def test_round_46_a_decoder_layer_computing_with_sdpa_a_tied_attention_and_a_model_that_sees_the_probes_alike():
+    """Round 46: the decoder-target rule held only for nn.MultiheadAttention under its registered name, so a
+    TransformerDecoderLayer subclass computing with SDPA had its later layers read as silent 4x4 sites, and one
+    attention module shared by an encoder and a decoder layer was read by whichever registered it first; a model
+    taking the sign of its input saw attention_sites' two positive probe images as one, and its learned queries
+    became a site."""
+
+    class Layer(nn.TransformerDecoderLayer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.self_attn, self.multihead_attn = _SdpaAttention(), _SdpaAttention()
+
+    class Model(nn.Module):
+        def __init__(self, tied: bool):
+            super().__init__()
+            self.pe = nn.Conv2d(1, 16, 4, 4)
+            self.enc = nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True)
+            self.dec = nn.TransformerDecoder((nn.TransformerDecoderLayer if tied else Layer)(16, 2, 32, 0.0,
+                                                                                             batch_first=True), 2)
+            if tied:  # the decoder's second self-attention is the encoder's module
+                self.dec.layers[1].self_attn = self.enc.self_attn
+            self.queries = nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x):
+            memory = self.enc(self.pe(x).flatten(2).transpose(1, 2))
+            return self.dec(self.queries.expand(len(x), -1, -1), memory)
+
+    torch.manual_seed(0)
+    for tied in (False, True):
+        model = Model(tied).eval()
+        records = capture_attention(model, torch.rand(3, 1, 16, 16))
+        assert records[0].query_size == records[0].size == (4, 4), records[0]  # the encoder over the patches
+        assert all("decoder's target" in r.note() and r.query_size is None for r in records[1:]), records
+        assert [s.path for s in attention_sites(model, (1, 16, 16))] == ["enc.self_attn"], tied
+
+    class Signs(nn.Module):  # the sign of each pixel: both positive probe images are one image to it
+        def __init__(self):
+            super().__init__()
+            self.pe, self.queries = nn.Conv2d(1, 16, 4, 4), nn.Parameter(torch.randn(1, 16, 16))
+
+        def forward(self, x):
+            t = self.pe(torch.sign(x)).flatten(2).transpose(1, 2)
+            q = self.queries.repeat(len(x), 1, 1)
+            return torch.nn.functional.scaled_dot_product_attention(q, t, t)
+
+    with pytest.raises(AttnconvError, match="queries of every image, on no image grid"):
+        attention_sites(Signs().eval(), (1, 16, 16))

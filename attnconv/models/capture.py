@@ -101,10 +101,10 @@ class _Accumulator:
         lead, grid, trail = (*known, ANY_AFTER) if known else (capture.leading, capture.grid, capture.trailing)
         # Queries of every image are not its positions (not read: no guess said of them); the keys keep their grid.
         # Learned keys make no image grid (every token kept: neither side is read, no guess said of them).
-        self.shared = shared
-        self.q = None if shared else capture.reading(lq, grid, lead, where, entries, trail)
-        self.k = None if "keys" in shared else capture.reading(sk, grid, lead, where, entries, trail)
-        if not shared and not (self.q and self.k):  # queries or keys on no grid: every token kept
+        self.shared, sides = shared, [s for s in shared if s != "alike"]  # alike: read as the images' (one repeated)
+        self.q = None if sides else capture.reading(lq, grid, lead, where, entries, trail)
+        self.k = None if "keys" in sides else capture.reading(sk, grid, lead, where, entries, trail)
+        if not sides and not (self.q and self.k):  # queries or keys on no grid: every token kept
             self.q = self.k = None
         self.lead_q, self.tq = (self.q[0], self.q[1][0] * self.q[1][1]) if self.q else (0, lq)
         self.lead_k, self.tk = (self.k[0], self.k[1][0] * self.k[1][1]) if self.k else (0, sk)
@@ -170,7 +170,8 @@ def _sdpa_record(capture: _Capture, where: str, args: tuple, kwargs: dict, out: 
     # positions: learned ones.
     copied = [o.dim() >= 3 and (t.dim() < o.dim() or t.shape[0] == 1 < o.shape[0] or 1 < t.shape[0] and t.stride(0) == 0)
               for t, o in ((q, k), (k, q))]
-    shared = shared_tokens(q, k, *copied) if max(q.dim(), k.dim()) >= 3 else ()
+    shared = tuple(dict.fromkeys((shared_tokens(q, k, *copied) if max(q.dim(), k.dim()) >= 3 else ())
+                                 + capture.target_sides()))
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     q, k = q.expand(*batch, *q.shape[-2:]), k.expand(*batch, *k.shape[-2:])
     heads = q.shape[-3] if q.dim() >= 4 else 1
@@ -247,7 +248,7 @@ def _attention_record(capture: _Capture, where: str, query: Tensor, key: Tensor,
     images = 0 if batch_first else 1  # learned queries or keys copied to every image with .expand: a stride of 0 there
     shared = shared_tokens(query, key, *(t.dim() == 3 and t.shape[images] > 1 and t.stride(images) == 0
                                          for t in (query, key)), images) if query.dim() == 3 else ()
-    shared = tuple(dict.fromkeys(shared + capture.target.get(where, ())))  # a decoder's target: none of the image's
+    shared = tuple(dict.fromkeys(shared + capture.target_sides()))  # a decoder's target: none of the image's
     if query.dim() == 2:  # unbatched (L, E)
         query, key = query.unsqueeze(0), key.unsqueeze(0)
         kpm = None if kpm is None else kpm.unsqueeze(0)
@@ -373,15 +374,19 @@ class _Capture(TorchFunctionMode):
         self.records: list[CapturedAttention] = []
         self.calls: dict[str, int] = {}
         self.warned: set[nn.Module] = set()
-        # The attentions of torch's decoder layers, whose queries (and the self-attention's keys) are its target, which
-        # every layer after the first has mixed with the image: never the image's positions, whatever their count.
-        self.target = {f"{name}{'.' * bool(name)}{child}": sides for name, m in model.named_modules()
-                       if isinstance(m, nn.TransformerDecoderLayer)
-                       for child, sides in (("self_attn", ("queries", "keys", "target")), ("multihead_attn",
-                                                                                           ("queries", "target")))}
+        self.current: nn.Module | None = None  # the module whose attention computation is being recomputed
         self.after: list[tuple | None] = []  # per running module: what post() records once its forward has run
         self.quiet = 0  # > 0 while a subclass's output is computed as nn.MultiheadAttention's, to compare
         self.total = 0
+
+    def target_sides(self) -> tuple[str, ...]:
+        """The sides of the computation of `current` that are a torch decoder layer's target, which every layer after
+        the first has mixed with the image: its queries where a decoder layer runs (is in the stack), whatever the
+        module or its name, and the keys too in that layer's own self-attention; () outside decoder layers."""
+        layer = next((m for m in reversed(self.stack) if isinstance(m, nn.TransformerDecoderLayer)), None)
+        if layer is None:
+            return ()
+        return ("queries", "keys", "target") if self.current is layer.self_attn else ("queries", "target")
 
     def reserve(self, nbytes: int, where: str, what: str) -> None:
         """Count a computation's result before it is allocated; refuse past max_bytes."""
@@ -483,6 +488,7 @@ class _Capture(TorchFunctionMode):
         for r in self.records[start:]:  # its own calls inside (a subclass's): the whole computation replaces them
             self.calls[r.path] -= 1
         del self.records[start:]
+        self.current = module
         self._add(where, module, "MultiheadAttention", _multihead_record(self, where, module, args, kwargs, output))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -491,7 +497,7 @@ class _Capture(TorchFunctionMode):
         out = func(*args, **kwargs)  # first: a call torch refuses fails with torch's own words, not the recomputation's
         if func in (F.scaled_dot_product_attention, F.multi_head_attention_forward) and not self.quiet \
                 and not self._inside_owner():
-            module = self.stack[-1] if self.stack else None
+            module = self.current = self.stack[-1] if self.stack else None
             where = self.names.get(module, "") if module is not None else ""
             if func is F.scaled_dot_product_attention:
                 made = _sdpa_record(self, where, args, kwargs, out)

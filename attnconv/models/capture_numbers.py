@@ -113,10 +113,12 @@ def shared_tokens(q: Tensor, k: Tensor, q_copied: bool, k_copied: bool, dim: int
     those copied to every image (`q_copied`, `k_copied`: broadcast over the images, or .expand's stride of 0), and
     those equal for every image while the other side's are not (learned queries copied with .repeat, or computed
     from copies, as a decoder's cross-attention has them; learned memory keys). Where both are equal only by value,
-    the images may be one image repeated: the tokens are read as theirs."""
+    the images may be one image repeated: the tokens are read as theirs, and the answer is ("alike",) (the images
+    could not tell: `attention_sites` probes again with others)."""
     same_q, same_k = q_copied or same_for_every_image(q, dim), k_copied or same_for_every_image(k, dim)
-    return tuple(name for name, copied, same, other in (("queries", q_copied, same_q, same_k),
-                                                          ("keys", k_copied, same_k, same_q)) if copied or same and not other)
+    sides = tuple(name for name, copied, same, other in (("queries", q_copied, same_q, same_k),
+                                                           ("keys", k_copied, same_k, same_q)) if copied or same and not other)
+    return sides or (("alike",) if same_q and same_k else ())
 
 
 def same_output(output: Any, expected: Any) -> bool:

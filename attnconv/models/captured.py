@@ -374,7 +374,8 @@ class CapturedAttention:
     scores: dict[str, Tensor] | None = None
     image_size: tuple[int, int] | None = None  # the images' (H, W) the pass ran on
     # "queries", "keys": tokens the same for every image (learned ones), on no grid; "target" with them: the target
-    # of torch's decoder layers
+    # of torch's decoder layers; "alike" alone: both sides equal for every image by value (read as the images': the
+    # images could not tell)
     shared: tuple[str, ...] = ()
 
     @property

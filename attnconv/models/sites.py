@@ -151,6 +151,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
         except Exception:  # a model that takes one image a call: shared queries are then not told
             records = capture_pass(model, probe[:1], grid, MAX_BYTES, False, native_probs=False, leading=leading,
                                    trailing=trailing)
+        else:
+            records = _probed_again(model, probe, records, grid, leading, trailing)
     except (AttnconvError, Warning):  # a warning the caller turned into an error is theirs, not the model's failure
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
@@ -210,6 +212,24 @@ def _not_one_grid(r: CapturedAttention) -> str:
         return r.note()
     return f"queries on {r.query_size[0]}x{r.query_size[1]}, keys on {r.size[0]}x{r.size[1]}" \
         if r.query_size != r.size else r.note() or "cross-attention"
+
+
+def _probed_again(model: nn.Module, probe: Tensor, records: list[CapturedAttention], grid: Sequence[int] | None,
+                  leading: int | None, trailing: int | None) -> list[CapturedAttention]:
+    """`attention_sites`' records, probed again with a zero image and a standard normal draw where the two probe
+    images left a computation's queries and keys equal by value ("alike": a model that takes the sign of its input,
+    or thresholds it, sees two equal images): the other pair's records where they tell more, else the first."""
+    alike = sum("alike" in r.shared for r in records)
+    if not alike:
+        return records
+    other = torch.zeros_like(probe)
+    other[1] = torch.randn(probe.shape[1:], generator=torch.Generator().manual_seed(1)).to(other)
+    try:
+        again = capture_pass(model, other, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                             trailing=trailing)
+    except (Exception, Warning):  # noqa: BLE001 - a model the second pair does not suit: the first pair's reading
+        return records
+    return again if sum("alike" in r.shared for r in again) < alike else records
 
 
 def records_heads(model: nn.Module) -> bool:
