@@ -1212,3 +1212,48 @@ def test_round_45_a_damaged_heads_line_does_not_let_edited_snapshots_through_and
     gone.parent.mkdir()
     _move_aside(gone)  # another process moved it first: no error, nothing left behind
     assert list(gone.parent.iterdir()) == []
+
+
+def test_round_46_a_finished_runs_resume_takes_heads_jsonl_as_its_readers_do_and_a_file_in_place_of_a_cache_entry_is_rebuilt(
+        finished, data_dir, tmp_path, capsys):  # noqa: F811
+    """A finished run with damaged weights and one damaged heads.jsonl line: `eval` offered `train --resume`, which
+    refused the line the readers skip ("without it the run cannot be resumed"); a damaged line beside a snapshot past
+    config.json's epochs gave the skip warning and then an error; a file where a dataset cache entry belongs was
+    blamed on permissions, never rebuilt."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.data.folder_cache import closed_entry
+    from attnconv.runs.files import weights_metadata
+
+    run = _fresh_copy(finished, tmp_path)
+    path = run / "model.safetensors"
+    size = int.from_bytes(path.read_bytes()[:8], "little")
+    _flip_inside(path, 8 + size, path.stat().st_size)
+    lines = (run / "heads.jsonl").read_text().splitlines()
+    (run / "heads.jsonl").write_text("\n".join([lines[0], "junk{", *lines[1:]]) + "\n")
+    heads = (run / "heads.jsonl").read_bytes()
+    assert "--resume` writes it anew" in _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+    capsys.readouterr()
+    assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0, capsys.readouterr().err
+    assert "written anew from state.pt" in capsys.readouterr().err
+    assert (run / "heads.jsonl").read_bytes() == heads  # checked, never rewritten
+    assert main(["eval", str(run), "--data-dir", str(data_dir)]) == 0
+    edited = json.loads(lines[1])
+    edited["layers"][0][0]["center"] = [0.5, -0.5]
+    (run / "heads.jsonl").write_text("\n".join([lines[0], "junk{", json.dumps(edited)]) + "\n")
+    err = _only_error(capsys, tiny_args(run, data_dir, *ONE_EPOCH, "--resume"))
+    assert "is not one the run's last checkpoint was written after" in err, err
+
+    run = _fresh_copy(finished, tmp_path)  # a record without the finished flag (written before it)
+    record = json.loads(weights_metadata((run / "model.safetensors").read_bytes())["attnconv_logs"])
+    record.pop("finished")
+    save_file(load_file(str(run / "model.safetensors")), str(run / "model.safetensors"), metadata=sealed_metadata(
+        {**weights_metadata((run / "model.safetensors").read_bytes()), "attnconv_logs": json.dumps(record)}))
+    (run / "heads.jsonl").write_text("\n".join(["junk{", *lines, json.dumps({**edited, "epoch": 2, "step": 16})])
+                                     + "\n")
+    assert "lies past the run's 1 epoch" in _only_error(capsys, ["analyze", run])
+
+    entry = tmp_path / "cache" / "attnconv" / "folders" / "key"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("x")
+    assert closed_entry(entry) is None  # damage, built anew: not another user's entry

@@ -124,6 +124,8 @@ def closed_entry(target: Path) -> str | None:
             st = os.stat(path)
         except OSError:
             continue  # not there (yet): nothing closed at it
+        if path == target and not stat.S_ISDIR(st.st_mode):
+            break  # a file where the entry belongs: damage, moved aside and built anew, not another user's entry
         need = os.X_OK | os.R_OK if path == target else os.X_OK if stat.S_ISDIR(st.st_mode) else os.R_OK
         if os.access(path, need):
             continue

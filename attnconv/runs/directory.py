@@ -40,9 +40,9 @@ from attnconv.runs.files import (
     NotARunConfig,
     read_config,
 )
-from attnconv.runs.heads_file import heads_line, read_heads
+from attnconv.runs.heads_file import heads_line, read_heads, read_heads_skipping
 from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
-from attnconv.runs.logs_record import logs_problem, with_last_line
+from attnconv.runs.logs_record import logs_problem, skipped_heads_problem, with_last_line
 from attnconv.runs.record import recorded_metadata
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
@@ -292,7 +292,7 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
         if len(steps) < step_rows:  # a counted last row re-saved without its newline (no crash cuts a counted one)
             steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1)
         steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step, done)
-    heads = None if snapshots is None or HEADS_FILE in gone else _kept(
+    heads = None if snapshots is None or HEADS_FILE in gone or done and _finished_heads_damaged(out, meta) else _kept(
         out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
         snapshots, "lines", step, done)
     for name, what, kept in ((METRICS_FILE, "metrics", metrics), (HEADS_FILE, "heads", heads)):
@@ -306,6 +306,20 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))
     if heads is not None:
         atomic_write(out / HEADS_FILE, write_bytes("".join(map(heads_line, heads)).encode()))
+
+
+def _finished_heads_damaged(out: Path, meta: dict[str, str]) -> bool:
+    """Whether a finished run's heads.jsonl has damaged lines, judged as its readers judge it (`Run.heads`): its sound
+    lines must each be a snapshot the checkpoint recorded (one DamagedFile if not); the damaged ones are the readers'
+    to skip, as nothing is replayed into the file. False where no line is damaged (checked whole, as any log)."""
+    records, skipped = read_heads_skipping(out)
+    if len(skipped) == 1 and len(with_last_line(out, "heads", records, meta)) > len(records):
+        return False  # a counted last line re-saved without its newline: whole
+    problem = skipped_heads_problem(meta, records) if skipped else None
+    if problem is not None:
+        raise DamagedFile(f"{out / HEADS_FILE}: {problem}", "restore it from a copy of the run, or delete it (a finished "
+                          "run's resume does not need it)")
+    return bool(skipped)
 
 
 def _resumed(read, out: Path, limit: int, unit: str = "rows") -> list[dict[str, Any]]:

@@ -141,12 +141,12 @@ class Run:
         problem = skipped_heads_problem(self.logs_metadata, records) if skipped else None
         if problem is not None:  # each sound line must be a snapshot the checkpoint recorded: one error, no warning
             raise DamagedFile(f"{self.path / HEADS_FILE}: {problem}", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
+        self.check_heads_fit(records)  # before the warning: a file refused is one error
         if skipped:
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
             warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
                           f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}",
                           AttnconvWarning, stacklevel=2)
-        self.check_heads_fit(records)
         if not skipped:  # damaged lines skipped: the sound ones were matched with the record one by one above
             self.check_logs("heads", records)
         return records
