@@ -1257,3 +1257,32 @@ def test_round_46_a_finished_runs_resume_takes_heads_jsonl_as_its_readers_do_and
     entry.parent.mkdir(parents=True)
     entry.write_text("x")
     assert closed_entry(entry) is None  # damage, built anew: not another user's entry
+
+
+def test_round_46_notes_more_than_one_row_past_a_checkpoint_is_not_the_runs(data_dir, tmp_path, capsys):  # noqa: F811
+    """Round 46's notes: rows and snapshots past an unfinished run's checkpoint were not judged, although a run
+    writes one at most after its last checkpoint (each epoch's row is followed by one): three made-up snapshots, or
+    another seed's, were shown as the run's."""
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import weights_metadata
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir, "--epochs", "4", "--max-steps", "8", "--log-every", "3")) == 0
+    path = run / "model.safetensors"
+    meta = weights_metadata(path.read_bytes())
+    record = json.loads(meta["attnconv_logs"])
+    record.pop("finished")  # as an unfinished run's checkpoint records it
+    save_file(load_file(str(path)), str(path), metadata=sealed_metadata({**meta, "attnconv_logs": json.dumps(record)}))
+    lines = (run / "heads.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    one = json.dumps({**last, "epoch": 2, "step": 16})
+    (run / "heads.jsonl").write_text("\n".join([*lines, one]) + "\n")
+    capsys.readouterr()
+    assert main(["analyze", str(run)]) == 0, capsys.readouterr().err  # one after the checkpoint: a stopped run's
+    for extra in ([one, json.dumps({**last, "epoch": 3, "step": 24})], ["junk{", one, json.dumps({**last, "epoch": 3,
+                                                                                                  "step": 24})]):
+        (run / "heads.jsonl").write_text("\n".join([*lines, *extra]) + "\n")
+        err = _only_error(capsys, ["analyze", run])
+        assert err.startswith(f"error: {run / 'heads.jsonl'}: ") and ("the others are not the run's" in err or
+                                                                      "is not one the run's" in err), err

@@ -150,6 +150,10 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
     if digest(entries[:count]) != record.get(what):
         first = f"its first {count} {noun}s are" if count > 1 else f"its first {noun} is"
         return f"{first} not what the run's last checkpoint was written after (another run's, or an edited copy)"
+    if not record.get("finished") and len(entries) > count + 1:  # one row ends an epoch, and a checkpoint follows
+        return (f"it holds {_many(len(entries) - count, noun)} after the {count} the run's last checkpoint was written "
+                f"after, where a run stopped between a row and its checkpoint has one: the others are not the run's "
+                f"(an edited copy, or another run's; its {noun}s after the first {count + 1} can be deleted)")
     if record.get("finished") and len(entries) > count:
         extra = len(entries) - count
         return (f"it holds {_many(extra, noun)} after the {count} the finished run's last checkpoint was written "
@@ -165,12 +169,14 @@ def skipped_heads_problem(metadata: dict[str, str], snapshots: list[dict[str, An
     record = _recorded(metadata)
     if record is None or "heads_each" not in record:
         return None
-    recorded, at = record["heads_each"], 0
+    recorded, at, after = record["heads_each"], 0, 0
     for snapshot in snapshots:
         digest = snapshot_digest(snapshot)
         if digest in recorded[at:]:
             at = recorded.index(digest, at) + 1
-        elif record.get("finished") or at < len(recorded):
+            continue
+        after += 1  # past the recorded ones: a run not finished writes one after its last checkpoint, at most
+        if record.get("finished") or at < len(recorded) or after > 1:
             return (f"its snapshot of epoch {snapshot['epoch']}, step {snapshot['step']} is not one the run's last "
                     "checkpoint was written after (an edited copy, or another run's)")
     return None
