@@ -1344,3 +1344,55 @@ def test_round_46_a_decoder_layer_computing_with_sdpa_a_tied_attention_and_a_mod
 
     with pytest.raises(AttnconvError, match="queries of every image, on no image grid"):
         attention_sites(Signs().eval(), (1, 16, 16))
+
+
+def test_round_47_a_decoder_layers_own_self_attention_an_encoder_inside_it_and_a_model_that_rounds_its_input():
+    """Round 47: a TransformerDecoderLayer subclass computing its self-attention in the layer itself had its target
+    keys read as an image grid; an encoder layer over the patches inside a decoder layer was read as the decoder's
+    target (no site at all); a model that rounds its input to integer pixels saw both probe images as one, the retry
+    with negative values failed in silence, and its learned pooling queries were listed as a site."""
+
+    class Own(nn.TransformerDecoderLayer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.mem_enc = nn.TransformerEncoderLayer(16, 2, 32, 0.0, batch_first=True)
+
+        def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+            q = x.view(len(x), x.shape[1], 2, -1).transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            return out.transpose(1, 2).reshape(x.shape)
+
+        def _mha_block(self, x, mem, attn_mask, key_padding_mask, is_causal=False):
+            return super()._mha_block(x, self.mem_enc(mem), attn_mask, key_padding_mask, is_causal)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pe = nn.Conv2d(1, 16, 7, 7)
+            self.dec = nn.TransformerDecoder(Own(16, 2, 32, 0.0, batch_first=True), 2)
+            self.queries = nn.Parameter(torch.randn(16, 16))
+
+        def forward(self, x):
+            return self.dec(self.queries.expand(len(x), -1, -1), self.pe(x).flatten(2).transpose(1, 2))
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    for r in capture_attention(model, torch.rand(3, 1, 28, 28)):
+        if r.path.endswith("mem_enc.self_attn"):  # the encoder over the patches: the image's grid
+            assert r.query_size == r.size == (4, 4), r
+        else:
+            assert r.query_size is None and "decoder's target" in r.note(), r
+    assert [s.path for s in attention_sites(model, (1, 28, 28))] == [f"dec.layers.{i}.mem_enc.self_attn" for i in (0, 1)]
+
+    class Pixels(nn.Module):  # pixel values 0..255 embedded as integers: the probes 0.1..0.9 are all 0 to it
+        def __init__(self):
+            super().__init__()
+            self.emb, self.q = nn.Embedding(256, 32), nn.Parameter(torch.randn(1, 16, 32))
+            self.pool = nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):
+            t = self.emb(x.long().clamp(0, 255)[:, 0, ::7, ::7].flatten(1))
+            return self.pool(self.q.repeat(len(x), 1, 1), t, t)[0]
+
+    with pytest.raises(AttnconvError, match="queries of every image, on no image grid"):
+        attention_sites(Pixels().eval(), (1, 28, 28))

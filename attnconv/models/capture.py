@@ -381,12 +381,16 @@ class _Capture(TorchFunctionMode):
 
     def target_sides(self) -> tuple[str, ...]:
         """The sides of the computation of `current` that are a torch decoder layer's target, which every layer after
-        the first has mixed with the image: its queries where a decoder layer runs (is in the stack), whatever the
-        module or its name, and the keys too in that layer's own self-attention; () outside decoder layers."""
-        layer = next((m for m in reversed(self.stack) if isinstance(m, nn.TransformerDecoderLayer)), None)
-        if layer is None:
+        the first has mixed with the image: where a decoder layer is the innermost transformer layer running (an
+        encoder layer inside one is over its own tokens), its queries, whatever the module or its name, and the keys
+        too but in its cross-attention (`multihead_attn`, or a module inside it), whose keys are the memory."""
+        layer = next((m for m in reversed(self.stack) if isinstance(m, (nn.TransformerDecoderLayer,
+                                                                          nn.TransformerEncoderLayer))), None)
+        if not isinstance(layer, nn.TransformerDecoderLayer):
             return ()
-        return ("queries", "keys", "target") if self.current is layer.self_attn else ("queries", "target")
+        inside = self.stack[self.stack.index(layer) + 1:] + [self.current]
+        cross = any(m is layer.multihead_attn for m in inside) and layer.multihead_attn is not layer.self_attn
+        return ("queries", "target") if cross else ("queries", "keys", "target")
 
     def reserve(self, nbytes: int, where: str, what: str) -> None:
         """Count a computation's result before it is allocated; refuse past max_bytes."""

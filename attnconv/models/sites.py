@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -26,7 +27,7 @@ from torch import Tensor, nn
 
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -144,15 +145,17 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
                     dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
         try:
-            records = capture_pass(model, probe, grid, MAX_BYTES, False, native_probs=False, leading=leading,
-                                   trailing=trailing)
+            with warnings.catch_warnings(record=True) as said:  # said once the pass whose records are kept is known
+                warnings.simplefilter("always")
+                records = capture_pass(model, probe, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                                       trailing=trailing)
         except (AttnconvError, Warning):
             raise
         except Exception:  # a model that takes one image a call: shared queries are then not told
             records = capture_pass(model, probe[:1], grid, MAX_BYTES, False, native_probs=False, leading=leading,
                                    trailing=trailing)
         else:
-            records = _probed_again(model, probe, records, grid, leading, trailing)
+            records = _probed_again(model, probe, records, said, grid, leading, trailing)
     except (AttnconvError, Warning):  # a warning the caller turned into an error is theirs, not the model's failure
         raise
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
@@ -214,22 +217,34 @@ def _not_one_grid(r: CapturedAttention) -> str:
         if r.query_size != r.size else r.note() or "cross-attention"
 
 
-def _probed_again(model: nn.Module, probe: Tensor, records: list[CapturedAttention], grid: Sequence[int] | None,
-                  leading: int | None, trailing: int | None) -> list[CapturedAttention]:
-    """`attention_sites`' records, probed again with a zero image and a standard normal draw where the two probe
-    images left a computation's queries and keys equal by value ("alike": a model that takes the sign of its input,
-    or thresholds it, sees two equal images): the other pair's records where they tell more, else the first."""
+def _probed_again(model: nn.Module, probe: Tensor, records: list[CapturedAttention], said: list,
+                  grid: Sequence[int] | None, leading: int | None, trailing: int | None) -> list[CapturedAttention]:
+    """`attention_sites`' records, probed again with a zero image and one of 1 to 2 where the two probe images left a
+    computation's queries and keys equal by value ("alike": a model that takes the sign of its input, thresholds it,
+    or rounds it to integers sees two equal images): the other pair's records where they tell more, else the
+    first's, with a warning naming the sites whose learned tokens, if any, could not be told. The warnings `said`
+    by the first pass are issued where its records are kept."""
     alike = sum("alike" in r.shared for r in records)
-    if not alike:
-        return records
-    other = torch.zeros_like(probe)
-    other[1] = torch.randn(probe.shape[1:], generator=torch.Generator().manual_seed(1)).to(other)
-    try:
-        again = capture_pass(model, other, grid, MAX_BYTES, False, native_probs=False, leading=leading,
-                             trailing=trailing)
-    except (Exception, Warning):  # noqa: BLE001 - a model the second pair does not suit: the first pair's reading
-        return records
-    return again if sum("alike" in r.shared for r in again) < alike else records
+    again = None
+    if alike:
+        other = torch.zeros_like(probe)
+        other[1] = 1 + torch.rand(probe.shape[1:], generator=torch.Generator().manual_seed(1)).to(other)
+        try:
+            again = capture_pass(model, other, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                                 trailing=trailing)
+        except (Exception, Warning):  # noqa: BLE001 - a model the second pair does not suit: the first pair's reading
+            again = None
+        if again is not None and sum("alike" in r.shared for r in again) < alike:
+            return again
+    for w in said:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    untold = [r.name for r in records if "alike" in r.shared and r.size is not None and r.query_size == r.size]
+    if untold:
+        warnings.warn(f"{', '.join(untold[:3])}: its queries and keys were the same for both probe images (a model "
+                      "that rounds, thresholds or takes the sign of its input), so learned tokens there could not be "
+                      "told from the image's positions; capture_attention on real images tells them",
+                      AttnconvWarning, stacklevel=3)
+    return records
 
 
 def records_heads(model: nn.Module) -> bool:
