@@ -20,7 +20,7 @@ from test_train import REPO, data_dir, tiny_args  # noqa: F401  (data_dir is a f
 
 import attnconv.training.loop as loop
 from attnconv.cli import main
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, AttnconvWarning
 from attnconv.runs import SetAside, claim_run_dir, load_state, metrics_text, read_config, read_metrics, read_steps
 from attnconv.runs.directory import SET_ASIDE
 from attnconv.runs.files import sealed_metadata
@@ -1286,3 +1286,40 @@ def test_round_46_notes_more_than_one_row_past_a_checkpoint_is_not_the_runs(data
         err = _only_error(capsys, ["analyze", run])
         assert err.startswith(f"error: {run / 'heads.jsonl'}: ") and ("the others are not the run's" in err or
                                                                       "is not one the run's" in err), err
+
+
+def test_round_47_a_last_heads_line_without_its_newline_beside_a_damaged_one_and_the_snapshot_after_a_checkpoint(
+        data_dir, tmp_path, capsys):  # noqa: F811
+    """Round 47: a heads.jsonl saved without its final newline was read whole only while no other line was damaged
+    (with a junk line the run's last snapshot was dropped too); in a run stopped between a row and its checkpoint, a
+    damaged last recorded line made the snapshot logged after the checkpoint be blamed as an edited copy."""
+    from attnconv.runs import Run
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir, "--epochs", "3", "--log-every", "3")) == 0
+    lines = (run / "heads.jsonl").read_text().splitlines()
+    (run / "heads.jsonl").write_text("\n".join([lines[0], "junk{", *lines[1:]]))  # no final newline
+    with pytest.warns(AttnconvWarning, match="skipped 1 damaged line"):
+        assert [s["epoch"] for s in Run(run).heads] == [0, 1, 2, 3]
+
+    # An unfinished run's record (its checkpoint at epoch 2), a snapshot logged after it, the last recorded damaged.
+    from safetensors.torch import load_file, save_file
+
+    from attnconv.runs.files import weights_metadata
+    from attnconv.runs.logs_record import logs_record
+
+    (run / "heads.jsonl").write_text("\n".join(lines) + "\n")
+    path = run / "model.safetensors"
+    meta = weights_metadata(path.read_bytes())
+    step = json.loads(lines[2])["step"]
+    save_file(load_file(str(path)), str(path), metadata=sealed_metadata(
+        {**meta, "step": str(step), "epoch": "2", "attnconv_logs": logs_record(run, 2, 3)}))
+    (run / "state.pt").unlink()  # the weights' record judges
+    (run / "heads.jsonl").write_text("\n".join([*lines[:2], "junk{", lines[3]]) + "\n")
+    with pytest.warns(AttnconvWarning, match="skipped 1 damaged line"):
+        assert [s["epoch"] for s in Run(run).heads] == [0, 1, 3]
+    edited = json.loads(lines[2])
+    edited["layers"][0][0]["center"] = [0.5, -0.5]
+    (run / "heads.jsonl").write_text("\n".join([*lines[:2], "junk{", json.dumps(edited)]) + "\n")
+    with pytest.raises(AttnconvError, match="is not one the run's last checkpoint was written after"):
+        Run(run).heads  # noqa: B018 - an edited recorded snapshot is not one logged after the checkpoint

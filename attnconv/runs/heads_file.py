@@ -30,14 +30,15 @@ def read_heads(run_dir: str | os.PathLike, limit: int | None = None, *, untermin
     return _read_heads(Path(run_dir), limit, skip_bad=False, unterminated=unterminated)[0]
 
 
-def read_heads_skipping(run_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
+def read_heads_skipping(run_dir: str | os.PathLike, unterminated: bool = False
+                        ) -> tuple[list[dict[str, Any]], list[int]]:
     """heads.jsonl's sound snapshots, and the numbers of the lines skipped as damaged.
 
     For what needs only some snapshots (figures, the report, the explorer): a line that
     `read_heads` would refuse is left out instead, and so is a last line cut short (both
     numbered). The file itself (missing, unreadable, too large, binary) is checked as
     `read_heads` checks it."""
-    return _read_heads(Path(run_dir), None, skip_bad=True)
+    return _read_heads(Path(run_dir), None, skip_bad=True, unterminated=unterminated)
 
 
 def _read_heads(run_dir: Path, limit: int | None, skip_bad: bool, unterminated: bool = False

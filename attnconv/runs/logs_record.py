@@ -101,7 +101,7 @@ def checkpoint_logs(run_dir: Path) -> dict[str, str]:
             return meta  # another run's state.pt (another seed's) vouches for nothing here
     except AttnconvError:  # config.json's own reader says what is wrong with it
         return meta
-    return {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"])}
+    return {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"]), "step": str(head["progress"]["step"])}
 
 
 def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
@@ -162,6 +162,12 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
     return None
 
 
+def recorded_digests(metadata: dict[str, str]) -> list[str]:
+    """The digest of each heads.jsonl snapshot the checkpoint recorded ([] where it recorded none)."""
+    record = _recorded(metadata)
+    return list(record.get("heads_each", [])) if record is not None else []
+
+
 def skipped_heads_problem(metadata: dict[str, str], snapshots: list[dict[str, Any]]) -> str | None:
     """Why the sound snapshots of a heads.jsonl whose damaged lines were skipped are not the run's: each must be one
     the checkpoint recorded (`snapshot_digest`), in order; past them, one only in a run not finished (logged after
@@ -169,14 +175,15 @@ def skipped_heads_problem(metadata: dict[str, str], snapshots: list[dict[str, An
     record = _recorded(metadata)
     if record is None or "heads_each" not in record:
         return None
-    recorded, at, after = record["heads_each"], 0, 0
+    recorded, at, after, step = record["heads_each"], 0, 0, recorded_step(metadata)
     for snapshot in snapshots:
         digest = snapshot_digest(snapshot)
         if digest in recorded[at:]:
             at = recorded.index(digest, at) + 1
             continue
         after += 1  # past the recorded ones: a run not finished writes one after its last checkpoint, at most
-        if record.get("finished") or at < len(recorded) or after > 1:
+        logged_after = snapshot["step"] > step if step is not None else at == len(recorded)
+        if record.get("finished") or not logged_after or after > 1:
             return (f"its snapshot of epoch {snapshot['epoch']}, step {snapshot['step']} is not one the run's last "
                     "checkpoint was written after (an edited copy, or another run's)")
     return None

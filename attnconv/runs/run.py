@@ -31,7 +31,14 @@ from attnconv.runs.files import (
 )
 from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.logs_record import checkpoint_logs, logs_problem, skipped_heads_problem, with_last_line
+from attnconv.runs.logs_record import (
+    checkpoint_logs,
+    logs_problem,
+    recorded_digests,
+    skipped_heads_problem,
+    snapshot_digest,
+    with_last_line,
+)
 from attnconv.runs.record import check_record
 from attnconv.runs.run_data import (
     check_other_dataset,
@@ -135,6 +142,11 @@ class Run:
         if len(skipped) == 1:  # a last line without its newline that the checkpoint counts is whole (a file saved again)
             whole = with_last_line(self.path, "heads", records, self.logs_metadata)
             records, skipped = whole, [] if len(whole) > len(records) else skipped
+        elif skipped:  # ... beside other damaged lines too, where it is a snapshot the checkpoint recorded
+            whole, left = read_heads_skipping(self.path, unterminated=True)
+            if len(whole) == len(records) + 1 and len(left) == len(skipped) - 1 \
+                    and snapshot_digest(whole[-1]) in recorded_digests(self.logs_metadata):
+                records, skipped = whole, left
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
                               "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))

@@ -271,7 +271,7 @@ class Checkpointer:
         """What vouches for the logs a resume keeps: the restored state.pt's record of them (the checkpoint itself,
         its CRC-32s checked), else model.safetensors' metadata (a state.pt written before it kept one)."""
         if self.logs is not None:
-            return {LOGS_KEY: self.logs, "epoch": str(progress.epoch)}
+            return {LOGS_KEY: self.logs, "epoch": str(progress.epoch), "step": str(progress.step)}
         try:
             return recorded_metadata(self.out / WEIGHTS_FILE)
         except AttnconvError:  # weights this user may not read: they vouch for nothing here
