@@ -48,7 +48,7 @@ from attnconv.runs.files import (
     write_config,
 )
 from attnconv.runs.logs_file import CHECKPOINT_GONE, checkpointed_once, read_metrics, rows_logged
-from attnconv.runs.record import RECORD_KEY, config_record, record_problem, recorded_step
+from attnconv.runs.record import RECORD_KEY, config_record, record_problem, recorded_step, state_record_problem
 from attnconv.runs.run_data import recorded_info, run_info
 
 
@@ -165,8 +165,7 @@ def _rewrite_fix(path: Path, fix: str) -> str:
     run = path.parent
     try:
         state = load_state(run / STATE_FILE)
-        if not state["progress"].get("finished") or "record" in state and record_problem(
-                {RECORD_KEY: state["record"]}, read_config(run), run / STATE_FILE) is not None:
+        if not state["progress"].get("finished") or state_record_problem(state, run) is not None:
             return fix
     except AttnconvError:
         return fix
@@ -185,8 +184,7 @@ def _missing(path: Path) -> str:
     if os.path.lexists(run / STATE_FILE):
         try:
             state = load_state(run / STATE_FILE)
-            if "record" in state and record_problem({RECORD_KEY: state["record"]}, read_config(run),
-                                                    run / STATE_FILE) is not None:
+            if state_record_problem(state, run) is not None:
                 raise AttnconvError("it is another run's: it records another config.json")
         except AttnconvError as err:  # `--resume` could not write it anew: both are to restore
             why = err.head.removeprefix(f"{run / STATE_FILE}: ") if isinstance(err, DamagedFile) else str(err)

@@ -112,8 +112,9 @@ def metadata_problem(metadata: dict[str, str]) -> str | None:
 def checksum_problem(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> str | None:
     """Why `tensors`, or the metadata beside them, are not what a weights file says they were when written
     (`CHECKSUM_KEY`, `META_CHECKSUM_KEY`), or None (they are, or the file records no checksum)."""
-    if metadata_problem(metadata) is not None:
-        return metadata_problem(metadata)
+    problem = metadata_problem(metadata)
+    if problem is not None:
+        return problem
     recorded = metadata.get(CHECKSUM_KEY)
     if recorded is None or recorded == tensors_checksum(tensors):
         return None

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from attnconv.errors import AttnconvError
-from attnconv.runs.files import STATE_FILE, WEIGHTS_FILE, read_config, state_head
+from attnconv.runs.files import STATE_FILE, WEIGHTS_FILE, state_head
 from attnconv.runs.heads_file import read_heads
 from attnconv.runs.logs_file import read_metrics
-from attnconv.runs.record import RECORD_KEY, record_problem, recorded_metadata, recorded_step
+from attnconv.runs.record import recorded_metadata, recorded_step, state_record_problem
 
 LOGS_KEY = "attnconv_logs"
 
@@ -96,8 +96,7 @@ def checkpoint_logs(run_dir: Path) -> dict[str, str]:
     if LOGS_KEY in meta and step is not None and step >= saved:  # the weights' checkpoint is the later (or the same)
         return meta
     try:
-        if "record" in head and record_problem({RECORD_KEY: head["record"]}, read_config(run_dir),
-                                               run_dir / STATE_FILE) is not None:
+        if state_record_problem(head, run_dir) is not None:
             return meta  # another run's state.pt (another seed's) vouches for nothing here
     except AttnconvError:  # config.json's own reader says what is wrong with it
         return meta

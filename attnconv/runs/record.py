@@ -22,7 +22,15 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError
 from attnconv.fileio import Unreadable, open_regular
-from attnconv.runs.files import CONFIG_FILE, MAX_HEADER, WEIGHTS_FILE, metadata_problem, weights_metadata
+from attnconv.runs.files import (
+    CONFIG_FILE,
+    MAX_HEADER,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    metadata_problem,
+    read_config,
+    weights_metadata,
+)
 from attnconv.runs.values import shown_pair
 
 # The metadata key of model.safetensors that holds `config_record`.
@@ -44,6 +52,15 @@ def config_record(meta: dict[str, Any]) -> str:
     if isinstance(config.get("dataset"), str) and D.folder_path(config["dataset"]) is not None:
         config["dataset"] = "folder:"  # where an image folder is, like data_dir (its content: the "data" block)
     return json.dumps({**meta, "config": config}, sort_keys=True, separators=(",", ":"))
+
+
+def state_record_problem(state: dict[str, Any], run_dir: Path) -> str | None:
+    """Where run_dir's config.json and the record of it in its state.pt (read as `state`) disagree (`record_problem`:
+    another run's state.pt, another seed's, or config.json edited since); None when they agree or the state records
+    nothing (written before the record). config.json's own reader raises where it does not read."""
+    if "record" not in state:
+        return None
+    return record_problem({RECORD_KEY: state["record"]}, read_config(run_dir), run_dir / STATE_FILE)
 
 
 def record_problem(weights_meta: dict[str, str], meta: dict[str, Any], weights: Path) -> str | None:

@@ -42,8 +42,6 @@ from attnconv.runs import (
     STATE_FORMAT,
     WEIGHTS_FILE,
     load_state,
-    read_config,
-    record_problem,
     save_checkpoint,
     save_weights,
     trim_logs,
@@ -52,7 +50,7 @@ from attnconv.runs import (
 from attnconv.runs.build import weights_changed
 from attnconv.runs.files import STATE_FIX
 from attnconv.runs.logs_record import LOGS_KEY, logs_record
-from attnconv.runs.record import recorded_metadata, recorded_step
+from attnconv.runs.record import recorded_metadata, recorded_step, state_record_problem
 from attnconv.runs.values import is_finite, short_value
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
@@ -323,10 +321,9 @@ class Checkpointer:
         processes than the run had, dropout streams start anew from `seed` and the step."""
         state = load_state(self.path)
         self.logs = state.get("logs")
-        if "record" in state:  # another run's state.pt (another seed), or config.json edited since: named as such
-            problem = record_problem({RECORD_KEY: state["record"]}, read_config(self.out), self.path)
-            if problem is not None:
-                raise AttnconvError(problem)
+        problem = state_record_problem(state, self.out)  # another run's (another seed), or config.json edited since
+        if problem is not None:
+            raise AttnconvError(problem)
         expected = model.state_dict()
         cast = next((k for k, t in state["model"].items() if k in expected and t.dtype != expected[k].dtype), None)
         if cast is not None:
