@@ -40,9 +40,9 @@ from attnconv.runs.files import (
     NotARunConfig,
     read_config,
 )
-from attnconv.runs.heads_file import heads_line, read_heads, read_heads_skipping
+from attnconv.runs.heads_file import heads_line, read_heads
 from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
-from attnconv.runs.logs_record import logs_problem, skipped_heads_problem, with_last_line
+from attnconv.runs.logs_record import judged_heads, logs_problem, with_last_line
 from attnconv.runs.record import recorded_metadata
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
@@ -312,10 +312,7 @@ def _finished_heads_damaged(out: Path, meta: dict[str, str]) -> bool:
     """Whether a finished run's heads.jsonl has damaged lines, judged as its readers judge it (`Run.heads`): its sound
     lines must each be a snapshot the checkpoint recorded (one DamagedFile if not); the damaged ones are the readers'
     to skip, as nothing is replayed into the file. False where no line is damaged (checked whole, as any log)."""
-    records, skipped = read_heads_skipping(out)
-    if len(skipped) == 1 and len(with_last_line(out, "heads", records, meta)) > len(records):
-        return False  # a counted last line re-saved without its newline: whole
-    problem = skipped_heads_problem(meta, records) if skipped else None
+    _, skipped, problem = judged_heads(out, meta)
     if problem is not None:
         raise DamagedFile(f"{out / HEADS_FILE}: {problem}", "restore it from a copy of the run, or delete it (a finished "
                           "run's resume does not need it)")

@@ -21,7 +21,7 @@ from typing import Any
 
 from attnconv.errors import AttnconvError
 from attnconv.runs.files import STATE_FILE, WEIGHTS_FILE, state_head
-from attnconv.runs.heads_file import read_heads
+from attnconv.runs.heads_file import read_heads, read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
 from attnconv.runs.record import recorded_metadata, recorded_step, state_record_problem
 
@@ -206,6 +206,24 @@ def with_last_line(run_dir: Path, what: str, entries: list[dict[str, Any]], meta
     except (AttnconvError, OSError):
         return entries
     return whole if len(whole) == len(entries) + 1 and logs_problem(metadata, what, whole) is None else entries
+
+
+def judged_heads(run_dir: Path, metadata: dict[str, str]) -> tuple[list[dict[str, Any]], list[int], str | None]:
+    """heads.jsonl in `run_dir` as every reader takes it: (its sound snapshots, the numbers of the damaged lines
+    skipped, the problem with the sound ones or None). A last line saved without its newline is whole where the
+    checkpoint (`metadata`) recorded it, alone (`with_last_line`) or beside other damaged lines (its digest
+    recorded); where lines were skipped, each sound one must be a snapshot the checkpoint recorded, in order
+    (`skipped_heads_problem`)."""
+    records, skipped = read_heads_skipping(run_dir)
+    if len(skipped) == 1:
+        whole = with_last_line(run_dir, "heads", records, metadata)
+        records, skipped = whole, [] if len(whole) > len(records) else skipped
+    elif skipped:
+        whole, left = read_heads_skipping(run_dir, unterminated=True)
+        if len(whole) == len(records) + 1 and len(left) == len(skipped) - 1 \
+                and snapshot_digest(whole[-1]) in recorded_digests(metadata):
+            records, skipped = whole, left
+    return records, skipped, skipped_heads_problem(metadata, records) if skipped else None
 
 
 def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -29,14 +29,11 @@ from attnconv.runs.files import (
     log_fix,
     read_config,
 )
-from attnconv.runs.heads_file import read_heads_skipping
 from attnconv.runs.logs_file import read_metrics
 from attnconv.runs.logs_record import (
     checkpoint_logs,
+    judged_heads,
     logs_problem,
-    recorded_digests,
-    skipped_heads_problem,
-    snapshot_digest,
     with_last_line,
 )
 from attnconv.runs.record import check_record
@@ -136,21 +133,12 @@ class Run:
         """heads.jsonl's sound snapshots ([] for CNNs and runs trained before heads were recorded).
 
         What reads a Run (figures, report, explorer, analyze) needs only some of them: damaged lines
-        are skipped (`runs.read_heads_skipping`) with one AttnconvWarning saying how many; a file with
+        are skipped (`runs.logs_record.judged_heads`) with one AttnconvWarning saying how many; a file with
         no sound line left is one AttnconvError."""
-        records, skipped = read_heads_skipping(self.path)
-        if len(skipped) == 1:  # a last line without its newline that the checkpoint counts is whole (a file saved again)
-            whole = with_last_line(self.path, "heads", records, self.logs_metadata)
-            records, skipped = whole, [] if len(whole) > len(records) else skipped
-        elif skipped:  # ... beside other damaged lines too, where it is a snapshot the checkpoint recorded
-            whole, left = read_heads_skipping(self.path, unterminated=True)
-            if len(whole) == len(records) + 1 and len(left) == len(skipped) - 1 \
-                    and snapshot_digest(whole[-1]) in recorded_digests(self.logs_metadata):
-                records, skipped = whole, left
+        records, skipped, problem = judged_heads(self.path, self.logs_metadata)
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
                               "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
-        problem = skipped_heads_problem(self.logs_metadata, records) if skipped else None
         if problem is not None:  # each sound line must be a snapshot the checkpoint recorded: one error, no warning
             raise DamagedFile(f"{self.path / HEADS_FILE}: {problem}", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         self.check_heads_fit(records)  # before the warning: a file refused is one error
