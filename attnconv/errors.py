@@ -5,7 +5,11 @@ It subclasses ValueError so library callers can catch it as the usual type. A `P
 names the bad argument by its parameter, which the CLI shows as its flag.
 """
 
+import functools
+import os
+import warnings
 from collections.abc import Callable
+from types import FrameType
 
 
 class AttnconvError(ValueError):
@@ -76,6 +80,21 @@ def _restore(cls: type, args: tuple, state: dict) -> BaseException:
 class AttnconvWarning(UserWarning):
     """Something a command worked around and says so (a damaged line skipped); the CLI prints it as one
     `warning:` line."""
+
+
+def caller_warning(frame: FrameType | None, message: str) -> Callable[[], None]:
+    """What issues AttnconvWarning(`message`) at `frame`'s line (the user's code that asked for the work, not a line of
+    attnconv's or of a model's), with that frame's module and warning registry, as `warnings.warn` there would: filters
+    by module and once-per-line apply as to the user's own warnings (None: the line that calls it)."""
+    if frame is None:
+        return functools.partial(warnings.warn, AttnconvWarning(message), stacklevel=3)
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    # No module_globals: the loader of a __main__ run by `python -c`, stdin, exec or `-m` fails to give its source.
+    # Code exec'd with globals of no name: the module named from its file.
+    name, file = frame.f_globals.get("__name__"), frame.f_code.co_filename
+    module = name if isinstance(name, str) and name else os.path.splitext(os.path.basename(file))[0] or "<unknown>"
+    return functools.partial(warnings.warn_explicit, AttnconvWarning(message), AttnconvWarning, file, frame.f_lineno,
+                             module=module, registry=registry)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -1396,3 +1396,43 @@ def test_round_47_a_decoder_layers_own_self_attention_an_encoder_inside_it_and_a
 
     with pytest.raises(AttnconvError, match="queries of every image, on no image grid"):
         attention_sites(Pixels().eval(), (1, 28, 28))
+
+
+def test_round_48_attention_sites_says_each_warning_once_with_its_module_and_registry():
+    """Round 48: where the retry's probe pair looked alike too (a model that clamps its input), the retry pass's
+    warnings were said although its records were dropped, then the first pass's: each twice; and the first pass's
+    warnings, issued again by hand, lost their module and registry, so a filter by module did not apply and a
+    warning shown once per line by default was shown at every call."""
+
+    class Net(nn.Module):
+        def __init__(self, low=None):
+            super().__init__()
+            self.low, self.c = low, nn.Conv2d(1, 16, 4, 4)
+            self.sa = nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            warnings.warn("this forward is deprecated", DeprecationWarning)  # the model's own, at this line
+            t = self.c(x if self.low is None else x.clamp(min=self.low)).flatten(2).transpose(1, 2)
+            return self.sa(t, t, t, need_weights=False)[0].mean((1, 2))
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        sites = attention_sites(Net(low=2.0).eval(), (1, 28, 28), grid=(5, 5))
+    texts = [str(w.message) for w in said]
+    assert [s.path for s in sites] == ["sa"]
+    assert sum("fit grid=(5, 5)" in t for t in texts) == 1, texts  # the kept (first) pass's, once
+    assert sum("same for both probe images" in t for t in texts) == 1, texts
+    with warnings.catch_warnings(record=True) as said:  # filters by module apply, as to capture_attention
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", module=re.escape(__name__))
+        attention_sites(Net().eval(), (1, 28, 28), grid=(5, 5))
+    assert [str(w.message) for w in said] == []
+    with warnings.catch_warnings(record=True) as said:  # once per line by default, at the caller's line
+        warnings.simplefilter("default")
+        for _ in range(2):
+            attention_sites(Net().eval(), (1, 28, 28), grid=(5, 5))
+    grid_said = [w for w in said if "fit grid=(5, 5)" in str(w.message)]
+    assert len(grid_said) == 1 and grid_said[0].filename == __file__, [str(w.message) for w in said]
+    assert sum(w.category is DeprecationWarning for w in said) == 1, [str(w.message) for w in said]

@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +48,7 @@ from torch.overrides import TorchFunctionMode
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.construct.factory import torch_compiled
-from attnconv.errors import AttnconvError, AttnconvWarning
+from attnconv.errors import AttnconvError, caller_warning
 from attnconv.limits import format_bytes
 from attnconv.models.capture_numbers import (
     check_grid,
@@ -356,8 +354,9 @@ class _Capture(TorchFunctionMode):
     def __init__(self, model: nn.Module, grid: Sequence[int] | None, max_bytes: int, scores: bool,
                  native_probs: bool = True, aspect: Sequence[int] | None = None,
                  grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None, leading: int | None = None,
-                 images: int = 1, trailing: int | None = None):
+                 images: int = 1, trailing: int | None = None, deferred: list | None = None):
         super().__init__()
+        self.deferred = deferred  # its warnings, held for the caller to issue (only the kept pass's), or None: said
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
         self.aspect, self.leading, self.trailing = aspect, leading, trailing
         self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
@@ -404,16 +403,8 @@ class _Capture(TorchFunctionMode):
     def warn(self, message: str) -> None:
         """An AttnconvWarning at the line that asked for the pass (its caller's frame outside attnconv), not a line of
         the model's forward or of attnconv, so that each call site of a notebook or script shows its own."""
-        frame = self.caller
-        if frame is None:
-            warnings.warn(AttnconvWarning(message), stacklevel=2)
-            return
-        registry = frame.f_globals.setdefault("__warningregistry__", {})
-        # No module_globals: the loader of a __main__ run by `python -c`, stdin, exec or `-m` fails to give its source.
-        name, file = frame.f_globals.get("__name__"), frame.f_code.co_filename  # code exec'd with globals of no name
-        module = name if isinstance(name, str) and name else os.path.splitext(os.path.basename(file))[0] or "<unknown>"
-        warnings.warn_explicit(AttnconvWarning(message), AttnconvWarning, file, frame.f_lineno, module=module,
-                               registry=registry)
+        say = caller_warning(self.caller, message)
+        say() if self.deferred is None else self.deferred.append(say)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
@@ -569,14 +560,16 @@ def check_capturable(model: nn.Module, what: str) -> None:
 
 def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, max_bytes: int, scores: bool, *,
                  native_probs: bool, leading: int | None = None, trailing: int | None = None,
-                 grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None) -> list[CapturedAttention]:
+                 grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None,
+                 deferred: list | None = None) -> list[CapturedAttention]:
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
     layers themselves. grids: {(path, call): (leading tokens, (H, W))}, each computation's layout where it is known
-    (the attention sites'), before `grid` and `leading` and the guess."""
+    (the attention sites'), before `grid` and `leading` and the guess. deferred: a list to hold the pass's own
+    warnings (callables that issue them, as said, with the caller's module and registry) instead of saying them."""
     aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
     capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids, leading,
-                       len(images) if images.dim() >= 1 else 1, trailing)
+                       len(images) if images.dim() >= 1 else 1, trailing, deferred)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():

@@ -143,12 +143,11 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     draw = torch.rand(2, *input_shape, generator=torch.Generator().manual_seed(0)) * 0.8 + 0.1
     probe = draw.to(device=param.device if param is not None else "cpu",
                     dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
+    said: list = []  # the pass's own warnings (a grid guess), said once the pass whose records are kept is known
     try:
         try:
-            with warnings.catch_warnings(record=True) as said:  # said once the pass whose records are kept is known
-                warnings.simplefilter("always")
-                records = capture_pass(model, probe, grid, MAX_BYTES, False, native_probs=False, leading=leading,
-                                       trailing=trailing)
+            records = capture_pass(model, probe, grid, MAX_BYTES, False, native_probs=False, leading=leading,
+                                   trailing=trailing, deferred=said)
         except (AttnconvError, Warning):
             raise
         except Exception:  # a model that takes one image a call: shared queries are then not told
@@ -222,22 +221,23 @@ def _probed_again(model: nn.Module, probe: Tensor, records: list[CapturedAttenti
     """`attention_sites`' records, probed again with a zero image and one of 1 to 2 where the two probe images left a
     computation's queries and keys equal by value ("alike": a model that takes the sign of its input, thresholds it,
     or rounds it to integers sees two equal images): the other pair's records where they tell more, else the
-    first's, with a warning naming the sites whose learned tokens, if any, could not be told. The warnings `said`
-    by the first pass are issued where its records are kept."""
+    first's, with a warning naming the sites whose learned tokens, if any, could not be told. Only the kept pass's own
+    warnings are said (`said` holds the first's; the model's and torch's are said as they occur, by their filters)."""
     alike = sum("alike" in r.shared for r in records)
-    again = None
     if alike:
-        other = torch.zeros_like(probe)
+        other, again_said = torch.zeros_like(probe), []
         other[1] = 1 + torch.rand(probe.shape[1:], generator=torch.Generator().manual_seed(1)).to(other)
         try:
             again = capture_pass(model, other, grid, MAX_BYTES, False, native_probs=False, leading=leading,
-                                 trailing=trailing)
+                                 trailing=trailing, deferred=again_said)
         except Exception:  # noqa: BLE001 - a model the second pair does not suit (a warning made an error too): the first
             again = None
         if again is not None and sum("alike" in r.shared for r in again) < alike:
+            for say in again_said:
+                say()
             return again
-    for w in said:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    for say in said:
+        say()
     untold = [r.name for r in records if "alike" in r.shared and r.size is not None and r.query_size == r.size]
     if untold:
         warnings.warn(f"{', '.join(untold[:3])}: its queries and keys were the same for both probe images (a model "
