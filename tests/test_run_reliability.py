@@ -1323,3 +1323,36 @@ def test_round_47_a_last_heads_line_without_its_newline_beside_a_damaged_one_and
     (run / "heads.jsonl").write_text("\n".join([*lines[:2], "junk{", json.dumps(edited)]) + "\n")
     with pytest.raises(AttnconvError, match="is not one the run's last checkpoint was written after"):
         Run(run).heads  # noqa: B018 - an edited recorded snapshot is not one logged after the checkpoint
+
+
+def test_round_48_a_finished_runs_resume_beside_an_older_copy_of_its_state(data_dir, tmp_path, monkeypatch,
+                                                                            capsys):  # noqa: F811
+    """Round 48: a finished run whose state.pt was an older checkpoint of the same run (a copy put back by hand) was
+    trained again by `train --resume` from that step: its finished weights written anew and metrics.csv rewritten (a
+    column the user added lost), where its readers take the finished weights. The later checkpoint decides."""
+    run, older = tmp_path / "run", tmp_path / "older-state.pt"
+    save = Checkpointer.save
+
+    def keep_first(self, *args, **kwargs):  # the run's first checkpoint's state.pt, kept aside
+        save(self, *args, **kwargs)
+        if not older.exists():
+            shutil.copyfile(self.path, older)
+
+    monkeypatch.setattr(Checkpointer, "save", keep_first)
+    assert main(tiny_args(run, data_dir, "--epochs", "3")) == 0
+    monkeypatch.undo()
+    with open(run / "metrics.csv", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    (run / "metrics.csv").write_text("\n".join([lines[0] + ",note", *(f"{x},{i}" for i, x in enumerate(lines[1:]))]) + "\n")
+    shutil.copyfile(older, run / "state.pt")
+    before = tree(run)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "run already finished (" in err and "state.pt is an older checkpoint of it (step " in err, err
+    assert "resuming" not in err and tree(run) == before
+    # Weights of another run, or failing their checksum, do not decide: the resume goes on from state.pt.
+    (run / "model.safetensors").write_bytes((run / "model.safetensors").read_bytes()[:-8] + b"\0" * 8)
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
+    assert "resuming" in capsys.readouterr().err
+    assert read_metrics(run)[-1]["epoch"] == 3

@@ -103,6 +103,12 @@ def checkpoint_logs(run_dir: Path) -> dict[str, str]:
     return {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"]), "step": str(head["progress"]["step"])}
 
 
+def recorded_finished(metadata: dict[str, str]) -> bool:
+    """Whether a checkpoint's metadata records a finished run's last checkpoint (a record attnconv writes)."""
+    record = _recorded(metadata)
+    return record is not None and record.get("finished") is True
+
+
 def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
     """The record, or None where there is none or it is not one attnconv writes (edited by hand: it vouches for
     nothing, and sound logs are not blamed for it)."""

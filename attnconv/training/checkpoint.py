@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import dangling_link
 from attnconv.runs import (
     CONFIG_FILE,
+    METRICS_FILE,
     RECORD_KEY,
     STATE_FILE,
     STATE_FORMAT,
     WEIGHTS_FILE,
     load_state,
+    read_config,
+    read_metrics,
     save_checkpoint,
     save_weights,
     trim_logs,
@@ -49,8 +53,8 @@ from attnconv.runs import (
 )
 from attnconv.runs.build import weights_changed
 from attnconv.runs.files import STATE_FIX
-from attnconv.runs.logs_record import LOGS_KEY, logs_record
-from attnconv.runs.record import recorded_metadata, recorded_step, state_record_problem
+from attnconv.runs.logs_record import LOGS_KEY, logs_problem, logs_record, recorded_finished, with_last_line
+from attnconv.runs.record import record_problem, recorded_metadata, recorded_step, state_record_problem
 from attnconv.runs.values import is_finite, short_value
 from attnconv.training.distributed import Dist
 from attnconv.training.progress import RunProgress
@@ -274,6 +278,36 @@ class Checkpointer:
             return recorded_metadata(self.out / WEIGHTS_FILE)
         except AttnconvError:  # weights this user may not read: they vouch for nothing here
             return {}
+
+    def finished_later(self, model: nn.Module, progress: RunProgress) -> int | None:
+        """The step of model.safetensors where it is the run's finished last checkpoint, later than the state.pt
+        restored (`progress`: an older copy of the run's, put back by hand): weights that fit `model`, pass their
+        checksum, record config.json as it is and the run finished. The run is then finished, and its readers take
+        those weights: a resume trains nothing and leaves every file as it is (`finished_row`). None otherwise."""
+        path = self.out / WEIGHTS_FILE
+        try:
+            meta = recorded_metadata(path)
+            step = recorded_step(meta)
+            if progress.finished or step is None or step <= progress.step or not recorded_finished(meta) \
+                    or record_problem(meta, read_config(self.out), path) is not None:
+                return None
+            return step if weights_fit(model, path) and not weights_changed(path) else None
+        except (AttnconvError, OSError):  # weights its readers refuse: the resume goes on from state.pt
+            return None
+
+    def finished_row(self, progress: RunProgress, step: int) -> dict[str, float]:
+        """A resume of a finished run whose state.pt is older than its weights (`finished_later`): said, nothing
+        written; metrics.csv's last row as its readers take it (checked against the weights' record)."""
+        if self.d.main:
+            print(f"{self.out}: run already finished ({step} steps, as {WEIGHTS_FILE} records); {STATE_FILE} is an "
+                  f"older checkpoint of it (step {progress.step}), left as it is: nothing to train", file=sys.stderr)
+        meta = recorded_metadata(self.out / WEIGHTS_FILE)
+        rows = with_last_line(self.out, "metrics", read_metrics(self.out), meta) \
+            if (self.out / METRICS_FILE).exists() else []
+        problem = logs_problem(meta, "metrics", rows) if rows else None
+        if problem is not None:
+            raise DamagedFile(f"{self.out / METRICS_FILE}: {problem}", "restore it from a copy of the run")
+        return rows[-1] if rows else {}
 
     def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
         """Rank 0, a finished run resumed: model.safetensors written anew from the restored state where it is

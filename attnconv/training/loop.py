@@ -10,11 +10,10 @@ the step, so a checkpoint needs only the step counters, the optimizer state and 
 dropout) to continue exactly where the run stopped, mid-epoch too. On the CPU the resumed run reaches
 bit-identical weights (tests/test_train.py kills a real subprocess with SIGKILL to check it).
 
-Several processes. Under `torchrun`, every rank takes a contiguous shard of each
-*global* batch (`batch_size` is global) and DDP averages the per-shard mean
-gradients, which equals the 1-process gradient of the global batch mean. Only rank
-0 prints, logs and writes checkpoints. BatchNorm statistics are per shard (as in
-any DDP run without SyncBatchNorm).
+Several processes. Under `torchrun`, every rank takes a contiguous shard of each *global* batch (`batch_size` is
+global) and DDP averages the per-shard mean gradients, which equals the 1-process gradient of the global batch mean.
+Only rank 0 prints, logs and writes checkpoints. BatchNorm statistics are per shard (as in any DDP run without
+SyncBatchNorm).
 
 Logs. metrics.csv gets a row per epoch, steps.csv a row every `log_every` steps (the
 loss and accuracy since the previous row, over all ranks), heads.jsonl a snapshot per
@@ -281,9 +280,10 @@ class _Trainer:
         # (heads.jsonl); CNNs and converted networks do not.
         self.heads = HeadsLog(self.out, self.model, self.test_set, self.info) \
             if d.main and records_heads(self.model) else None
-        self.progress = RunProgress()
+        self.progress, self.finished_at = RunProgress(), None
         if has_state:
             p = self.progress = self.checkpoint.restore(self.model, self.optimizer, config.seed, config.batch_size)
+            self.finished_at = self.checkpoint.finished_later(self.model, p)  # state.pt older than finished weights
             if not self.allow_data_change:
                 self.checkpoint.check_length(p, self.total_steps)
             elif not p.finished:  # under the flag, a finished run's length is its own
@@ -362,6 +362,8 @@ class _Trainer:
     def run(self, announce: str | None = None) -> dict[str, float]:
         """Train to the end; the last metrics row."""
         p, d = self.progress, self.d
+        if self.finished_at is not None:  # a finished run's older state.pt: nothing to train, nothing written
+            return self.checkpoint.finished_row(p, self.finished_at)
         if d.main:
             self._set_aside_old_run()  # every check has passed: only now does an old run move
             self._prepare_files()
@@ -373,8 +375,7 @@ class _Trainer:
                 if why is not None:
                     print(f"{self.out}: {WEIGHTS_FILE} {why}: written anew from {STATE_FILE}", file=sys.stderr)
                 print(f"{self.out}: run already finished ({p.step} steps)", file=sys.stderr)
-            # its logs as trim_logs checked them: a last row re-saved without its newline is the run's; none where
-            # metrics.csv was deleted (its weights are still written anew)
+            # its logs as trim_logs checked them (a last row re-saved without its newline is the run's; none if deleted)
             rows = with_last_line(self.out, "metrics", read_metrics(self.out), self.checkpoint.logs_metadata(p))
             return rows[-1] if rows else {}
         if self.d.main and p.step:
