@@ -7,6 +7,7 @@ names the bad argument by its parameter, which the CLI shows as its flag.
 
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from types import FrameType
@@ -80,6 +81,15 @@ def _restore(cls: type, args: tuple, state: dict) -> BaseException:
 class AttnconvWarning(UserWarning):
     """Something a command worked around and says so (a damaged line skipped); the CLI prints it as one
     `warning:` line."""
+
+
+def user_frame() -> FrameType | None:
+    """The innermost frame of the running call stack outside attnconv and torch: the user's code that asked for the
+    work (None where there is none: attnconv's CLI)."""
+    frame = sys._getframe(1)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in ("attnconv", "torch"):
+        frame = frame.f_back
+    return frame
 
 
 def caller_warning(frame: FrameType | None, message: str) -> Callable[[], None]:

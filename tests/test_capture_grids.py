@@ -1436,3 +1436,66 @@ def test_round_48_attention_sites_says_each_warning_once_with_its_module_and_reg
     grid_said = [w for w in said if "fit grid=(5, 5)" in str(w.message)]
     assert len(grid_said) == 1 and grid_said[0].filename == __file__, [str(w.message) for w in said]
     assert sum(w.category is DeprecationWarning for w in said) == 1, [str(w.message) for w in said]
+
+
+def test_round_49_capture_warnings_at_the_callers_line_after_the_model_ran_and_not_again_per_batch():
+    """Round 49: the could-not-be-told warning of attention_sites was said at attnconv's line where attnconv called it
+    (head_snapshot), out of the caller's filters; capture_attention said its warnings inside the model's forward, so
+    a model's own catch_warnings lost them (ignore) or, as errors, took them for its own failure (no record at all);
+    site_probs said a guess about a computation that is no site again on every batch of images."""
+    import torch.nn.functional as F
+    from types import SimpleNamespace
+
+    from attnconv.analysis import head_snapshot
+
+    class Clamped(nn.Module):  # both probe pairs alike: its learned leading tokens cannot be told
+        def __init__(self):
+            super().__init__()
+            self.config = SimpleNamespace(in_channels=1, image_size=28)
+            self.c, self.cls = nn.Conv2d(1, 16, 4, 4), nn.Parameter(torch.randn(1, 3, 16))
+            self.sa = nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            t = self.c(x.clamp(min=2.0)).flatten(2).transpose(1, 2)
+            t = torch.cat([self.cls.expand(len(t), -1, -1), t], 1)
+            return self.sa(t, t, t, need_weights=False)[0].mean((1, 2))
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        head_snapshot(Clamped().eval(), torch.rand(2, 1, 28, 28))
+    told = [w for w in said if "could not be told" in str(w.message)]
+    assert len(told) == 1 and told[0].filename == __file__, [(str(w.message), w.filename) for w in said]
+
+    class Guarded(nn.Module):  # 3 leading tokens of each image and 7x7 patches: the layout is a guess, said
+        def __init__(self, mode):
+            super().__init__()
+            self.mode, self.c, self.lead = mode, nn.Conv2d(1, 16, 4, 4), nn.Conv2d(1, 48, 28)
+            self.queries = nn.Parameter(torch.randn(1, 2, 4, 8))
+
+        def forward(self, x):
+            t = torch.cat([self.lead(x).view(len(x), 3, 16), self.c(x).flatten(2).transpose(1, 2)], 1)
+            q = t.view(len(x), -1, 2, 8).transpose(1, 2)
+            with warnings.catch_warnings():
+                warnings.simplefilter(self.mode)
+                try:
+                    o = F.scaled_dot_product_attention(q, q, q)
+                except Warning:
+                    o = torch.zeros_like(q)
+            return o.mean((1, 2, 3)) + F.scaled_dot_product_attention(
+                self.queries.expand(len(x), -1, -1, -1), q, q).mean((1, 2, 3))
+
+    for mode in ("ignore", "error"):
+        model = Guarded(mode).eval()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            records = capture_attention(model, torch.rand(2, 1, 28, 28))
+        assert len(records) == 2 and records[0].size == (7, 7), (mode, records)
+        assert [w.filename for w in said] == [__file__], (mode, [str(w.message) for w in said])
+    sites = attention_sites(model, (1, 28, 28), grid=(7, 7), leading=3)
+    assert [s.size for s in sites] == [(7, 7)]
+    with warnings.catch_warnings(record=True) as said:  # the learned queries' guess is no site's: not said per batch
+        warnings.simplefilter("always")
+        probs = site_probs(model, sites, torch.rand(40, 1, 28, 28))
+        site_maps(model, sites, torch.rand(1, 1, 28, 28))
+    assert probs[0].shape[-1] == 49 and [str(w.message) for w in said] == []

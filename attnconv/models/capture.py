@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +47,7 @@ from torch.overrides import TorchFunctionMode
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.construct.factory import torch_compiled
-from attnconv.errors import AttnconvError, caller_warning
+from attnconv.errors import AttnconvError, caller_warning, user_frame
 from attnconv.limits import format_bytes
 from attnconv.models.capture_numbers import (
     check_grid,
@@ -356,16 +355,13 @@ class _Capture(TorchFunctionMode):
                  grids: dict[tuple[str, int], tuple[int, tuple[int, int]]] | None = None, leading: int | None = None,
                  images: int = 1, trailing: int | None = None, deferred: list | None = None):
         super().__init__()
-        self.deferred = deferred  # its warnings, held for the caller to issue (only the kept pass's), or None: said
+        self.deferred = deferred  # its warnings, held while the model runs (under the caller's filters, not the model's)
         self.grid, self.max_bytes, self.scores, self.native_probs = grid, max_bytes, scores, native_probs
         self.aspect, self.leading, self.trailing = aspect, leading, trailing
         self.grids = dict(grids or {})  # (path, call) -> (leading tokens, grid) of that computation, known beforehand
         self.guessed: set[str] = set()  # the guesses said (once a pass)
         self.images = images  # how many images the pass runs on (the batch of a call on the images' tokens)
-        frame = sys._getframe(1)
-        while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in ("attnconv", "torch"):
-            frame = frame.f_back
-        self.caller = frame  # where the pass was asked for: its warnings point there
+        self.caller = user_frame()  # where the pass was asked for: its warnings point there
         self.declared = declared_layout(model, aspect)  # the model's own word on where its tokens lie
         self.grid_used = False  # whether grid= fitted some computation (else it is said)
         self.names = {m: name for name, m in model.named_modules()}
@@ -403,8 +399,7 @@ class _Capture(TorchFunctionMode):
     def warn(self, message: str) -> None:
         """An AttnconvWarning at the line that asked for the pass (its caller's frame outside attnconv), not a line of
         the model's forward or of attnconv, so that each call site of a notebook or script shows its own."""
-        say = caller_warning(self.caller, message)
-        say() if self.deferred is None else self.deferred.append(say)
+        self.deferred.append(caller_warning(self.caller, message))
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
@@ -565,11 +560,12 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
     """`capture_attention`'s pass. native_probs False: the records of `SelfAttention2d` / `ConvAttention` layers
     hold their input grid only (`probs` empty), for `attention_sites`, which takes their probabilities from the
     layers themselves. grids: {(path, call): (leading tokens, (H, W))}, each computation's layout where it is known
-    (the attention sites'), before `grid` and `leading` and the guess. deferred: a list to hold the pass's own
-    warnings (callables that issue them, as said, with the caller's module and registry) instead of saying them."""
+    (the attention sites'), before `grid` and `leading` and the guess. The pass's own warnings are held while the
+    model runs (its own warning filters are not the caller's) and said after it, at the caller's line with its module
+    and registry; deferred: a list to hold them in instead (callables that say them), for the caller to say or not."""
     aspect = tuple(images.shape[-2:]) if images.dim() == 4 else None  # non-square images: their grids' shape
     capture = _Capture(model, grid, max_bytes, scores, native_probs, aspect, grids, leading,
-                       len(images) if images.dim() >= 1 else 1, trailing, deferred)
+                       len(images) if images.dim() >= 1 else 1, trailing, [] if deferred is None else deferred)
     with contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         for m in model.modules():
@@ -589,4 +585,6 @@ def capture_pass(model: nn.Module, images: Tensor, grid: Sequence[int] | None, m
                     f"a grid alone places at most {MAX_EXTRA} tokens besides it; give leading= (and trailing=) with "
                     "it for more, or the grid the image positions have" if leading is None and trailing is None else
                     "give the grid, leading= and trailing= the image positions have"))
+    for say in capture.deferred if deferred is None else ():
+        say()
     return capture.records

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import numbers
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -27,7 +26,7 @@ from torch import Tensor, nn
 
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
-from attnconv.errors import AttnconvError, AttnconvWarning
+from attnconv.errors import AttnconvError, caller_warning, user_frame
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -240,10 +239,9 @@ def _probed_again(model: nn.Module, probe: Tensor, records: list[CapturedAttenti
         say()
     untold = [r.name for r in records if "alike" in r.shared and r.size is not None and r.query_size == r.size]
     if untold:
-        warnings.warn(f"{', '.join(untold[:3])}: its queries and keys were the same for both probe images (a model "
-                      "that rounds, thresholds or takes the sign of its input), so learned tokens there could not be "
-                      "told from the image's positions; capture_attention on real images tells them",
-                      AttnconvWarning, stacklevel=3)
+        caller_warning(user_frame(), f"{', '.join(untold[:3])}: its queries and keys were the same for both probe "
+                       "images (a model that rounds, thresholds or takes the sign of its input), so learned tokens there "
+                       "could not be told from the image's positions; capture_attention on real images tells them")()
     return records
 
 
@@ -276,8 +274,10 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
     if x.dim() != 4:
         raise AttnconvError(f"images of shape {tuple(x.shape)}: give a batch (N, C, H, W), one image as (1, C, H, W)")
     grids = {_capture_key(site.layer): (site.layer.left_out[1], tuple(site.size)) for site in captured}
+    # What the pass would say is of computations that are no site (their layout guessed), which attention_sites said
+    # when it found the sites: not said again on every batch.
     by_key = {(r.path, r.call): r for r in capture_pass(model, x, None, MAX_BYTES, scores, native_probs=True,
-                                                        grids=grids)}
+                                                        grids=grids, deferred=[])}
     out = []
     for i in _captured(sites):
         key = _capture_key(sites[i].layer)
