@@ -1356,3 +1356,60 @@ def test_round_48_a_finished_runs_resume_beside_an_older_copy_of_its_state(data_
     assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
     assert "resuming" in capsys.readouterr().err
     assert read_metrics(run)[-1]["epoch"] == 3
+
+
+def test_round_49_logs_beside_an_older_state_and_unread_weights_and_a_finished_resume_judging_heads(
+        data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Round 49: with state.pt an older checkpoint and model.safetensors damaged, deleted or a link to nowhere, the
+    readers judged the sound logs by state.pt's record and said their later rows were not the run's and could be
+    deleted (which lost the run's rows); a finished run's resume beside an older state.pt did not judge heads.jsonl
+    (its readers refused a snapshot that was not the run's, the resume said "run already finished")."""
+    from attnconv.runs import Run
+
+    run, older = tmp_path / "run", tmp_path / "older-state.pt"
+    save = Checkpointer.save
+
+    def keep_first(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        if not older.exists():
+            shutil.copyfile(self.path, older)
+
+    monkeypatch.setattr(Checkpointer, "save", keep_first)
+    assert main(tiny_args(run, data_dir, "--epochs", "3")) == 0
+    monkeypatch.undo()
+    sound, weights = tree(run), run / "model.safetensors"
+    shutil.copyfile(older, run / "state.pt")
+    damaged = weights.read_bytes().replace(b'"step":"24"', b'"step":"25"', 1)
+    assert damaged != weights.read_bytes()
+    for damage in ("metadata", "deleted", "dangling"):
+        weights.unlink(missing_ok=True)
+        if damage == "metadata":
+            weights.write_bytes(damaged)
+        elif damage == "dangling":
+            weights.symlink_to(tmp_path / "nowhere")
+        for read in (lambda r: r.metrics, lambda r: r.heads):
+            with pytest.raises(AttnconvError) as err:
+                read(Run(run))
+            assert str(err.value).startswith(f"{weights}: the file ") and "--resume" in str(err.value), str(err.value)
+            assert "can be deleted" not in str(err.value)
+    capsys.readouterr()  # the fix it gives works: the run continues from state.pt and ends as before
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
+    assert [r["test_acc"] for r in Run(run).metrics] == [r["test_acc"] for r in read_metrics_text(sound["metrics.csv"])]
+    lines = (run / "heads.jsonl").read_text().splitlines()
+    edited = json.loads(lines[2])
+    edited["layers"][0][0]["attention_distance"] += 0.5
+    (run / "heads.jsonl").write_text("\n".join([*lines[:2], json.dumps(edited), *lines[3:]]) + "\n")
+    shutil.copyfile(older, run / "state.pt")
+    before = tree(run)
+    capsys.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{run / 'heads.jsonl'}: " in err and "already finished" not in err, err
+    assert tree(run) == before
+
+
+def read_metrics_text(data: bytes) -> list[dict[str, float]]:
+    import csv
+    import io
+
+    return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(data.decode()))]

@@ -26,6 +26,8 @@ from attnconv.runs.logs_file import read_metrics
 from attnconv.runs.record import recorded_metadata, recorded_step, state_record_problem
 
 LOGS_KEY = "attnconv_logs"
+# checkpoint_logs' mark on state.pt's record where model.safetensors, which may be a later checkpoint, could not be read
+UNREAD_KEY = "attnconv_weights_unread"
 
 # What a run's training decides in metrics.csv (not its timing: a copy with its seconds edited is the same run).
 TRAINED_COLUMNS = ("epoch", "step", "train_loss", "train_acc", "test_loss", "test_acc", "lr")
@@ -100,7 +102,12 @@ def checkpoint_logs(run_dir: Path) -> dict[str, str]:
             return meta  # another run's state.pt (another seed's) vouches for nothing here
     except AttnconvError:  # config.json's own reader says what is wrong with it
         return meta
-    return {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"]), "step": str(head["progress"]["step"])}
+    record = {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"]), "step": str(head["progress"]["step"])}
+    if not meta:  # no weights, or weights whose header or metadata does not read: a later checkpoint, maybe
+        weights = run_dir / WEIGHTS_FILE
+        record[UNREAD_KEY] = "is missing" if not os.path.lexists(weights) else \
+            "is a link to nowhere" if not os.path.exists(weights) else "does not read (damaged)"
+    return record
 
 
 def recorded_finished(metadata: dict[str, str]) -> bool:
@@ -165,6 +172,23 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
                 f"after, which follows its last: {'they are' if extra > 1 else 'it is'} not the run's (an edited copy, "
                 f"or another run's; its {noun}s after the first {count} can be deleted)")
     return None
+
+
+def unvouched_problem(metadata: dict[str, str], what: str, entries: list[dict[str, Any]]) -> str | None:
+    """Where `metadata` is state.pt's record beside weights that could not be read (`checkpoint_logs`' UNREAD_KEY:
+    missing, a link to nowhere, damaged: a later checkpoint, maybe) and the log `what` holds the entries it counts
+    and more: words naming the weights, which alone could vouch for the later entries (not the log, which may be
+    sound); else None."""
+    record = _recorded(metadata)
+    key, noun = ("rows", "row") if what == "metrics" else ("snapshots", "snapshot")
+    if UNREAD_KEY not in metadata or record is None or not isinstance(record.get(key), int):
+        return None
+    count = record[key]
+    if len(entries) <= count or logs_problem(metadata, what, entries[:count]) is not None:
+        return None
+    return (f"the file {metadata[UNREAD_KEY]}, and {STATE_FILE}, an earlier checkpoint (step {metadata['step']}), "
+            f"vouches for {_many(count, noun)} of the {len(entries)} the {what} log holds: the later ones are the "
+            f"run's only where {WEIGHTS_FILE} was a later checkpoint, and it is what can vouch for them")
 
 
 def recorded_digests(metadata: dict[str, str]) -> list[str]:

@@ -26,6 +26,8 @@ from attnconv.runs.files import (
     HEADS_LOST,
     METRICS_FILE,
     METRICS_LOST,
+    STATE_FILE,
+    WEIGHTS_FILE,
     log_fix,
     read_config,
 )
@@ -34,6 +36,7 @@ from attnconv.runs.logs_record import (
     checkpoint_logs,
     judged_heads,
     logs_problem,
+    unvouched_problem,
     with_last_line,
 )
 from attnconv.runs.record import check_record
@@ -120,7 +123,19 @@ class Run:
             return
         problem = logs_problem(self.logs_metadata, what, entries)
         if problem is not None:
+            self.check_vouched(what, entries)
             raise DamagedFile(f"{self.path / name}: {problem}", fix)
+
+    def check_vouched(self, what: str, entries: list[dict[str, Any]]) -> None:
+        """Where a log holds more than the earlier checkpoint (state.pt) vouches for, and the weights, which may be a
+        later one, do not read: one DamagedFile naming the weights (`runs.logs_record.unvouched_problem`), with the
+        fixes that keep the log, not the log's (deleting its rows would lose the run's own)."""
+        problem = unvouched_problem(self.logs_metadata, what, entries)
+        if problem is not None:
+            raise DamagedFile(f"{self.path / WEIGHTS_FILE}: {problem}",
+                              f"restore {WEIGHTS_FILE} from a copy of the run, or continue the run from {STATE_FILE}: "
+                              f"`attnconv train --out {self.path} --resume` writes the later "
+                              f"{'rows' if what == 'metrics' else 'snapshots'} again")
 
     @functools.cached_property
     def logs_metadata(self) -> dict[str, str]:
@@ -140,6 +155,7 @@ class Run:
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
                               "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         if problem is not None:  # each sound line must be a snapshot the checkpoint recorded: one error, no warning
+            self.check_vouched("heads", records)
             raise DamagedFile(f"{self.path / HEADS_FILE}: {problem}", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         self.check_heads_fit(records)  # before the warning: a file refused is one error
         if skipped:

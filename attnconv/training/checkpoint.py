@@ -38,6 +38,7 @@ from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import dangling_link
 from attnconv.runs import (
     CONFIG_FILE,
+    HEADS_FILE,
     METRICS_FILE,
     RECORD_KEY,
     STATE_FILE,
@@ -53,7 +54,14 @@ from attnconv.runs import (
 )
 from attnconv.runs.build import weights_changed
 from attnconv.runs.files import STATE_FIX
-from attnconv.runs.logs_record import LOGS_KEY, logs_problem, logs_record, recorded_finished, with_last_line
+from attnconv.runs.logs_record import (
+    LOGS_KEY,
+    judged_heads,
+    logs_problem,
+    logs_record,
+    recorded_finished,
+    with_last_line,
+)
 from attnconv.runs.record import record_problem, recorded_metadata, recorded_step, state_record_problem
 from attnconv.runs.values import is_finite, short_value
 from attnconv.training.distributed import Dist
@@ -297,16 +305,21 @@ class Checkpointer:
 
     def finished_row(self, progress: RunProgress, step: int) -> dict[str, float]:
         """A resume of a finished run whose state.pt is older than its weights (`finished_later`): said, nothing
-        written; metrics.csv's last row as its readers take it (checked against the weights' record)."""
-        if self.d.main:
-            print(f"{self.out}: run already finished ({step} steps, as {WEIGHTS_FILE} records); {STATE_FILE} is an "
-                  f"older checkpoint of it (step {progress.step}), left as it is: nothing to train", file=sys.stderr)
+        written; metrics.csv's last row as its readers take it, it and heads.jsonl checked against the weights'
+        record as a finished run's resume checks them (heads.jsonl as its readers take it: `judged_heads`)."""
         meta = recorded_metadata(self.out / WEIGHTS_FILE)
         rows = with_last_line(self.out, "metrics", read_metrics(self.out), meta) \
             if (self.out / METRICS_FILE).exists() else []
-        problem = logs_problem(meta, "metrics", rows) if rows else None
-        if problem is not None:
-            raise DamagedFile(f"{self.out / METRICS_FILE}: {problem}", "restore it from a copy of the run")
+        problems = [(METRICS_FILE, logs_problem(meta, "metrics", rows) if rows else None)]
+        if (self.out / HEADS_FILE).exists():
+            heads, skipped, problem = judged_heads(self.out, meta)
+            problems.append((HEADS_FILE, problem if skipped else logs_problem(meta, "heads", heads)))
+        for name, problem in problems:
+            if problem is not None:
+                raise DamagedFile(f"{self.out / name}: {problem}", "restore it from a copy of the run")
+        if self.d.main:
+            print(f"{self.out}: run already finished ({step} steps, as {WEIGHTS_FILE} records); {STATE_FILE} is an "
+                  f"older checkpoint of it (step {progress.step}), left as it is: nothing to train", file=sys.stderr)
         return rows[-1] if rows else {}
 
     def rewrite_weights(self, model: nn.Module, progress: RunProgress) -> str | None:
