@@ -1413,3 +1413,21 @@ def read_metrics_text(data: bytes) -> list[dict[str, float]]:
     import io
 
     return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(data.decode()))]
+
+
+def test_round_49_a_warning_made_an_error_by_the_users_filters_is_one_error_line(data_dir, tmp_path,
+                                                                                capsys):  # noqa: F811
+    """Round 49 (a note): under `PYTHONWARNINGS=error` (or -W error) a warning a command says (a damaged heads.jsonl
+    line skipped) ended the command with a Python traceback; it is one `error:` line, exit 2."""
+    import warnings
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir)) == 0
+    with open(run / "heads.jsonl", "a", encoding="utf-8") as f:
+        f.write("junk{\n")
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["analyze", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: AttnconvWarning: ") and "skipped 1 damaged line" in err, err

@@ -346,6 +346,10 @@ def _run(argv: list[str] | None, process: bool) -> int:
             why = describe_os_error(err)
         print(f"error: {one_line(where + why)}", file=sys.stderr)
         return 2
+    except Warning as err:  # a warning the filters given (-W error, PYTHONWARNINGS) made an error: one line too
+        print(f"error: {one_line(f'{type(err).__name__}: {err}')} (a warning, made an error by the warning filters "
+              "given)", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001  (re-raised unless it is one of the two below)
         if _interrupt_inside(err):  # Python 3.11 wraps one landing in a __set_name__ (an import) in a RuntimeError
             raise KeyboardInterrupt from None
