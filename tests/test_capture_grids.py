@@ -1499,3 +1499,18 @@ def test_round_49_capture_warnings_at_the_callers_line_after_the_model_ran_and_n
         probs = site_probs(model, sites, torch.rand(40, 1, 28, 28))
         site_maps(model, sites, torch.rand(1, 1, 28, 28))
     assert probs[0].shape[-1] == 49 and [str(w.message) for w in said] == []
+
+
+def test_round_49_head_geometry_and_grid_arguments_of_the_wrong_kind_are_one_line():
+    """Round 49 (a note): head_geometry given a model and images (it takes a layer and its grid) failed with torch's
+    own message from deep inside; a grid given as a tensor or a long list was shown whole, over many lines."""
+    from attnconv.analysis import head_geometry
+
+    layer = nn.Sequential(nn.Conv2d(1, 4, 3))
+    with pytest.raises(AttnconvError) as err:
+        head_geometry(layer, torch.rand(2, 1, 28, 28))
+    assert str(err.value).startswith("size a tensor of shape (2, 1, 28, 28) is invalid: give the layer's input grid")
+    for grid, shown in ((torch.zeros(2, 40, 40), "a tensor of shape (2, 40, 40)"), (list(range(100)), "a list")):
+        with pytest.raises(AttnconvError, match=re.escape(f"grid {shown} is invalid")) as err:
+            capture_attention(layer, torch.rand(1, 1, 8, 8), grid=grid)
+        assert "\n" not in str(err.value)

@@ -17,6 +17,7 @@ from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
 from attnconv.models.capture import CapturedAttention
+from attnconv.models.capture_numbers import positive_ints
 from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
 
@@ -337,6 +338,7 @@ def head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None 
     else the mean shift of the map), inverse_covariance (heads, 2, 2) or None, the query
     (row, col) and its map (heads, H, W).
     """
+    size = positive_ints(size, 2, "size", "the layer's input grid (H, W), as an AttentionSite's size holds it")
     if _linear(layer):
         ek = effective_kernel(layer, size, probs=probs)
         p, query_pos, (out_h, out_w) = ek.probs, ek.query_pos, ek.out_size

@@ -239,7 +239,9 @@ def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, .
     except TypeError:
         ok = False
     if not ok:
-        raise AttnconvError(f"{name} {values!r} is invalid: give {what}, {count} positive integers")
+        shown = f"a tensor of shape {tuple(values.shape)}" if isinstance(values, torch.Tensor) else repr(values)
+        shown = shown if len(shown) <= 80 and "\n" not in shown else f"a {type(values).__name__}"
+        raise AttnconvError(f"{name} {shown} is invalid: give {what}, {count} positive integers")
     return tuple(int(v) for v in values)
 
 
