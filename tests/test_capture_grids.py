@@ -1411,7 +1411,7 @@ def test_round_48_attention_sites_says_each_warning_once_with_its_module_and_reg
             self.sa = nn.MultiheadAttention(16, 2, batch_first=True)
 
         def forward(self, x):
-            warnings.warn("this forward is deprecated", DeprecationWarning)  # the model's own, at this line
+            warnings.warn("this forward is deprecated", DeprecationWarning, stacklevel=1)  # the model's own
             t = self.c(x if self.low is None else x.clamp(min=self.low)).flatten(2).transpose(1, 2)
             return self.sa(t, t, t, need_weights=False)[0].mean((1, 2))
 
@@ -1443,8 +1443,9 @@ def test_round_49_capture_warnings_at_the_callers_line_after_the_model_ran_and_n
     (head_snapshot), out of the caller's filters; capture_attention said its warnings inside the model's forward, so
     a model's own catch_warnings lost them (ignore) or, as errors, took them for its own failure (no record at all);
     site_probs said a guess about a computation that is no site again on every batch of images."""
-    import torch.nn.functional as F
     from types import SimpleNamespace
+
+    import torch.nn.functional as F
 
     from attnconv.analysis import head_snapshot
 

@@ -1325,22 +1325,28 @@ def test_round_47_a_last_heads_line_without_its_newline_beside_a_damaged_one_and
         Run(run).heads  # noqa: B018 - an edited recorded snapshot is not one logged after the checkpoint
 
 
-def test_round_48_a_finished_runs_resume_beside_an_older_copy_of_its_state(data_dir, tmp_path, monkeypatch,
-                                                                            capsys):  # noqa: F811
-    """Round 48: a finished run whose state.pt was an older checkpoint of the same run (a copy put back by hand) was
-    trained again by `train --resume` from that step: its finished weights written anew and metrics.csv rewritten (a
-    column the user added lost), where its readers take the finished weights. The later checkpoint decides."""
+def _finished_with_first_state(tmp_path: Path, data: Path, monkeypatch) -> tuple[Path, Path]:
+    """A finished 3-epoch run, and a copy of its first checkpoint's state.pt kept aside (an older copy of its own)."""
     run, older = tmp_path / "run", tmp_path / "older-state.pt"
     save = Checkpointer.save
 
-    def keep_first(self, *args, **kwargs):  # the run's first checkpoint's state.pt, kept aside
+    def keep_first(self, *args, **kwargs):
         save(self, *args, **kwargs)
         if not older.exists():
             shutil.copyfile(self.path, older)
 
     monkeypatch.setattr(Checkpointer, "save", keep_first)
-    assert main(tiny_args(run, data_dir, "--epochs", "3")) == 0
+    assert main(tiny_args(run, data, "--epochs", "3")) == 0
     monkeypatch.undo()
+    return run, older
+
+
+def test_round_48_a_finished_runs_resume_beside_an_older_copy_of_its_state(
+        data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Round 48: a finished run whose state.pt was an older checkpoint of the same run (a copy put back by hand) was
+    trained again by `train --resume` from that step: its finished weights written anew and metrics.csv rewritten (a
+    column the user added lost), where its readers take the finished weights. The later checkpoint decides."""
+    run, older = _finished_with_first_state(tmp_path, data_dir, monkeypatch)
     with open(run / "metrics.csv", encoding="utf-8") as f:
         lines = f.read().splitlines()
     (run / "metrics.csv").write_text("\n".join([lines[0] + ",note", *(f"{x},{i}" for i, x in enumerate(lines[1:]))]) + "\n")
@@ -1366,17 +1372,7 @@ def test_round_49_logs_beside_an_older_state_and_unread_weights_and_a_finished_r
     (its readers refused a snapshot that was not the run's, the resume said "run already finished")."""
     from attnconv.runs import Run
 
-    run, older = tmp_path / "run", tmp_path / "older-state.pt"
-    save = Checkpointer.save
-
-    def keep_first(self, *args, **kwargs):
-        save(self, *args, **kwargs)
-        if not older.exists():
-            shutil.copyfile(self.path, older)
-
-    monkeypatch.setattr(Checkpointer, "save", keep_first)
-    assert main(tiny_args(run, data_dir, "--epochs", "3")) == 0
-    monkeypatch.undo()
+    run, older = _finished_with_first_state(tmp_path, data_dir, monkeypatch)
     sound, weights = tree(run), run / "model.safetensors"
     shutil.copyfile(older, run / "state.pt")
     damaged = weights.read_bytes().replace(b'"step":"24"', b'"step":"25"', 1)
@@ -1415,8 +1411,8 @@ def read_metrics_text(data: bytes) -> list[dict[str, float]]:
     return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(data.decode()))]
 
 
-def test_round_49_a_warning_made_an_error_by_the_users_filters_is_one_error_line(data_dir, tmp_path,
-                                                                                capsys):  # noqa: F811
+def test_round_49_a_warning_made_an_error_by_the_users_filters_is_one_error_line(
+        data_dir, tmp_path, capsys):  # noqa: F811
     """Round 49 (a note): under `PYTHONWARNINGS=error` (or -W error) a warning a command says (a damaged heads.jsonl
     line skipped) ended the command with a Python traceback; it is one `error:` line, exit 2."""
     import warnings
