@@ -1515,3 +1515,36 @@ def test_round_49_head_geometry_and_grid_arguments_of_the_wrong_kind_are_one_lin
         with pytest.raises(AttnconvError, match=re.escape(f"grid {shown} is invalid")) as err:
             capture_attention(layer, torch.rand(1, 1, 8, 8), grid=grid)
         assert "\n" not in str(err.value)
+
+
+def test_round_50_site_probs_says_why_a_site_was_not_captured():
+    """Round 50: site_probs, site_maps and site_scores dropped every warning of their capture pass, the one saying why
+    a site's computation was not captured too (an nn.MultiheadAttention subclass computing something else on these
+    images), and said only that it "did not run"."""
+
+    class Sub(nn.MultiheadAttention):
+        bright = False
+
+        def forward(self, q, k, v, **kw):
+            return (q * 2, None) if self.bright else super().forward(q, k, v, **kw)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.sa = nn.Conv2d(1, 16, 4, 4), Sub(16, 2, batch_first=True)
+
+        def forward(self, x):
+            self.sa.bright = bool(x.mean() > 5)
+            t = self.c(x).flatten(2).transpose(1, 2)
+            return self.sa(t, t, t, need_weights=False)[0].mean()
+
+    torch.manual_seed(0)
+    model = Model()
+    sites = attention_sites(model, (1, 28, 28))
+    for call in (lambda x: site_probs(model, sites, x), lambda x: site_maps(model, sites, x[:1]),
+                 lambda x: site_scores(model, sites, x[:1])):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            with pytest.raises(AttnconvError, match="sa: this attention computation was not captured on these images"):
+                call(torch.rand(2, 1, 28, 28) + 10)
+        assert [w.filename for w in said] == [__file__] and "its attention is not captured" in str(said[0].message)

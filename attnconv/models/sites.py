@@ -274,15 +274,20 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
     if x.dim() != 4:
         raise AttnconvError(f"images of shape {tuple(x.shape)}: give a batch (N, C, H, W), one image as (1, C, H, W)")
     grids = {_capture_key(site.layer): (site.layer.left_out[1], tuple(site.size)) for site in captured}
-    # What the pass would say is of computations that are no site (their layout guessed), which attention_sites said
-    # when it found the sites: not said again on every batch.
+    # What the pass says is of computations that are no site (their layout guessed), which attention_sites said when
+    # it found the sites: not said again on every batch; but where a site was not captured, it may say why.
+    said: list = []
     by_key = {(r.path, r.call): r for r in capture_pass(model, x, None, MAX_BYTES, scores, native_probs=True,
-                                                        grids=grids, deferred=[])}
+                                                        grids=grids, deferred=said)}
     out = []
     for i in _captured(sites):
         key = _capture_key(sites[i].layer)
         if key not in by_key:
-            raise AttnconvError(f"{sites[i].path}: this attention computation did not run on these images")
+            for say in said:
+                say()
+            raise AttnconvError(f"{sites[i].path}: this attention computation was not captured on these images (it "
+                                "did not run" + (", or ran as capture cannot record: see the warnings said)" if said
+                                                 else ")"))
         r, size, found = by_key[key], tuple(sites[i].size), getattr(sites[i].layer, "image_size", None)
         if found is not None and tuple(x.shape[-2:]) != tuple(found):  # a grid of as many tokens may be another
             raise AttnconvError(f"{sites[i].path}: the sites were found for {found[0]}x{found[1]} images, these are "
