@@ -84,10 +84,11 @@ class AttnconvWarning(UserWarning):
 
 
 def user_frame() -> FrameType | None:
-    """The innermost frame of the running call stack outside attnconv and torch: the user's code that asked for the
-    work (None where there is none: attnconv's CLI)."""
+    """The innermost frame of the running call stack outside attnconv, torch and functools (a cached property's
+    getter): the user's code that asked for the work (None where there is none: attnconv's CLI)."""
     frame = sys._getframe(1)
-    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in ("attnconv", "torch"):
+    while frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] in ("attnconv", "torch",
+                                                                                           "functools"):
         frame = frame.f_back
     return frame
 

@@ -8,6 +8,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1427,3 +1428,25 @@ def test_round_49_a_warning_made_an_error_by_the_users_filters_is_one_error_line
         assert main(["analyze", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: AttnconvWarning: ") and "skipped 1 damaged line" in err, err
+
+
+def test_round_50_a_runs_warnings_point_at_the_callers_line(data_dir, tmp_path):  # noqa: F811
+    """Round 50 (a note): the warning that damaged heads.jsonl lines were skipped, read through `Run.heads` (a cached
+    property), pointed at a line of functools, so filters by the caller's module or line did not apply."""
+    import warnings
+
+    from attnconv.runs import Run
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir)) == 0
+    with open(run / "heads.jsonl", "a", encoding="utf-8") as f:
+        f.write("junk{\n")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert len(Run(run).heads) == 3
+    assert [(w.filename, w.category) for w in said] == [(__file__, AttnconvWarning)], [str(w.message) for w in said]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", module=re.escape(__name__))
+        assert len(Run(run).heads) == 3
+    assert said == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import torch.nn as nn
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
-from attnconv.errors import AttnconvError, AttnconvWarning, DamagedFile, ParameterError
+from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.directory import check_not_replaced
@@ -160,9 +159,8 @@ class Run:
         self.check_heads_fit(records)  # before the warning: a file refused is one error
         if skipped:
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-            warnings.warn(f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
-                          f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}",
-                          AttnconvWarning, stacklevel=2)
+            caller_warning(user_frame(), f"{self.path / HEADS_FILE}: skipped {len(skipped)} damaged line"
+                           f"{'s' if len(skipped) > 1 else ''} ({shown}); using the other {len(records)}")()
         if not skipped:  # damaged lines skipped: the sound ones were matched with the record one by one above
             self.check_logs("heads", records)
         return records
@@ -232,8 +230,8 @@ class Run:
             self.meta.get("data"), {**data_fingerprint(self.current_info), "digest": {
                 "test": split_digest(test), "test_unordered": split_digest(test, ordered=False)}})
         if self._test_changes and self.warn_data_change:
-            warnings.warn(f"{self.path}: the test data differs from the run's ({'; '.join(self._test_changes)}); "
-                          "what follows is of the data as it is now", AttnconvWarning, stacklevel=2)
+            caller_warning(user_frame(), f"{self.path}: the test data differs from the run's "
+                           f"({'; '.join(self._test_changes)}); what follows is of the data as it is now")()
         return test
 
     @property
