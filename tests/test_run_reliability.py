@@ -1450,3 +1450,45 @@ def test_round_50_a_runs_warnings_point_at_the_callers_line(data_dir, tmp_path):
         warnings.filterwarnings("ignore", module=re.escape(__name__))
         assert len(Run(run).heads) == 3
     assert said == []
+
+
+def test_round_50_unread_weights_beside_damaged_or_deleted_logs_and_eval_warnings_by_the_filters(
+        data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Round 50: with the weights missing and state.pt older, a damaged heads.jsonl line among those state.pt counts
+    had a sound later snapshot called not the run's (a skipped line shifted the digests compared), and the fix
+    offered, deleting the file, lost the history; with metrics.csv deleted, the readers offered a resume that
+    refuses. `eval --allow-data-change` printed its warning past the warning filters."""
+    import warnings
+
+    from PIL import Image
+
+    from attnconv.runs import Run
+
+    run, older = _finished_with_first_state(tmp_path, data_dir, monkeypatch)
+    (run / "model.safetensors").unlink()
+    shutil.copyfile(older, run / "state.pt")
+    lines = (run / "heads.jsonl").read_text().splitlines()
+    (run / "heads.jsonl").write_text("\n".join(["junk{", *lines[1:]]) + "\n")  # one of the two state.pt counts
+    with pytest.raises(AttnconvError) as err:
+        Run(run).heads  # noqa: B018
+    text = str(err.value)
+    assert text.startswith(f"{run / 'model.safetensors'}: the file is missing") and "vouches for 1 snapshot" in text
+    assert "--resume" not in text and "delete" not in text, text  # the resume refuses a damaged counted line
+    (run / "heads.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "metrics.csv").unlink()
+    with pytest.raises(AttnconvError) as err:
+        Run(run).heads  # noqa: B018
+    assert str(err.value).startswith(f"{run / 'model.safetensors'}: the file is missing")
+    assert "--resume" not in str(err.value), str(err.value)
+
+    out, _ = _folder_run(tmp_path / "folder", monkeypatch)
+    image = tmp_path / "folder" / "imgs" / "test" / "cat" / "cat0.png"
+    size = Image.open(image).size
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(image)
+    for action, code, said in (("error", 2, "error: AttnconvWarning: "), ("ignore", 0, "")):
+        capsys.readouterr()
+        with warnings.catch_warnings():
+            warnings.simplefilter(action)
+            assert main(["eval", str(out), "--allow-data-change"]) == code
+        err = capsys.readouterr().err
+        assert err.startswith(said) and err.count("\n") == (1 if said else 0), err

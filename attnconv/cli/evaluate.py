@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 # The --dataset flag of every command that reads a run's test images (eval, table, report, explore, plot, ...).
 DATASET_HELP = ("take the test images from this dataset instead of the run's (e.g. the run's image folder "
@@ -105,14 +104,24 @@ def register(subparsers) -> None:
     c.set_defaults(func=run_compare)
 
 
+def _warn(message: str) -> None:
+    """A `warning:` line, said as the commands' other warnings are (Python's warnings, so that `-W error` makes it an
+    error line and `-W ignore` silences it)."""
+    import warnings
+
+    from attnconv.errors import AttnconvWarning
+
+    warnings.warn(message, AttnconvWarning, stacklevel=3)
+
+
 def run_eval(args: argparse.Namespace) -> int:
-    from attnconv.cli import one_line, plain
+    from attnconv.cli import plain
     from attnconv.evaluate import describe_run
 
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
                      dataset=args.dataset, batch_size=args.batch_size, allow_data_change=args.allow_data_change)
     if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
-        print(f"warning: {one_line(s['warning'])}", file=sys.stderr)
+        _warn(s["warning"])
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
@@ -184,7 +193,7 @@ def confusion_text(classes: list[str], confusion: list[list[int]]) -> str:
 
 def run_table(args: argparse.Namespace) -> int:
 
-    from attnconv.cli import one_line, plain
+    from attnconv.cli import plain
     from attnconv.evaluate import describe_run, runs_table
 
     if args.dataset is not None and not args.recompute:
@@ -196,7 +205,7 @@ def run_table(args: argparse.Namespace) -> int:
                               allow_data_change=args.allow_data_change) for d in args.run_dirs]
     for s in summaries:
         if "warning" in s:
-            print(f"warning: {one_line(s['warning'])}", file=sys.stderr)
+            _warn(s["warning"])
     print(plain(runs_table(summaries, markdown=args.markdown)), end="")
     return 0
 

@@ -33,16 +33,18 @@ from attnconv.runs.files import (
     LOG_FIX,
     METRICS_FILE,
     RUN_FILES,
+    STATE_FILE,
     STEPS_COLUMNS,
     STEPS_FILE,
     TENSORBOARD_DIR,
     WEIGHTS_FILE,
     NotARunConfig,
     read_config,
+    state_head,
 )
 from attnconv.runs.heads_file import heads_line, read_heads
 from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
-from attnconv.runs.logs_record import judged_heads, logs_problem, with_last_line
+from attnconv.runs.logs_record import LOGS_KEY, judged_heads, logs_problem, with_last_line
 from attnconv.runs.record import recorded_metadata
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
@@ -264,8 +266,23 @@ def _restore(out: Path, folder: Path) -> bool:
     return True
 
 
+def resume_problem(out: Path, heads: bool) -> str | None:
+    """Why `train --resume` of the run in `out` would refuse its logs as its state.pt counts them (`trim_logs`' checks,
+    nothing written; `heads`: the run records heads.jsonl), or None where it would take them."""
+    try:
+        head = state_head(out / STATE_FILE)
+        progress = head["progress"]
+        meta = {LOGS_KEY: head["logs"], "step": str(progress["step"]), "epoch": str(progress["epoch"])} \
+            if isinstance(head.get("logs"), str) else recorded_metadata(out / WEIGHTS_FILE)
+        trim_logs(out, progress["rows"], progress["snapshots"] if heads else None, progress.get("step_rows", 0),
+                  step=progress["step"], write=not progress.get("finished"), metadata=meta, dry=True)
+    except (AttnconvError, OSError, KeyError, TypeError) as err:
+        return str(err) or type(err).__name__
+    return None
+
+
 def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *, step: int | None = None,
-              write: bool = True, metadata: dict[str, str] | None = None) -> None:
+              write: bool = True, metadata: dict[str, str] | None = None, dry: bool = False) -> None:
     """Keep exactly the metrics rows, steps.csv rows (and heads.jsonl lines, unless `snapshots` is None)
     a checkpoint knows of: what was logged after the last checkpoint is replayed, and must not be logged twice.
 
@@ -274,7 +291,7 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     with `step` (the checkpoint's), a kept row logged after that step (a row before it was deleted), and kept rows
     other than the checkpoint's record of them (`metadata`, the checkpoint's; default model.safetensors'). `write`
     False: checked only (a finished run, which replays nothing, and after whose last checkpoint nothing is logged: a
-    row past its count is refused)."""
+    row past its count is refused). `dry`: checked only, as a resume would check them."""
     meta = metadata
     if meta is None:
         try:  # a last line without its newline that the checkpoint vouches for is whole
@@ -300,7 +317,7 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
         if problem is not None:
             raise DamagedFile(f"{out / name}: {problem}", "restore it from a copy of the run, or train into a new "
                               "--out (resuming would take its rows as the run's)")
-    if not write:  # a finished run: nothing is replayed, and a user's columns or keys are not rewritten away
+    if not write or dry:  # a finished run: nothing is replayed, and a user's columns or keys are not rewritten away
         return
     atomic_write(out / METRICS_FILE, write_bytes(metrics_text(metrics).encode()))
     atomic_write(out / STEPS_FILE, write_bytes(metrics_text(steps, STEPS_COLUMNS).encode()))

@@ -183,8 +183,14 @@ def unvouched_problem(metadata: dict[str, str], what: str, entries: list[dict[st
     key, noun = ("rows", "row") if what == "metrics" else ("snapshots", "snapshot")
     if UNREAD_KEY not in metadata or record is None or not isinstance(record.get(key), int):
         return None
-    count = record[key]
-    if len(entries) <= count or logs_problem(metadata, what, entries[:count]) is not None:
+    count, each = record[key], record.get("heads_each") if what == "heads" else None
+    if each is not None:  # each snapshot by its own digest: damaged lines skipped before it shift none
+        early = [snapshot_digest(e) for e in entries if e["step"] <= int(metadata["step"])]
+        recorded = iter(each)
+        if len(early) == len(entries) or not all(d in recorded for d in early):  # in the record's order
+            return None
+        count = len(early)
+    elif len(entries) <= count or logs_problem(metadata, what, entries[:count]) is not None:
         return None
     return (f"the file {metadata[UNREAD_KEY]}, and {STATE_FILE}, an earlier checkpoint (step {metadata['step']}), "
             f"vouches for {_many(count, noun)} of the {len(entries)} the {what} log holds: the later ones are the "

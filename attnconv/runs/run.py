@@ -18,7 +18,7 @@ from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
-from attnconv.runs.directory import check_not_replaced
+from attnconv.runs.directory import check_not_replaced, resume_problem
 from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
@@ -130,11 +130,15 @@ class Run:
         later one, do not read: one DamagedFile naming the weights (`runs.logs_record.unvouched_problem`), with the
         fixes that keep the log, not the log's (deleting its rows would lose the run's own)."""
         problem = unvouched_problem(self.logs_metadata, what, entries)
-        if problem is not None:
+        if problem is None:
+            return
+        if resume_problem(self.path, bool(self.heads_per_layer)) is None:  # the resume would take the logs
             raise DamagedFile(f"{self.path / WEIGHTS_FILE}: {problem}",
                               f"restore {WEIGHTS_FILE} from a copy of the run, or continue the run from {STATE_FILE}: "
                               f"`attnconv train --out {self.path} --resume` writes the later "
                               f"{'rows' if what == 'metrics' else 'snapshots'} again")
+        raise DamagedFile(f"{self.path / WEIGHTS_FILE}: {problem}", f"restore {WEIGHTS_FILE} from a copy of the run "
+                          f"(a resume from {STATE_FILE} would refuse the logs it counts, as they are now)")
 
     @functools.cached_property
     def logs_metadata(self) -> dict[str, str]:
