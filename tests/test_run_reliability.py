@@ -1378,17 +1378,21 @@ def test_round_49_logs_beside_an_older_state_and_unread_weights_and_a_finished_r
     shutil.copyfile(older, run / "state.pt")
     damaged = weights.read_bytes().replace(b'"step":"24"', b'"step":"25"', 1)
     assert damaged != weights.read_bytes()
-    for damage in ("metadata", "deleted", "dangling"):
+    for damage in ("metadata", "deleted", "dangling", "directory"):
         weights.unlink(missing_ok=True)
         if damage == "metadata":
             weights.write_bytes(damaged)
         elif damage == "dangling":
             weights.symlink_to(tmp_path / "nowhere")
+        elif damage == "directory":
+            weights.mkdir()
         for read in (lambda r: r.metrics, lambda r: r.heads):
             with pytest.raises(AttnconvError) as err:
                 read(Run(run))
             assert str(err.value).startswith(f"{weights}: the file ") and "--resume" in str(err.value), str(err.value)
             assert "can be deleted" not in str(err.value)
+    assert "is a directory, and state.pt" in str(err.value)
+    weights.rmdir()
     capsys.readouterr()  # the fix it gives works: the run continues from state.pt and ends as before
     assert main(["train", "--out", str(run), "--resume", "--no-progress"]) == 0
     assert [r["test_acc"] for r in Run(run).metrics] == [r["test_acc"] for r in read_metrics_text(sound["metrics.csv"])]

@@ -106,7 +106,8 @@ def checkpoint_logs(run_dir: Path) -> dict[str, str]:
     if not meta:  # no weights, or weights whose header or metadata does not read: a later checkpoint, maybe
         weights = run_dir / WEIGHTS_FILE
         record[UNREAD_KEY] = "is missing" if not os.path.lexists(weights) else \
-            "is a link to nowhere" if not os.path.exists(weights) else "does not read (damaged)"
+            "is a link to nowhere" if not os.path.exists(weights) else "is a directory" if os.path.isdir(weights) \
+            else "is no regular file" if not os.path.isfile(weights) else "does not read (damaged)"
     return record
 
 
