@@ -15,18 +15,24 @@ Estimates are rough (within a small factor); the limits only refuse what clearly
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import os
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from attnconv.errors import AttnconvError, ParameterError
 
-__all__ = ["MAX_PARAMETERS", "AllocationLimit", "check_memory", "format_bytes", "parameter_limit", "physical_memory"]
+__all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "check_memory", "format_bytes", "parameter_limit",
+           "physical_memory", "positive_ints", "shown_value", "whole_number"]
 
 # The largest network attnconv builds. The paper's largest model has 30M parameters; 2e9 float32
 # parameters are 8 GB of weights before gradients and optimizer state.
 MAX_PARAMETERS = 2_000_000_000
+# The largest image side, grid side or count an argument may give: past it, no tensor of it could be allocated.
+MAX_SIDE = 1 << 20
 # Used when the machine's memory cannot be read (os.sysconf missing).
 _FALLBACK_MEMORY = 16 * 2**30
 
@@ -131,3 +137,49 @@ def _factory_shape(func, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
     if not isinstance(shape, (tuple, list, torch.Size)) or not all(isinstance(n, int) for n in shape):
         return None
     return tuple(shape)
+
+
+def shown_value(value: Any) -> str:
+    """An argument's value as one short line says it: a tensor or array by its shape, a long or many-line repr by its
+    type."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, numbers.Number):
+        kind = "tensor" if isinstance(value, torch.Tensor) else {"ndarray": "array"}.get(type(value).__name__,
+                                                                                       type(value).__name__)
+        return f"a {kind} of shape {tuple(shape)}"
+    shown = repr(value)
+    return shown if len(shown) <= 80 and "\n" not in shown else f"a {type(value).__name__}"
+
+
+def _whole(value: Any, least: int, most: int) -> bool:
+    """Whether `value` is a whole number (an int, numpy's, a 0-d integer tensor: what `operator.index` takes; no bool)
+    from `least` to `most`."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool):
+        return False
+    try:
+        return least <= operator.index(value) <= most
+    except TypeError:
+        return False
+
+
+def whole_number(value: Any, name: str, what: str, *, least: int = 1, most: int = MAX_SIDE) -> int:
+    """`value` as a Python int (numpy's integers taken too); one ParameterError naming `name` and `what` it is if it
+    is not a whole number from `least` to `most` (no bool, float, string or tensor)."""
+    if not _whole(value, least, most):
+        raise ParameterError(name, value, f"is invalid: give {what}, a whole number from {least} to {most}",
+                             shown=shown_value(value))
+    return operator.index(value)
+
+
+def positive_ints(values: Any, count: int | None, name: str, what: str, most: int = MAX_SIDE) -> tuple[int, ...]:
+    """`values` as `count` (None: one or more) Python ints (numpy's integers taken too); one AttnconvError naming
+    `name` and `what` they are if they are not so many positive whole numbers, each at most `most`."""
+    try:
+        ok = not isinstance(values, (str, bytes)) and (len(values) == count if count is not None else len(values) >= 1) \
+            and all(_whole(v, 1, most) for v in values)
+    except TypeError:  # no length, or not iterable
+        ok = False
+    if not ok:
+        many = f"{count} positive integers" if count is not None else "one or more positive integers"
+        raise AttnconvError(f"{name} {shown_value(values)} is invalid: give {what}, {many} of at most {most}")
+    return tuple(operator.index(v) for v in values)

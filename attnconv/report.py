@@ -57,6 +57,7 @@ from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file, not_a_folder
+from attnconv.limits import whole_number
 from attnconv.models.sites import NoAttentionLayers, needs_inputs
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import figure_png
@@ -414,8 +415,7 @@ def build_report(
     device: str = "cpu",
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
-    if not isinstance(images, int) or images < 1:
-        raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
+    images = whole_number(images, "images", "a number of test images")
     run_dir = Path(run_dir)
     why = not_a_folder(run_dir)
     if why:

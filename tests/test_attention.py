@@ -482,7 +482,7 @@ def test_bad_constructor_arguments_raise_one_clear_error(kwargs, name):
 @pytest.mark.parametrize("size", [(-1, 3), (3, 0), (3,), (2.5, 3), (True, 3), 5, "ab"])
 def test_attention_probs_rejects_a_bad_size(size):
     layer = SelfAttention2d(4, heads=2)
-    with pytest.raises(AttnconvError, match=r"size must be \(H, W\)"):
+    with pytest.raises(AttnconvError, match=r"size .* is invalid: give the input grid \(H, W\)"):
         layer.attention_probs(size=size)
 
 

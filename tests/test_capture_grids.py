@@ -1548,3 +1548,50 @@ def test_round_50_site_probs_says_why_a_site_was_not_captured():
             with pytest.raises(AttnconvError, match="sa: this attention computation was not captured on these images"):
                 call(torch.rand(2, 1, 28, 28) + 10)
         assert [w.filename for w in said] == [__file__] and "its attention is not captured" in str(said[0].message)
+
+
+def test_round_51_sizes_and_counts_of_the_wrong_kind_and_the_not_captured_error_alone():
+    """Round 51: analyze_layer, effective_kernel and conv_likeness took their size through int() (7.5 read as 7,
+    strings and bools taken, None or a 0-d tensor a traceback, a long list printed whole); whole numbers had no upper
+    bound (10**30 reached torch); a batch_size past the images failed in torch; and the not-captured error of the
+    site functions came with another computation's layout guess, as if it said why."""
+    import torch.nn.functional as F
+
+    from attnconv import SelfAttention2d, analyze_layer, conv_likeness, effective_kernel
+    from attnconv.analysis.heads import head_geometry
+
+    layer = SelfAttention2d(4, 4, heads=4, encoding="quadratic")
+    for call in (lambda s: analyze_layer(layer, s), lambda s: effective_kernel(layer, s),
+                 lambda s: conv_likeness(layer, s), lambda s: head_geometry(layer, s),
+                 lambda s: layer.attention_probs(size=s)):
+        for size in ((7.5, 7), "77", (True, True), (None, 7), torch.tensor(7), [[7, 7]], list(range(100000)),
+                     (10**30, 10**30), (float("nan"), 7)):
+            with pytest.raises(AttnconvError) as err:
+                call(size)
+            assert str(err.value).startswith("size ") and len(str(err.value)) < 300 and "\n" not in str(err.value)
+    assert analyze_layer(layer, (7, 5))["size"] == [7, 5] and effective_kernel(layer, 6, 6).in_size == (6, 6)
+
+    class Aux(nn.Module):  # sa: a site skipped on bright images; an SDPA of learned queries over 12 tokens besides
+        def __init__(self):
+            super().__init__()
+            self.c, self.sa = nn.Conv2d(1, 16, 4, 4), nn.MultiheadAttention(16, 2, batch_first=True)
+            self.p, self.q = nn.Linear(1, 8), nn.Parameter(torch.randn(3, 8))
+
+        def forward(self, x):
+            t = self.c(x).flatten(2).transpose(1, 2)
+            a = self.p(x.flatten(1)[:, :12, None])
+            out = F.scaled_dot_product_attention(self.q.expand(len(x), 3, 8)[:, None], a[:, None], a[:, None]).mean()
+            return out if x.mean() > 5 else out + self.sa(t, t, t, need_weights=False)[0].mean()
+
+    torch.manual_seed(0)
+    model = Aux()
+    with pytest.warns(AttnconvWarning, match="12 tokens"):
+        sites = attention_sites(model, (1, 28, 28))
+    with pytest.raises(AttnconvError, match="input_shape .* of at most"):
+        attention_sites(model, (1, 10**30, 10**30))
+    assert len(site_probs(model, sites, torch.rand(3, 1, 28, 28), batch_size=10**30)[0]) == 2  # all at once
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(AttnconvError, match=re.escape("not captured on these images (it did not run)")):
+            site_probs(model, sites, torch.rand(2, 1, 28, 28) + 10)
+    assert [str(w.message) for w in said] == []

@@ -63,7 +63,8 @@ def _calls(tmp_path):
     run, a_file, taken = tmp_path / "run", tmp_path / "file", tmp_path / "taken"
     run.mkdir(), a_file.write_text("x"), taken.mkdir()
     return [
-        (lambda: build_report(run, images=0), "images 0 is invalid: give a number of test images >= 1", "--images 0"),
+        (lambda: build_report(run, images=0), "images 0 is invalid: give a number of test images, a whole number",
+         "--images 0"),
         (lambda: make_server(None, port=-1), "port -1 is invalid: give a TCP port", "--port -1 is invalid"),
         (lambda: write_report(run, tmp_path / "r.txt"), f"out {tmp_path / 'r.txt'}: give a file name ending in .html",
          f"--out {tmp_path / 'r.txt'}:"),

@@ -1496,3 +1496,23 @@ def test_round_50_unread_weights_beside_damaged_or_deleted_logs_and_eval_warning
             assert main(["eval", str(out), "--allow-data-change"]) == code
         err = capsys.readouterr().err
         assert err.startswith(said) and err.count("\n") == (1 if said else 0), err
+
+
+def test_round_51_a_runs_image_counts_of_the_wrong_kind(data_dir, tmp_path):  # noqa: F811
+    """Round 51: a Run's image counts were checked only against 1 (1.5 and True read as one image, a string, NaN or
+    None a traceback), and the explorer refused a numpy integer as if it were not a count."""
+    from attnconv.analysis import analyze_run
+    from attnconv.errors import ParameterError
+    from attnconv.explorer.server import Explorer
+    from attnconv.runs import Run
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir)) == 0
+    r = Run(run)
+    for bad in (1.5, True, "3", None, float("nan"), float("inf"), [1], 0, 10**30):
+        for call in (r.test_sample, r.site_probs, lambda n: analyze_run(run, n), lambda n: Explorer(run, images=n)) + (
+                (r.test_images,) if bad is not None else ()):
+            with pytest.raises(ParameterError) as err:
+                call(bad)
+            assert err.value.name == "images" and "\n" not in str(err.value), str(err.value)
+    assert len(r.test_images(np.int64(3))[0]) == 3 and Explorer(run, images=np.int64(4)) is not None

@@ -6,6 +6,7 @@ See the `attnconv.analysis` package docstring for the definitions.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -16,8 +17,8 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
+from attnconv.limits import positive_ints
 from attnconv.models.capture import CapturedAttention
-from attnconv.models.capture_numbers import positive_ints
 from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
 
@@ -27,12 +28,10 @@ UNIFORM_ENTROPY = 0.98
 
 
 def _size(size: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(size, int):
+    """(H, W) from `size`, one side for a square too; one AttnconvError naming `size` for anything else."""
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
         size = (size, size)
-    size = tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) < 1:
-        raise AttnconvError(f"size must be (H, W) with positive sides, got {size}")
-    return size
+    return positive_ints(size, 2, "size", "the layer's input grid (H, W)")
 
 
 def _grid(size: Sequence[int]) -> Tensor:

@@ -23,7 +23,6 @@ Both keep every probability's expectation.
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 import torch.nn as nn
@@ -33,6 +32,7 @@ from torch import Tensor
 from attnconv import ops
 from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
+from attnconv.limits import positive_ints
 from attnconv.ops.autocast import at_least_float32, float32_scores
 from attnconv.positional import ENCODINGS, build_encoding, check_pos_init
 
@@ -389,12 +389,7 @@ class SelfAttention2d(nn.Module):
             raise AttnconvError("give the input x, or size=(H, W) for a position-only layer")
         if not self.position_only:
             raise AttnconvError("a content-attention layer needs the input x to compute its attention")
-        try:
-            H, W = (operator.index(n) for n in size) if not any(isinstance(n, bool) for n in size) else (0, 0)
-        except (TypeError, ValueError):  # not a pair of integers
-            H = W = 0
-        if H < 1 or W < 1:
-            raise AttnconvError(f"size must be (H, W), two positive integers, got {size!r}")
+        H, W = positive_ints(size, 2, "size", "the input grid (H, W)")
         return None, H, W
 
     def value_maps(self) -> tuple[Tensor, Tensor]:

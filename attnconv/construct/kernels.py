@@ -19,18 +19,16 @@ from torch import Tensor, nn
 
 from attnconv.construct.geometry import MAX_DENSE, grid_points
 from attnconv.errors import AttnconvError
+from attnconv.limits import positive_ints
 
 __all__ = ["ConvLikeness", "EffectiveKernel", "conv_likeness", "effective_kernel"]
 
 
 def _as_size(size: Sequence[Any]) -> tuple[int, ...]:
     """effective_kernel(layer, 8, 8) and effective_kernel(layer, (8, 8)) both mean (8, 8)."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
-        size = tuple(size[0])
-    size = tuple(int(s) for s in size)
-    if not size or min(size) < 1:
-        raise AttnconvError(f"size must be one or more positive integers, got {size}")
-    return size
+    if len(size) == 1 and not isinstance(size[0], (int, str, bytes)) and hasattr(size[0], "__len__"):
+        size = size[0]  # effective_kernel(layer, (8, 8)); a tensor or array too, its items checked
+    return positive_ints(size, None, "size", "the layer's input grid")
 
 
 @dataclass(repr=False)
@@ -214,15 +212,15 @@ def conv_likeness(
     if isinstance(layer_or_kernel, EffectiveKernel):
         ek = layer_or_kernel
         if size is not None:
-            want = (size,) * len(ek.in_size) if isinstance(size, int) else _as_size(size)
+            want = _as_size((size,) * len(ek.in_size) if isinstance(size, int) else (size,))
             if want != ek.in_size:
-                raise AttnconvError(f"size {size} does not match the effective kernel's input size {ek.in_size}")
+                raise AttnconvError(f"size {want} does not match the effective kernel's input size {ek.in_size}")
     else:
         if size is None:
             raise AttnconvError("conv_likeness needs the input size for a layer")
-        if isinstance(size, int):
+        if isinstance(size, int) and not isinstance(size, bool):
             size = (size,) * getattr(layer_or_kernel, "ndim", 2)
-        ek = effective_kernel(layer_or_kernel, tuple(size))
+        ek = effective_kernel(layer_or_kernel, size)
     if kernel_size < 1:
         raise AttnconvError(f"kernel_size must be positive, got {kernel_size}")
 

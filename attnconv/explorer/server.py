@@ -73,6 +73,7 @@ import torch
 
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
+from attnconv.limits import whole_number
 from attnconv.models.sites import query_on_site, site_inputs, site_maps, site_terms
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
@@ -113,8 +114,7 @@ class Explorer:
         dataset: str | None = None,
         device: str = "cpu",
     ):
-        if not isinstance(images, int) or images < 1:
-            raise ParameterError("images", images, "is invalid: give a number of test images >= 1")
+        images = whole_number(images, "images", "a number of test images")
         self.run_dir = Path(run_dir)
         why = not_a_folder(self.run_dir)
         if why:

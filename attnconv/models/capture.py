@@ -396,10 +396,12 @@ class _Capture(TorchFunctionMode):
                 f"{format_bytes(self.total)}, more than max_bytes {format_bytes(self.max_bytes)}; give smaller "
                 "images (fewer tokens) or a larger max_bytes")
 
-    def warn(self, message: str) -> None:
+    def warn(self, message: str, guess: bool = False) -> None:
         """An AttnconvWarning at the line that asked for the pass (its caller's frame outside attnconv), not a line of
         the model's forward or of attnconv, so that each call site of a notebook or script shows its own."""
-        self.deferred.append(caller_warning(self.caller, message))
+        say = caller_warning(self.caller, message)
+        say.guess = guess  # a layout guessed (`reading`), not why a computation was not captured
+        self.deferred.append(say)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,
                 entries: int, trailing: int | None = None) -> tuple[int, tuple[int, int]] | None:
@@ -417,7 +419,7 @@ class _Capture(TorchFunctionMode):
             reading, said = guess_layout(count, self.aspect, entries, self.images)
         if said is not None and said not in self.guessed:
             self.guessed.add(said)
-            self.warn(f"{where or '(model)'}: {said}")
+            self.warn(f"{where or '(model)'}: {said}", guess=True)
         return reading
 
     def _inside_owner(self) -> bool:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
+from attnconv.limits import positive_ints
 
 
 def check_images(images: object, grid: Sequence[int] | None) -> None:
@@ -228,21 +229,6 @@ def whole_bytes(max_bytes: object) -> int:
             or max_bytes == math.inf or max_bytes != int(max_bytes):
         raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
     return int(max_bytes)
-
-
-def positive_ints(values: Any, count: int, name: str, what: str) -> tuple[int, ...]:
-    """`values` as `count` Python ints (numpy's integers taken too); one AttnconvError naming `name` and `what`
-    they are if they are not `count` positive whole numbers."""
-    try:
-        ok = len(values) == count and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1
-                                          for v in values)
-    except TypeError:
-        ok = False
-    if not ok:
-        shown = f"a tensor of shape {tuple(values.shape)}" if isinstance(values, torch.Tensor) else repr(values)
-        shown = shown if len(shown) <= 80 and "\n" not in shown else f"a {type(values).__name__}"
-        raise AttnconvError(f"{name} {shown} is invalid: give {what}, {count} positive integers")
-    return tuple(int(v) for v in values)
 
 
 def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:

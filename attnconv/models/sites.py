@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError, caller_warning, user_frame
+from attnconv.limits import positive_ints, shown_value
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -36,7 +37,7 @@ from attnconv.models.capture import (
     first_input,
     native_layer,
 )
-from attnconv.models.capture_numbers import check_grid, check_leading, check_native_probs, check_values, positive_ints
+from attnconv.models.capture_numbers import check_grid, check_leading, check_native_probs, check_values
 from attnconv.modes import eval_mode
 
 # Images per forward pass when averaging content attention (keeps (B, heads, T_out, T_in) small).
@@ -283,10 +284,11 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
     for i in _captured(sites):
         key = _capture_key(sites[i].layer)
         if key not in by_key:
-            for say in said:
+            why = [say for say in said if not getattr(say, "guess", False)]  # not the layouts guessed of the others
+            for say in why:
                 say()
             raise AttnconvError(f"{sites[i].path}: this attention computation was not captured on these images (it "
-                                "did not run" + (", or ran as capture cannot record: see the warnings said)" if said
+                                "did not run" + (", or ran as capture cannot record: see the warnings said)" if why
                                                  else ")"))
         r, size, found = by_key[key], tuple(sites[i].size), getattr(sites[i].layer, "image_size", None)
         if found is not None and tuple(x.shape[-2:]) != tuple(found):  # a grid of as many tokens may be another
@@ -334,7 +336,7 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
     if term not in TERMS:
         raise AttnconvError(f"term must be one of {', '.join(TERMS)}, got {term!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise AttnconvError(f"batch_size {batch_size!r} is invalid: give a whole number of images >= 1")
+        raise AttnconvError(f"batch_size {shown_value(batch_size)} is invalid: give a whole number of images >= 1")
     batch_size = int(batch_size)  # numpy's integers too
     exact = [site.layer.attention_probs(size=site.size)[0].float() if site.position_only else None for site in sites]
     for site, probs in zip(sites, exact):
@@ -350,7 +352,7 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
     captured = _captured(sites)
     native = [i for i in range(len(sites)) if i not in captured]
     sums: list[Tensor | float] = [0.0] * len(sites)
-    for batch in x.split(batch_size):
+    for batch in x.split(max(1, min(batch_size, len(x)))):  # more than the images: all at once
         if native:
             inputs = site_inputs(model, [sites[i] for i in native], batch)
             for i, inp in zip(native, inputs):

@@ -16,6 +16,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
+from attnconv.limits import whole_number
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.directory import check_not_replaced, resume_problem
@@ -249,8 +250,7 @@ class Run:
     def test_sample(self, count: int) -> list[int]:
         """The indices of the `count` test images the commands show and average over (all if fewer):
         spread over the classes with a fixed seed (`runs.run_data.sample_across_classes`), in pick order."""
-        if count < 1:
-            raise ParameterError("images", count, "is invalid: give a number of test images >= 1")
+        count = whole_number(count, "images", "a number of test images")
         return sample_across_classes(self.test_set.labels, count)
 
     def test_images(self, count: int | None = None, *, index: int | None = None,
@@ -258,9 +258,8 @@ class Run:
         """Test images: (raw uint8 (N, C, H, W), normalized float32 on `device`, default the run's):
         `count` of them sampled across the classes (`test_sample`), all of them in order (no count),
         or the single image `index` (its place in the test set)."""
+        count = None if count is None else whole_number(count, "images", "a number of test images")
         test = self.test_set
-        if count is not None and count < 1:
-            raise ParameterError("images", count, "is invalid: give a number of test images >= 1")
         if index is not None:
             if not 0 <= index < len(test):
                 raise ParameterError("image", index, f"is out of range: the {self.config.dataset} test set has "
@@ -279,6 +278,7 @@ class Run:
 
     def site_probs(self, images: int = 100, *, term: str = "combined") -> tuple[list[torch.Tensor], int]:
         """Each site's probabilities (`site_probs`) and how many test images they average (0: exact)."""
+        images = whole_number(images, "images", "a number of test images")
         x = self.test_images(images)[1] if needs_inputs(self.sites) else None
         return site_probs(self.model, self.sites, x, term=term), 0 if x is None else len(x)
 
