@@ -5,11 +5,12 @@ It subclasses ValueError so library callers can catch it as the usual type. A `P
 names the bad argument by its parameter, which the CLI shows as its flag.
 """
 
+import contextlib
 import functools
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 
@@ -81,6 +82,23 @@ def _restore(cls: type, args: tuple, state: dict) -> BaseException:
 class AttnconvWarning(UserWarning):
     """Something a command worked around and says so (a damaged line skipped); the CLI prints it as one
     `warning:` line."""
+
+
+@contextlib.contextmanager
+def warnings_ignored(*categories: type[Warning]) -> Iterator[None]:
+    """Warnings of `categories` (default: all) ignored inside, as `catch_warnings()` with `simplefilter("ignore")`
+    would, but without resetting every module's once-per-line registry (which `catch_warnings` does on entry and
+    exit: reading a run twice would have said the user's own warnings again). The filters added are taken out
+    however the block ends."""
+    added = [("ignore", None, category, None, 0) for category in categories or (Warning,)]
+    warnings.filters[:0] = added  # in place: the warnings module reads this list at every warning
+    try:
+        yield
+    finally:
+        for entry in added:
+            at = next((i for i, f in enumerate(warnings.filters) if f is entry), None)
+            if at is not None:
+                del warnings.filters[at]
 
 
 def user_frame() -> FrameType | None:

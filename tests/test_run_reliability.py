@@ -1516,3 +1516,31 @@ def test_round_51_a_runs_image_counts_of_the_wrong_kind(data_dir, tmp_path):  # 
                 call(bad)
             assert err.value.name == "images" and "\n" not in str(err.value), str(err.value)
     assert len(r.test_images(np.int64(3))[0]) == 3 and Explorer(run, images=np.int64(4)) is not None
+
+
+def test_round_51_a_deleted_counted_snapshot_beside_unread_weights_and_reading_keeps_the_registries(
+        data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """Round 51: beside missing weights and an older state.pt, a heads.jsonl snapshot that state.pt counts, deleted,
+    still had the weights named (the snapshots had only to come in the record's order); and reading a run reset every
+    module's once-per-line warning registry (catch_warnings around torch.load), so under `default` a Run's warning,
+    and the user's own, came again at one line on every call."""
+    import warnings
+
+    from attnconv.runs import Run
+
+    run, older = _finished_with_first_state(tmp_path, data_dir, monkeypatch)
+    lines = (run / "heads.jsonl").read_text().splitlines()
+    (run / "heads.jsonl").write_text("\n".join(lines) + "\njunk{\n")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            Run(run).heads  # noqa: B018 - one call site: its warning once
+            warnings.warn("the user's own", UserWarning, stacklevel=1)
+    assert sorted(str(w.message).split(": ")[-1][:7] for w in said) == ["skipped", "the use"], [str(w.message)
+                                                                                               for w in said]
+    (run / "model.safetensors").unlink()
+    shutil.copyfile(older, run / "state.pt")
+    (run / "heads.jsonl").write_text("\n".join([lines[0], *lines[2:]]) + "\n")  # a snapshot state.pt counts, deleted
+    with pytest.raises(AttnconvError) as err:
+        Run(run).heads  # noqa: B018
+    assert str(err.value).startswith(f"{run / 'heads.jsonl'}: "), str(err.value)

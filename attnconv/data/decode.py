@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import warnings
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, warnings_ignored
 from attnconv.fileio import open_regular
 
 # What torchvision's ImageFolder accepts, plus GIF (first frame).
@@ -52,9 +51,7 @@ def quiet() -> Iterator[None]:
     Filters are process-wide, so a pool of decoding threads is wrapped once, around the pool.
     """
     Image, _ = _pil()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+    with warnings_ignored(UserWarning, Image.DecompressionBombWarning):  # the user's once-per-line registries kept
         yield
 
 

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import re
-import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from safetensors.torch import save
 from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.info import builtin_info
-from attnconv.errors import AttnconvError, DamagedFile
+from attnconv.errors import AttnconvError, DamagedFile, warnings_ignored
 from attnconv.fileio import (
     RUN_FILE_NAMES,
     Unreadable,
@@ -191,8 +190,8 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     fix = STATE_MOVE_FIX if path.is_symlink() or (path.exists() and not path.is_file()) else STATE_FIX
     try:
-        with open_regular(path, fix) as f, warnings.catch_warnings():  # a FIFO would block: refused first
-            warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol of a foreign file
+        # A FIFO would block: refused first. Warnings ignored: e.g. torch's note on the pickle protocol of a foreign file.
+        with open_regular(path, fix) as f, warnings_ignored():
             state = torch.load(f, map_location="cpu", weights_only=True)
             f.seek(0)
             changed = _changed_record(f)  # torch reads without checking its own CRCs
@@ -231,8 +230,7 @@ def state_head(path: Path) -> dict[str, Any] | None:
     try:
         with open_regular(path, "") as f, zipfile.ZipFile(f) as archive:  # a FIFO would block: refused first
             archive.read(next(i.filename for i in archive.infolist() if i.filename.endswith("/data.pkl")))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings_ignored():
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         if _state_problem(state) is not None:
             return None

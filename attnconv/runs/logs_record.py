@@ -175,11 +175,13 @@ def logs_problem(metadata: dict[str, str], what: str, entries: list[dict[str, An
     return None
 
 
-def unvouched_problem(metadata: dict[str, str], what: str, entries: list[dict[str, Any]]) -> str | None:
+def unvouched_problem(metadata: dict[str, str], what: str, entries: list[dict[str, Any]], skipped: int = 0
+                      ) -> str | None:
     """Where `metadata` is state.pt's record beside weights that could not be read (`checkpoint_logs`' UNREAD_KEY:
     missing, a link to nowhere, damaged: a later checkpoint, maybe) and the log `what` holds the entries it counts
     and more: words naming the weights, which alone could vouch for the later entries (not the log, which may be
-    sound); else None."""
+    sound); else None. `skipped`: damaged lines left out of `entries`, which may be snapshots it counts (a line
+    deleted is not: the log is then named)."""
     record = _recorded(metadata)
     key, noun = ("rows", "row") if what == "metrics" else ("snapshots", "snapshot")
     if UNREAD_KEY not in metadata or record is None or not isinstance(record.get(key), int):
@@ -188,8 +190,8 @@ def unvouched_problem(metadata: dict[str, str], what: str, entries: list[dict[st
     if each is not None:  # each snapshot by its own digest: damaged lines skipped before it shift none
         early = [snapshot_digest(e) for e in entries if e["step"] <= int(metadata["step"])]
         recorded = iter(each)
-        if len(early) == len(entries) or not all(d in recorded for d in early):  # in the record's order
-            return None
+        if len(early) == len(entries) or len(early) + skipped < count or not all(d in recorded for d in early):
+            return None  # all its own, in the record's order, but those damaged
         count = len(early)
     elif len(entries) <= count or logs_problem(metadata, what, entries[:count]) is not None:
         return None

@@ -126,11 +126,11 @@ class Run:
             self.check_vouched(what, entries)
             raise DamagedFile(f"{self.path / name}: {problem}", fix)
 
-    def check_vouched(self, what: str, entries: list[dict[str, Any]]) -> None:
+    def check_vouched(self, what: str, entries: list[dict[str, Any]], skipped: int = 0) -> None:
         """Where a log holds more than the earlier checkpoint (state.pt) vouches for, and the weights, which may be a
         later one, do not read: one DamagedFile naming the weights (`runs.logs_record.unvouched_problem`), with the
         fixes that keep the log, not the log's (deleting its rows would lose the run's own)."""
-        problem = unvouched_problem(self.logs_metadata, what, entries)
+        problem = unvouched_problem(self.logs_metadata, what, entries, skipped)
         if problem is None:
             return
         if resume_problem(self.path, bool(self.heads_per_layer)) is None:  # the resume would take the logs
@@ -159,7 +159,7 @@ class Run:
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
                               "is damaged)", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         if problem is not None:  # each sound line must be a snapshot the checkpoint recorded: one error, no warning
-            self.check_vouched("heads", records)
+            self.check_vouched("heads", records, len(skipped))
             raise DamagedFile(f"{self.path / HEADS_FILE}: {problem}", log_fix(HEADS_LOST, hint=_FINAL_HEADS))
         self.check_heads_fit(records)  # before the warning: a file refused is one error
         if skipped:
