@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from attnconv.errors import AttnconvError, ParameterError
 
 __all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "check_memory", "format_bytes", "parameter_limit",
-           "physical_memory", "positive_ints", "shown_value", "whole_number"]
+           "is_whole", "physical_memory", "positive_ints", "shown_value", "whole_number"]
 
 # The largest network attnconv builds. The paper's largest model has 30M parameters; 2e9 float32
 # parameters are 8 GB of weights before gradients and optimizer state.
@@ -146,40 +146,49 @@ def shown_value(value: Any) -> str:
     if shape is not None and not isinstance(value, numbers.Number):
         kind = "tensor" if isinstance(value, torch.Tensor) else {"ndarray": "array"}.get(type(value).__name__,
                                                                                        type(value).__name__)
-        return f"a {kind} of shape {tuple(shape)}"
+        return f"{_article(kind)} {kind} of shape {tuple(shape)}"
     shown = repr(value)
-    return shown if len(shown) <= 80 and "\n" not in shown else f"a {type(value).__name__}"
+    return shown if len(shown) <= 80 and "\n" not in shown else f"{_article(type(value).__name__)} {type(value).__name__}"
 
 
-def _whole(value: Any, least: int, most: int) -> bool:
+def _article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"
+
+
+def is_whole(value: Any, least: float = -math.inf, most: float = math.inf) -> bool:
     """Whether `value` is a whole number (an int, numpy's, a 0-d integer tensor: what `operator.index` takes; no bool)
     from `least` to `most`."""
     if isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool):
         return False
     try:
         return least <= operator.index(value) <= most
-    except TypeError:
+    except Exception:  # noqa: BLE001 - not a whole number (a meta tensor, which has no value, raises RuntimeError)
         return False
 
 
-def whole_number(value: Any, name: str, what: str, *, least: int = 1, most: int = MAX_SIDE) -> int:
+_whole = is_whole
+
+
+def whole_number(value: Any, name: str, what: str, *, least: int = 1, most: float = MAX_SIDE) -> int:
     """`value` as a Python int (numpy's integers taken too); one ParameterError naming `name` and `what` it is if it
     is not a whole number from `least` to `most` (no bool, float, string or tensor)."""
     if not _whole(value, least, most):
-        raise ParameterError(name, value, f"is invalid: give {what}, a whole number from {least} to {most}",
-                             shown=shown_value(value))
+        upto = f"from {least} to {most}" if most != math.inf else f">= {least}"
+        raise ParameterError(name, value, f"is invalid: give {what}, a whole number {upto}", shown=shown_value(value))
     return operator.index(value)
 
 
-def positive_ints(values: Any, count: int | None, name: str, what: str, most: int = MAX_SIDE) -> tuple[int, ...]:
+def positive_ints(values: Any, count: int | None, name: str, what: str, most: int = MAX_SIDE, least: int = 1
+                  ) -> tuple[int, ...]:
     """`values` as `count` (None: one or more) Python ints (numpy's integers taken too); one AttnconvError naming
-    `name` and `what` they are if they are not so many positive whole numbers, each at most `most`."""
+    `name` and `what` they are if they are not so many whole numbers from `least` (default: positive) to `most`."""
     try:
         ok = not isinstance(values, (str, bytes)) and (len(values) == count if count is not None else len(values) >= 1) \
-            and all(_whole(v, 1, most) for v in values)
-    except TypeError:  # no length, or not iterable
+            and all(_whole(v, least, most) for v in values)
+    except Exception:  # noqa: BLE001 - no length, or not iterable (a 0-d or meta tensor raises its own kinds)
         ok = False
     if not ok:
-        many = f"{count} positive integers" if count is not None else "one or more positive integers"
+        kind = "positive integers" if least == 1 else f"whole numbers >= {least}"
+        many = f"{count} {kind}" if count is not None else f"one or more {kind}"
         raise AttnconvError(f"{name} {shown_value(values)} is invalid: give {what}, {many} of at most {most}")
     return tuple(operator.index(v) for v in values)

@@ -1564,7 +1564,7 @@ def test_round_51_sizes_and_counts_of_the_wrong_kind_and_the_not_captured_error_
     for call in (lambda s: analyze_layer(layer, s), lambda s: effective_kernel(layer, s),
                  lambda s: conv_likeness(layer, s), lambda s: head_geometry(layer, s),
                  lambda s: layer.attention_probs(size=s)):
-        for size in ((7.5, 7), "77", (True, True), (None, 7), torch.tensor(7), [[7, 7]], list(range(100000)),
+        for size in ((7.5, 7), "77", (True, True), (None, 7), torch.tensor(7.0), [[7, 7]], list(range(100000)),
                      (10**30, 10**30), (float("nan"), 7)):
             with pytest.raises(AttnconvError) as err:
                 call(size)
@@ -1595,3 +1595,32 @@ def test_round_51_sizes_and_counts_of_the_wrong_kind_and_the_not_captured_error_
         with pytest.raises(AttnconvError, match=re.escape("not captured on these images (it did not run)")):
             site_probs(model, sites, torch.rand(2, 1, 28, 28) + 10)
     assert [str(w.message) for w in said] == []
+
+
+def test_round_52_every_size_and_count_through_the_one_check():
+    """Round 52: arguments that skipped the one check (conv_likeness' kernel_size, SelfAttention2d's sizes,
+    ConvAttention's and SelfAttention2d's size methods, EffectiveKernel.at, leading=) took 7.5 as 7, True as 1 or gave
+    tracebacks; numpy's and 0-d integer tensors given as one number were refused; a meta tensor, or a size the check
+    passed but no machine holds, gave torch's own traceback."""
+    import numpy as np
+
+    from attnconv import SelfAttention2d, analyze_layer, conv_likeness, conv_to_attention, effective_kernel
+
+    layer = SelfAttention2d(np.int64(4), heads=np.int64(4))
+    assert isinstance(layer.heads, int) and analyze_layer(layer, torch.tensor(6))["size"] == [6, 6]
+    assert conv_likeness(layer, np.int64(6), kernel_size=np.uint8(3)).distance == conv_likeness(layer, 6).distance
+    ek = effective_kernel(layer, 6, 6)
+    assert torch.equal(ek.at(np.int64(3)), ek.at(torch.tensor(3)))
+    conv = conv_to_attention(nn.Conv2d(2, 2, 3, padding=1))
+    for call, name in ((lambda v: conv_likeness(layer, 6, kernel_size=v), "kernel_size"),
+                       (lambda v: SelfAttention2d(4, heads=v), "heads"),
+                       (lambda v: conv.attention_probs(size=(6, v)), "size"), (lambda v: layer.output_size((v, 8)), "size"),
+                       (lambda v: ek.at((1, v)), "query"), (lambda v: analyze_layer(layer, (6, v)), "size")):
+        for v in (7.5, True, "3", None, float("nan"), 10**30, torch.tensor(3, device="meta")):
+            with pytest.raises(AttnconvError, match=name) as err:
+                call(v)
+            assert "\n" not in str(err.value) and len(str(err.value)) < 300
+    with pytest.raises(AttnconvError, match="needs about .* of memory"):
+        layer.attention_probs(size=(6, 2**20))
+    with pytest.raises(AttnconvError, match=r"leading an array of shape \(100,\)"):
+        capture_attention(layer, torch.rand(1, 4, 6, 6), grid=(6, 6), leading=np.arange(100))

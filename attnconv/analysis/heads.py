@@ -6,7 +6,6 @@ See the `attnconv.analysis` package docstring for the definitions.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +16,7 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
-from attnconv.limits import positive_ints
+from attnconv.limits import is_whole, positive_ints
 from attnconv.models.capture import CapturedAttention
 from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
@@ -29,7 +28,7 @@ UNIFORM_ENTROPY = 0.98
 
 def _size(size: int | Sequence[int]) -> tuple[int, int]:
     """(H, W) from `size`, one side for a square too; one AttnconvError naming `size` for anything else."""
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+    if is_whole(size):
         size = (size, size)
     return positive_ints(size, 2, "size", "the layer's input grid (H, W)")
 

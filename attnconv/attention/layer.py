@@ -23,6 +23,7 @@ Both keep every probability's expectation.
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 import torch.nn as nn
@@ -32,7 +33,7 @@ from torch import Tensor
 from attnconv import ops
 from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
-from attnconv.limits import positive_ints
+from attnconv.limits import MAX_SIDE, check_memory, is_whole, positive_ints, shown_value
 from attnconv.ops.autocast import at_least_float32, float32_scores
 from attnconv.positional import ENCODINGS, build_encoding, check_pos_init
 
@@ -100,8 +101,11 @@ class SelfAttention2d(nn.Module):
         sizes = {"in_channels": in_channels, "out_channels": out_channels, "heads": heads, "max_size": max_size,
                  "stride": stride,
                  **{name: v for name, v in optional.items() if v is not None}}
-        for name, v in sizes.items():
+        for name, v in sizes.items():  # numpy's integers taken, as Python ints
             _check_positive_int(name, v)
+        in_channels, out_channels, heads, max_size, stride = (operator.index(sizes[k]) for k in (
+            "in_channels", "out_channels", "heads", "max_size", "stride"))
+        head_dim, key_dim, pos_dim = (None if v is None else operator.index(v) for v in (head_dim, key_dim, pos_dim))
         if encoding not in ENCODINGS:
             raise AttnconvError(f"unknown encoding {encoding!r}; choose one of: {', '.join(ENCODINGS)}")
         if value not in VALUE_MODES:
@@ -220,10 +224,11 @@ class SelfAttention2d(nn.Module):
 
     def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
         """The output's (H, W) for an input of (H, W): ceil(side / stride)."""
-        return tuple(-(-int(n) // self.stride) for n in size)
+        return tuple(-(-n // self.stride) for n in positive_ints(size, 2, "size", "the input grid (H, W)"))
 
     def query_positions(self, size: tuple[int, int]) -> Tensor:
         """(T_out, 2) int64: the input-grid position of each output pixel's query, row-major."""
+        size = positive_ints(size, 2, "size", "the input grid (H, W)")
         rows = torch.arange(0, size[0], self.stride)
         cols = torch.arange(0, size[1], self.stride)
         return torch.cartesian_prod(rows, cols)
@@ -361,6 +366,9 @@ class SelfAttention2d(nn.Module):
         x is (B, C_in, H, W); position-only layers accept `size=(H, W)` instead.
         """
         x_tokens, H, W = self._analysis_input(x, size)
+        # (B, heads, T, T) float32 per term, and as much again for the softmax: refused before any is allocated
+        check_memory(16 * (1 if x is None else len(x)) * self.heads * float(H * W) ** 2,
+                     f"the attention of {H}x{W} tokens", "give a smaller size (or fewer images)")
         scores = self._scores(x_tokens, H, W)
         if self.stride != 1:  # the strided queries' rows only: (B or 1, heads, T_out, T)
             rows = self.query_positions((H, W))
@@ -409,5 +417,6 @@ class SelfAttention2d(nn.Module):
 
 
 def _check_positive_int(name: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise AttnconvError(f"SelfAttention2d: {name} must be a positive integer, got {v!r}")
+    if not is_whole(v, 1, MAX_SIDE):
+        raise AttnconvError(f"SelfAttention2d: {name} must be a positive integer of at most {MAX_SIDE}, got "
+                            f"{shown_value(v)}")

@@ -29,16 +29,17 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _PLOT_FORMATS = (".png", ".svg", ".pdf")
 
 
-def _int_list(minimum: int):
-    """argparse type: "3" or "3,5,3" -> [3] / [3, 5, 3], every entry >= minimum."""
+def _int_list(minimum: int, maximum: int | None = None):
+    """argparse type: "3" or "3,5,3" -> [3] / [3, 5, 3], every entry >= minimum (and <= maximum)."""
 
     def parse(text: str) -> list[int]:
         try:
             values = [int(v) for v in text.split(",")]
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list, got {text!r}") from None
-        if min(values) < minimum:
-            raise argparse.ArgumentTypeError(f"expected integers >= {minimum}, got {text!r}") from None
+        if min(values) < minimum or maximum is not None and max(values) > maximum:
+            within = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"expected integers {within}, got {text!r}") from None
         return values
 
     return parse
@@ -80,7 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("--kernel", type=_int_list(1), default=[3], metavar="K[,K..]", help="kernel size (per axis)")
     p.add_argument("--in-channels", type=_positive_int, default=4, metavar="C")
     p.add_argument("--out-channels", type=_positive_int, default=4, metavar="C")
-    p.add_argument("--stride", type=_int_list(1), default=[1], metavar="S[,S..]")
+    p.add_argument("--stride", type=_int_list(1, 8192), default=[1], metavar="S[,S..]")  # past any --size
     p.add_argument(
         "--padding",
         type=_padding,

@@ -25,6 +25,7 @@ from attnconv.construct.geometry import (
     source_index,
 )
 from attnconv.errors import AttnconvError
+from attnconv.limits import positive_ints
 from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
 __all__ = ["ConvAttention"]
@@ -158,9 +159,7 @@ class ConvAttention(nn.Module):
 
     def output_size(self, size: Sequence[int]) -> tuple[int, ...]:
         """Output spatial size for an input of spatial `size`; AttnconvError where the conv fails."""
-        size = tuple(int(s) for s in size)
-        if len(size) != self.ndim:
-            raise AttnconvError(f"expected a {self.ndim}-d spatial size, got {size}")
+        size = positive_ints(size, self.ndim, "size", f"the {self.ndim}-d spatial size of the input")
         out = []
         for a, n in enumerate(size):
             lo, hi = self.padding[a]
@@ -286,7 +285,7 @@ class ConvAttention(nn.Module):
             if not isinstance(x, Tensor):
                 raise AttnconvError("give the input x (B, C_in, *S) or size=(its spatial size)")
             size = x.shape[-self.ndim :]
-        return tuple(int(s) for s in size)
+        return positive_ints(size, self.ndim, "size", f"the {self.ndim}-d spatial size of the input")
 
     def _check_position_scores(self, size: Sequence[int]) -> None:
         """Refuse dense scores too large to hold (one entry per head, query and padded key)."""

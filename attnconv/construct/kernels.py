@@ -10,6 +10,7 @@ Works for any module with `attention_probs(size=...)` and `value_maps()` (`ConvA
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,14 +20,14 @@ from torch import Tensor, nn
 
 from attnconv.construct.geometry import MAX_DENSE, grid_points
 from attnconv.errors import AttnconvError
-from attnconv.limits import positive_ints
+from attnconv.limits import is_whole, positive_ints, whole_number
 
 __all__ = ["ConvLikeness", "EffectiveKernel", "conv_likeness", "effective_kernel"]
 
 
 def _as_size(size: Sequence[Any]) -> tuple[int, ...]:
     """effective_kernel(layer, 8, 8) and effective_kernel(layer, (8, 8)) both mean (8, 8)."""
-    if len(size) == 1 and not isinstance(size[0], (int, str, bytes)) and hasattr(size[0], "__len__"):
+    if len(size) == 1 and not is_whole(size[0]) and not isinstance(size[0], (str, bytes)) and hasattr(size[0], "__len__"):
         size = size[0]  # effective_kernel(layer, (8, 8)); a tensor or array too, its items checked
     return positive_ints(size, None, "size", "the layer's input grid")
 
@@ -57,13 +58,14 @@ class EffectiveKernel:
                 f"out_size={tuple(self.out_size)})")
 
     def _query(self, query: int | Sequence[int]) -> int:
-        if isinstance(query, int):
-            t_out = math.prod(self.out_size)
+        if is_whole(query):
+            t_out, query = math.prod(self.out_size), operator.index(query)
             if not -t_out <= query < t_out:
                 raise AttnconvError(f"query index {query} out of range for {t_out} output pixels")
             return query % t_out
-        query = tuple(int(i) for i in query)
-        if len(query) != len(self.out_size) or any(not 0 <= i < n for i, n in zip(query, self.out_size)):
+        query = positive_ints(query, len(self.out_size), "query", "an output pixel's flat index or coordinates",
+                              least=0)
+        if any(not 0 <= i < n for i, n in zip(query, self.out_size)):
             raise AttnconvError(f"query {query} is not a pixel of the output grid {self.out_size}")
         flat = 0
         for i, n in zip(query, self.out_size):
@@ -212,17 +214,16 @@ def conv_likeness(
     if isinstance(layer_or_kernel, EffectiveKernel):
         ek = layer_or_kernel
         if size is not None:
-            want = _as_size((size,) * len(ek.in_size) if isinstance(size, int) else (size,))
+            want = _as_size((size,) * len(ek.in_size) if is_whole(size) else (size,))
             if want != ek.in_size:
                 raise AttnconvError(f"size {want} does not match the effective kernel's input size {ek.in_size}")
     else:
         if size is None:
             raise AttnconvError("conv_likeness needs the input size for a layer")
-        if isinstance(size, int) and not isinstance(size, bool):
+        if is_whole(size):
             size = (size,) * getattr(layer_or_kernel, "ndim", 2)
         ek = effective_kernel(layer_or_kernel, size)
-    if kernel_size < 1:
-        raise AttnconvError(f"kernel_size must be positive, got {kernel_size}")
+    kernel_size = whole_number(kernel_size, "kernel_size", "the compared convolution's kernel size")
 
     p = ek.probs.double()  # (heads, T_out, T_in)
     maps = ek.maps.double()  # (heads, C_out, C_in)

@@ -400,7 +400,7 @@ class _Capture(TorchFunctionMode):
         """An AttnconvWarning at the line that asked for the pass (its caller's frame outside attnconv), not a line of
         the model's forward or of attnconv, so that each call site of a notebook or script shows its own."""
         say = caller_warning(self.caller, message)
-        say.guess = guess  # a layout guessed (`reading`), not why a computation was not captured
+        say.guess, say.text = guess, message  # a layout guessed (`reading`), not why a computation was not captured
         self.deferred.append(say)
 
     def reading(self, count: int, grid: tuple[int, int] | None, leading: int | None, where: str,

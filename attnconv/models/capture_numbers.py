@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
-from attnconv.limits import positive_ints
+from attnconv.limits import MAX_SIDE, is_whole, positive_ints, shown_value
 
 
 def check_images(images: object, grid: Sequence[int] | None) -> None:
@@ -226,8 +227,8 @@ def row_pieces(rows: int, per_row: int) -> list[tuple[int, int]]:
 def whole_bytes(max_bytes: object) -> int:
     """`max_bytes` as an int, or one AttnconvError: a positive whole number of bytes."""
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
-            or max_bytes == math.inf or max_bytes != int(max_bytes):
-        raise AttnconvError(f"max_bytes {max_bytes!r} is invalid: give a positive whole number of bytes")
+            or max_bytes == math.inf or max_bytes != int(max_bytes):  # 1e12 taken: a number of bytes, often written so
+        raise AttnconvError(f"max_bytes {shown_value(max_bytes)} is invalid: give a positive whole number of bytes")
     return int(max_bytes)
 
 
@@ -240,10 +241,10 @@ def check_leading(leading: Any, grid: tuple[int, int] | None, name: str = "leadi
     """`leading` (or `trailing`, as `name` says) as a Python int, or None: a whole number >= 0, given with a grid."""
     if leading is None:
         return None
-    if isinstance(leading, bool) or not isinstance(leading, numbers.Integral) or not 0 <= leading:
+    if not is_whole(leading, 0, MAX_SIDE):
         where = "before" if name == "leading" else "after"
-        raise AttnconvError(f"{name} {leading!r} is invalid: give how many tokens come {where} the image positions, "
-                            "a whole number >= 0")
+        raise AttnconvError(f"{name} {shown_value(leading)} is invalid: give how many tokens come {where} the image "
+                            f"positions, a whole number from 0 to {MAX_SIDE}")
     if grid is None:
         raise AttnconvError(f"{name}= places the image positions of a grid: give grid=(H, W) with it")
-    return int(leading)
+    return operator.index(leading)

@@ -16,7 +16,7 @@ Every site's layer follows the `AttentionLayer` protocol.
 from __future__ import annotations
 
 import contextlib
-import numbers
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError, caller_warning, user_frame
-from attnconv.limits import positive_ints, shown_value
+from attnconv.limits import check_memory, positive_ints, whole_number
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -140,6 +140,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     # from the images' own only where there is more than one image; one for a model that takes one image a call.
     # Two fixed draws, in 0.1 to 0.9 (no constant image, which per-image scaling or a log would turn into NaN):
     # tokens the same for both are not the images' own.
+    check_memory(16 * math.prod(input_shape), f"probe images of shape {tuple(input_shape)}", "give the input shape the "
+                 "model takes (C, H, W)")  # two float32 draws, and as much again for the model's first layer
     draw = torch.rand(2, *input_shape, generator=torch.Generator().manual_seed(0)) * 0.8 + 0.1
     probe = draw.to(device=param.device if param is not None else "cpu",
                     dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
@@ -284,7 +286,8 @@ def _captured_records(model: nn.Module, sites: Sequence[AttentionSite], x: Tenso
     for i in _captured(sites):
         key = _capture_key(sites[i].layer)
         if key not in by_key:
-            why = [say for say in said if not getattr(say, "guess", False)]  # not the layouts guessed of the others
+            why = list({say.text: say for say in said if not say.guess  # not layouts guessed; of this site; once each
+                        and say.text.startswith(f"{sites[i].layer.path or '(model)'}:")}.values())
             for say in why:
                 say()
             raise AttnconvError(f"{sites[i].path}: this attention computation was not captured on these images (it "
@@ -335,9 +338,7 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
     """
     if term not in TERMS:
         raise AttnconvError(f"term must be one of {', '.join(TERMS)}, got {term!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
-        raise AttnconvError(f"batch_size {shown_value(batch_size)} is invalid: give a whole number of images >= 1")
-    batch_size = int(batch_size)  # numpy's integers too
+    batch_size = whole_number(batch_size, "batch_size", "a number of images", most=math.inf)  # past them: all
     exact = [site.layer.attention_probs(size=site.size)[0].float() if site.position_only else None for site in sites]
     for site, probs in zip(sites, exact):
         if probs is not None:

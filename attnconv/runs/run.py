@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
-from attnconv.limits import whole_number
+from attnconv.limits import is_whole, shown_value, whole_number
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.directory import check_not_replaced, resume_problem
@@ -261,6 +262,10 @@ class Run:
         count = None if count is None else whole_number(count, "images", "a number of test images")
         test = self.test_set
         if index is not None:
+            if not is_whole(index):
+                raise ParameterError("image", index, "is invalid: give an image's place in the test set, a whole number",
+                                     shown=shown_value(index))
+            index = operator.index(index)
             if not 0 <= index < len(test):
                 raise ParameterError("image", index, f"is out of range: the {self.config.dataset} test set has "
                                      f"{len(test)} images (0..{len(test) - 1})")
