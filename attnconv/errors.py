@@ -8,6 +8,7 @@ names the bad argument by its parameter, which the CLI shows as its flag.
 import contextlib
 import functools
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -84,21 +85,35 @@ class AttnconvWarning(UserWarning):
     `warning:` line."""
 
 
+# The modules the notes `warnings_ignored` quiets are said from (torch's and Pillow's, or attnconv's line calling them):
+# filters are process-wide, and another thread's own warnings meanwhile must still be said.
+_QUIETED = re.compile(r"(torch|PIL|attnconv)(\.|$)")
+
+
 @contextlib.contextmanager
 def warnings_ignored(*categories: type[Warning]) -> Iterator[None]:
-    """Warnings of `categories` (default: all) ignored inside, as `catch_warnings()` with `simplefilter("ignore")`
-    would, but without resetting every module's once-per-line registry (which `catch_warnings` does on entry and
-    exit: reading a run twice would have said the user's own warnings again). The filters added are taken out
-    however the block ends."""
-    added = [("ignore", None, category, None, 0) for category in categories or (Warning,)]
-    warnings.filters[:0] = added  # in place: the warnings module reads this list at every warning
+    """Warnings of `categories` (default: all) said from torch, Pillow or attnconv ignored inside, as `catch_warnings()`
+    with `simplefilter("ignore")` would, but without resetting every module's once-per-line registry (which
+    `catch_warnings` does on entry and exit: reading a run twice would have said the user's own warnings again), and
+    without hiding other modules' warnings (another thread's). The filters added are taken out however the block ends,
+    from the list they went into and from the one in use then (another thread's `catch_warnings` may have swapped it),
+    a Ctrl-C during that included."""
+    added = [("ignore", None, category, _QUIETED, 0) for category in categories or (Warning,)]
+    into = warnings.filters
+    into[:0] = added  # in place: the warnings module reads this list at every warning
     try:
         yield
     finally:
-        for entry in added:
-            at = next((i for i, f in enumerate(warnings.filters) if f is entry), None)
-            if at is not None:
-                del warnings.filters[at]
+        try:
+            _take_out(added, into)
+        except KeyboardInterrupt:
+            _take_out(added, into)
+            raise
+
+
+def _take_out(added: list, into: list) -> None:
+    for filters in (into, warnings.filters):
+        filters[:] = [f for f in filters if not any(f is entry for entry in added)]
 
 
 def user_frame() -> FrameType | None:

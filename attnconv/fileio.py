@@ -194,10 +194,12 @@ def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
         if not stat.S_ISREG(mode):
             raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+    # From here the file object owns fd: a Ctrl-C inside fdopen must not close it here too, or the object would close
+    # the number again when collected, by then another file's ("Bad file descriptor" on a sound file, later).
+    return os.fdopen(fd, "rb")
 
 
 def read_regular(path: str | os.PathLike, fix: str) -> bytes:

@@ -1544,3 +1544,70 @@ def test_round_51_a_deleted_counted_snapshot_beside_unread_weights_and_reading_k
     with pytest.raises(AttnconvError) as err:
         Run(run).heads  # noqa: B018
     assert str(err.value).startswith(f"{run / 'heads.jsonl'}: "), str(err.value)
+
+
+def test_round_52_a_run_read_amid_other_threads_and_interrupts_leaves_no_filter_and_hides_no_warning(
+        data_dir, tmp_path):  # noqa: F811
+    """Round 52: the filter that quiets torch's notes while a run is read ignored every warning of the process, so
+    another thread's own warnings were lost meanwhile, and a thread's catch_warnings restoring the filters (or a
+    Ctrl-C in the clean-up) left it in place for good; a Run's image index was not checked (a float a traceback,
+    tensor(True) read as image 1)."""
+    import threading
+    import warnings
+
+    from attnconv.errors import ParameterError, warnings_ignored
+    from attnconv.runs import Run
+
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir)) == 0
+    before = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        stop = threading.Event()
+
+        def reader():
+            while not stop.is_set():
+                Run(run).logs_metadata  # noqa: B018 - state.pt read (torch.load) under warnings_ignored
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        for i in range(200):
+            warnings.warn(f"the user's own {i}", UserWarning, stacklevel=1)
+        stop.set()
+        thread.join()
+    assert len([w for w in said if "the user's own" in str(w.message)]) == 200
+    quiet, other = warnings_ignored(), warnings.catch_warnings()  # another thread's catch_warnings, interleaved
+    quiet.__enter__()
+    other.__enter__()  # saves the list holding the filter added, and swaps in a copy
+    quiet.__exit__(None, None, None)
+    other.__exit__(None, None, None)  # puts the saved list back
+    assert list(warnings.filters) == before
+    r = Run(run)
+    for bad in (1.5, "1", torch.tensor(True), None.__class__):
+        with pytest.raises(ParameterError, match="index .* is invalid: give an image's place in the test set"):
+            r.test_images(index=bad)
+
+
+def test_round_52_a_ctrl_c_as_a_file_is_opened_closes_its_descriptor_once(tmp_path, monkeypatch):
+    """Round 52: a Ctrl-C landing as `open_regular` handed its descriptor to the file object had it closed twice (by
+    hand, then by the object when collected, by then another file's number): a later read of a sound run failed
+    with "Bad file descriptor"."""
+    import gc
+
+    from attnconv import fileio
+
+    (tmp_path / "a").write_bytes(b"a" * 10)
+    (tmp_path / "b").write_bytes(b"b" * 10)
+    fdopen = os.fdopen
+
+    def interrupted(fd, *args):
+        fdopen(fd, *args)  # the object owns fd now (and is dropped: collected below)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fileio.os, "fdopen", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.open_regular(tmp_path / "a", "")
+    monkeypatch.undo()
+    with open(tmp_path / "b", "rb") as g:  # likely the number the first file had
+        gc.collect()
+        assert g.read() == b"b" * 10

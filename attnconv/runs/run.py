@@ -263,12 +263,12 @@ class Run:
         test = self.test_set
         if index is not None:
             if not is_whole(index):
-                raise ParameterError("image", index, "is invalid: give an image's place in the test set, a whole number",
-                                     shown=shown_value(index))
+                raise ParameterError("index", index, "is invalid: give an image's place in the test set, a whole "
+                                     "number", shown=shown_value(index), flags={"index": "image"})
             index = operator.index(index)
             if not 0 <= index < len(test):
-                raise ParameterError("image", index, f"is out of range: the {self.config.dataset} test set has "
-                                     f"{len(test)} images (0..{len(test) - 1})")
+                raise ParameterError("index", index, f"is out of range: the {self.config.dataset} test set has "
+                                     f"{len(test)} images (0..{len(test) - 1})", flags={"index": "image"})
             raw = test.images[index : index + 1]
         elif count is not None:
             raw = test.images[torch.tensor(self.test_sample(count), dtype=torch.int64)]
