@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import operator
 import types
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attnconv.errors import ParameterError
+from attnconv.limits import is_whole
 
 
 class FieldError(ParameterError):
@@ -70,7 +72,7 @@ def flag_name(f: dataclasses.Field) -> str:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return is_whole(x)  # numpy's integers and 0-d integer tensors too, stored as Python ints (`check_fields`)
 
 
 def _scalar(hint: Any) -> Any:
@@ -129,7 +131,10 @@ def check_fields(obj: Any, names: Iterable[str] | None = None) -> None:
     wanted = None if names is None else set(names)
     for f in option_fields(type(obj)):
         if wanted is None or f.name in wanted:
-            check_value(f, getattr(obj, f.name), hints[f.name])
+            value = getattr(obj, f.name)
+            check_value(f, value, hints[f.name])
+            if _scalar(hints[f.name]) is int and value is not None and type(value) is not int:
+                object.__setattr__(obj, f.name, operator.index(value))  # as config.json can hold it
 
 
 def field_ranges(*classes: type) -> dict[str, tuple[float, float]]:

@@ -1624,3 +1624,34 @@ def test_round_52_every_size_and_count_through_the_one_check():
         layer.attention_probs(size=(6, 2**20))
     with pytest.raises(AttnconvError, match=r"leading an array of shape \(100,\)"):
         capture_attention(layer, torch.rand(1, 4, 6, 6), grid=(6, 6), leading=np.arange(100))
+
+
+def test_round_53_configs_converters_grids_plots_and_bounds_take_numbers_through_the_one_check():
+    """Round 53: build_model's and make_config's whole-number fields and the converters' key_dim refused numpy's
+    integers; grid_points, analyze_sites' images, default_alpha's and leakage_bound's ndim, and the plots' sizes and
+    counts (maps_figure, spread_epochs, head_colors) took 7.5 or True, or gave tracebacks."""
+    import numpy as np
+
+    import attnconv as ac
+    from attnconv import models as M
+    from attnconv.analysis.grid import grid_points
+    from attnconv.construct.bound import default_alpha, leakage_bound
+    from attnconv.plots.figures import head_colors, maps_figure, spread_epochs
+
+    config = ac.make_config(preset="fmnist-sa-quadratic", epochs=np.int64(3))
+    assert type(config.epochs) is int and config.epochs == 3
+    assert M.build_model("sa-quadratic", hidden=np.int64(36)) is not None
+    layer = ac.conv_to_attention(nn.Conv2d(2, 2, 3, padding=1), learnable=True, key_dim=np.int64(4))
+    assert layer is not None
+    probs = [torch.softmax(torch.randn(2, 16, 16), -1)]
+    for call, name in ((grid_points, "kernel"), (lambda v: analyze_sites([], [], images=v), "images"),
+                       (lambda v: default_alpha(torch.float32, v), "ndim"), (lambda v: leakage_bound(20.0, v), "ndim"),
+                       (lambda v: spread_epochs(range(10), v), "count"), (head_colors, "n"),
+                       (lambda v: maps_figure(probs, (4, 4), (1, 1), v), "zoom"),
+                       (lambda v: maps_figure(probs, (4, 4), (1, v), 3), "query")):
+        for v in (7.5, True, "3", None, float("nan"), 10**30):
+            with pytest.raises(AttnconvError, match=name) as err:
+                call(v)
+            assert "\n" not in str(err.value)
+    with pytest.raises(AttnconvError, match="query"):
+        maps_figure(probs, (4, 4), (-1, 1), 3)  # it wrapped to the last row

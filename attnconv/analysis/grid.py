@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnconv.errors import AttnconvError
+from attnconv.limits import whole_number
 
 
 def assignment(cost: np.ndarray) -> list[tuple[int, int]]:
@@ -69,6 +70,7 @@ def assignment(cost: np.ndarray) -> list[tuple[int, int]]:
 
 def grid_points(kernel: int) -> np.ndarray:
     """The K x K shifts (row, col) of a zero-padded K x K conv: (K^2, 2), row-major."""
+    kernel = whole_number(kernel, "kernel", "the compared convolution's kernel size", most=99)
     r = np.arange(kernel) - kernel // 2
     return np.stack(np.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2).astype(float)
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
-from attnconv.limits import is_whole, positive_ints
+from attnconv.limits import is_whole, positive_ints, whole_number
 from attnconv.models.capture import CapturedAttention
 from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
@@ -285,6 +285,7 @@ def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: in
     some layer has content attention. The result's "size" is the common grid, or None when the
     layers see different grids (a converted CNN). Layers are numbered from 1 ("layer"), heads too.
     """
+    images = whole_number(images, "images", "how many test images the probabilities average (0: exact)", least=0)
     results = []
     for i, (site, p) in enumerate(zip(sites, probs)):
         r = {"layer": i + 1, "path": site.path, **analyze_layer(site.layer, site.size, probs=p)}

@@ -11,6 +11,7 @@ import math
 import torch
 
 from attnconv.errors import AttnconvError
+from attnconv.limits import whole_number
 
 __all__ = ["default_alpha", "leakage_bound"]
 
@@ -38,6 +39,7 @@ def leakage_bound(alpha: float, ndim: int) -> float:
     keys keep tiny (or underflowed, exactly 0) weights, and 0 * inf is NaN, so a single
     NaN or inf input value reaches every output of its image (see `ConvAttention`).
     """
+    ndim = whole_number(ndim, "ndim", "the number of spatial axes", most=3)
     if not alpha > 0:
         raise AttnconvError(f"alpha must be positive, got {alpha}")
     s = 2.0 * math.exp(-alpha) / -math.expm1(-3.0 * alpha)
@@ -56,6 +58,7 @@ def default_alpha(dtype: torch.dtype, ndim: int) -> float:
     bfloat16 -> 9.7 (for ndim = 2). A larger alpha is never worse numerically: scores are
     <= 0 with the maximum at 0, so exp only underflows to 0.
     """
+    ndim = whole_number(ndim, "ndim", "the number of spatial axes", most=3)
     eps = torch.finfo(dtype).eps
     target = eps / 32.0  # lambda <= eps / 32  <=>  2 lambda <= eps / 16
     lo, hi = 0.0, 200.0

@@ -158,7 +158,7 @@ def conv_to_attention(
         )
     weight = conv.weight.detach()  # (C_out, C_in / groups, *K)
     ndim = weight.dim() - 2
-    check_key_dim(key_dim, learnable)
+    key_dim = check_key_dim(key_dim, learnable)
     extra = {"key_dim": key_dim} if learnable else {}
     layer = (LearnableConvAttention if learnable else ConvAttention)(
         conv.in_channels,

@@ -4,6 +4,7 @@ optional content attention (one scaled-dot-product attention over the padded gri
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.geometry import MAX_DENSE, grid_points
 from attnconv.errors import AttnconvError
+from attnconv.limits import MAX_SIDE, is_whole, shown_value
 from attnconv.ops.autocast import float32_scores
 from attnconv.ops.scores import content_scores
 
@@ -32,12 +34,15 @@ class _HeadPositions(nn.Module):
                                                  device=centers.device))  # (heads,)
 
 
-def check_key_dim(key_dim: Any, learnable: bool) -> None:
-    """The content attention option of `conv_to_attention` / `cnn_to_attention`: an int >= 0, > 0 only if learnable."""
-    if not isinstance(key_dim, int) or isinstance(key_dim, bool) or key_dim < 0:
-        raise AttnconvError(f"key_dim must be an integer >= 0 (0: no content attention), got {key_dim!r}")
+def check_key_dim(key_dim: Any, learnable: bool) -> int:
+    """The content attention option of `conv_to_attention` / `cnn_to_attention`: an int >= 0 (numpy's and 0-d integer
+    tensors taken, as Python ints), > 0 only if learnable."""
+    if not is_whole(key_dim, 0, MAX_SIDE):
+        raise AttnconvError(f"key_dim must be an integer from 0 to {MAX_SIDE} (0: no content attention), got "
+                            f"{shown_value(key_dim)}")
     if key_dim and not learnable:
         raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
+    return operator.index(key_dim)
 
 
 def pad_for_fused_sdpa(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -103,7 +108,7 @@ class LearnableConvAttention(ConvAttention):
 
     def __init__(self, *args: Any, key_dim: int = 0, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        check_key_dim(key_dim, learnable=True)
+        key_dim = check_key_dim(key_dim, learnable=True)
         factory = {"device": self.out_weight.device, "dtype": self.out_weight.dtype}
         self.positions = _HeadPositions(ConvAttention.centers.fget(self).to(**factory), self.alpha)
         self.key_dim = key_dim

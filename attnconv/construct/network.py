@@ -125,7 +125,7 @@ def cnn_to_attention(
                             "is one); convert the module it wraps (its _orig_mod) first, then compile the result")
     if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
         raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
-    check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
+    key_dim = check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
     example = _example_args(example_input)
     converted = copy.deepcopy(model)
     paths = _module_paths(converted)  # id -> first path (the one named_modules gives)

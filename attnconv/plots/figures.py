@@ -16,6 +16,7 @@ import numpy as np
 from torch import Tensor
 
 from attnconv.errors import AttnconvError, ParameterError
+from attnconv.limits import positive_ints, whole_number
 from attnconv.tables import significant
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
@@ -71,6 +72,7 @@ def figure_writer(fig, fmt: str, dpi: int = 150) -> Callable[[Path], None]:
 def head_colors(n: int) -> list:
     from matplotlib import colormaps
 
+    n = whole_number(n, "n", "a number of heads", least=0)
     cmap = colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "hsv"]
     return [cmap(i % cmap.N) if n <= 20 else cmap(i / n) for i in range(n)]
 
@@ -233,6 +235,7 @@ def snapshot_geometry(heads: list[dict[str, Any]]) -> dict[str, Any]:
 
 def spread_epochs(available: Sequence[int], count: int = 5) -> list[int]:
     """Up to `count` of the recorded epochs, denser early (where heads move most): 0, 1, 2, 5, 12 of 0..12."""
+    count = whole_number(count, "count", "how many epochs to show")
     available = sorted(set(available))
     if len(available) <= count:
         return available
@@ -447,6 +450,12 @@ def maps_figure(
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
+    size = positive_ints(size, 2, "size", "the token grid (H, W)")
+    query = positive_ints(query, 2, "query", "the query token's (row, col) on the grid", least=0)
+    zoom, downsample = whole_number(zoom, "zoom", "the window's side"), whole_number(downsample, "downsample",
+                                                                                      "image pixels per token side")
+    if any(q >= n for q, n in zip(query, size)):
+        raise ParameterError("query", query, f"is not a token of the {size[0]}x{size[1]} grid")
     if windows is None:
         windows = [crop_map(p, size, query, zoom) for p in probs]
         full = [p[:, query[0] * size[1] + query[1]].double().cpu().reshape(-1, *size).numpy() for p in probs]
