@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -87,7 +88,8 @@ class AttnconvWarning(UserWarning):
 
 # The modules the notes `warnings_ignored` quiets are said from (torch's and Pillow's, or attnconv's line calling them):
 # filters are process-wide, and another thread's own warnings meanwhile must still be said.
-_QUIETED = re.compile(r"(torch|PIL|attnconv)(\.|$)")
+_QUIETED = re.compile(r"(torch|PIL)(\.|$)|attnconv\.(runs\.files|data\.\w+)$")  # where torch.load, Pillow are called
+_FILTERS_LOCK = threading.Lock()  # threads adding and taking out these filters at once
 
 
 @contextlib.contextmanager
@@ -99,8 +101,9 @@ def warnings_ignored(*categories: type[Warning]) -> Iterator[None]:
     from the list they went into and from the one in use then (another thread's `catch_warnings` may have swapped it),
     a Ctrl-C during that included."""
     added = [("ignore", None, category, _QUIETED, 0) for category in categories or (Warning,)]
-    into = warnings.filters
-    into[:0] = added  # in place: the warnings module reads this list at every warning
+    with _FILTERS_LOCK:
+        into = warnings.filters
+        into[:0] = added  # in place: the warnings module reads this list at every warning
     try:
         yield
     finally:
@@ -112,8 +115,12 @@ def warnings_ignored(*categories: type[Warning]) -> Iterator[None]:
 
 
 def _take_out(added: list, into: list) -> None:
-    for filters in (into, warnings.filters):
-        filters[:] = [f for f in filters if not any(f is entry for entry in added)]
+    with _FILTERS_LOCK:  # each entry deleted where it is, by identity: no list rebuilt from a snapshot
+        for filters in (into, warnings.filters):
+            for entry in added:
+                at = next((i for i, f in enumerate(filters) if f is entry), None)
+                if at is not None:
+                    del filters[at]
 
 
 def user_frame() -> FrameType | None:

@@ -1611,3 +1611,31 @@ def test_round_52_a_ctrl_c_as_a_file_is_opened_closes_its_descriptor_once(tmp_pa
     with open(tmp_path / "b", "rb") as g:  # likely the number the first file had
         gc.collect()
         assert g.read() == b"b" * 10
+
+
+def test_round_53_a_quieted_notes_only_a_runs_top_and_a_flags_range_in_whole_numbers(
+        data_dir, tmp_path, capsys):  # noqa: F811
+    """Round 53: the filter quieting torch's and Pillow's notes hid every warning said from an attnconv module meanwhile
+    (eval's line, in another thread); Run.predict's `top` skipped the one check (0 gave empty answers, 1.5 torch's
+    traceback); a flag's range was printed with %g (2**20 as 1.04858e+06, above the real bound)."""
+    import warnings
+
+    from attnconv.errors import ParameterError, warnings_ignored
+    from attnconv.runs import Run
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with warnings_ignored():
+            warnings.warn_explicit("eval's line", UserWarning, "x.py", 1, module="attnconv.cli.evaluate")
+            warnings.warn_explicit("torch's note", UserWarning, "y.py", 1, module="torch.serialization")
+    assert [str(w.message) for w in said] == ["eval's line"]
+    run = tmp_path / "run"
+    assert main(tiny_args(run, data_dir)) == 0
+    r = Run(run)
+    raw = r.test_images(1)[0]
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(ParameterError, match="top"):
+            r.predict(raw, top=bad)
+    capsys.readouterr()
+    assert main(["analyze", str(run), "--images", str(2**20 + 4)]) == 2
+    assert "from 1 to 1048576" in capsys.readouterr().err

@@ -101,7 +101,8 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         if not (math.isfinite(value) and lo <= value <= hi):
             flag = action.option_strings[-1] if action.option_strings else action.dest
             kind = "a whole number" if action.type is int else "a number"
-            raise AttnconvError(f"{flag} {value} is out of range: give {kind} from {lo:g} to {hi:g}")
+            low, high = (str(int(n)) if action.type is int and float(n).is_integer() else f"{n:g}" for n in (lo, hi))
+            raise AttnconvError(f"{flag} {value} is out of range: give {kind} from {low} to {high}")
     if getattr(args, "device", None) is not None:
         from attnconv.precision import check_device
 

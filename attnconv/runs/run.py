@@ -314,6 +314,7 @@ class Run:
     @torch.no_grad()
     def predict(self, images: Sequence[str | os.PathLike] | torch.Tensor, top: int = 1) -> list[list[tuple[str, float]]]:
         """The `top` most probable classes of each image, as (class name, probability), best first."""
+        top = whole_number(top, "top", "how many classes to give for each image")
         data = self.meta.get("data") or data_fingerprint(self.info)
         classes = list(data["classes"])
         probs = self.model(self.transform(images)).float().softmax(-1).cpu()
