@@ -182,20 +182,22 @@ def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
     (missing, unreadable) are the OSError of `open`, for the caller to word.
     """
     path = Path(path)
+    fd = -1  # set in the same try as the checks after it: a Ctrl-C just as os.open returns still closes it
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
             raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except PermissionError:  # a sound file this user may not read: the fix is the permission, not `fix`
-        raise Unreadable(f"{path}: {permission_words(path)}; {PERMISSION_FIX}") from None
-    try:
+        with interrupts_held():  # a Ctrl-C as os.open returns is raised only once fd is held here, to be closed
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise DamagedFile(f"{path} is {file_kind(mode)}, not a regular file", fix)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    except BaseException:
-        os.close(fd)
+    except BaseException as err:
+        if fd >= 0:
+            os.close(fd)
+        if isinstance(err, PermissionError):  # a sound file this user may not read: the fix is the permission
+            raise Unreadable(f"{path}: {permission_words(path)}; {PERMISSION_FIX}") from None
         raise
     # From here the file object owns fd: a Ctrl-C inside fdopen must not close it here too, or the object would close
     # the number again when collected, by then another file's ("Bad file descriptor" on a sound file, later).

@@ -1639,3 +1639,27 @@ def test_round_53_a_quieted_notes_only_a_runs_top_and_a_flags_range_in_whole_num
     capsys.readouterr()
     assert main(["analyze", str(run), "--images", str(2**20 + 4)]) == 2
     assert "from 1 to 1048576" in capsys.readouterr().err
+
+
+def test_round_53_a_ctrl_c_as_a_file_is_opened_leaks_no_descriptor(tmp_path, monkeypatch):
+    """Round 53: a Ctrl-C landing just as `open_regular`'s os.open returned left the descriptor open for good (never
+    stored, so never closed): reading a run again and again under interrupts leaked ever more of them."""
+    import signal
+
+    from attnconv import fileio
+
+    (tmp_path / "a").write_bytes(b"a")
+    real = os.open
+
+    def interrupted(*args, **kwargs):
+        fd = real(*args, **kwargs)
+        signal.raise_signal(signal.SIGINT)  # its handler runs as the call returns
+        return fd
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(fileio.os, "open", interrupted)
+    for _ in range(20):
+        with pytest.raises(KeyboardInterrupt):
+            fileio.read_regular(tmp_path / "a", "")
+    monkeypatch.undo()
+    assert len(os.listdir("/proc/self/fd")) == before
