@@ -38,7 +38,7 @@ def check_key_dim(key_dim: Any, learnable: bool) -> int:
     """The content attention option of `conv_to_attention` / `cnn_to_attention`: an int >= 0 (numpy's and 0-d integer
     tensors taken, as Python ints), > 0 only if learnable."""
     if not is_whole(key_dim, 0, MAX_SIDE):
-        raise AttnconvError(f"key_dim must be an integer from 0 to {MAX_SIDE} (0: no content attention), got "
+        raise AttnconvError(f"key_dim must be an integer >= 0 and at most {MAX_SIDE} (0: no content attention), got "
                             f"{shown_value(key_dim)}")
     if key_dim and not learnable:
         raise AttnconvError("content attention (key_dim > 0) is trained: pass learnable=True with it")
