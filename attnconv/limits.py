@@ -166,13 +166,11 @@ def is_whole(value: Any, least: float = -math.inf, most: float = math.inf) -> bo
         return False
 
 
-_whole = is_whole
-
 
 def whole_number(value: Any, name: str, what: str, *, least: int = 1, most: float = MAX_SIDE) -> int:
     """`value` as a Python int (numpy's integers taken too); one ParameterError naming `name` and `what` it is if it
     is not a whole number from `least` to `most` (no bool, float, string or tensor)."""
-    if not _whole(value, least, most):
+    if not is_whole(value, least, most):
         upto = f"from {least} to {most}" if most != math.inf else f">= {least}"
         raise ParameterError(name, value, f"is invalid: give {what}, a whole number {upto}", shown=shown_value(value))
     return operator.index(value)
@@ -184,7 +182,7 @@ def positive_ints(values: Any, count: int | None, name: str, what: str, most: in
     `name` and `what` they are if they are not so many whole numbers from `least` (default: positive) to `most`."""
     try:
         ok = not isinstance(values, (str, bytes)) and (len(values) == count if count is not None else len(values) >= 1) \
-            and all(_whole(v, least, most) for v in values)
+            and all(is_whole(v, least, most) for v in values)
     except Exception:  # noqa: BLE001 - no length, or not iterable (a 0-d or meta tensor raises its own kinds)
         ok = False
     if not ok:

@@ -44,7 +44,7 @@ from attnconv.runs.files import (
 )
 from attnconv.runs.heads_file import heads_line, read_heads
 from attnconv.runs.logs_file import metrics_text, read_metrics, read_steps
-from attnconv.runs.logs_record import LOGS_KEY, judged_heads, logs_problem, with_last_line
+from attnconv.runs.logs_record import judged_heads, logs_problem, state_logs, with_last_line
 from attnconv.runs.record import recorded_metadata
 
 # --overwrite keeps the old run here, inside the run directory, until the new run's first checkpoint
@@ -272,8 +272,8 @@ def resume_problem(out: Path, heads: bool) -> str | None:
     try:
         head = state_head(out / STATE_FILE)
         progress = head["progress"]
-        meta = {LOGS_KEY: head["logs"], "step": str(progress["step"]), "epoch": str(progress["epoch"])} \
-            if isinstance(head.get("logs"), str) else recorded_metadata(out / WEIGHTS_FILE)
+        meta = state_logs(head["logs"], progress["epoch"], progress["step"]) if isinstance(head.get("logs"), str) \
+            else recorded_metadata(out / WEIGHTS_FILE)
         trim_logs(out, progress["rows"], progress["snapshots"] if heads else None, progress.get("step_rows", 0),
                   step=progress["step"], write=not progress.get("finished"), metadata=meta, dry=True)
     except (AttnconvError, OSError, KeyError, TypeError) as err:

@@ -102,13 +102,19 @@ def checkpoint_logs(run_dir: Path) -> dict[str, str]:
             return meta  # another run's state.pt (another seed's) vouches for nothing here
     except AttnconvError:  # config.json's own reader says what is wrong with it
         return meta
-    record = {LOGS_KEY: head["logs"], "epoch": str(head["progress"]["epoch"]), "step": str(head["progress"]["step"])}
+    record = state_logs(head["logs"], head["progress"]["epoch"], head["progress"]["step"])
     if not meta:  # no weights, or weights whose header or metadata does not read: a later checkpoint, maybe
         weights = run_dir / WEIGHTS_FILE
         record[UNREAD_KEY] = "is missing" if not os.path.lexists(weights) else \
             "is a link to nowhere" if not os.path.exists(weights) else "is a directory" if os.path.isdir(weights) \
             else "is no regular file" if not os.path.isfile(weights) else "does not read (damaged)"
     return record
+
+
+def state_logs(logs: str, epoch: int, step: int) -> dict[str, str]:
+    """state.pt's record of the logs (its "logs") as a checkpoint's metadata holds it, with the checkpoint's epoch and
+    step: what `logs_problem` and the other readers of a record take."""
+    return {LOGS_KEY: logs, "epoch": str(epoch), "step": str(step)}
 
 
 def recorded_finished(metadata: dict[str, str]) -> bool:

@@ -60,6 +60,7 @@ from attnconv.runs.logs_record import (
     logs_problem,
     logs_record,
     recorded_finished,
+    state_logs,
     with_last_line,
 )
 from attnconv.runs.record import record_problem, recorded_metadata, recorded_step, state_record_problem
@@ -281,7 +282,7 @@ class Checkpointer:
         """What vouches for the logs a resume keeps: the restored state.pt's record of them (the checkpoint itself,
         its CRC-32s checked), else model.safetensors' metadata (a state.pt written before it kept one)."""
         if self.logs is not None:
-            return {LOGS_KEY: self.logs, "epoch": str(progress.epoch), "step": str(progress.step)}
+            return state_logs(self.logs, progress.epoch, progress.step)
         try:
             return recorded_metadata(self.out / WEIGHTS_FILE)
         except AttnconvError:  # weights this user may not read: they vouch for nothing here
