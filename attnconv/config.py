@@ -18,6 +18,7 @@ from typing import Any
 from attnconv import data as D
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
+from attnconv.limits import as_real, plain_number
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
@@ -124,10 +125,15 @@ class TrainConfig:
         """FieldError for the first field out of its range or choices (milestones and init_from included):
         what `validate` checks apart from this machine (the device, the data folder, the model list)."""
         check_fields(self)
-        if not (all(isinstance(m, (int, float)) and 0 < m < 1 for m in self.milestones)
-                and list(self.milestones) == sorted(self.milestones)):
-            raise FieldError("milestones", ",".join(map(str, self.milestones)),
+        fractions = [as_real(m) for m in self.milestones] \
+            if isinstance(self.milestones, (tuple, list)) else [None]
+        if not (all(m is not None and 0 < m < 1 for m in fractions) and fractions == sorted(fractions)):
+            raise FieldError("milestones", self.milestones,
                              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
+        object.__setattr__(self, "milestones", tuple(fractions))  # Python floats, as config.json holds them
+        if not isinstance(self.model_overrides, dict):
+            raise FieldError("model_overrides", self.model_overrides, "give a dict of model options")
+        object.__setattr__(self, "model_overrides", {k: plain_number(v) for k, v in self.model_overrides.items()})
         if self.init_from is not None:
             if not isinstance(self.init_from, InitFrom):
                 raise FieldError("init_from", self.init_from, "give an InitFrom(run=..., alpha=..., fold_bn=...)")

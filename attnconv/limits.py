@@ -25,8 +25,9 @@ from torch.overrides import TorchFunctionMode
 
 from attnconv.errors import AttnconvError, ParameterError
 
-__all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "check_memory", "format_bytes", "parameter_limit",
-           "is_whole", "physical_memory", "positive_ints", "shown_value", "whole_number"]
+__all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "as_real", "check_memory", "format_bytes",
+           "parameter_limit", "is_whole", "physical_memory", "plain_number", "positive_ints", "real_number",
+           "shown_value", "whole_number"]
 
 # The largest network attnconv builds. The paper's largest model has 30M parameters; 2e9 float32
 # parameters are 8 GB of weights before gradients and optimizer state.
@@ -143,7 +144,8 @@ def shown_value(value: Any) -> str:
     """An argument's value as one short line says it: a tensor or array by its shape, a long or many-line repr by its
     type."""
     shape = getattr(value, "shape", None)
-    if shape is not None and not isinstance(value, numbers.Number):
+    scalar = type(value).__module__ == "numpy" and type(value).__name__ != "ndarray"  # np.True_, np.float32(3)
+    if shape is not None and not isinstance(value, numbers.Number) and not scalar:
         kind = "tensor" if isinstance(value, torch.Tensor) else {"ndarray": "array"}.get(type(value).__name__,
                                                                                        type(value).__name__)
         return f"{_article(kind)} {kind} of shape {tuple(shape)}"
@@ -164,7 +166,6 @@ def is_whole(value: Any, least: float = -math.inf, most: float = math.inf) -> bo
         return least <= operator.index(value) <= most
     except Exception:  # noqa: BLE001 - not a whole number (a meta tensor, which has no value, raises RuntimeError)
         return False
-
 
 
 def whole_number(value: Any, name: str, what: str, *, least: int = 1, most: float = MAX_SIDE) -> int:
@@ -188,5 +189,56 @@ def positive_ints(values: Any, count: int | None, name: str, what: str, most: in
     if not ok:
         kind = "positive integers" if least == 1 else f"whole numbers >= {least}"
         many = f"{count} {kind}" if count is not None else f"one or more {kind}"
-        raise AttnconvError(f"{name} {shown_value(values)} is invalid: give {what}, {many} of at most {most}")
+        bound = f" of at most {most}" if most != math.inf else ""
+        raise AttnconvError(f"{name} {shown_value(values)} is invalid: give {what}, {many}{bound}")
     return tuple(operator.index(v) for v in values)
+
+
+def real_number(value: Any, name: str, what: str, *, low: float = -math.inf, high: float = math.inf,
+                low_open: bool = False, high_open: bool = False) -> float:
+    """`value` as a Python float (ints, numpy's numbers and 0-d real tensors and arrays taken); one
+    ParameterError naming `name` and `what` it is if it is not a finite real number in the range from `low` to
+    `high` (`low_open`/`high_open`: that end excluded). No bool, string, complex number or None."""
+    number = as_real(value)
+    if number is None or not math.isfinite(number) or number < low or number > high \
+            or (low_open and number == low) or (high_open and number == high):
+        if low == -math.inf and high == math.inf:
+            where = ""
+        elif high == math.inf:
+            where = f" {'>' if low_open else '>='} {low:g}"
+        elif low == -math.inf:
+            where = f" {'<' if high_open else '<='} {high:g}"
+        else:
+            where = f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ParameterError(name, value, f"is invalid: give {what}, a finite number{where}", shown=shown_value(value))
+    return number
+
+
+def as_real(value: Any) -> float | None:
+    """`value` as a float if it is one real number (a 0-d tensor or array too; no bool, string or complex), else
+    None."""
+    if isinstance(value, (bool, str, bytes)) or getattr(value, "dtype", None) in (torch.bool, bool):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.is_complex() or value.device.type == "meta":
+            return None
+        value = value.item()
+    elif type(value).__name__ == "ndarray":
+        if value.ndim != 0 or value.dtype.kind not in "iuf":
+            return None
+        value = value.item()
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def plain_number(value: Any) -> Any:
+    """A numpy scalar or a 0-d tensor as the Python number (or bool) it holds, as JSON can write it; any other
+    value as it is."""
+    if (type(value).__module__ == "numpy" and type(value).__name__ != "ndarray") or \
+            (isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type != "meta"):
+        return value.item()
+    return value

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attnconv.errors import ParameterError
-from attnconv.limits import is_whole
+from attnconv.limits import as_real, is_whole
 
 
 class FieldError(ParameterError):
@@ -108,7 +108,7 @@ def check_value(f: dataclasses.Field, value: Any, hint: Any) -> None:
         raise FieldError(f.name, value, "give true or false", flag=m.get("flag"))
     if kind is int and not _is_int(value):
         raise FieldError(f.name, value, m["fix"] or "give a whole number", flag=m.get("flag"))
-    if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+    if kind is float and as_real(value) is None:  # numpy's floats and 0-d tensors too, stored as Python floats
         raise FieldError(f.name, value, m["fix"] or "give a number", flag=m.get("flag"))
     if kind is str and not isinstance(value, str):
         raise FieldError(f.name, value, "give a string", flag=m.get("flag"))
@@ -116,9 +116,10 @@ def check_value(f: dataclasses.Field, value: Any, hint: Any) -> None:
         raise FieldError(f.name, value, f"choose one of {', '.join(m['choices'])}", flag=m.get("flag"))
     if kind in (int, float) and (m["low"] is not None or m["high"] is not None):
         lo, hi = m["low"], m["high"]
+        number = operator.index(value) if kind is int else as_real(value)
         try:  # an integer of 10**400 (JSON reads it) is past any float: out of range, not an OverflowError
-            ok = math.isfinite(value) and (lo is None or value >= lo) and \
-                (hi is None or (value < hi if m["high_open"] else value <= hi))
+            ok = math.isfinite(number) and (lo is None or number >= lo) and \
+                (hi is None or (number < hi if m["high_open"] else number <= hi))
         except OverflowError:
             ok = False
         if not ok:
@@ -133,8 +134,9 @@ def check_fields(obj: Any, names: Iterable[str] | None = None) -> None:
         if wanted is None or f.name in wanted:
             value = getattr(obj, f.name)
             check_value(f, value, hints[f.name])
-            if _scalar(hints[f.name]) is int and value is not None and type(value) is not int:
-                object.__setattr__(obj, f.name, operator.index(value))  # as config.json can hold it
+            kind = _scalar(hints[f.name])
+            if kind in (int, float) and value is not None and type(value) is not kind:  # as config.json holds it
+                object.__setattr__(obj, f.name, operator.index(value) if kind is int else as_real(value))
 
 
 def field_ranges(*classes: type) -> dict[str, tuple[float, float]]:

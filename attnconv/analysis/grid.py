@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnconv.errors import AttnconvError
-from attnconv.limits import whole_number
+from attnconv.limits import real_number, whole_number
 
 
 def assignment(cost: np.ndarray) -> list[tuple[int, int]]:
@@ -82,7 +82,10 @@ def match_to_grid(centers: np.ndarray, kernel: int, tol: float = 0.5) -> dict[st
     heads > K^2), their mean, and how many heads lie within `tol` of their grid point.
     """
     centers = np.asarray(centers, dtype=float)
+    if centers.ndim != 2 or centers.shape[1] != 2:
+        raise AttnconvError(f"centers must be (heads, 2) shifts as (row, col), got shape {centers.shape}")
     grid = grid_points(kernel)
+    tol = real_number(tol, "tol", "the distance in tokens that counts as on a grid point", low=0)
     dist = np.linalg.norm(centers[:, None, :] - grid[None, :, :], axis=-1)  # (heads, K^2)
     pairs = assignment(dist)
     matched: list[list[float] | None] = [None] * len(centers)
@@ -110,6 +113,8 @@ def grid_likeness(snapshots: list[dict[str, Any]], kernel: int = 3, tol: float =
     within `tol` tokens of a distinct K x K shift, the layer's head count, and its heads'
     mean attention distance.
     """
+    grid_points(kernel)  # its one check before any snapshot is read
+    real_number(tol, "tol", "the distance in tokens that counts as on a grid point", low=0)
     out = []
     for snap in snapshots:
         layers = []

@@ -33,7 +33,7 @@ from torch import Tensor
 from attnconv import ops
 from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
-from attnconv.limits import MAX_SIDE, check_memory, is_whole, positive_ints, shown_value
+from attnconv.limits import MAX_SIDE, check_memory, is_whole, positive_ints, real_number, shown_value
 from attnconv.ops.autocast import at_least_float32, float32_scores
 from attnconv.positional import ENCODINGS, build_encoding, check_pos_init
 
@@ -110,8 +110,8 @@ class SelfAttention2d(nn.Module):
             raise AttnconvError(f"unknown encoding {encoding!r}; choose one of: {', '.join(ENCODINGS)}")
         if value not in VALUE_MODES:
             raise AttnconvError(f"unknown value mode {value!r}; choose one of: {', '.join(VALUE_MODES)}")
-        if isinstance(attn_dropout, bool) or not isinstance(attn_dropout, (int, float)) or not 0.0 <= attn_dropout < 1.0:
-            raise AttnconvError(f"SelfAttention2d: attn_dropout must be a number in [0, 1), got {attn_dropout!r}")
+        attn_dropout = real_number(attn_dropout, "attn_dropout", "SelfAttention2d's attention dropout rate", low=0,
+                                   high=1, high_open=True)
         check_pos_init(pos_init)
         if attn_dropout_mask not in DROPOUT_MASKS:
             raise AttnconvError(

@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from attnconv.errors import AttnconvError
-from attnconv.limits import whole_number
+from attnconv.errors import ParameterError
+from attnconv.limits import real_number, shown_value, whole_number
 
 __all__ = ["default_alpha", "leakage_bound"]
 
@@ -40,8 +40,7 @@ def leakage_bound(alpha: float, ndim: int) -> float:
     NaN or inf input value reaches every output of its image (see `ConvAttention`).
     """
     ndim = whole_number(ndim, "ndim", "the number of spatial axes", most=3)
-    if not alpha > 0:
-        raise AttnconvError(f"alpha must be positive, got {alpha}")
+    alpha = real_number(alpha, "alpha", "the heads' softmax sharpness", low=0, low_open=True)
     s = 2.0 * math.exp(-alpha) / -math.expm1(-3.0 * alpha)
     return -math.expm1(-ndim * math.log1p(s))
 
@@ -59,6 +58,9 @@ def default_alpha(dtype: torch.dtype, ndim: int) -> float:
     <= 0 with the maximum at 0, so exp only underflows to 0.
     """
     ndim = whole_number(ndim, "ndim", "the number of spatial axes", most=3)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ParameterError("dtype", dtype, "is invalid: give a floating torch dtype, e.g. torch.float32",
+                             shown=shown_value(dtype))
     eps = torch.finfo(dtype).eps
     target = eps / 32.0  # lambda <= eps / 32  <=>  2 lambda <= eps / 16
     lo, hi = 0.0, 200.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +26,18 @@ from attnconv.construct.geometry import (
     source_index,
 )
 from attnconv.errors import AttnconvError
-from attnconv.limits import positive_ints
+from attnconv.limits import check_memory, positive_ints, real_number, shown_value, whole_number
 from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
 __all__ = ["ConvAttention"]
+
+
+def _pairs(padding: Any, count: int) -> bool:
+    """Whether `padding` is `count` pairs (sequences of length 2), whatever their entries."""
+    try:
+        return len(padding) == count and all(not isinstance(p, (str, bytes)) and len(p) == 2 for p in padding)
+    except TypeError:  # no length
+        return False
 
 
 class ConvAttention(nn.Module):
@@ -97,36 +106,35 @@ class ConvAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        ndim = len(kernel_size)
-        if not (len(stride) == len(padding) == len(dilation) == ndim):
-            raise AttnconvError("kernel_size, stride, padding and dilation need one entry per axis")
+        in_channels = whole_number(in_channels, "in_channels", "the input channels")
+        out_channels = whole_number(out_channels, "out_channels", "the output channels")
+        groups = whole_number(groups, "groups", "the channel groups")
+        self.kernel_size = positive_ints(kernel_size, None, "kernel_size", "the kernel's size per axis (1 to 3 axes)")
+        ndim = len(self.kernel_size)
+        if ndim > 3:
+            raise AttnconvError(f"kernel_size {self.kernel_size} is invalid: give the kernel's size per axis, 1 to 3 "
+                                "axes (as nn.Conv1d, nn.Conv2d and nn.Conv3d)")
+        self.stride = positive_ints(stride, ndim, "stride", "the step per axis")
+        self.dilation = positive_ints(dilation, ndim, "dilation", "the spacing of the kernel's taps per axis")
+        if isinstance(padding, (str, bytes)) or not _pairs(padding, ndim):
+            raise AttnconvError(f"padding {shown_value(padding)} is invalid: give the zeros before and after per "
+                                f"axis, {ndim} pairs (low, high) of whole numbers >= 0")
+        self.padding = tuple(positive_ints(pair, 2, "padding", "the zeros before and after on one axis", least=0)
+                             for pair in padding)
         if padding_mode not in PADDING_MODES:
             raise AttnconvError(f"padding_mode must be one of {PADDING_MODES}, got {padding_mode!r}")
-        if min(in_channels, out_channels, groups) < 1:
-            raise AttnconvError(
-                f"in_channels={in_channels}, out_channels={out_channels} and groups={groups} must all be at "
-                "least 1: a layer without channels has nothing to compute"
-            )
-        if min(*kernel_size, *stride, *dilation) < 1 or min(p for lo_hi in padding for p in lo_hi) < 0:
-            raise AttnconvError(
-                f"kernel_size {tuple(kernel_size)}, stride {tuple(stride)} and dilation {tuple(dilation)} must be "
-                f"positive and padding {tuple(padding)} non-negative on every axis"
-            )
         if in_channels % groups or out_channels % groups:
             raise AttnconvError(
                 f"groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}"
             )
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size = tuple(int(k) for k in kernel_size)
-        self.stride = tuple(int(s) for s in stride)
-        self.dilation = tuple(int(d) for d in dilation)
-        self.padding = tuple((int(lo), int(hi)) for lo, hi in padding)
         self.padding_mode = padding_mode
         self.ndim = ndim
         self.heads = math.prod(self.kernel_size)
-        if not (math.isfinite(alpha) and alpha > 0):
-            raise AttnconvError(f"alpha must be positive and finite, got {alpha}")
-        self.alpha = float(alpha)
+        check_memory(self.heads * out_channels * (in_channels // groups + 1) * 4,
+                     f"kernel_size {self.kernel_size} with {in_channels} to {out_channels} channels",
+                     "give a smaller kernel or fewer channels")
+        self.alpha = real_number(alpha, "alpha", "the heads' softmax sharpness", low=0, low_open=True)
         self.anchor = tuple((k - 1) // 2 for k in self.kernel_size)
 
         factory = {"device": device, "dtype": dtype}

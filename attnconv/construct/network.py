@@ -34,6 +34,7 @@ from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.factory import conv_to_attention, torch_compiled, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
 from attnconv.errors import AttnconvError
+from attnconv.limits import real_number
 
 __all__ = ["cnn_to_attention"]
 
@@ -123,8 +124,9 @@ def cnn_to_attention(
     if compiled is not None:  # a torch.compile wrapper inside: it runs a graph captured from the module it wraps
         raise AttnconvError(f"cnn_to_attention takes a network without torch.compile'd modules inside ({compiled} "
                             "is one); convert the module it wraps (its _orig_mod) first, then compile the result")
-    if alpha is not None and not (isinstance(alpha, (int, float)) and alpha > 0 and alpha < float("inf")):
-        raise AttnconvError(f"alpha must be a positive finite number or None, got {alpha!r}")
+    if alpha is not None:
+        alpha = real_number(alpha, "alpha", "the heads' softmax sharpness (None: the dtype's default)", low=0,
+                            low_open=True)
     key_dim = check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
     example = _example_args(example_input)
     converted = copy.deepcopy(model)

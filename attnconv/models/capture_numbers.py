@@ -13,7 +13,6 @@ the records and the token grids are `attnconv.models.captured`.
 from __future__ import annotations
 
 import math
-import numbers
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
-from attnconv.limits import MAX_SIDE, is_whole, positive_ints, shown_value
+from attnconv.limits import MAX_SIDE, as_real, is_whole, positive_ints, shown_value
 
 
 def check_images(images: object, grid: Sequence[int] | None) -> None:
@@ -225,11 +224,12 @@ def row_pieces(rows: int, per_row: int) -> list[tuple[int, int]]:
 
 
 def whole_bytes(max_bytes: object) -> int:
-    """`max_bytes` as an int, or one AttnconvError: a positive whole number of bytes."""
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, numbers.Real) or not max_bytes >= 1 \
-            or max_bytes == math.inf or max_bytes != int(max_bytes):  # 1e12 taken: a number of bytes, often written so
+    """`max_bytes` as an int, or one AttnconvError: a positive whole number of bytes (numpy's and 0-d tensors too;
+    1e12 taken: a number of bytes is often written so)."""
+    number = as_real(max_bytes) if not is_whole(max_bytes) else operator.index(max_bytes)
+    if number is None or not 1 <= number < math.inf or number != int(number):
         raise AttnconvError(f"max_bytes {shown_value(max_bytes)} is invalid: give a positive whole number of bytes")
-    return int(max_bytes)
+    return int(number)
 
 
 def check_grid(grid: Sequence[int] | None) -> tuple[int, int] | None:

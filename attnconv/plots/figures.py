@@ -16,7 +16,7 @@ import numpy as np
 from torch import Tensor
 
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.limits import positive_ints, whole_number
+from attnconv.limits import positive_ints, real_number, shown_value, whole_number
 from attnconv.tables import significant
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
@@ -52,6 +52,7 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 150, *, name: str = "ou
     """
     from attnconv.fileio import atomic_write
 
+    dpi = check_dpi(dpi)
     path = check_out(path, name, overwrite=overwrite)
     atomic_write(path, figure_writer(fig, path.suffix[1:].lower(), dpi))
     return path
@@ -64,9 +65,15 @@ def figure_writer(fig, fmt: str, dpi: int = 150) -> Callable[[Path], None]:
 
     from attnconv.fileio import SIGNATURE
 
+    dpi = check_dpi(dpi)
     name = f"{SIGNATURE} (matplotlib {matplotlib.__version__})"
     metadata = {"Software": name} if fmt == "png" else {"Creator": name}
     return lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=metadata)
+
+
+def check_dpi(dpi: Any) -> int:
+    """A figure's resolution as a Python int; ParameterError naming `dpi` unless a whole number from 1 to 2400."""
+    return whole_number(dpi, "dpi", "the figure's dots per inch", most=2400)
 
 
 def head_colors(n: int) -> list:
@@ -81,6 +88,7 @@ def figure_png(fig, dpi: int = 110) -> bytes:
     """A matplotlib Figure as PNG bytes (no file is written; no metadata naming a web address)."""
     import io
 
+    dpi = check_dpi(dpi)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
     return buf.getvalue()
@@ -98,7 +106,10 @@ def mass_level(p: np.ndarray, mass: float) -> float:
     Halfway between the last value needed and the next smaller distinct value, so a
     contour at L separates the two sets cleanly (ties are kept together).
     """
-    v = np.sort(p.ravel())[::-1]
+    mass = real_number(mass, "mass", "the share of probability inside the contour", low=0, high=1)
+    v = np.sort(np.asarray(p, dtype=float).ravel())[::-1]
+    if v.size == 0:
+        raise AttnconvError("mass_level needs a map with at least one value, got an empty one")
     total = v.sum()
     if total <= 0:
         return 0.0
@@ -130,9 +141,18 @@ def gaussian_ellipse(inverse_covariance: np.ndarray | Sequence[Sequence[float]],
     A circle has angle 0. Eigenvalues below 1e-12 are raised to it (a degenerate head is a
     very long ellipse, not an error).
     """
-    s = np.asarray(inverse_covariance, dtype=float)
-    if s.shape != (2, 2):
-        raise AttnconvError(f"inverse_covariance must be 2x2, got shape {s.shape}")
+    try:
+        s = np.asarray(inverse_covariance, dtype=float)
+    except (TypeError, ValueError):  # strings, ragged rows
+        s = None
+    if s is None or s.shape != (2, 2):
+        raise AttnconvError(f"inverse_covariance must be a 2x2 array of numbers, got "
+                            f"{shown_value(inverse_covariance) if s is None else f'shape {s.shape}'}")
+    if not np.isfinite(s).all():
+        raise AttnconvError(f"inverse_covariance must be finite, got {s.tolist()}")
+    if mass is not None:
+        mass = real_number(mass, "mass", "the share of the Gaussian inside the ellipse (None: one sigma)", low=0,
+                           high=1, high_open=True)
     r = 1.0 if mass is None else math.sqrt(-2.0 * math.log(1.0 - mass))
     evals, evecs = np.linalg.eigh((s + s.T) / 2)  # ascending: the major axis first
     evals = np.maximum(evals, 1e-12)
@@ -236,7 +256,9 @@ def snapshot_geometry(heads: list[dict[str, Any]]) -> dict[str, Any]:
 def spread_epochs(available: Sequence[int], count: int = 5) -> list[int]:
     """Up to `count` of the recorded epochs, denser early (where heads move most): 0, 1, 2, 5, 12 of 0..12."""
     count = whole_number(count, "count", "how many epochs to show")
-    available = sorted(set(available))
+    available = list(available)
+    available = sorted(set(positive_ints(available, None, "available", "the recorded epochs", least=0, most=math.inf)
+                           if available else ()))
     if len(available) <= count:
         return available
     last = len(available) - 1
@@ -255,6 +277,9 @@ def centers_figure(layers: list[dict[str, Any]], grid: int, title: str = "", pan
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
+    grid = whole_number(grid, "grid", "the side of the layer's input grid")
+    if ncols is not None:
+        ncols = whole_number(ncols, "ncols", "the panels per row (None: chosen from the count)")
     n = len(layers)
     if n == 0:
         raise AttnconvError("no attention layers to draw")
@@ -457,6 +482,12 @@ def maps_figure(
     if any(q >= n for q, n in zip(query, size)):
         raise ParameterError("query", query, f"is not a token of the {size[0]}x{size[1]} grid")
     if windows is None:
+        tokens = size[0] * size[1]
+        for number, p in enumerate(probs):
+            if not isinstance(p, Tensor) or p.dim() != 3 or p.shape[1:] != (tokens, tokens):
+                raise ParameterError("probs", p, f"is invalid: give per layer a (heads, T, T) tensor, T = {tokens} "
+                                     f"tokens (size {size[0]}x{size[1]}), got layer {number + 1}'s "
+                                     f"{shown_value(p)}", shown="")
         windows = [crop_map(p, size, query, zoom) for p in probs]
         full = [p[:, query[0] * size[1] + query[1]].double().cpu().reshape(-1, *size).numpy() for p in probs]
     n_layers, heads = len(windows), max(w.shape[0] for w in windows)  # layers' head counts may differ

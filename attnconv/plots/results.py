@@ -12,6 +12,7 @@ import numpy as np
 
 from attnconv.analysis.grid import grid_points
 from attnconv.errors import AttnconvError
+from attnconv.limits import whole_number
 from attnconv.plots.figures import head_colors
 
 
@@ -134,6 +135,7 @@ def misclassified_figure(images, true: Sequence[int], predicted: Sequence[int], 
     "true → predicted (p)", p the probability the model gave its (wrong) prediction."""
     from matplotlib.figure import Figure
 
+    limit = whole_number(limit, "limit", "how many images to draw at most")
     images = np.asarray(images)
     if images.ndim != 4 or images.dtype != np.uint8:
         raise AttnconvError(f"images must be uint8 (N, C, H, W), got {images.dtype} {images.shape}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from attnconv.analysis import head_geometry
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
+from attnconv.limits import MAX_SIDE, positive_ints, whole_number
 from attnconv.models.sites import query_on_site, records_heads, site_probs
 from attnconv.plots.figures import (
     centers_figure,
@@ -112,11 +113,14 @@ def plot_centers_history(
     heads get their Gaussian's contours; learned and content heads only their centers.
     Writes `out` (default RUN_DIR/centers-layer<L>.png) and returns its path.
     """
+    layer = whole_number(layer, "layer", "a layer number, from 1")
+    if epochs is not None:
+        epochs = positive_ints(epochs, None, "epochs", "recorded epochs to draw (0: the initialization)", least=0)
     out = check_out(_folder(run) / f"centers-layer{layer}.png" if out is None else out, overwrite=overwrite)
     run = _run(run)
     snapshots = _history(run)
     n_layers = len(snapshots[0]["layers"])
-    if not isinstance(layer, int) or not 1 <= layer <= n_layers:
+    if not 1 <= layer <= n_layers:
         raise ParameterError("layer", layer, f"is invalid: the run has layers 1..{n_layers}")
     by_epoch = {s["epoch"]: s for s in snapshots}  # a replayed epoch: the last record wins
     if epochs is None:
@@ -159,14 +163,18 @@ def _ranges(values: list[int]) -> str:
 def _parse_query(query: Sequence[int] | None, size: tuple[int, int]) -> tuple[int, int]:
     if query is None:
         return size[0] // 2, size[1] // 2
-    query = tuple(int(v) for v in query)
-    if len(query) != 2 or not (0 <= query[0] < size[0] and 0 <= query[1] < size[1]):
+    query = positive_ints(query, 2, "query", "the query's (row, col) on the token grid", least=-MAX_SIDE)
+    if not (0 <= query[0] < size[0] and 0 <= query[1] < size[1]):
         raise ParameterError(
             "query", query, f"is outside the {size[0]}x{size[1]} token grid "
             f"(rows 0..{size[0] - 1}, columns 0..{size[1] - 1}; coordinates are after downsampling)",
             shown=",".join(map(str, query)),
         )
     return query
+
+
+def _zoom(zoom: object) -> int:
+    return whole_number(zoom, "zoom", "the window side in tokens (None: the whole grid)")
 
 
 def maps_of_run(run: Run, probs: list, *, query: Sequence[int] | None = None, zoom: int | None = 7,
@@ -184,7 +192,7 @@ def maps_of_run(run: Run, probs: list, *, query: Sequence[int] | None = None, zo
     sizes = {site.size for site in sites}
     base = next(iter(sizes)) if len(sizes) == 1 else (run.info.size, run.info.size)  # the grid queries live on
     i, j = _parse_query(query, base)
-    zoom = 2 * (max(base) // 2) + 1 if zoom is None else zoom
+    zoom = 2 * (max(base) // 2) + 1 if zoom is None else _zoom(zoom)
     windows, labels, full = [], [], []
     for number, (site, p) in enumerate(zip(sites, probs)):
         q, pos = query_on_site(site, base, i, j)
@@ -219,8 +227,7 @@ def plot_maps(
     (drawn beside the grid; position-only maps do not depend on it). Writes `out` (default
     RUN_DIR/maps.png, or RUN_DIR/maps-image-K.png) and returns its path.
     """
-    if zoom is not None and (not isinstance(zoom, int) or zoom < 1):
-        raise ParameterError("zoom", zoom, "is invalid: give the window side in tokens, >= 1")
+    zoom = None if zoom is None else _zoom(zoom)
     default = "maps.png" if image is None else f"maps-image-{image}.png"
     out = check_out(_folder(run) / default if out is None else out, overwrite=overwrite)
     run = _run(run, device, data_dir, dataset)
