@@ -93,14 +93,18 @@ _FILTERS_LOCK = threading.Lock()  # threads adding and taking out these filters 
 
 
 @contextlib.contextmanager
-def warnings_ignored(*categories: type[Warning]) -> Iterator[None]:
-    """Warnings of `categories` (default: all) said from torch, Pillow or attnconv ignored inside, as `catch_warnings()`
-    with `simplefilter("ignore")` would, but without resetting every module's once-per-line registry (which
-    `catch_warnings` does on entry and exit: reading a run twice would have said the user's own warnings again), and
-    without hiding other modules' warnings (another thread's). The filters added are taken out however the block ends,
-    from the list they went into and from the one in use then (another thread's `catch_warnings` may have swapped it),
-    a Ctrl-C during that included."""
-    added = [("ignore", None, category, _QUIETED, 0) for category in categories or (Warning,)]
+def warnings_ignored(*categories: type[Warning], modules: re.Pattern | None = None,
+                     message: str | None = None) -> Iterator[None]:
+    """Warnings of `categories` (default: all) said from torch, Pillow or attnconv ignored inside (from the modules
+    matching `modules`, a compiled pattern, where given; only those whose text starts matching `message`, a pattern,
+    where given), as `catch_warnings()` with `simplefilter("ignore")` would, but without resetting every module's
+    once-per-line registry (which `catch_warnings` does on entry and exit: reading a run twice would have said the
+    user's own warnings again), and without hiding other modules' warnings (another thread's). Threads may use it at
+    once (`catch_warnings` swaps the process's one list, and threads leaving it put back each other's). The filters
+    added are taken out however the block ends, from the list they went into and from the one in use then (a user's
+    `catch_warnings` may have swapped it), a Ctrl-C during that included."""
+    text = None if message is None else re.compile(message, re.I)
+    added = [("ignore", text, category, modules or _QUIETED, 0) for category in categories or (Warning,)]
     with _FILTERS_LOCK:
         into = warnings.filters
         into[:0] = added  # in place: the warnings module reads this list at every warning
@@ -112,6 +116,50 @@ def warnings_ignored(*categories: type[Warning]) -> Iterator[None]:
         except KeyboardInterrupt:
             _take_out(added, into)
             raise
+
+
+_SHOWN = threading.local()  # .show: where this thread's warnings go inside `warnings_shown`
+_SHOWN_LOCK = threading.Lock()
+_shown_state: dict = {"users": 0, "before": None}
+
+
+def _dispatch(message, category, filename, lineno, file=None, line=None) -> None:
+    """The process's showwarning while any thread is inside `warnings_shown`: each warning to its thread's `show`, or
+    to the showwarning in place before."""
+    show = getattr(_SHOWN, "show", None)
+    before = _shown_state["before"] or warnings._showwarning_orig  # type: ignore[attr-defined]
+    (show or before)(message, category, filename, lineno, file, line)
+
+
+def shown_before() -> Callable:
+    """The showwarning in place before the first thread entered `warnings_shown` (Python's own, or the user's)."""
+    return _shown_state["before"] or warnings.showwarning
+
+
+@contextlib.contextmanager
+def warnings_shown(show: Callable) -> Iterator[None]:
+    """Inside, the warnings said in this thread are shown by `show` (as `warnings.showwarning` is called), and every
+    other thread's by the showwarning in place before, as if each had set `warnings.showwarning` for itself:
+    `catch_warnings` with `warnings.showwarning = show` would swap the process's one showwarning and filter list, and
+    threads leaving it at once put back each other's (the CLI's `main` called from several threads left its own
+    showwarning installed and attnconv's quieting filter in the list for good). The showwarning in place before is put
+    back when the last thread leaves (unless something else replaced it meanwhile)."""
+    with _SHOWN_LOCK:
+        if _shown_state["users"] == 0:
+            current = warnings.showwarning
+            _shown_state["before"] = current if current is not _dispatch else _shown_state["before"]
+            warnings.showwarning = _dispatch
+        _shown_state["users"] += 1
+    outer = getattr(_SHOWN, "show", None)
+    _SHOWN.show = show
+    try:
+        yield
+    finally:
+        _SHOWN.show = outer
+        with _SHOWN_LOCK:
+            _shown_state["users"] -= 1
+            if _shown_state["users"] == 0 and warnings.showwarning is _dispatch:
+                warnings.showwarning = _shown_state["before"]
 
 
 def _take_out(added: list, into: list) -> None:

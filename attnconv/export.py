@@ -30,7 +30,6 @@ import re
 import signal
 import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 
 import attnconv
-from attnconv.errors import AttnconvError, ParameterError
+from attnconv.errors import AttnconvError, ParameterError, warnings_ignored
 from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
 from attnconv.limits import format_bytes
 from attnconv.runs import Run, as_run
@@ -139,6 +138,9 @@ def _interruptible() -> Iterator[None]:
 
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")  # color codes and other controls
+# The modules whose notes an export silences: the tracers and exporters (torch's, onnx's, onnxscript's, onnxruntime's)
+# and attnconv's model code they run; another thread's warnings meanwhile are still said.
+_EXPORTERS = re.compile(r"(torch|onnx\w*|attnconv)(\.|$)")
 _ONNX_PROSE = re.compile(r"\s*This is step \d+/\d+ of exporting the model to ONNX\..*$")  # its advice follows
 
 
@@ -162,8 +164,7 @@ def _quiet() -> Iterator[None]:
     graph of a failed export to sys.stderr (77 lines before attnconv's own one), and native code (onnxruntime's
     session notes) writes to the file descriptors themselves, so both sys.stdout/sys.stderr and fds 1 and 2 point
     to nothing meanwhile; errors still raise, and attnconv's own line comes after."""
-    with warnings.catch_warnings(), _silent_output():
-        warnings.simplefilter("ignore")
+    with warnings_ignored(modules=_EXPORTERS), _silent_output():  # threads exporting at once: no list swapped
         before = logging.root.manager.disable
         logging.disable(max(before, logging.WARNING))
         try:

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError
+from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError, shown_before, warnings_shown
 
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
@@ -321,8 +321,11 @@ def _run(argv: list[str] | None, process: bool) -> int:
         if sys.stdout is None and answers:  # `>&-`: the answer would go nowhere, with exit 0
             raise AttnconvError(f"standard output is closed, and `attnconv {args.command}` answers there; give it "
                                 "somewhere to go (`> FILE`, or a pipe)")
-        with warnings.catch_warnings(), _interrupts_not_lost():
-            warnings.showwarning = _show_warning
+        # Each command says its warnings, as a new process would: Python's once-per-line registries are made stale (what
+        # `catch_warnings` did on entry), without swapping the process's filter list or showwarning, which threads
+        # calling main at once put back in each other's places; each thread's warnings go to its own showwarning.
+        warnings._filters_mutated()  # type: ignore[attr-defined]
+        with warnings_shown(_show_warning), _interrupts_not_lost():
             return int(args.func(args) or 0)
     except ParameterError as err:  # the library names the parameter (epochs); the command line, its flag (--epochs)
         print(f"error: {one_line(err.as_flag())}", file=sys.stderr)
@@ -408,10 +411,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if issubclass(category, AttnconvWarning):
         print(f"warning: {one_line(str(message))}", file=sys.stderr)
     else:
-        _python_show_warning(message, category, filename, lineno, file, line)
-
-
-_python_show_warning = warnings.showwarning
+        shown_before()(message, category, filename, lineno, file, line)
 
 
 def _out_of_memory(err: BaseException) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from pathlib import Path
 
 import torch
@@ -19,7 +18,7 @@ from torch import nn
 
 from attnconv.construct import ConvAttention, conv_to_attention, leakage_bound
 from attnconv.construct.geometry import MAX_DENSE
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, warnings_ignored
 from attnconv.fileio import read_regular
 from attnconv.limits import check_memory
 from attnconv.plots import check_out, conv_heads_figure, save_figure
@@ -243,9 +242,8 @@ def run(args: argparse.Namespace) -> int:
     attn = conv_to_attention(conv, alpha=args.alpha)
     attn.output_size(size)  # a clear error when the input is too small for this conv
     x = torch.randn(2, args.in_channels, *size, dtype=conv.weight.dtype)  # (B, C_in, *size)
-    with torch.no_grad(), warnings.catch_warnings():
-        # PyTorch warns that 'same' with an even kernel pads a copy of the input: expected here.
-        warnings.filterwarnings("ignore", message=".*padding='same' with even kernel.*")
+    # PyTorch warns that 'same' with an even kernel pads a copy of the input: expected here.
+    with torch.no_grad(), warnings_ignored(UserWarning, message=".*padding='same' with even kernel"):
         y_conv, y_attn = conv(x), attn(x)
     diff = y_attn - y_conv
     rel = float(diff.norm() / y_conv.norm().clamp_min(torch.finfo(y_conv.dtype).tiny))
