@@ -1663,3 +1663,85 @@ def test_round_53_a_ctrl_c_as_a_file_is_opened_leaks_no_descriptor(tmp_path, mon
             fileio.read_regular(tmp_path / "a", "")
     monkeypatch.undo()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_round_54_a_threads_calling_main_at_once_leave_the_warnings_state_as_it_was(tiny_attention_runs, capsys):
+    """Round 54: `main` wrapped each command in `catch_warnings`, which swaps the process's one showwarning and filter
+    list: threads leaving it at once put back each other's copies, so after several threads called `main` the CLI's
+    showwarning stayed installed and attnconv's filter quieting torch stayed in the list (torch's warnings hidden for
+    good). Now each thread's warnings go to its own showwarning, and nothing is swapped."""
+    import threading
+    import warnings
+
+    run = str(tiny_attention_runs["sa-quadratic"])
+    assert main(["compare", run]) == 0
+    shown: list[str] = []
+
+    def mine(message, category, filename, lineno, file=None, line=None):
+        shown.append(str(message))
+
+    before_list, switch = warnings.filters, sys.getswitchinterval()
+    warnings.showwarning, saved = mine, warnings.showwarning
+    before = list(warnings.filters)
+    errors: list[BaseException] = []
+
+    def work():
+        try:
+            for _ in range(6):
+                assert main(["compare", run]) == 0
+        except BaseException as err:  # noqa: BLE001 - said by the main thread
+            errors.append(err)
+
+    try:
+        sys.setswitchinterval(1e-6)
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert warnings.showwarning is mine and warnings.filters is before_list
+        assert warnings.filters == before
+        warnings.warn_explicit("a note from torch", UserWarning, "torch_file.py", 1, module="torch.nn.modules.x")
+        assert shown == ["a note from torch"]
+    finally:
+        sys.setswitchinterval(switch)
+        warnings.showwarning = saved
+    capsys.readouterr()
+
+
+def test_round_54_a_damaged_line_just_past_an_unfinished_runs_checkpoint_is_cut_by_the_resume(
+        data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Round 54: the resume reads one line past what the checkpoint counts (to check it was logged after it); a damaged
+    one there made `train --resume` refuse, saying the checkpoint counts it, with fixes that gave the run up (a junk
+    line two lines past was cut); `eval` said to delete metrics.csv, after which the resume refused for good."""
+    from attnconv.training import checkpoint as ck
+
+    save, copies = ck.Checkpointer.save, tmp_path / "at5"
+
+    def copied(self, model, optimizer, progress):  # the run as its checkpoint at step 5 left it: unfinished
+        save(self, model, optimizer, progress)
+        if progress.step == 5:
+            shutil.copytree(self.out, copies)
+
+    monkeypatch.setattr(ck.Checkpointer, "save", copied)
+    assert main(tiny_args(tmp_path / "full", data_dir, *ONE_EPOCH)) == 0
+    monkeypatch.undo()
+    for log, junk in (("heads.jsonl", '{"junk": 1}\n'), ("metrics.csv", "x,y,z\n"), ("steps.csv", "x,y\n")):
+        run = tmp_path / log
+        shutil.copytree(copies, run)
+        with open(run / log, "a") as f:
+            f.write(junk)
+        if log == "metrics.csv":  # the readers offer the resume, which cuts it
+            err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+            assert f"resume the run, which cuts what was logged after its last checkpoint, the damage with it: " \
+                   f"`attnconv train --out {run} --resume`" in err, err
+        capsys.readouterr()
+        assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0, (log, capsys.readouterr().err)
+        assert _firsts(run / log) == _firsts(tmp_path / "full" / log), log
+
+
+def _firsts(path: Path) -> list:
+    """Epoch and step of each row of a log, or each snapshot's step (times differ from run to run)."""
+    return [json.loads(line)["step"] if path.suffix == ".jsonl" else line.split(",")[:2]
+            for line in path.read_text().splitlines()]

@@ -302,16 +302,17 @@ def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *
     # A finished run's log deleted (the readers' fix for a damaged one) is not judged: nothing is replayed into it.
     gone = {name for name in (METRICS_FILE, STEPS_FILE, HEADS_FILE) if done and not os.path.lexists(out / name)}
     metrics = None if METRICS_FILE in gone else _kept(
-        out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1), meta), rows, "rows",
-        step, done)
+        out / METRICS_FILE, with_last_line(out, "metrics", _resumed(read_metrics, out, rows + 1, past=not done), meta),
+        rows, "rows", step, done)
     if STEPS_FILE not in gone:
-        steps = _resumed(read_steps, out, step_rows + 1)
+        steps = _resumed(read_steps, out, step_rows + 1, past=not done)
         if len(steps) < step_rows:  # a counted last row re-saved without its newline (no crash cuts a counted one)
-            steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1)
+            steps = _resumed(lambda o, limit: read_steps(o, limit, unterminated=True), out, step_rows + 1,
+                             past=not done)
         steps = _kept(out / STEPS_FILE, steps, step_rows, "rows", step, done)
     heads = None if snapshots is None or HEADS_FILE in gone or done and _finished_heads_damaged(out, meta) else _kept(
-        out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines"), meta),
-        snapshots, "lines", step, done)
+        out / HEADS_FILE, with_last_line(out, "heads", _resumed(read_heads, out, snapshots + 1, "lines", past=not done),
+                                         meta), snapshots, "lines", step, done)
     for name, what, kept in ((METRICS_FILE, "metrics", metrics), (HEADS_FILE, "heads", heads)):
         problem = None if kept is None else logs_problem(meta, what, kept)  # edited since the checkpoint vouched
         if problem is not None:
@@ -336,12 +337,18 @@ def _finished_heads_damaged(out: Path, meta: dict[str, str]) -> bool:
     return bool(skipped)
 
 
-def _resumed(read, out: Path, limit: int, unit: str = "rows") -> list[dict[str, Any]]:
+def _resumed(read, out: Path, limit: int, unit: str = "rows", *, past: bool = False) -> list[dict[str, Any]]:
     """`read(out, limit=limit)`, a damaged log named with the fix a resume can take, not the readers' `LOG_FIX`
-    ("or delete it", which the next resume refuses as rows lost)."""
+    ("or delete it", which the next resume refuses as rows lost). `past`: the last of the `limit` is the one past the
+    checkpoint's count, which resuming cuts; damaged, it is cut unread (the first `limit - 1` read alone)."""
     try:
         return read(out, limit=limit)
     except DamagedFile as err:
+        if past:
+            try:
+                return read(out, limit=limit - 1)
+            except DamagedFile:
+                pass  # the damage is in what the checkpoint counts: said as it was
         if not err.fix.startswith(LOG_FIX):
             raise
         raise err.with_fix("restore it from a copy of the run, or train into a new --out (without it the run cannot "

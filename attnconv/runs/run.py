@@ -25,6 +25,7 @@ from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
     HEADS_LOST,
+    LOG_FIX,
     METRICS_FILE,
     METRICS_LOST,
     STATE_FILE,
@@ -106,13 +107,27 @@ class Run:
     def metrics(self) -> list[dict[str, float]]:
         """metrics.csv's rows (`runs.read_metrics`), none past the run's epochs in config.json. (Its steps are not
         bounded by config.json's total_steps: a resume with `allow_data_change` may change a run's length.)"""
-        rows = with_last_line(self.path, "metrics", read_metrics(self.path), self.logs_metadata)
+        try:
+            rows = read_metrics(self.path)
+        except DamagedFile as err:
+            raise self.resumable(err) from None
+        rows = with_last_line(self.path, "metrics", rows, self.logs_metadata)
         if rows and rows[-1]["epoch"] > self.config.epochs:
             raise DamagedFile(f"{self.path / METRICS_FILE}: corrupt metrics file (its last row, of epoch "
                               f"{rows[-1]['epoch']:g}, lies past the run's {_count(self.config.epochs, 'epoch')} "
                               "in config.json)", log_fix(METRICS_LOST, config_edited=True))
         self.check_logs("metrics", rows)
         return rows
+
+    def resumable(self, err: DamagedFile) -> DamagedFile:
+        """A damaged log's line (`err`), with the fix an unfinished run's resume gives where it would take the log as
+        it is: the damage lies past what its last checkpoint counts, and a resume cuts what was logged after that
+        (deleting the log instead would leave the run no resume: its checkpoint counts the rows)."""
+        if not err.fix.startswith(LOG_FIX) or not os.path.lexists(self.path / STATE_FILE) or \
+                resume_problem(self.path, bool(self.heads_per_layer)) is not None:
+            return err
+        return err.with_fix(f"resume the run, which cuts what was logged after its last checkpoint, the damage "
+                            f"with it: `attnconv train --out {self.path} --resume`; or restore it from a copy")
 
     def check_logs(self, what: str, entries: list[dict[str, Any]]) -> None:
         """One DamagedFile where metrics.csv's rows (`what` "metrics") or heads.jsonl's snapshots ("heads"), read as
