@@ -9,6 +9,7 @@ it); `config.json` of every run holds one (`TrainConfig.to_dict`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 from attnconv import data as D
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
-from attnconv.limits import as_real, plain_number
+from attnconv.limits import as_real, plain_number, shown_value
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
 from attnconv.precision import check_device
@@ -49,7 +50,7 @@ class InitFrom:
     run: str = option(help="the trained CNN run directory", cli=False)
     alpha: float = option(3.0, "the heads' initial alpha (default 3: 83% of each 2-d head's attention on its tap, "
                           "so the heads can move; 20+ starts as the exact CNN, whose heads then hardly get gradients)",
-                          low=1e-9, high=1e9, flag="init-alpha",
+                          low=1e-9, high=1e4, flag="init-alpha",
                           fix="give a positive number (1 to 4 lets the heads move; 20+ is exact)")
     fold_bn: bool = option(False, "fold the CNN's BatchNorms into the attention layers (default: keep them, trained)",
                            flag="fold-bn")
@@ -133,7 +134,18 @@ class TrainConfig:
         object.__setattr__(self, "milestones", tuple(fractions))  # Python floats, as config.json holds them
         if not isinstance(self.model_overrides, dict):
             raise FieldError("model_overrides", self.model_overrides, "give a dict of model options")
-        object.__setattr__(self, "model_overrides", {k: plain_number(v) for k, v in self.model_overrides.items()})
+        odd = next((key for key in self.model_overrides if not isinstance(key, str)), None)
+        if odd is not None:
+            raise AttnconvError(f"model_overrides key {shown_value(odd)} is not a string: give the model's options by "
+                                "name")
+        overrides = plain_number(self.model_overrides)
+        for key, value in overrides.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):  # what config.json cannot hold (an object, a tensor of many values)
+                raise AttnconvError(f"model_overrides[{key!r}] {shown_value(value)} cannot be written to config.json: "
+                                    "give a number, a string, or a list of them") from None
+        object.__setattr__(self, "model_overrides", overrides)
         if self.init_from is not None:
             if not isinstance(self.init_from, InitFrom):
                 raise FieldError("init_from", self.init_from, "give an InitFrom(run=..., alpha=..., fold_bn=...)")

@@ -215,8 +215,8 @@ def real_number(value: Any, name: str, what: str, *, low: float = -math.inf, hig
 
 
 def as_real(value: Any) -> float | None:
-    """`value` as a float if it is one real number (a 0-d tensor or array too; no bool, string or complex), else
-    None."""
+    """`value` as a float if it is one real number (a 0-d tensor or array too; no bool, string or complex; one past
+    the float range, 10**400, as an infinity of its sign, which no finite range holds), else None."""
     if isinstance(value, (bool, str, bytes)) or getattr(value, "dtype", None) in (torch.bool, bool):
         return None
     if isinstance(value, torch.Tensor):
@@ -231,14 +231,21 @@ def as_real(value: Any) -> float | None:
         return None
     try:
         return float(value)
-    except (TypeError, ValueError, OverflowError):
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError):
         return None
 
 
 def plain_number(value: Any) -> Any:
-    """A numpy scalar or a 0-d tensor as the Python number (or bool) it holds, as JSON can write it; any other
-    value as it is."""
-    if (type(value).__module__ == "numpy" and type(value).__name__ != "ndarray") or \
-            (isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type != "meta"):
+    """A numpy scalar, or an array or tensor of one element, as the Python number (or bool) it holds, as JSON can
+    write it (the model options take them as one number); lists, tuples and dicts of them likewise, item by item; any
+    other value as it is."""
+    if isinstance(value, dict):
+        return {key: plain_number(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain_number(item) for item in value)
+    if type(value).__module__ == "numpy" and (type(value).__name__ != "ndarray" or value.size == 1) or \
+            (isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type != "meta"):
         return value.item()
     return value

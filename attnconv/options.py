@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attnconv.errors import ParameterError
-from attnconv.limits import as_real, is_whole
+from attnconv.limits import as_real, is_whole, shown_value
 
 
 class FieldError(ParameterError):
@@ -37,7 +37,8 @@ class FieldError(ParameterError):
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    """A field's value on one line: an array or tensor by its shape (`limits.shown_value`), a long repr cut."""
+    text = shown_value(value) if getattr(value, "shape", None) is not None else " ".join(repr(value).split())
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -75,6 +76,12 @@ def _is_int(x: Any) -> bool:
     return is_whole(x)  # numpy's integers and 0-d integer tensors too, stored as Python ints (`check_fields`)
 
 
+def _numpy_bool(value: Any) -> bool:
+    """Whether `value` is numpy's bool scalar (np.True_), taken as a bool field's value and stored as Python's."""
+    return type(value).__module__ == "numpy" and getattr(value, "shape", None) == () and \
+        str(getattr(value, "dtype", "")) == "bool"
+
+
 def _scalar(hint: Any) -> Any:
     """int / float / str / bool of an annotation such as `int | None`; None for anything else."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -104,7 +111,7 @@ def check_value(f: dataclasses.Field, value: Any, hint: Any) -> None:
         if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
             return
         raise FieldError(f.name, value, "give a value", flag=m.get("flag"))
-    if kind is bool and not isinstance(value, bool):
+    if kind is bool and not isinstance(value, bool) and not _numpy_bool(value):
         raise FieldError(f.name, value, "give true or false", flag=m.get("flag"))
     if kind is int and not _is_int(value):
         raise FieldError(f.name, value, m["fix"] or "give a whole number", flag=m.get("flag"))
@@ -122,8 +129,11 @@ def check_value(f: dataclasses.Field, value: Any, hint: Any) -> None:
                 (hi is None or (number < hi if m["high_open"] else number <= hi))
         except OverflowError:
             ok = False
-        if not ok:
-            raise FieldError(f.name, value, m["fix"] or range_words(f, kind), flag=m.get("flag"))
+        if not ok:  # the range said, after a fix that does not say it ("give a positive number": 1e-13 is one)
+            words = range_words(f, kind)
+            fix = m["fix"] if not m["fix"] or lo is None or f"{lo:g}" in m["fix"] else \
+                f"{m['fix']}; the range: {words.split(' number ', 1)[1]}"
+            raise FieldError(f.name, value, fix or words, flag=m.get("flag"))
 
 
 def check_fields(obj: Any, names: Iterable[str] | None = None) -> None:
@@ -135,8 +145,9 @@ def check_fields(obj: Any, names: Iterable[str] | None = None) -> None:
             value = getattr(obj, f.name)
             check_value(f, value, hints[f.name])
             kind = _scalar(hints[f.name])
-            if kind in (int, float) and value is not None and type(value) is not kind:  # as config.json holds it
-                object.__setattr__(obj, f.name, operator.index(value) if kind is int else as_real(value))
+            if kind in (int, float, bool) and value is not None and type(value) is not kind:  # as config.json holds it
+                object.__setattr__(obj, f.name, operator.index(value) if kind is int else as_real(value)
+                                   if kind is float else bool(value))
 
 
 def field_ranges(*classes: type) -> dict[str, tuple[float, float]]:

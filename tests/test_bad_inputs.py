@@ -497,7 +497,7 @@ CASES = [
     ("resume-config-workers-100000", config_field("workers", 100000), RESUME,
      "config.json: corrupt run config (field workers 100000 is invalid: give a whole number from 1 to 256)", None),
     ("resume-config-lr-nan", config_field("lr", float("nan")), RESUME,
-     "corrupt run config (field lr nan is invalid: give a positive number)", None),
+     "corrupt run config (field lr nan is invalid: give a positive number; the range: from 1e-12 to 1e+38)", None),
     ("table-metrics-test-acc-2.5", _edit_text("metrics.csv", _first_value("test_acc", "2.5")), ["table", "{run}"],
      "metrics.csv: corrupt metrics file (line 2: test_acc 2.5 is not an accuracy from 0 to 1)", None),
     ("table-metrics-row-too-long", _edit_text("metrics.csv", _row_fields(",9")), ["table", "{run}"],

@@ -259,7 +259,7 @@ def test_follows_the_conv_device_and_dtype_and_keeps_alpha_on_to():
 def test_rejects_what_is_not_a_conv_and_input_the_conv_rejects():
     with pytest.raises(AttnconvError, match="Conv1d/2d/3d"):
         conv_to_attention(nn.ConvTranspose2d(2, 2, 3))
-    with pytest.raises(AttnconvError, match="alpha 0.0 is invalid: .* > 0"):
+    with pytest.raises(AttnconvError, match=r"alpha 0.0 is invalid: .* in \(0, 10000\]"):
         conv_to_attention(nn.Conv2d(1, 1, 3), alpha=0.0)
     attn = conv_to_attention(nn.Conv2d(2, 2, 3, padding=1))
     with pytest.raises(AttnconvError, match="expected input"):

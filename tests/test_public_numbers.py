@@ -331,3 +331,46 @@ def test_numpy_and_tensor_numbers_in_a_config_are_stored_as_python_numbers():
     assert json.loads(json.dumps(config.to_dict())) == config.to_dict()
     with pytest.raises(AttnconvError, match=r"milestones \('0.5',\) is invalid"):
         attnconv.make_config(preset="fmnist-sa-quadratic", milestones=("0.5",))
+
+
+def test_round_55_b_configs_alpha_padding_and_steps_past_their_ranges_are_one_line():
+    """Round 55: `learning_rate` took 10**400 (an OverflowError traceback); a 0-d array or a one-element tensor in
+    model_overrides, or a key that is no string, passed make_config and `train` died writing config.json; an alpha
+    past the layer dtype's largest number made every output NaN; padding of 2**20 failed in torch's allocator; a
+    field's fix asked for what was given (`lr 1e-13 ...: give a positive number`), 10**400 was "not a number", and an
+    array was shown on several lines; numpy's bool was refused for a bool field."""
+    import json
+
+    from attnconv.construct import ConvAttention
+    from attnconv.training import learning_rate
+
+    config = attnconv.make_config(preset="fmnist-sa-quadratic")
+    for call, name in ((lambda: learning_rate(config, 10**400, 10), "step"),
+                       (lambda: learning_rate(config, 1, 10**400), "total_steps")):
+        with pytest.raises(AttnconvError, match=name):
+            call()
+    config = attnconv.make_config(preset="fmnist-sa-quadratic", amp=np.bool_(False), model_overrides={
+        "hidden": torch.tensor([16]), "dropout": np.array(0.25), "extra": (np.int64(2), [np.float32(0.5)])})
+    assert config.model_overrides["hidden"] == 16 and config.model_overrides["dropout"] == 0.25 and config.amp is False
+    assert json.loads(json.dumps(config.to_dict()))["model_overrides"]["extra"] == [2, [0.5]]
+    for overrides, words in (({1: 16}, "model_overrides key 1 is not a string"),
+                             ({"hidden": np.ones(3)}, r"model_overrides\['hidden'\] an array of shape \(3,\) cannot")):
+        with pytest.raises(AttnconvError, match=words):
+            attnconv.make_config(preset="fmnist-sa-quadratic", model_overrides=overrides)
+    conv = nn.Conv2d(2, 2, 3, padding=1)
+    for call in (lambda: attnconv.conv_to_attention(conv, alpha=1e39),
+                 lambda: attnconv.conv_to_attention(conv, alpha=1e5, learnable=True),
+                 lambda: attnconv.cnn_to_attention(nn.Sequential(conv), alpha=3.5e38)):
+        with pytest.raises(AttnconvError, match=r"alpha .* is invalid: .* in \(0, 10000\]"):
+            call()
+    x = torch.randn(1, 2, 5, 5)
+    assert (attnconv.conv_to_attention(conv.half().float(), alpha=1e4)(x) - conv(x)).abs().max() < 1e-5
+    layer = ConvAttention(1, 1, (3, 3), stride=(1, 1), padding=((2**20, 2**20), (1, 1)), dilation=(1, 1), alpha=20.0)
+    with pytest.raises(AttnconvError, match="with padding .* needs about .* of memory"):
+        layer(torch.randn(1, 1, 5, 5))
+    for changes, words in ((dict(lr=1e-13), "lr 1e-13 is invalid: give a positive number; the range: from 1e-12 to"),
+                           (dict(momentum=10**400), "momentum 1000.* is invalid: give a number >= 0 and below 1"),
+                           (dict(lr=np.ones((3, 3))), r"lr an array of shape \(3, 3\) is invalid")):
+        with pytest.raises(AttnconvError, match=words) as err:
+            attnconv.make_config(preset="fmnist-sa-quadratic", **changes)
+        assert "\n" not in str(err.value)

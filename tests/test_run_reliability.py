@@ -1745,3 +1745,13 @@ def _firsts(path: Path) -> list:
     """Epoch and step of each row of a log, or each snapshot's step (times differ from run to run)."""
     return [json.loads(line)["step"] if path.suffix == ".jsonl" else line.split(",")[:2]
             for line in path.read_text().splitlines()]
+
+
+def test_round_55_b_an_optimizer_step_past_the_weights_range_is_a_diverged_run(data_dir, tmp_path, capsys):  # noqa: F811
+    """Round 55: `--lr 1e38` is in its range, but AdamW's first step size (lr / (1 - beta1)) is past float32's: torch
+    refused the step with a traceback (exit 1), and `--resume` did the same. Now it is said as a diverged run is."""
+    capsys.readouterr()
+    assert main(tiny_args(tmp_path / "run", data_dir, *ONE_EPOCH, "--optimizer", "adamw", "--lr", "1e38")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("error: the optimizer's step overflowed the weights' number range at step 1 (lr 1e+38); no "
+                   "checkpoint was written yet; lower --lr or raise --warmup and train into a new --out"), err

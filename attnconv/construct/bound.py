@@ -13,7 +13,12 @@ import torch
 from attnconv.errors import ParameterError
 from attnconv.limits import real_number, shown_value, whole_number
 
-__all__ = ["default_alpha", "leakage_bound"]
+__all__ = ["MAX_ALPHA", "default_alpha", "leakage_bound"]
+
+# The largest width alpha a converted layer takes. Past about 750 every off-target weight is exactly 0 in float64
+# (e^-alpha underflows), so a larger alpha changes nothing; and alpha is used in the layer's dtype, where one past
+# its largest number (65504 in float16, 3.4e38 in float32) becomes inf and 0 * inf makes every output NaN.
+MAX_ALPHA = 1e4
 
 
 def leakage_bound(alpha: float, ndim: int) -> float:
@@ -54,8 +59,8 @@ def default_alpha(dtype: torch.dtype, ndim: int) -> float:
     scale of the output: a sixteenth of one rounding unit, so the construction is as
     exact as the arithmetic. Since lambda ~ 2 ndim e^{-alpha}, this is about
     alpha = ln(64 ndim / eps): float64 -> 40.9, float32 -> 20.8, float16 -> 11.8,
-    bfloat16 -> 9.7 (for ndim = 2). A larger alpha is never worse numerically: scores are
-    <= 0 with the maximum at 0, so exp only underflows to 0.
+    bfloat16 -> 9.7 (for ndim = 2). A larger alpha, up to `MAX_ALPHA`, is never worse
+    numerically: scores are <= 0 with the maximum at 0, so exp only underflows to 0.
     """
     ndim = whole_number(ndim, "ndim", "the number of spatial axes", most=3)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnconv.construct.bound import leakage_bound
+from attnconv.construct.bound import MAX_ALPHA, leakage_bound
 from attnconv.construct.geometry import (
     MAX_DENSE,
     PADDING_MODES,
@@ -134,7 +134,8 @@ class ConvAttention(nn.Module):
         check_memory(self.heads * out_channels * (in_channels // groups + 1) * 4,
                      f"kernel_size {self.kernel_size} with {in_channels} to {out_channels} channels",
                      "give a smaller kernel or fewer channels")
-        self.alpha = real_number(alpha, "alpha", "the heads' softmax sharpness", low=0, low_open=True)
+        self.alpha = real_number(alpha, "alpha", "the heads' softmax sharpness (larger changes nothing: every "
+                                 "off-target weight is 0 past 750)", low=0, low_open=True, high=MAX_ALPHA)
         self.anchor = tuple((k - 1) // 2 for k in self.kernel_size)
 
         factory = {"device": device, "dtype": dtype}
@@ -215,6 +216,10 @@ class ConvAttention(nn.Module):
         out = self.output_size(size)
         work = torch.promote_types(self.out_weight.dtype, torch.float32)
         device = self.out_weight.device
+        padded = [n + lo + hi for n, (lo, hi) in zip(size, self.padding)]
+        entries = sum(self._axis_heads(a)[0].numel() * out[a] * padded[a] for a in range(self.ndim))
+        check_memory(3 * entries * work.itemsize, f"input size {tuple(size)} with padding {self.padding}",
+                     "give smaller inputs or less padding")  # the factors, their softmax and its cast, at once
         logits = []
         for a, q in enumerate(self._padded_query_axes(size, out)):
             lo, hi = self.padding[a]

@@ -30,6 +30,7 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from attnconv.construct.bound import MAX_ALPHA
 from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.factory import conv_to_attention, torch_compiled, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
@@ -126,7 +127,7 @@ def cnn_to_attention(
                             "is one); convert the module it wraps (its _orig_mod) first, then compile the result")
     if alpha is not None:
         alpha = real_number(alpha, "alpha", "the heads' softmax sharpness (None: the dtype's default)", low=0,
-                            low_open=True)
+                            low_open=True, high=MAX_ALPHA)
     key_dim = check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
     example = _example_args(example_input)
     converted = copy.deepcopy(model)

@@ -21,8 +21,8 @@ def learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
     then half a cosine down to 0 (the paper's attention models). multistep: lr times
     gamma for each milestone passed (the paper's ResNet: epochs 80/150/250 of 300).
     """
-    step = whole_number(step, "step", "the optimizer step, counted from 0", least=0, most=math.inf)
-    total_steps = whole_number(total_steps, "total_steps", "the run's optimizer steps", most=math.inf)
+    step = whole_number(step, "step", "the optimizer step, counted from 0", least=0, most=2**53)  # exact as floats
+    total_steps = whole_number(total_steps, "total_steps", "the run's optimizer steps", most=2**53)
     if config.schedule == "constant":
         return config.lr
     if config.schedule == "multistep":

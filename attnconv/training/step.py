@@ -9,6 +9,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+class StepOverflow(ArithmeticError):
+    """The optimizer's step overflowed the weights' number range: a step size past it (AdamW's lr / (1 - beta1) from
+    about 3.4e37 in float32, an SGD rate times `attention_lr_scale`), which torch refuses before updating."""
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor,
                autocast: AbstractContextManager) -> tuple[Tensor, Tensor]:
     """Forward under `autocast`, float32 cross-entropy, backward, the optimizer's step.
@@ -22,5 +27,10 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y:
     loss = F.cross_entropy(logits.float(), y)  # float32 loss whatever the autocast dtype
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    optimizer.step()
+    try:
+        optimizer.step()
+    except RuntimeError as err:  # "value cannot be converted to type float without overflow": as a diverged run
+        if "without overflow" not in str(err):
+            raise
+        raise StepOverflow(str(err)) from None
     return loss.detach(), logits.detach()

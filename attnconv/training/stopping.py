@@ -14,6 +14,7 @@ from attnconv.errors import Interrupted, ParameterError
 from attnconv.fileio import PERMISSION_FIX, describe_os_error
 from attnconv.limits import out_of_memory
 from attnconv.training.checks import where_the_run_stands
+from attnconv.training.step import StepOverflow
 
 # What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
 RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
@@ -25,6 +26,11 @@ def stopped_line(err: BaseException, out: Path, trainer, fresh: bool, overwrite:
     Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
     the run directory holds now; None to let `err` itself through (an AttnconvError says it already). The
     `--resume` it names carries `--allow-data-change` when this one did (without it the data at hand is refused)."""
+    if isinstance(err, StepOverflow) and trainer is not None:  # as a diverged run: said before the set-aside run is back
+        diverged = trainer._nan_error("the optimizer's step overflowed the weights' number range",
+                                      trainer.progress.step + 1)
+        _restore_set_aside(out, trainer)
+        return diverged
     restored = _restore_set_aside(out, trainer)
     if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
         return None
