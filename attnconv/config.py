@@ -128,7 +128,8 @@ class TrainConfig:
         check_fields(self)
         fractions = [as_real(m) for m in self.milestones] \
             if isinstance(self.milestones, (tuple, list)) else [None]
-        if not (all(m is not None and 0 < m < 1 for m in fractions) and fractions == sorted(fractions)):
+        if not (all(m is not None and 0 < m < 1 for m in fractions)
+                and all(a < b for a, b in zip(fractions, fractions[1:]))):
             raise FieldError("milestones", self.milestones,
                              "give increasing fractions of all steps, each in (0, 1), e.g. 0.27,0.5,0.83")
         object.__setattr__(self, "milestones", tuple(fractions))  # Python floats, as config.json holds them

@@ -331,6 +331,8 @@ def test_numpy_and_tensor_numbers_in_a_config_are_stored_as_python_numbers():
     assert json.loads(json.dumps(config.to_dict())) == config.to_dict()
     with pytest.raises(AttnconvError, match=r"milestones \('0.5',\) is invalid"):
         attnconv.make_config(preset="fmnist-sa-quadratic", milestones=("0.5",))
+    with pytest.raises(AttnconvError, match=r"milestones \(0.5, 0.5\) is invalid: give increasing"):  # round 55
+        attnconv.make_config(preset="fmnist-sa-quadratic", milestones=(0.5, 0.5))
 
 
 def test_round_55_b_configs_alpha_padding_and_steps_past_their_ranges_are_one_line():
