@@ -137,29 +137,45 @@ def shown_before() -> Callable:
 
 
 @contextlib.contextmanager
-def warnings_shown(show: Callable) -> Iterator[None]:
+def warnings_shown(show: Callable, *, every: bool | None = None) -> Iterator[None]:
     """Inside, the warnings said in this thread are shown by `show` (as `warnings.showwarning` is called), and every
     other thread's by the showwarning in place before, as if each had set `warnings.showwarning` for itself:
     `catch_warnings` with `warnings.showwarning = show` would swap the process's one showwarning and filter list, and
     threads leaving it at once put back each other's (the CLI's `main` called from several threads left its own
     showwarning installed and attnconv's quieting filter in the list for good). The showwarning in place before is put
-    back when the last thread leaves (unless something else replaced it meanwhile)."""
+    back when the last thread leaves (unless something else replaced it meanwhile). `every`: attnconv's warnings said
+    each time inside (`attnconv_warning`; None: as outside)."""
     with _SHOWN_LOCK:
         if _shown_state["users"] == 0:
             current = warnings.showwarning
             _shown_state["before"] = current if current is not _dispatch else _shown_state["before"]
             warnings.showwarning = _dispatch
         _shown_state["users"] += 1
-    outer = getattr(_SHOWN, "show", None)
-    _SHOWN.show = show
+    outer, outer_every = getattr(_SHOWN, "show", None), getattr(_SHOWN, "every", False)
+    _SHOWN.show, _SHOWN.every = show, outer_every if every is None else every
     try:
         yield
     finally:
-        _SHOWN.show = outer
+        _SHOWN.show, _SHOWN.every = outer, outer_every
         with _SHOWN_LOCK:
             _shown_state["users"] -= 1
             if _shown_state["users"] == 0 and warnings.showwarning is _dispatch:
                 warnings.showwarning = _shown_state["before"]
+
+
+@contextlib.contextmanager
+def warnings_held() -> Iterator[None]:
+    """The warnings said in this thread inside (those no filter ignored) shown when the block ends, however it ends,
+    through the showwarning this thread had: an export silences its thread's output meanwhile, and a user's model
+    warning while it is traced must still be seen."""
+    held: list[tuple] = []
+    outer = getattr(_SHOWN, "show", None)
+    try:
+        with warnings_shown(lambda *shown: held.append(shown)):
+            yield
+    finally:
+        for shown in held:
+            (outer or warnings.showwarning)(*shown)
 
 
 def _take_out(added: list, into: list) -> None:
@@ -186,14 +202,30 @@ def caller_warning(frame: FrameType | None, message: str) -> Callable[[], None]:
     attnconv's or of a model's), with that frame's module and warning registry, as `warnings.warn` there would: filters
     by module and once-per-line apply as to the user's own warnings (None: the line that calls it)."""
     if frame is None:
-        return functools.partial(warnings.warn, AttnconvWarning(message), stacklevel=3)
-    registry = frame.f_globals.setdefault("__warningregistry__", {})
+        return functools.partial(attnconv_warning, message, 3)
+    # Inside the CLI's main each command says its warnings as a process would: no registry shared with other threads'
+    # commands (one's entry, made after another's command began, would drop that command's line).
+    registry = {} if getattr(_SHOWN, "every", False) else frame.f_globals.setdefault("__warningregistry__", {})
     # No module_globals: the loader of a __main__ run by `python -c`, stdin, exec or `-m` fails to give its source.
     # Code exec'd with globals of no name: the module named from its file.
     name, file = frame.f_globals.get("__name__"), frame.f_code.co_filename
     module = name if isinstance(name, str) and name else os.path.splitext(os.path.basename(file))[0] or "<unknown>"
     return functools.partial(warnings.warn_explicit, AttnconvWarning(message), AttnconvWarning, file, frame.f_lineno,
                              module=module, registry=registry)
+
+
+def attnconv_warning(message: str, stacklevel: int = 2) -> None:
+    """AttnconvWarning(`message`), said as `warnings.warn(..., stacklevel)` says it; inside the CLI's `main` every
+    time (`warnings_shown(every=True)`), not once per line: threads running commands at once share the modules'
+    registries, and each command says its own warnings, as a process of its own would."""
+    if not getattr(_SHOWN, "every", False):
+        warnings.warn(AttnconvWarning(message), stacklevel=stacklevel + 1)
+        return
+    frame = sys._getframe(1)
+    for _ in range(stacklevel - 1):  # as warnings.warn counts; the outermost frame where the stack is shorter
+        frame = frame.f_back or frame
+    warnings.warn_explicit(AttnconvWarning(message), AttnconvWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=str(frame.f_globals.get("__name__") or "attnconv"), registry={})
 
 
 class Interrupted(KeyboardInterrupt):

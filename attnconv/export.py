@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 import attnconv
-from attnconv.errors import AttnconvError, ParameterError, warnings_ignored
+from attnconv.errors import AttnconvError, ParameterError, warnings_held, warnings_ignored
 from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
 from attnconv.limits import format_bytes
 from attnconv.runs import Run, as_run
@@ -138,9 +138,11 @@ def _interruptible() -> Iterator[None]:
 
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")  # color codes and other controls
-# The modules whose notes an export silences: the tracers and exporters (torch's, onnx's, onnxscript's, onnxruntime's)
-# and attnconv's model code they run; another thread's warnings meanwhile are still said.
-_EXPORTERS = re.compile(r"(torch|onnx\w*|attnconv)(\.|$)")
+# The modules whose notes an export silences: the tracers and exporters (torch's, onnx's, onnxscript's, onnxruntime's),
+# attnconv's model code they run, and the standard library's modules they warn through (torch's deprecations said
+# from copyreg as the exporter deep-copies); another thread's warnings meanwhile are still said, a user's model's too.
+_EXPORTERS = re.compile(r"(torch|onnx|onnxscript|onnxruntime|onnx_ir|attnconv|copy|copyreg|contextlib|functools|inspect"
+                        r"|typing|dataclasses)(\.|$)")
 _ONNX_PROSE = re.compile(r"\s*This is step \d+/\d+ of exporting the model to ONNX\..*$")  # its advice follows
 
 
@@ -159,49 +161,72 @@ def _cause_line(err: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """The tracers' and exporters' notes silenced: their warnings (shape checks), their log lines (the ONNX
-    exporter's "torchvision is not installed" at WARNING) and what they print: torch.export prints the partial FX
-    graph of a failed export to sys.stderr (77 lines before attnconv's own one), and native code (onnxruntime's
-    session notes) writes to the file descriptors themselves, so both sys.stdout/sys.stderr and fds 1 and 2 point
-    to nothing meanwhile; errors still raise, and attnconv's own line comes after."""
-    with warnings_ignored(modules=_EXPORTERS), _silent_output():  # threads exporting at once: no list swapped
-        before = logging.root.manager.disable
-        logging.disable(max(before, logging.WARNING))
-        try:
-            yield
-        finally:
-            logging.disable(before)
+    """The tracers' and exporters' notes silenced, in this thread only: their warnings (shape checks, deprecations),
+    their log lines (the ONNX exporter's "torchvision is not installed" at WARNING) and what they print (torch.export
+    prints the partial FX graph of a failed export to sys.stderr: 77 lines before attnconv's own one); errors still
+    raise, and attnconv's own line comes after. Other threads' output, warnings and log lines are said meanwhile, and
+    the user's own warnings in this thread (their model's forward, traced) are said when the export is done. One
+    export at a time in a process (torch.export's tracing state is the process's)."""
+    with _EXPORT_LOCK, warnings_ignored(modules=_EXPORTERS), warnings_held(), _loggers_quiet(), _silent_output():
+        yield
+
+
+# torch.export's and the ONNX exporter's tracing state (fake-tensor modes, the patcher, the deserializer) is the
+# process's: two exports at once fail each other.
+_EXPORT_LOCK = threading.RLock()
+_EXPORT_LOGGERS = ("torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime")
+
+
+@contextlib.contextmanager
+def _loggers_quiet() -> Iterator[None]:
+    """The exporters' loggers at ERROR (their notes at WARNING silenced), the user's loggers as they are."""
+    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+class _ThreadQuiet:
+    """In place of sys.stdout or sys.stderr: what `thread` writes goes nowhere, every other thread's to `real`."""
+
+    def __init__(self, real: Any, thread: int):
+        self.real, self.thread = real, thread
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self.thread or self.real is None:
+            return len(text)
+        return self.real.write(text)
+
+    def flush(self) -> None:
+        if threading.get_ident() != self.thread and self.real is not None:
+            self.real.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
 
 
 @contextlib.contextmanager
 def _silent_output() -> Iterator[None]:
-    """sys.stdout and sys.stderr, and file descriptors 1 and 2 where the process has them, to nothing."""
-    sink = io.StringIO()
-    saved: list[tuple[int, int]] = []
+    """sys.stdout and sys.stderr to nothing for this thread (another thread's writes go where they went). Native code
+    writing to the file descriptors themselves (onnxruntime's session notes) is told to be quiet instead (`_check`):
+    pointing fds 1 and 2 at nothing would silence every thread of the process."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()  # what was written before goes out first
-    devnull = None
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ThreadQuiet(stdout, threading.get_ident()), _ThreadQuiet(stderr, threading.get_ident())
     try:
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            for fd in (1, 2):
-                with contextlib.suppress(OSError):  # a closed fd (a daemon): nothing to silence there
-                    copy = os.dup(fd)
-                    saved.append((fd, copy))
-                    os.dup2(devnull, fd)
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            yield
+        yield
     finally:
-        for stream in (sys.__stdout__, sys.__stderr__):
-            with contextlib.suppress(Exception):
-                stream.flush()  # what was buffered meanwhile goes to nothing too
-        for fd, copy in reversed(saved):
-            with contextlib.suppress(OSError):
-                os.dup2(copy, fd)
-            os.close(copy)
-        if devnull is not None:
-            os.close(devnull)
+        if isinstance(sys.stdout, _ThreadQuiet):  # unless something else replaced it meanwhile
+            sys.stdout = stdout
+        if isinstance(sys.stderr, _ThreadQuiet):
+            sys.stderr = stderr
 
 
 def _dynamic_batch(export: Callable[[Any], Any]) -> Any:
@@ -254,7 +279,9 @@ def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Te
             return  # written, not checked: onnxruntime is optional
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(data)
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3  # errors only: its notes go to the process's stderr from native code
+        session = onnxruntime.InferenceSession(data, sess_options=options)
         got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})[0])
     diff = float((got.to(want) - want).abs().max())
     if not diff <= TOLERANCE:

@@ -45,7 +45,6 @@ import base64
 import html
 import json
 import os
-import warnings
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ import torch
 
 import attnconv
 from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
-from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
+from attnconv.errors import AttnconvError, ParameterError, attnconv_warning
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file, not_a_folder
 from attnconv.limits import whole_number
@@ -117,7 +116,7 @@ def _img(png: bytes, alt: str) -> str:
 
 def _missing(section: str, err: AttnconvError) -> None:
     """Say on stderr (one `warning:` line from the CLI) that the page leaves out `section`, and why."""
-    warnings.warn(f"report: {section} is left out: {err}", AttnconvWarning, stacklevel=3)
+    attnconv_warning(f"report: {section} is left out: {err}", 3)
 
 
 def _note(text: str) -> str:

@@ -289,3 +289,52 @@ def test_exports_a_ctrl_c_that_torch_wraps_is_one_interrupted_line(tiny, tmp_pat
     assert err == ["interrupted"], err
     assert not (run / "model.pt2").exists() and _hidden(run) == []
     assert export_module._INTERRUPTED  # a later failed export of this process names the Ctrl-C as its likely cause
+
+
+def test_round_55_exports_from_threads_at_once_and_beside_other_threads_output(tiny, tmp_path, capfd, recwarn):
+    """Round 55: export pointed the process's fds 1 and 2 and sys.stdout/sys.stderr at nothing while it ran, and put
+    them back per call: threads exporting at once left them silenced for good, failed each other (torch.export's
+    tracing state is the process's: "try another --format" on a sound run, or a traceback), and another thread's
+    warnings and prints meanwhile were lost. Now one export runs at a time, only its own thread is silenced, and a
+    FutureWarning torch says from copyreg while the ONNX exporter copies is quieted (under -W error it failed)."""
+    import threading
+    import warnings
+
+    run = _run_copy(tiny, tmp_path)
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)]
+    streams = (sys.stdout, sys.stderr)
+    codes: list[int] = []
+    done = threading.Event()
+
+    def export(number: int) -> None:
+        codes.append(main(["export", str(run), "--format", "torchscript", "--out", str(tmp_path / f"m{number}.ts")]))
+
+    said = 0
+
+    def other() -> None:  # another thread's warnings and prints while the exports run
+        nonlocal said
+        while not done.is_set() or said < 20:
+            said += 1
+            warnings.warn_explicit(f"note {said}", UserWarning, "mine.py", said, module="mine", registry={})
+            print(f"printed {said}", file=sys.stderr)
+
+    capfd.readouterr()
+    exporters = [threading.Thread(target=export, args=(n,)) for n in range(3)]
+    talker = threading.Thread(target=other)
+    for t in (*exporters, talker):
+        t.start()
+    for t in exporters:
+        t.join()
+    done.set()
+    talker.join()
+    err = capfd.readouterr().err
+    assert codes == [0, 0, 0], err
+    assert [os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)] == fds and (sys.stdout, sys.stderr) == streams
+    noted = {str(w.message) for w in recwarn.list}
+    lost = [n for n in range(1, said + 1) if f"note {n}" not in noted or f"printed {n}\n" not in err]
+    assert not lost, (said, lost[:20], err[-500:])
+    if "onnx" in FORMATS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert main(["export", str(run), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0, \
+                capfd.readouterr().err

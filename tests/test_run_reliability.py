@@ -1732,10 +1732,11 @@ def test_round_54_a_damaged_line_just_past_an_unfinished_runs_checkpoint_is_cut_
         shutil.copytree(copies, run)
         with open(run / log, "a") as f:
             f.write(junk)
+        offer = f"resume the run, which cuts what was logged after its last checkpoint, the damage with it: " \
+                f"`attnconv train --out {run} --resume`"
         if log == "metrics.csv":  # the readers offer the resume, which cuts it
-            err = _only_error(capsys, ["eval", run, "--data-dir", data_dir])
-            assert f"resume the run, which cuts what was logged after its last checkpoint, the damage with it: " \
-                   f"`attnconv train --out {run} --resume`" in err, err
+            assert offer in _only_error(capsys, ["eval", run, "--data-dir", data_dir])
+
         capsys.readouterr()
         assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--resume")) == 0, (log, capsys.readouterr().err)
         assert _firsts(run / log) == _firsts(tmp_path / "full" / log), log
@@ -1755,3 +1756,59 @@ def test_round_55_b_an_optimizer_step_past_the_weights_range_is_a_diverged_run(d
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == ("error: the optimizer's step overflowed the weights' number range at step 1 (lr 1e+38); no "
                    "checkpoint was written yet; lower --lr or raise --warmup and train into a new --out"), err
+
+
+def test_round_55_a_threads_calling_main_at_once_each_say_their_warning(tiny_attention_runs, tmp_path, capsys):
+    """Round 55: a command's warning was issued into the caller's once-per-line registry; with threads calling `main`
+    at once, one thread's entry (made after another's command began) dropped that command's `warning:` line (12 of
+    20 said). Inside `main` each command now says its warnings every time, as a process of its own would."""
+    import threading
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_attention_runs["sa-quadratic"], run)
+    with open(run / "heads.jsonl", "a") as f:
+        f.write('{"junk": 1}\n')
+    switch, codes = sys.getswitchinterval(), []
+
+    def work():
+        for _ in range(3):
+            codes.append(main(["analyze", str(run), "--images", "2"]))
+
+    capsys.readouterr()
+    try:
+        sys.setswitchinterval(1e-5)
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert codes == [0] * 12 and len(said) == 12, (codes, said)
+    assert all("skipped 1 damaged line" in line for line in said)
+
+
+def test_round_55_a_compare_offers_the_resume_for_heads_damaged_past_an_unfinished_runs_checkpoint(
+        data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Round 55: for a damaged heads.jsonl line past an unfinished run's checkpoint, `compare` said to restore or
+    delete the file; deleting it left the run no resume. It offers the resume, which cuts the line (round 54)."""
+    from attnconv.training import checkpoint as ck
+
+    save, copy = ck.Checkpointer.save, tmp_path / "at10"
+
+    def copied(self, model, optimizer, progress):  # the checkpoint at step 10: one epoch done of two
+        save(self, model, optimizer, progress)
+        if progress.step == 10:
+            shutil.copytree(self.out, copy)
+
+    monkeypatch.setattr(ck.Checkpointer, "save", copied)
+    assert main(tiny_args(tmp_path / "full", data_dir, "--log-every", "3", "--checkpoint-every", "5")) == 0
+    monkeypatch.undo()
+    with open(copy / "heads.jsonl", "a") as f:
+        f.write('{"epoch": null}\n')
+    err = _only_error(capsys, ["compare", copy])
+    assert f"resume the run, which cuts what was logged after its last checkpoint, the damage with it: `attnconv " \
+           f"train --out {copy} --resume`" in err, err
+    assert main(tiny_args(copy, data_dir, "--log-every", "3", "--checkpoint-every", "5", "--resume")) == 0
+    assert _firsts(copy / "heads.jsonl") == _firsts(tmp_path / "full" / "heads.jsonl")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from attnconv.analysis.grid import match_to_grid
-from attnconv.errors import AttnconvError
+from attnconv.errors import AttnconvError, DamagedFile
 from attnconv.evaluate import content_digest, logs_digest, run_setup, setup_differences
 from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
@@ -283,7 +283,10 @@ def _checked_heads(run: Path, whole: Run | None) -> list[dict[str, Any]]:
     """`read_heads` of a run; for a whole run (`_whole_run`), the snapshots checked against the model and the
     length its config.json describes (`Run.check_heads_fit`), and those its last checkpoint was written after
     (`Run.check_logs`)."""
-    snaps = read_heads(run)
+    try:
+        snaps = read_heads(run)
+    except DamagedFile as err:  # damage past an unfinished run's checkpoint: its resume cuts it (`Run.resumable`)
+        raise (whole.resumable(err) if whole is not None else err) from None
     if whole is not None:
         snaps = with_last_line(run, "heads", snaps, whole.logs_metadata)  # re-saved without its final newline
         whole.check_heads_fit(snaps)

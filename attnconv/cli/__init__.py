@@ -142,26 +142,49 @@ def main(argv: list[str] | None = None) -> int:
     command (no `argv`, as `attnconv` and `python -m attnconv` call it), a Ctrl-C after it returns,
     while the interpreter shuts down, exits at once with the same line."""
     process = argv is None
-    if sys.stderr is None:  # started with stderr closed (`2>&-`): print(file=None) would write errors to stdout
-        sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the process's stderr from now on)
-    stdout, stderr = sys.stdout, sys.stderr
-    if stdout is not None:
-        sys.stdout = _NamedStdout(stdout)
-    sys.stderr = _ForgivingStderr(stderr)
     try:
-        try:
-            return _run(argv, process)
-        except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
-            print(one_line(err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted", file=sys.stderr)
-            _said.append(True)  # a second SIGINT after it (`timeout -s INT` sends one to the group too) says nothing
-            return 130
+        with _wrapped_streams():
+            try:
+                return _run(argv, process)
+            except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
+                print(one_line(err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted",
+                      file=sys.stderr)
+                _said.append(True)  # a second SIGINT after it (`timeout -s INT` sends one to the group too): nothing
+                return 130
     finally:
-        if isinstance(sys.stdout, _NamedStdout):
-            sys.stdout = stdout
-        if isinstance(sys.stderr, _ForgivingStderr):
-            sys.stderr = stderr
         if process:
             _exit_on_interrupt()
+
+
+_STREAMS_LOCK = threading.Lock()
+_streams: dict = {"users": 0, "saved": None}
+
+
+@contextlib.contextmanager
+def _wrapped_streams() -> Iterator[None]:
+    """sys.stdout named in errors (`_NamedStdout`) and sys.stderr forgiving (`_ForgivingStderr`) while any thread is
+    inside `main`: the first to enter wraps them, the last to leave puts back what was there (unless something else
+    replaced them meanwhile), so that threads calling `main` at once never put back each other's wrappers."""
+    with _STREAMS_LOCK:
+        if _streams["users"] == 0:
+            if sys.stderr is None:  # started with stderr closed (`2>&-`): print(file=None) would write to stdout
+                sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the process's stderr from now on)
+            _streams["saved"] = (sys.stdout, sys.stderr)
+            if sys.stdout is not None:
+                sys.stdout = _NamedStdout(sys.stdout)
+            sys.stderr = _ForgivingStderr(sys.stderr)
+        _streams["users"] += 1
+    try:
+        yield
+    finally:
+        with _STREAMS_LOCK:
+            _streams["users"] -= 1
+            if _streams["users"] == 0:
+                stdout, stderr = _streams["saved"]
+                if isinstance(sys.stdout, _NamedStdout):
+                    sys.stdout = stdout
+                if isinstance(sys.stderr, _ForgivingStderr):
+                    sys.stderr = stderr
 
 
 def command() -> None:
@@ -325,7 +348,7 @@ def _run(argv: list[str] | None, process: bool) -> int:
         # `catch_warnings` did on entry), without swapping the process's filter list or showwarning, which threads
         # calling main at once put back in each other's places; each thread's warnings go to its own showwarning.
         warnings._filters_mutated()  # type: ignore[attr-defined]
-        with warnings_shown(_show_warning), _interrupts_not_lost():
+        with warnings_shown(_show_warning, every=True), _interrupts_not_lost():
             return int(args.func(args) or 0)
     except ParameterError as err:  # the library names the parameter (epochs); the command line, its flag (--epochs)
         print(f"error: {one_line(err.as_flag())}", file=sys.stderr)

@@ -107,11 +107,9 @@ def register(subparsers) -> None:
 def _warn(message: str) -> None:
     """A `warning:` line, said as the commands' other warnings are (Python's warnings, so that `-W error` makes it an
     error line and `-W ignore` silences it)."""
-    import warnings
+    from attnconv.errors import attnconv_warning
 
-    from attnconv.errors import AttnconvWarning
-
-    warnings.warn(message, AttnconvWarning, stacklevel=3)
+    attnconv_warning(message, 3)
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from pathlib import Path
 
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
-from attnconv.errors import AttnconvError, AttnconvWarning, ParameterError
+from attnconv.errors import AttnconvError, ParameterError, attnconv_warning
 from attnconv.fileio import dangling_link, same_path
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
@@ -270,8 +269,8 @@ def check_test_split(dataset: str, overlap: int, tested: int) -> ParameterError 
                               "split (a copy of it, or part of one): the test accuracy would be measured on training "
                               "images; give test images of their own")
     if tested and overlap >= 0.1 * tested:
-        warnings.warn(AttnconvWarning(f"--dataset {dataset}: {overlap} of its {tested} test images, with their labels, "
-                                      "are training images too; the test accuracy counts them"), stacklevel=2)
+        attnconv_warning(f"--dataset {dataset}: {overlap} of its {tested} test images, with their labels, are training "
+                         "images too; the test accuracy counts them")
     return None
 
 
