@@ -331,7 +331,7 @@ def make_config(*, preset: str | None = None, base: TrainConfig | None = None, *
     unknown = sorted(set(changes) - names)
     if unknown:
         raise TypeError(f"unknown TrainConfig field(s): {', '.join(unknown)}")
-    if "milestones" in changes:
+    if "milestones" in changes and not isinstance(changes["milestones"], (str, bytes)):  # "0.5": refused as it is
         changes["milestones"] = tuple(changes["milestones"])
     config = dataclasses.replace(base, model_overrides=overrides, **changes)
     config.check_values()  # each value in its range now (FieldError naming the field); `validate` checks the rest

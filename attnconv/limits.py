@@ -141,15 +141,18 @@ def _factory_shape(func, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
 
 
 def shown_value(value: Any) -> str:
-    """An argument's value as one short line says it: a tensor or array by its shape, a long or many-line repr by its
-    type."""
+    """An argument's value as one short line says it: a tensor or array by its shape (one of no dimension by its value,
+    `tensor(3.5000)`), a long or many-line repr by its type."""
     shape = getattr(value, "shape", None)
     scalar = type(value).__module__ == "numpy" and type(value).__name__ != "ndarray"  # np.True_, np.float32(3)
-    if shape is not None and not isinstance(value, numbers.Number) and not scalar:
+    if shape is not None and not isinstance(value, numbers.Number) and not scalar and tuple(shape) != ():
         kind = "tensor" if isinstance(value, torch.Tensor) else {"ndarray": "array"}.get(type(value).__name__,
                                                                                        type(value).__name__)
         return f"{_article(kind)} {kind} of shape {tuple(shape)}"
-    shown = repr(value)
+    try:
+        shown = repr(value)
+    except Exception:  # noqa: BLE001 - an int past Python's digits for str (10**5000), a repr that fails
+        shown = "\n"
     return shown if len(shown) <= 80 and "\n" not in shown else f"{_article(type(value).__name__)} {type(value).__name__}"
 
 
@@ -241,10 +244,19 @@ def plain_number(value: Any) -> Any:
     """A numpy scalar, or an array or tensor of one element, as the Python number (or bool) it holds, as JSON can
     write it (the model options take them as one number); lists, tuples and dicts of them likewise, item by item; any
     other value as it is."""
-    if isinstance(value, dict):
-        return {key: plain_number(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(plain_number(item) for item in value)
+    return _plain(value, set())
+
+
+def _plain(value: Any, inside: set[int]) -> Any:
+    """`plain_number` of `value` within the containers `inside` (by id: a list holding itself is left as it is, for
+    JSON to refuse); a tuple of any kind (a namedtuple) as a plain tuple, as JSON writes it (a list)."""
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in inside:
+            return value
+        inside = inside | {id(value)}
+        if isinstance(value, dict):
+            return {key: _plain(item, inside) for key, item in value.items()}
+        return (list if isinstance(value, list) else tuple)(_plain(item, inside) for item in value)
     if type(value).__module__ == "numpy" and (type(value).__name__ != "ndarray" or value.size == 1) or \
             (isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type != "meta"):
         return value.item()

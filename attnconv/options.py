@@ -150,8 +150,13 @@ def check_fields(obj: Any, names: Iterable[str] | None = None) -> None:
                                    if kind is float else bool(value))
 
 
+class Below(float):
+    """A range's upper end that is not in it (`high_open`): a value must be below it."""
+
+
 def field_ranges(*classes: type) -> dict[str, tuple[float, float]]:
-    """{argparse dest: (low, high)} of the numeric option fields of `classes` that have a flag."""
+    """{argparse dest: (low, high)} of the numeric option fields of `classes` that have a flag (high a `Below` where
+    the field's range excludes it)."""
     out: dict[str, tuple[float, float]] = {}
     for cls in classes:
         hints = typing.get_type_hints(cls)
@@ -160,7 +165,7 @@ def field_ranges(*classes: type) -> dict[str, tuple[float, float]]:
                     (f.metadata["low"] is not None or f.metadata["high"] is not None):
                 lo = f.metadata["low"] if f.metadata["low"] is not None else -math.inf
                 hi = f.metadata["high"] if f.metadata["high"] is not None else math.inf
-                out[flag_name(f).replace("-", "_")] = (lo, hi)
+                out[flag_name(f).replace("-", "_")] = (lo, Below(hi) if f.metadata["high_open"] else hi)
     return out
 
 

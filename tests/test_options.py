@@ -34,11 +34,10 @@ def test_library_errors_name_the_field_and_the_cli_names_the_flag(tmp_path, caps
         build_model("sa-quadratic", heads=0)
     with pytest.raises(FieldError, match=r"^width 0 is invalid"):
         build_model("resnet18", width=0)
-    # The command line: the same check, said with the flag (momentum 1 is inside the flag's inclusive range,
-    # so it is the config's own check that speaks).
+    # The command line: the same range, said with the flag (its range check knows the field's open upper end).
     assert main(["train", "--preset", "fmnist-sa-quadratic", "--momentum", "1", "--out", str(tmp_path / "r")]) == 2
     err_text = capsys.readouterr().err
-    assert err_text.startswith("error: --momentum 1.0 is invalid: give a number >= 0 and below 1")
+    assert err_text.startswith("error: --momentum 1.0 is out of range: give a number >= 0 and below 1")
     assert not (tmp_path / "r").exists()
 
 

@@ -376,3 +376,38 @@ def test_round_55_b_configs_alpha_padding_and_steps_past_their_ranges_are_one_li
         with pytest.raises(AttnconvError, match=words) as err:
             attnconv.make_config(preset="fmnist-sa-quadratic", **changes)
         assert "\n" not in str(err.value)
+
+
+def test_round_56_b_padding_overrides_ranges_and_the_diverged_runs_advice(tmp_path, capsys):
+    """Round 56: a 2-d converted layer's padded input was made before the memory check (padding 2**17: the allocator's
+    traceback); a namedtuple or a list holding itself in model_overrides, or an int of 5000 digits, gave tracebacks; the
+    CLI said "from 0 to 1" for a range that excludes 1; a diverged run under a schedule without warm-up was told to
+    raise --warmup, and one with a raised --attention-lr-scale was not told to lower it."""
+    import collections
+
+    from attnconv.cli import main
+    from attnconv.limits import shown_value
+    from attnconv.training.stopping import rate_fix
+
+    layer = attnconv.conv_to_attention(nn.Conv2d(1, 1, 3, padding=2**17))
+    with pytest.raises(AttnconvError, match=r"input size \(4, 4\) with padding .* needs about .* of memory"):
+        layer(torch.randn(1, 1, 4, 4))
+    loop: list = []
+    loop.append(loop)
+    pair = collections.namedtuple("pair", "a b")
+    config = attnconv.make_config(preset="fmnist-sa-quadratic", model_overrides={"x": pair(np.int64(1), 2)})
+    assert config.model_overrides["x"] == (1, 2) and type(config.model_overrides["x"]) is tuple
+    for value, shown in ((loop, r"\[\[\[\.\.\.\]\]\]"), (10**5000, "an int")):
+        with pytest.raises(AttnconvError, match=rf"model_overrides\['x'\] {shown} cannot be written to config.json"):
+            attnconv.make_config(preset="fmnist-sa-quadratic", model_overrides={"x": value})
+    with pytest.raises(AttnconvError, match=r"milestones '0.5' is invalid"):
+        attnconv.make_config(preset="fmnist-sa-quadratic", milestones="0.5")
+    assert shown_value(torch.tensor(3.5)) == "tensor(3.5000)" and shown_value(np.array(2)) == "array(2)"
+    capsys.readouterr()
+    for flag in ("--momentum", "--warmup"):
+        assert main(["train", "--preset", "fmnist-sa-quadratic", flag, "nan", "--out", str(tmp_path / "r")]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"{flag} nan is out of range: give a number >= 0 and below 1")
+    assert rate_fix(attnconv.make_config(preset="fmnist-sa-quadratic", schedule="constant")) == \
+        "lower {lr} and train into a new {out}"
+    assert rate_fix(attnconv.make_config(preset="fmnist-sa-quadratic", attention_lr_scale=10.0)) == \
+        "lower {lr} or {attention_lr_scale} or raise {warmup} and train into a new {out}"

@@ -98,11 +98,13 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         if not isinstance(value, (int, float)) or isinstance(value, bool) or action.dest not in ranges():
             continue
         lo, hi = ranges()[action.dest]
-        if not (math.isfinite(value) and lo <= value <= hi):
+        below = type(hi).__name__ == "Below"  # the field's range excludes its upper end
+        if not (math.isfinite(value) and lo <= value and (value < hi if below else value <= hi)):
             flag = action.option_strings[-1] if action.option_strings else action.dest
             kind = "a whole number" if action.type is int else "a number"
             low, high = (str(int(n)) if action.type is int and float(n).is_integer() else f"{n:g}" for n in (lo, hi))
-            raise AttnconvError(f"{flag} {value} is out of range: give {kind} from {low} to {high}")
+            span = f">= {low} and below {high}" if below else f"from {low} to {high}"
+            raise AttnconvError(f"{flag} {value} is out of range: give {kind} {span}")
     if getattr(args, "device", None) is not None:
         from attnconv.precision import check_device
 

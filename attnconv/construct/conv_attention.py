@@ -216,10 +216,7 @@ class ConvAttention(nn.Module):
         out = self.output_size(size)
         work = torch.promote_types(self.out_weight.dtype, torch.float32)
         device = self.out_weight.device
-        padded = [n + lo + hi for n, (lo, hi) in zip(size, self.padding)]
-        entries = sum(self._axis_heads(a)[0].numel() * out[a] * padded[a] for a in range(self.ndim))
-        check_memory(3 * entries * work.itemsize, f"input size {tuple(size)} with padding {self.padding}",
-                     "give smaller inputs or less padding")  # the factors, their softmax and its cast, at once
+        self._check_memory(size, out)
         logits = []
         for a, q in enumerate(self._padded_query_axes(size, out)):
             lo, hi = self.padding[a]
@@ -415,6 +412,15 @@ class ConvAttention(nn.Module):
             )
         return x, unbatched
 
+    def _check_memory(self, size: Sequence[int], out: Sequence[int], images: int = 0) -> None:
+        """Refuse, before any of it is allocated, what input size `size` needs past this machine's memory: the per-axis
+        factors (their scores, softmax and cast at once) and, for `images` channel planes, the padded input."""
+        work = torch.promote_types(self.out_weight.dtype, torch.float32).itemsize
+        padded = [n + lo + hi for n, (lo, hi) in zip(size, self.padding)]
+        factors = sum(self._axis_heads(a)[0].numel() * out[a] * padded[a] for a in range(self.ndim))
+        check_memory(3 * factors * work + images * math.prod(padded) * self.out_weight.element_size(),
+                     f"input size {tuple(size)} with padding {self.padding}", "give smaller inputs or less padding")
+
     def _pad(self, x: Tensor) -> Tensor:
         """Place x (B, C, *S) on the padded grid (B, C, *P); padding tokens per padding_mode."""
         pad = [p for lo_hi in reversed(self.padding) for p in lo_hi]  # F.pad order: last axis first
@@ -429,6 +435,7 @@ class ConvAttention(nn.Module):
         x, unbatched = self._batched(x)
         size = tuple(x.shape[2:])
         out = self.output_size(size)
+        self._check_memory(size, out, x.shape[0] * x.shape[1])  # the padded input too, before it is made
         z = self._pad(x)  # (B, C_in, P_1, ..., P_n)
         # Attend along one axis at a time; each step consumes the leading spatial axis and
         # appends (n_a, K_a): the queries' outputs and the head family along that axis.

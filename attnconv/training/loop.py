@@ -90,7 +90,7 @@ from attnconv.training.logs import HeadsLog, StepsLog
 from attnconv.training.progress import ProgressLog, RunProgress, eta
 from attnconv.training.schedule import learning_rate, make_optimizer
 from attnconv.training.step import train_step
-from attnconv.training.stopping import RESTORED, CleanupInterrupts, stopped_line
+from attnconv.training.stopping import RESTORED, CleanupInterrupts, rate_fix, stopped_line
 
 # Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
 _SYNC_EVERY = 10
@@ -354,8 +354,8 @@ class _Trainer:
         last = RESTORED if self.set_aside.pending else "no checkpoint was written yet" if good is None else \
             f"the last good checkpoint (step {good}) is intact in {self.out}"
         lr = learning_rate(self.config, step - 1, self.total_steps)
-        return ParameterError(None, None, f"{what} at step {step} (lr {lr:.3g}); {last}; lower {{lr}} or raise "
-                              "{warmup} and train into a new {out}", mentions=("overwrite", "lr", "warmup", "out"))
+        return ParameterError(None, None, f"{what} at step {step} (lr {lr:.3g}); {last}; {rate_fix(self.config)}",
+                              mentions=("overwrite", "lr", "warmup", "out", "attention_lr_scale"))
 
     # ---------------------------------------------------------------- loop
 

@@ -47,6 +47,15 @@ def stopped_line(err: BaseException, out: Path, trainer, fresh: bool, overwrite:
                           f"{stands}", mentions=("batch_size", "overwrite"))
 
 
+def rate_fix(config) -> str:
+    """What keeps a run that diverged (a non-finite loss or weight, a step past the weights' range) from diverging
+    again: a lower rate, a lower `attention_lr_scale` where it raises the attention's, a longer warm-up where the
+    schedule has one; in a new run folder (as {name}s for `ParameterError`'s mentions)."""
+    knobs = " or ".join(["{lr}"] + (["{attention_lr_scale}"] if config.attention_lr_scale > 1 else []))
+    warmup = " or raise {warmup}" if config.schedule == "warmup-cosine" else ""
+    return f"lower {knobs}{warmup} and train into a new {{out}}"
+
+
 def _restore_set_aside(out: Path, trainer) -> bool:
     """Put back the run --overwrite set aside, if the new run has no checkpoint yet; whether it did."""
     if trainer is None or not trainer.set_aside.pending:
