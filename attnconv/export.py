@@ -41,6 +41,7 @@ from attnconv.errors import AttnconvError, ParameterError, warnings_held, warnin
 from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
 from attnconv.limits import format_bytes
 from attnconv.runs import Run, as_run
+from attnconv.streams import unwrap
 
 FORMATS = {"exported": ".pt2", "torchscript": ".ts", "onnx": ".onnx"}
 TOLERANCE = 1e-4  # max |logits difference| between the file and the model, float32
@@ -177,37 +178,54 @@ _EXPORT_LOCK = threading.RLock()
 _EXPORT_LOGGERS = ("torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime")
 
 
+class _ThreadNotes(logging.Filter):
+    """Drops the records below ERROR that `thread` logs: the exporters' notes; another thread's are kept."""
+
+    def __init__(self, thread: int):
+        super().__init__()
+        self.thread = thread
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread or record.levelno >= logging.ERROR
+
+
 @contextlib.contextmanager
 def _loggers_quiet() -> Iterator[None]:
-    """The exporters' loggers at ERROR (their notes at WARNING silenced), the user's loggers as they are."""
-    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
-    levels = [logger.level for logger in loggers]
+    """The exporters' notes (records below ERROR that this thread logs on the torch, onnx, onnxscript, onnx_ir and
+    onnxruntime loggers) dropped; other threads' records on them, and every record on the user's loggers, kept. A
+    filter on every logger of those trees, as a logger's filters see only the records logged on it."""
+    notes = _ThreadNotes(threading.get_ident())
+    manager = logging.root.manager
+    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS] + [
+        logger for name, logger in list(manager.loggerDict.items()) if isinstance(logger, logging.Logger)
+        and name.split(".")[0] in _EXPORT_LOGGERS]
     for logger in loggers:
-        logger.setLevel(max(logger.getEffectiveLevel(), logging.ERROR))
+        logger.addFilter(notes)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        for logger in loggers:
+            logger.removeFilter(notes)
 
 
 class _ThreadQuiet:
-    """In place of sys.stdout or sys.stderr: what `thread` writes goes nowhere, every other thread's to `real`."""
+    """In place of sys.stdout or sys.stderr: what `thread` writes goes nowhere, every other thread's to the stream it
+    stands for (`_stream`, as `streams.unwrap` finds it)."""
 
-    def __init__(self, real: Any, thread: int):
-        self.real, self.thread = real, thread
+    def __init__(self, stream: Any, thread: int):
+        self._stream, self.thread = stream, thread
 
     def write(self, text: str) -> int:
-        if threading.get_ident() == self.thread or self.real is None:
+        if threading.get_ident() == self.thread or self._stream is None:
             return len(text)
-        return self.real.write(text)
+        return self._stream.write(text)
 
     def flush(self) -> None:
-        if threading.get_ident() != self.thread and self.real is not None:
-            self.real.flush()
+        if threading.get_ident() != self.thread and self._stream is not None:
+            self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
+        return getattr(self._stream, name)
 
 
 @contextlib.contextmanager
@@ -218,15 +236,13 @@ def _silent_output() -> Iterator[None]:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()  # what was written before goes out first
-    stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _ThreadQuiet(stdout, threading.get_ident()), _ThreadQuiet(stderr, threading.get_ident())
+    quiet = (_ThreadQuiet(sys.stdout, threading.get_ident()), _ThreadQuiet(sys.stderr, threading.get_ident()))
+    sys.stdout, sys.stderr = quiet
     try:
         yield
-    finally:
-        if isinstance(sys.stdout, _ThreadQuiet):  # unless something else replaced it meanwhile
-            sys.stdout = stdout
-        if isinstance(sys.stderr, _ThreadQuiet):
-            sys.stderr = stderr
+    finally:  # taken out wherever they sit (`main` in another thread may have wrapped them meanwhile)
+        unwrap("stdout", quiet[0])
+        unwrap("stderr", quiet[1])
 
 
 def _dynamic_batch(export: Callable[[Any], Any]) -> Any:

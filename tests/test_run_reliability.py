@@ -1812,3 +1812,54 @@ def test_round_55_a_compare_offers_the_resume_for_heads_damaged_past_an_unfinish
            f"train --out {copy} --resume`" in err, err
     assert main(tiny_args(copy, data_dir, "--log-every", "3", "--checkpoint-every", "5", "--resume")) == 0
     assert _firsts(copy / "heads.jsonl") == _firsts(tmp_path / "full" / "heads.jsonl")
+
+
+def test_round_56_a_streams_loggers_finished_runs_and_the_answer_out_before_main_returns(
+        finished, tmp_path, monkeypatch, capsys):
+    """Round 56: an export's stream wrappers and `main`'s, in spans that overlap without nesting (threads), put back
+    each other's for good (a thread's prints lost after); an export set the torch and onnx loggers to ERROR, dropping
+    another thread's lines; compare offered the resume for a finished run's damaged heads.jsonl (which it does not
+    mend); `main` with a closed stdout raised ValueError, and with a full one returned 0 (its answer never out)."""
+    import logging
+    import threading
+
+    import attnconv.cli as cli
+    from attnconv import export
+
+    streams = (sys.stdout, sys.stderr)
+    for first, second in ((export._silent_output(), cli._wrapped_streams()),
+                          (cli._wrapped_streams(), export._silent_output())):
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)  # the first out before the second: not nested
+        second.__exit__(None, None, None)
+        assert (sys.stdout, sys.stderr) == streams
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("torch.other_work")
+    logger.addHandler(handler)
+    try:
+        with export._loggers_quiet():
+            logger.warning("this thread's note")  # the exporting thread's: dropped
+            thread = threading.Thread(target=lambda: logger.warning("another thread's line"))
+            thread.start()
+            thread.join()
+        logger.warning("after")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["another thread's line", "after"]
+    run = _fresh_copy(finished, tmp_path)
+    with open(run / "heads.jsonl", "a") as f:
+        f.write("junk{\n")
+    err = _only_error(capsys, ["compare", run])
+    assert "restore it from a copy, or delete it" in err and "resume" not in err, err
+    closed = open(tmp_path / "answer.txt", "w")  # noqa: SIM115
+    closed.close()
+    for stdout, words in ((closed, "error: standard output is closed"),
+                          (open("/dev/full", "w"), "error: standard output: no space left")):  # noqa: SIM115
+        monkeypatch.setattr(sys, "stdout", stdout)
+        code = main(["compare", str(finished)])
+        monkeypatch.undo()
+        err = capsys.readouterr().err
+        assert code == 2 and err.strip().splitlines()[-1].startswith(words), (code, err)

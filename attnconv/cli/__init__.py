@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError, shown_before, warnings_shown
+from attnconv.streams import unwrap
 
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
@@ -171,22 +172,21 @@ def _wrapped_streams() -> Iterator[None]:
         if _streams["users"] == 0:
             if sys.stderr is None:  # started with stderr closed (`2>&-`): print(file=None) would write to stdout
                 sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (the process's stderr from now on)
-            _streams["saved"] = (sys.stdout, sys.stderr)
-            if sys.stdout is not None:
-                sys.stdout = _NamedStdout(sys.stdout)
-            sys.stderr = _ForgivingStderr(sys.stderr)
+            wrappers = (None if sys.stdout is None else _NamedStdout(sys.stdout), _ForgivingStderr(sys.stderr))
+            _streams["saved"] = wrappers
+            if wrappers[0] is not None:
+                sys.stdout = wrappers[0]
+            sys.stderr = wrappers[1]
         _streams["users"] += 1
     try:
         yield
     finally:
         with _STREAMS_LOCK:
             _streams["users"] -= 1
-            if _streams["users"] == 0:
-                stdout, stderr = _streams["saved"]
-                if isinstance(sys.stdout, _NamedStdout):
-                    sys.stdout = stdout
-                if isinstance(sys.stderr, _ForgivingStderr):
-                    sys.stderr = stderr
+            if _streams["users"] == 0:  # taken out wherever they sit (an export's may have wrapped them meanwhile)
+                for name, wrapper in zip(("stdout", "stderr"), _streams["saved"]):
+                    if wrapper is not None:
+                        unwrap(name, wrapper)
 
 
 def command() -> None:
@@ -293,12 +293,19 @@ class _NamedStdout(_Stream):
             return self._stream.write(text)
         except OSError as err:
             raise _named_stdout(err) from None
+        except ValueError:  # "I/O operation on closed file": a caller's sys.stdout closed before `main`
+            raise AttnconvError(_STDOUT_CLOSED) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except OSError as err:
             raise _named_stdout(err) from None
+        except ValueError:
+            raise AttnconvError(_STDOUT_CLOSED) from None
+
+
+_STDOUT_CLOSED = "standard output is closed; give the command an open one (a file, a pipe)"
 
 
 class _ForgivingStderr(_Stream):
@@ -351,7 +358,10 @@ def _run(argv: list[str] | None, process: bool) -> int:
         # calling main at once put back in each other's places; each thread's warnings go to its own showwarning.
         warnings._filters_mutated()  # type: ignore[attr-defined]
         with warnings_shown(_show_warning, every=True), _interrupts_not_lost():
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
+            if sys.stdout is not None:  # the answer out before the status says it was given (a full disk: 2)
+                sys.stdout.flush()
+            return code
     except ParameterError as err:  # the library names the parameter (epochs); the command line, its flag (--epochs)
         print(f"error: {one_line(err.as_flag())}", file=sys.stderr)
         return 2

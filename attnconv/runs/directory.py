@@ -281,6 +281,17 @@ def resume_problem(out: Path, heads: bool) -> str | None:
     return None
 
 
+def resume_cuts(out: Path, heads: bool) -> bool:
+    """Whether `train --resume` of the run in `out` would continue it, cutting what its logs hold past its last
+    checkpoint (damage there included): the run is unfinished and its logs pass the resume's checks (`resume_problem`).
+    A finished run's resume writes nothing to its logs, so it mends none of them."""
+    try:
+        finished = state_head(out / STATE_FILE)["progress"].get("finished")
+    except (AttnconvError, OSError, KeyError, TypeError, AttributeError):
+        return False
+    return not finished and resume_problem(out, heads) is None
+
+
 def trim_logs(out: Path, rows: int, snapshots: int | None, step_rows: int = 0, *, step: int | None = None,
               write: bool = True, metadata: dict[str, str] | None = None, dry: bool = False) -> None:
     """Keep exactly the metrics rows, steps.csv rows (and heads.jsonl lines, unless `snapshots` is None)

@@ -20,7 +20,7 @@ from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_w
 from attnconv.limits import is_whole, shown_value, whole_number
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.runs.build import build_run_architecture, load_run
-from attnconv.runs.directory import check_not_replaced, resume_problem
+from attnconv.runs.directory import check_not_replaced, resume_cuts, resume_problem
 from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
@@ -124,7 +124,7 @@ class Run:
         it is: the damage lies past what its last checkpoint counts, and a resume cuts what was logged after that
         (deleting the log instead would leave the run no resume: its checkpoint counts the rows)."""
         if not err.fix.startswith(LOG_FIX) or not os.path.lexists(self.path / STATE_FILE) or \
-                resume_problem(self.path, bool(self.heads_per_layer)) is not None:
+                not resume_cuts(self.path, bool(self.heads_per_layer)):
             return err
         return err.with_fix(f"resume the run, which cuts what was logged after its last checkpoint, the damage "
                             f"with it: `attnconv train --out {self.path} --resume`; or restore it from a copy")
