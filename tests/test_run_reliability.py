@@ -1670,7 +1670,6 @@ def test_round_54_a_threads_calling_main_at_once_leave_the_warnings_state_as_it_
     list: threads leaving it at once put back each other's copies, so after several threads called `main` the CLI's
     showwarning stayed installed and attnconv's filter quieting torch stayed in the list (torch's warnings hidden for
     good). Now each thread's warnings go to its own showwarning, and nothing is swapped."""
-    import threading
     import warnings
 
     run = str(tiny_attention_runs["sa-quadratic"])
@@ -1680,7 +1679,7 @@ def test_round_54_a_threads_calling_main_at_once_leave_the_warnings_state_as_it_
     def mine(message, category, filename, lineno, file=None, line=None):
         shown.append(str(message))
 
-    before_list, switch = warnings.filters, sys.getswitchinterval()
+    before_list = warnings.filters
     warnings.showwarning, saved = mine, warnings.showwarning
     before = list(warnings.filters)
     errors: list[BaseException] = []
@@ -1693,19 +1692,13 @@ def test_round_54_a_threads_calling_main_at_once_leave_the_warnings_state_as_it_
             errors.append(err)
 
     try:
-        sys.setswitchinterval(1e-6)
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(work, 4, 1e-6)
         assert not errors
         assert warnings.showwarning is mine and warnings.filters is before_list
         assert warnings.filters == before
         warnings.warn_explicit("a note from torch", UserWarning, "torch_file.py", 1, module="torch.nn.modules.x")
         assert shown == ["a note from torch"]
     finally:
-        sys.setswitchinterval(switch)
         warnings.showwarning = saved
     capsys.readouterr()
 
@@ -1762,28 +1755,19 @@ def test_round_55_a_threads_calling_main_at_once_each_say_their_warning(tiny_att
     """Round 55: a command's warning was issued into the caller's once-per-line registry; with threads calling `main`
     at once, one thread's entry (made after another's command began) dropped that command's `warning:` line (12 of
     20 said). Inside `main` each command now says its warnings every time, as a process of its own would."""
-    import threading
 
     run = tmp_path / "run"
     shutil.copytree(tiny_attention_runs["sa-quadratic"], run)
     with open(run / "heads.jsonl", "a") as f:
         f.write('{"junk": 1}\n')
-    switch, codes = sys.getswitchinterval(), []
+    codes: list[int] = []
 
     def work():
         for _ in range(3):
             codes.append(main(["analyze", str(run), "--images", "2"]))
 
     capsys.readouterr()
-    try:
-        sys.setswitchinterval(1e-5)
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    _in_threads(work, 4, 1e-5)
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert codes == [0] * 12 and len(said) == 12, (codes, said)
     assert all("skipped 1 damaged line" in line for line in said)
@@ -1863,3 +1847,20 @@ def test_round_56_a_streams_loggers_finished_runs_and_the_answer_out_before_main
         monkeypatch.undo()
         err = capsys.readouterr().err
         assert code == 2 and err.strip().splitlines()[-1].startswith(words), (code, err)
+
+
+def _in_threads(work, count: int, switch: float) -> None:
+    """`work` in `count` threads at once, the interpreter switching between them every `switch` seconds (races made
+    likely), joined; the switch interval put back."""
+    import threading
+
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(switch)
+        threads = [threading.Thread(target=work) for _ in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(before)
