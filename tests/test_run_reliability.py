@@ -1864,3 +1864,36 @@ def _in_threads(work, count: int, switch: float) -> None:
             t.join()
     finally:
         sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("rates", [("--lr", "0.5"), ("--lr", "0.5", "--attention-lr-scale", "10")],
+                         ids=["lr", "attention-scale"])
+def test_round_57_b_a_run_diverging_inside_attention_is_a_diverged_run(data_dir, tmp_path, monkeypatch, capsys,  # noqa: F811
+                                                                       rates):
+    """Round 57: a run whose attention probabilities became non-finite (found by the heads' snapshot before the loss
+    was looked at) stopped with the layer's own line, "check its weights and inputs", naming no flag; it is a diverged
+    run, with its advice. And `ConvAttention.error_bound` given something other than a tensor raised AttributeError."""
+    from attnconv.models.capture_numbers import NonFiniteAttention
+    from attnconv.training import loop
+
+    append = loop.HeadsLog.append
+
+    def diverged(self, epoch, progress):  # what the snapshot after a last step of an epoch whose update diverged finds
+        if epoch >= 1:
+            raise NonFiniteAttention("layers.0.attention: its attention probabilities hold NaN or inf (...); check its "
+                                     "weights and inputs")
+        append(self, epoch, progress)
+
+    monkeypatch.setattr(loop.HeadsLog, "append", diverged)
+    capsys.readouterr()
+    code = main(tiny_args(tmp_path / "run", data_dir, "--optimizer", "sgd", "--schedule", "constant", "--epochs", "1",
+                          *rates))
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "attention probabilities became non-finite" in err and "lower --lr" in err, err
+    assert ("--attention-lr-scale" in err) == ("--attention-lr-scale" in rates) and "--warmup" not in err, err
+    from attnconv import conv_to_attention
+
+    layer = conv_to_attention(torch.nn.Conv2d(2, 3, 3, padding=1))
+    for value in ((8, 8), "x", [[1.0]]):
+        with pytest.raises(AttnconvError, match=r"^x .* is invalid: give the input, a tensor"):
+            layer.error_bound(value)

@@ -392,6 +392,7 @@ class ConvAttention(nn.Module):
         finite x: with a NaN or inf in x it is inf (outputs far from it are non-finite too;
         see the class docstring).
         """
+        x, _ = self._batched(x)  # a tensor of this layer's input shape (what else would bound nothing)
         row_sums = self.out_weight.detach().abs().sum(dim=(0, 2))  # (C_out,)
         w_norm = float(row_sums.max()) if row_sums.numel() else 0.0
         scale = float(x.detach().abs().max()) if x.numel() else 0.0
@@ -403,6 +404,9 @@ class ConvAttention(nn.Module):
 
     def _batched(self, x: Tensor) -> tuple[Tensor, bool]:
         """(B, C_in, *S) as is, or an unbatched (C_in, *S) with a batch axis added; checks the shape."""
+        if not isinstance(x, Tensor):
+            raise AttnconvError(f"x {shown_value(x)} is invalid: give the input, a tensor (B, {self.in_channels}, "
+                                f"<{self.ndim} spatial sizes>) or one image without the batch axis")
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)

@@ -53,11 +53,16 @@ def check_values(images: Tensor, who: str) -> None:
                                 "attention undefined; give images with finite values")
 
 
+class NonFiniteAttention(AttnconvError):
+    """An attnconv attention layer's own probabilities or scores hold NaN or inf: its weights do, or its scores are past
+    its dtype (in training: the run diverged, `training.stopping.stopped_line`)."""
+
+
 def check_native_probs(probs: Tensor, where: str, dtype: torch.dtype, what: str = "probabilities") -> None:
     """One AttnconvError where an attnconv attention layer's own probabilities (or scores, `what`) hold NaN or inf
     (its weights do, or its scores are past its dtype, `dtype`), not a map of them with measures of None."""
     if not bool(probs.isfinite().all()):
-        raise AttnconvError(f"{where or '(model)'}: its attention {what} hold NaN or inf (the layer's weights "
+        raise NonFiniteAttention(f"{where or '(model)'}: its attention {what} hold NaN or inf (the layer's weights "
                             f"do, or its scores are past {str(dtype).replace('torch.', '')}); check its weights and "
                             "inputs")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from attnconv.errors import Interrupted, ParameterError
 from attnconv.fileio import PERMISSION_FIX, describe_os_error
 from attnconv.limits import out_of_memory
+from attnconv.models.capture_numbers import NonFiniteAttention
 from attnconv.training.checks import where_the_run_stands
 from attnconv.training.step import StepOverflow
 
@@ -26,10 +27,14 @@ def stopped_line(err: BaseException, out: Path, trainer, fresh: bool, overwrite:
     Then the one-line error for a run stopped by Ctrl-C, a failed write or running out of memory, saying what
     the run directory holds now; None to let `err` itself through (an AttnconvError says it already). The
     `--resume` it names carries `--allow-data-change` when this one did (without it the data at hand is refused)."""
-    if isinstance(err, StepOverflow) and trainer is not None:  # as a diverged run: said before the set-aside run is back
-        diverged = trainer._nan_error("the optimizer's step overflowed the weights' number range",
-                                      trainer.progress.step + 1)
-        _restore_set_aside(out, trainer)
+    if isinstance(err, (StepOverflow, NonFiniteAttention)) and trainer is not None:  # a diverged run
+        if isinstance(err, StepOverflow):  # in the step being taken
+            diverged = trainer._nan_error("the optimizer's step overflowed the weights' number range",
+                                          trainer.progress.step + 1)
+        else:  # found by the heads' snapshot after the step
+            diverged = trainer._nan_error("the attention probabilities became non-finite (NaN or inf)",
+                                          max(trainer.progress.step, 1))
+        _restore_set_aside(out, trainer)  # said before it is back: the line names the run that was set aside
         return diverged
     restored = _restore_set_aside(out, trainer)
     if not isinstance(err, (KeyboardInterrupt, OSError)) and not out_of_memory(err):
