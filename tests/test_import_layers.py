@@ -11,7 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "attnconv"
 # Lower layers never import higher ones (docs/architecture.md, "Layers"). A module not listed
 # belongs to the layer of its package (attnconv.data.idx -> attnconv.data).
 LAYERS = [
-    ["attnconv.errors", "attnconv.pathwords", "attnconv.fileio", "attnconv.tables", "attnconv.limits", "attnconv.options"],
+    ["attnconv.errors", "attnconv.pathwords", "attnconv.fileio", "attnconv.tables", "attnconv.limits", "attnconv.options",
+     "attnconv.streams"],
     ["attnconv.precision", "attnconv.flops", "attnconv.modes"],
     ["attnconv.ops"],
     ["attnconv.positional"],
