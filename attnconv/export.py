@@ -175,7 +175,7 @@ def _quiet() -> Iterator[None]:
 # torch.export's and the ONNX exporter's tracing state (fake-tensor modes, the patcher, the deserializer) is the
 # process's: two exports at once fail each other.
 _EXPORT_LOCK = threading.RLock()
-_EXPORT_LOGGERS = ("torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime")
+_EXPORT_LOGGERS = ("torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime", "attnconv")  # attnconv's: the traced model's
 
 
 class _ThreadNotes(logging.Filter):
@@ -213,15 +213,15 @@ class _ThreadQuiet:
     stands for (`_stream`, as `streams.unwrap` finds it)."""
 
     def __init__(self, stream: Any, thread: int):
-        self._stream, self.thread = stream, thread
+        self._stream, self.thread, self._done = stream, thread, False
 
     def write(self, text: str) -> int:
-        if threading.get_ident() == self.thread or self._stream is None:
+        if self._stream is None or (not self._done and threading.get_ident() == self.thread):
             return len(text)
         return self._stream.write(text)
 
     def flush(self) -> None:
-        if threading.get_ident() != self.thread and self._stream is not None:
+        if self._stream is not None and (self._done or threading.get_ident() != self.thread):
             self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:

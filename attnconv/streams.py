@@ -16,7 +16,10 @@ __all__ = ["unwrap"]
 
 def unwrap(name: str, wrapper: Any) -> None:
     """Take `wrapper` out of the chain of wrappers that `sys.<name>` ("stdout" or "stderr") is: the stream it stood
-    for takes its place. Nothing where it is not in the chain (something else replaced the stream meanwhile)."""
+    for takes its place. Where it is hidden from the chain (a user's capture that keeps the stream under another name,
+    and may put the wrapper back when its own span ends), it is marked done (`_done`): from then on it passes every
+    write and flush through unchanged."""
+    wrapper._done = True
     current = getattr(sys, name)
     if current is wrapper:
         setattr(sys, name, wrapper._stream)

@@ -338,3 +338,34 @@ def test_round_55_exports_from_threads_at_once_and_beside_other_threads_output(t
             warnings.simplefilter("error")
             assert main(["export", str(run), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0, \
                 capfd.readouterr().err
+
+
+def test_round_57_a_wrappers_put_back_by_a_users_capture_pass_through_and_debug_logs_stay_quiet(
+        tiny, tmp_path, capsys, recwarn):
+    """Round 57: a user's capture whose span overlapped an export's without nesting put the export's stream wrapper
+    back for good, and the exporting thread's later prints were lost; with attnconv's loggers at DEBUG, an export's
+    trace formatted a record holding traced tensors and a TracerWarning came out."""
+    import io
+    import logging
+
+    wrapping = export_module._silent_output()
+    wrapping.__enter__()
+    saved = sys.stdout  # a user's capture begins inside the export's span...
+    sys.stdout = io.StringIO()
+    wrapping.__exit__(None, None, None)
+    sys.stdout = saved  # ...and ends after it, putting back the export's wrapper
+    print("after the export")
+    assert capsys.readouterr().out == "after the export\n"
+    seen: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: seen.append(record.getMessage())  # formatted as it comes, as handlers do
+    logger = logging.getLogger("attnconv")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        assert main(["export", str(tiny), "--format", "torchscript", "--out", str(tmp_path / "m.ts")]) == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert not [w for w in recwarn.list if "Tracer" in type(w.message).__name__], [str(w.message) for w in recwarn.list]

@@ -1897,3 +1897,41 @@ def test_round_57_b_a_run_diverging_inside_attention_is_a_diverged_run(data_dir,
     for value in ((8, 8), "x", [[1.0]]):
         with pytest.raises(AttnconvError, match=r"^x .* is invalid: give the input, a tensor"):
             layer.error_bound(value)
+
+
+def test_round_57_a_main_with_a_stdout_closed_meanwhile_or_without_a_descriptor(finished, data_dir, monkeypatch,  # noqa: F811
+                                                                                capsys):
+    """Round 57: a closed sys.stdout put in while `main` ran let a ValueError out (the one line was only for one closed
+    before); a stdout raising BrokenPipeError with no file descriptor gave an AttributeError, not the quiet 141."""
+    import io
+
+    from attnconv.cli import evaluate
+
+    class PipeLike:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    argv = ["eval", str(finished), "--data-dir", str(data_dir)]
+    monkeypatch.setattr(sys, "stdout", PipeLike())
+    assert main(argv) == 141
+    monkeypatch.undo()
+    real = evaluate.run_eval
+
+    def swapped(args):  # the caller's code swaps in a closed stream while the command runs
+        closed = io.StringIO()
+        closed.close()
+        sys.stdout = closed
+        return real(args)
+
+    monkeypatch.setattr(evaluate, "run_eval", swapped)
+    saved = sys.stdout
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    finally:
+        sys.stdout = saved
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1] == "error: standard output is closed; give the command an open one (a file, a pipe)"

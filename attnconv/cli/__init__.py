@@ -278,7 +278,7 @@ class _Stream:
     changes is the wrapped stream's own."""
 
     def __init__(self, stream: Any):
-        self._stream = stream
+        self._stream, self._done = stream, False  # done: taken out (`streams.unwrap`), or put back by a user's capture
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -289,6 +289,8 @@ class _NamedStdout(_Stream):
     output" as its file, so the error line says where the disk is full."""
 
     def write(self, text: str) -> int:
+        if self._done:
+            return self._stream.write(text)
         try:
             return self._stream.write(text)
         except OSError as err:
@@ -297,6 +299,8 @@ class _NamedStdout(_Stream):
             raise AttnconvError(_STDOUT_CLOSED) from None
 
     def flush(self) -> None:
+        if self._done:
+            return self._stream.flush()
         try:
             self._stream.flush()
         except OSError as err:
@@ -314,12 +318,16 @@ class _ForgivingStderr(_Stream):
     first line, taking the failed write for a full disk of the run's); what cannot be said is lost either way."""
 
     def write(self, text: str) -> int:
+        if self._done:
+            return self._stream.write(text)
         try:
             return self._stream.write(text)
         except (OSError, ValueError):  # ValueError: the stream was closed
             return len(text)
 
     def flush(self) -> None:
+        if self._done:
+            return self._stream.flush()
         with contextlib.suppress(OSError, ValueError):
             self._stream.flush()
 
@@ -370,7 +378,9 @@ def _run(argv: list[str] | None, process: bool) -> int:
         return 2
     except BrokenPipeError:  # `attnconv eval RUN | head`: the reader left; stop quietly, as `cat` does
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not fail again
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # a stream without a descriptor: nothing to do
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush of stdout must not fail again
+        os.close(devnull)
         return 141  # 128 + SIGPIPE
     except OSError as err:  # a file the checks could not foresee (the disk filled up, a folder vanished)
         from attnconv.fileio import describe_os_error
@@ -384,6 +394,11 @@ def _run(argv: list[str] | None, process: bool) -> int:
         else:
             why = describe_os_error(err)
         print(f"error: {one_line(where + why)}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # a closed sys.stdout put in while the command ran (its own is wrapped: `_NamedStdout`)
+        if not getattr(sys.stdout, "closed", False) or "closed file" not in str(err):
+            raise
+        print(f"error: {_STDOUT_CLOSED}", file=sys.stderr)
         return 2
     except Warning as err:  # a warning the filters given (-W error, PYTHONWARNINGS) made an error: one line too
         print(f"error: {one_line(f'{type(err).__name__}: {err}')} (a warning, made an error by the warning filters "
