@@ -364,7 +364,7 @@ def _run(argv: list[str] | None, process: bool) -> int:
         # Each command says its warnings, as a new process would: Python's once-per-line registries are made stale (what
         # `catch_warnings` did on entry), without swapping the process's filter list or showwarning, which threads
         # calling main at once put back in each other's places; each thread's warnings go to its own showwarning.
-        warnings._filters_mutated()  # type: ignore[attr-defined]
+        getattr(warnings, "_filters_mutated", lambda: None)()  # CPython's; where it is missing, registries stay
         with warnings_shown(_show_warning, every=True), _interrupts_not_lost():
             code = int(args.func(args) or 0)
             if sys.stdout is not None:  # the answer out before the status says it was given (a full disk: 2)
