@@ -118,6 +118,7 @@ def warnings_ignored(*categories: type[Warning], modules: re.Pattern | None = No
             raise
 
 
+_PYTHON_SHOWWARNING = warnings.showwarning  # as this module is first imported (Python's own, or the user's then)
 _SHOWN = threading.local()  # .show: where this thread's warnings go inside `warnings_shown`
 _SHOWN_LOCK = threading.Lock()
 _shown_state: dict = {"users": 0, "before": None}
@@ -127,7 +128,7 @@ def _dispatch(message, category, filename, lineno, file=None, line=None) -> None
     """The process's showwarning while any thread is inside `warnings_shown`: each warning to its thread's `show`, or
     to the showwarning in place before."""
     show = getattr(_SHOWN, "show", None)
-    before = _shown_state["before"] or warnings._showwarning_orig  # type: ignore[attr-defined]
+    before = _shown_state["before"] or _PYTHON_SHOWWARNING
     (show or before)(message, category, filename, lineno, file, line)
 
 
