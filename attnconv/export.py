@@ -189,6 +189,17 @@ class _ThreadNotes(logging.Filter):
         return record.thread != self.thread or record.levelno >= logging.ERROR
 
 
+class _TreeNotes(logging.Filter):
+    """`_ThreadNotes` for the records of the exporters' logger trees only (a handler sees every logger's)."""
+
+    def __init__(self, notes: _ThreadNotes):
+        super().__init__()
+        self.notes = notes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".")[0] not in _EXPORT_LOGGERS or self.notes.filter(record)
+
+
 @contextlib.contextmanager
 def _loggers_quiet() -> Iterator[None]:
     """The exporters' notes (records below ERROR that this thread logs on the torch, onnx, onnxscript, onnx_ir and
@@ -199,13 +210,23 @@ def _loggers_quiet() -> Iterator[None]:
     loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS] + [
         logger for name, logger in list(manager.loggerDict.items()) if isinstance(logger, logging.Logger)
         and name.split(".")[0] in _EXPORT_LOGGERS]
+    # Loggers the exporters make during the first export (its modules imported then) have no filter: their records
+    # reach their trees' handlers (torch's own, on its top logger), the root logger's, or Python's last resort, which
+    # drop this thread's notes of those trees too.
+    handlers = list({id(h): h for h in (*logging.root.handlers, logging.lastResort,
+                                        *(h for logger in loggers for h in logger.handlers)) if h is not None}.values())
+    tree = _TreeNotes(notes)
     for logger in loggers:
         logger.addFilter(notes)
+    for handler in handlers:
+        handler.addFilter(tree)
     try:
         yield
     finally:
         for logger in loggers:
             logger.removeFilter(notes)
+        for handler in handlers:
+            handler.removeFilter(tree)
 
 
 class _ThreadQuiet:

@@ -369,3 +369,14 @@ def test_round_57_a_wrappers_put_back_by_a_users_capture_pass_through_and_debug_
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert not [w for w in recwarn.list if "Tracer" in type(w.message).__name__], [str(w.message) for w in recwarn.list]
+
+
+@pytest.mark.skipif("onnx" not in FORMATS, reason="needs onnx and onnxscript")
+def test_round_58_the_first_onnx_export_of_a_process_is_quiet(tiny, tmp_path):
+    """Round 58: the exporter's loggers are made during the first ONNX export of a process, after the export's filters
+    went on: its "torchvision is not installed" notes (four lines) reached stderr through torch's own handler."""
+    run = _run_copy(tiny, tmp_path)
+    done = subprocess.run([sys.executable, "-m", "attnconv", "export", str(run), "--format", "onnx"], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.strip() == str(run / "model.onnx")

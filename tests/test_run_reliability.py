@@ -1935,3 +1935,28 @@ def test_round_57_a_main_with_a_stdout_closed_meanwhile_or_without_a_descriptor(
         sys.stdout = saved
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1] == "error: standard output is closed; give the command an open one (a file, a pipe)"
+
+
+def test_round_58_b_a_non_finite_test_loss_or_a_models_own_attention_is_a_diverged_run(data_dir, tmp_path,  # noqa: F811
+                                                                                          monkeypatch, capsys):
+    """Round 58: a test loss that became NaN on finite (huge) weights was written and checkpointed as the last good
+    checkpoint (a ResNet finished with exit 0); a ViT's own attention found non-finite stopped with the capture's line,
+    naming no flag; and a stdout whose encoding lacks a character was said to be closed."""
+    import io
+
+    import attnconv.cli as cli
+    from attnconv.models.capture_numbers import NonFiniteAttention, check_scores
+    from attnconv.training import loop
+
+    monkeypatch.setattr(loop._Trainer, "_evaluate", lambda self: (float("nan"), 0.5))
+    capsys.readouterr()
+    assert main(tiny_args(tmp_path / "run", data_dir, *ONE_EPOCH)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: test loss became non-finite (NaN or inf) at step 8") and "lower --lr" in err, err
+    assert "at step 8" in err and "the last good checkpoint (step 5)" in err, err
+    with pytest.raises(NonFiniteAttention):
+        check_scores(torch.tensor([[[float("nan"), 0.0]]]), None, torch.float32, "blocks.0.attn")
+    wrapped = cli._NamedStdout(io.TextIOWrapper(io.BytesIO(), encoding="ascii"))
+    wrapped.write("r\u00fcn\n")
+    wrapped.flush()
+    assert wrapped._stream.buffer.getvalue() == b"r\\xfcn\n"

@@ -295,7 +295,12 @@ class _NamedStdout(_Stream):
             return self._stream.write(text)
         except OSError as err:
             raise _named_stdout(err) from None
+        except UnicodeEncodeError:  # a character its encoding lacks (PYTHONIOENCODING=ascii): said as an escape
+            encoding = getattr(self._stream, "encoding", None) or "ascii"
+            return self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
         except ValueError:  # "I/O operation on closed file": a caller's sys.stdout closed before `main`
+            if not getattr(self._stream, "closed", False):
+                raise
             raise AttnconvError(_STDOUT_CLOSED) from None
 
     def flush(self) -> None:
@@ -306,6 +311,8 @@ class _NamedStdout(_Stream):
         except OSError as err:
             raise _named_stdout(err) from None
         except ValueError:
+            if not getattr(self._stream, "closed", False):
+                raise
             raise AttnconvError(_STDOUT_CLOSED) from None
 
 

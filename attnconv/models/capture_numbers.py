@@ -25,6 +25,11 @@ from attnconv.errors import AttnconvError
 from attnconv.limits import MAX_SIDE, as_real, is_whole, positive_ints, shown_value
 
 
+class NonFiniteAttention(AttnconvError):
+    """A model's attention probabilities or scores hold NaN or inf, or scores past their dtype: its weights do, or what
+    it computes before the attention (in training: the run diverged, `training.stopping.stopped_line`)."""
+
+
 def check_images(images: object, grid: Sequence[int] | None) -> None:
     """One AttnconvError unless `images` is a non-empty batch of images with values: a tensor of other than 4
     dimensions, without `grid`, is no batch of images (N, C, H, W) whose shape places the tokens (one image (C, H, W),
@@ -53,11 +58,6 @@ def check_values(images: Tensor, who: str) -> None:
                                 "attention undefined; give images with finite values")
 
 
-class NonFiniteAttention(AttnconvError):
-    """An attnconv attention layer's own probabilities or scores hold NaN or inf: its weights do, or its scores are past
-    its dtype (in training: the run diverged, `training.stopping.stopped_line`)."""
-
-
 def check_native_probs(probs: Tensor, where: str, dtype: torch.dtype, what: str = "probabilities") -> None:
     """One AttnconvError where an attnconv attention layer's own probabilities (or scores, `what`) hold NaN or inf
     (its weights do, or its scores are past its dtype, `dtype`), not a map of them with measures of None."""
@@ -81,12 +81,12 @@ def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, 
         if combined is not None:  # scores: past the limit below is -inf there, a key left out, no NaN (a row all of
             peak = float(content.amax()) if content.numel() else 0.0  # them is the output check's)
         if peak > torch.finfo(held).max:
-            raise AttnconvError(f"{where or '(model)'}: its {what} reach {peak:.3g}, past what "
+            raise NonFiniteAttention(f"{where or '(model)'}: its {what} reach {peak:.3g}, past what "
                                 f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "
                                 "attention there is not a number, or not the one these scores give; check the model's "
                                 "weights, scale and inputs")
     if bad:
-        raise AttnconvError(f"{where or '(model)'}: its {what} hold NaN or infinite values (from what the model "
+        raise NonFiniteAttention(f"{where or '(model)'}: its {what} hold NaN or infinite values (from what the model "
                             "computed, or its mask: a mask may hold -inf, not NaN or +inf), so its attention is "
                             "undefined; check the model's weights, masks and what it computes before this attention")
 
@@ -157,7 +157,7 @@ def check_own_attention(bad: Tensor | None, dead: Tensor, where: str, dtype: tor
     exempt = dead if bad.shape[1] == dead.shape[1] else dead.any(1, keepdim=True)
     n = int((bad & ~exempt).sum())
     if n:
-        raise AttnconvError(
+        raise NonFiniteAttention(
             f"{where or '(model)'}: its own attention is not a number in {n} of {bad.numel()} query rows, whose keys "
             f"are not all masked ({what}), although it is one in float64: its scores, scale or mask "
             f"are past what {str(dtype).replace('torch.', '')}, or the kernel torch took, computes; check the model's "

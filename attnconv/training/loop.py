@@ -300,8 +300,6 @@ class _Trainer:
             torch.compile(self.model) if config.compile else self.model)
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=config.amp)
 
-    # ---------------------------------------------------------------- setup checks
-
     def _check_out(self) -> AttnconvError | None:
         """Rank 0: take the run directory (`runs.claim_run_dir`); the error, if any, for every rank."""
         try:
@@ -341,8 +339,7 @@ class _Trainer:
     # ---------------------------------------------------------------- checkpoints
 
     def _checkpoint(self) -> None:
-        """A checkpoint of where the run stands (`Checkpointer.save`), never of non-finite weights: those
-        stop the run on every rank (the weights are the same everywhere), the last good checkpoint kept."""
+        """A checkpoint of where the run stands (`Checkpointer.save`); non-finite weights stop the run instead."""
         bad = nonfinite_tensor(self.model.state_dict())
         if bad is not None:
             raise self._nan_error(f"weights became non-finite ({bad})", self.progress.step)
@@ -462,6 +459,8 @@ class _Trainer:
         """One epoch (or what is left of it): its steps, then the test evaluation, the logs and a checkpoint."""
         lr, bar = self._steps()
         row = self._evaluate_epoch(lr, bar)
+        if not math.isfinite(row["test_loss"]):  # finite weights whose outputs are not: diverged, not checkpointed
+            raise self._nan_error("test loss became non-finite (NaN or inf)", self.progress.step)
         self._log_epoch(row)
         self._checkpoint()
         return row
