@@ -179,32 +179,23 @@ _EXPORT_LOGGERS = ("torch", "onnx", "onnxscript", "onnx_ir", "onnxruntime", "att
 
 
 class _ThreadNotes(logging.Filter):
-    """Drops the records below ERROR that `thread` logs: the exporters' notes; another thread's are kept."""
+    """Drops the records below ERROR that `thread` logs on the exporters' logger trees (`_EXPORT_LOGGERS`: a handler
+    sees every logger's): the exporters' notes; another thread's, and the user's loggers', are kept."""
 
     def __init__(self, thread: int):
         super().__init__()
         self.thread = thread
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.thread != self.thread or record.levelno >= logging.ERROR
-
-
-class _TreeNotes(logging.Filter):
-    """`_ThreadNotes` for the records of the exporters' logger trees only (a handler sees every logger's)."""
-
-    def __init__(self, notes: _ThreadNotes):
-        super().__init__()
-        self.notes = notes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name.split(".")[0] not in _EXPORT_LOGGERS or self.notes.filter(record)
+        return record.thread != self.thread or record.levelno >= logging.ERROR \
+            or record.name.split(".")[0] not in _EXPORT_LOGGERS
 
 
 @contextlib.contextmanager
 def _loggers_quiet() -> Iterator[None]:
-    """The exporters' notes (records below ERROR that this thread logs on the torch, onnx, onnxscript, onnx_ir and
-    onnxruntime loggers) dropped; other threads' records on them, and every record on the user's loggers, kept. A
-    filter on every logger of those trees, as a logger's filters see only the records logged on it."""
+    """The exporters' notes (records below ERROR that this thread logs on the `_EXPORT_LOGGERS` trees) dropped; other
+    threads' records on them, and every record on the user's loggers, kept. A filter on every logger of those trees
+    (a logger's filters see only the records logged on it) and on the handlers their records reach."""
     notes = _ThreadNotes(threading.get_ident())
     manager = logging.root.manager
     loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS] + [
@@ -215,18 +206,13 @@ def _loggers_quiet() -> Iterator[None]:
     # drop this thread's notes of those trees too.
     handlers = list({id(h): h for h in (*logging.root.handlers, logging.lastResort,
                                         *(h for logger in loggers for h in logger.handlers)) if h is not None}.values())
-    tree = _TreeNotes(notes)
-    for logger in loggers:
-        logger.addFilter(notes)
-    for handler in handlers:
-        handler.addFilter(tree)
+    for filtered in (*loggers, *handlers):
+        filtered.addFilter(notes)
     try:
         yield
     finally:
-        for logger in loggers:
-            logger.removeFilter(notes)
-        for handler in handlers:
-            handler.removeFilter(tree)
+        for filtered in (*loggers, *handlers):
+            filtered.removeFilter(notes)
 
 
 class _ThreadQuiet:

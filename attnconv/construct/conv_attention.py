@@ -272,6 +272,10 @@ class ConvAttention(nn.Module):
         """
         return self.axis_offsets(a), self.alpha
 
+    def _axis_factors(self, a: int) -> int:
+        """How many softmax factors `_axis_heads(a)` gives (one per tap along the axis), without building them."""
+        return self.kernel_size[a]
+
     def padded_position_scores(self, size: Sequence[int]) -> Tensor:
         """Lemma 2's scores -alpha_h ||k - q - Delta_h||^2 over the padded grid: (heads, T_out, P), the sum over
         the axes of `axis_logits`, in at least float32."""
@@ -421,7 +425,7 @@ class ConvAttention(nn.Module):
         factors (their scores, softmax and cast at once) and, for `images` channel planes, the padded input."""
         work = torch.promote_types(self.out_weight.dtype, torch.float32).itemsize
         padded = [n + lo + hi for n, (lo, hi) in zip(size, self.padding)]
-        factors = sum(self._axis_heads(a)[0].numel() * out[a] * padded[a] for a in range(self.ndim))
+        factors = sum(self._axis_factors(a) * out[a] * padded[a] for a in range(self.ndim))
         check_memory(3 * factors * work + images * math.prod(padded) * self.out_weight.element_size(),
                      f"input size {tuple(size)} with padding {self.padding}", "give smaller inputs or less padding")
 

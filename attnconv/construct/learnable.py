@@ -137,6 +137,10 @@ class LearnableConvAttention(ConvAttention):
         """
         return self.centers[:, a], self.alphas
 
+    def _axis_factors(self, a: int) -> int:
+        """One factor per head on every axis (`_axis_heads`)."""
+        return self.heads
+
     @staticmethod
     def _outer(dense: Tensor, folded: Tensor) -> Tensor:
         """Join the axes so far (h, Tq, Tk) with the next axis (h, n_a, S_a), head by head."""

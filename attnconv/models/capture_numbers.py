@@ -63,8 +63,8 @@ def check_native_probs(probs: Tensor, where: str, dtype: torch.dtype, what: str 
     (its weights do, or its scores are past its dtype, `dtype`), not a map of them with measures of None."""
     if not bool(probs.isfinite().all()):
         raise NonFiniteAttention(f"{where or '(model)'}: its attention {what} hold NaN or inf (the layer's weights "
-                            f"do, or its scores are past {str(dtype).replace('torch.', '')}); check its weights and "
-                            "inputs")
+                                 f"do, or its scores are past {str(dtype).replace('torch.', '')}); check its weights "
+                                 "and inputs")
 
 
 def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, where: str,
@@ -82,13 +82,14 @@ def check_scores(content: Tensor, combined: Tensor | None, source: torch.dtype, 
             peak = float(content.amax()) if content.numel() else 0.0  # them is the output check's)
         if peak > torch.finfo(held).max:
             raise NonFiniteAttention(f"{where or '(model)'}: its {what} reach {peak:.3g}, past what "
-                                f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "
-                                "attention there is not a number, or not the one these scores give; check the model's "
-                                "weights, scale and inputs")
+                                     f"{str(held).replace('torch.', '')} holds, where the model computes them: its own "
+                                     "attention there is not a number, or not the one these scores give; check the "
+                                     "model's weights, scale and inputs")
     if bad:
         raise NonFiniteAttention(f"{where or '(model)'}: its {what} hold NaN or infinite values (from what the model "
-                            "computed, or its mask: a mask may hold -inf, not NaN or +inf), so its attention is "
-                            "undefined; check the model's weights, masks and what it computes before this attention")
+                                 "computed, or its mask: a mask may hold -inf, not NaN or +inf), so its attention is "
+                                 "undefined; check the model's weights, masks and what it computes before this "
+                                 "attention")
 
 
 def softmax_parts(content: Tensor, mask: Tensor | None, causal: bool, row0: int = 0) -> tuple[Tensor, Tensor]:

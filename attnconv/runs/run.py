@@ -123,8 +123,7 @@ class Run:
         """A damaged log's line (`err`), with the fix an unfinished run's resume gives where it would take the log as
         it is: the damage lies past what its last checkpoint counts, and a resume cuts what was logged after that
         (deleting the log instead would leave the run no resume: its checkpoint counts the rows)."""
-        if not err.fix.startswith(LOG_FIX) or not os.path.lexists(self.path / STATE_FILE) or \
-                not resume_cuts(self.path, bool(self.heads_per_layer)):
+        if not err.fix.startswith(LOG_FIX) or not resume_cuts(self.path, bool(self.heads_per_layer)):
             return err
         return err.with_fix(f"resume the run, which cuts what was logged after its last checkpoint, the damage "
                             f"with it: `attnconv train --out {self.path} --resume`; or restore it from a copy")
