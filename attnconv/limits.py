@@ -25,9 +25,10 @@ from torch.overrides import TorchFunctionMode
 
 from attnconv.errors import AttnconvError, ParameterError
 
-__all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "as_real", "check_memory", "format_bytes",
-           "parameter_limit", "is_whole", "physical_memory", "plain_number", "positive_ints", "real_number",
-           "shown_value", "whole_number"]
+__all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "as_real", "autocast_on", "check_memory", "format_bytes",
+           "parameter_limit", "is_whole", "physical_memory", "plain_number", "positive_ints", "probabilities_argument",
+           "real_number",
+           "shown_value", "tensor_argument", "weights_with_values", "whole_number"]
 
 # The largest network attnconv builds. The paper's largest model has 30M parameters; 2e9 float32
 # parameters are 8 GB of weights before gradients and optimizer state.
@@ -195,6 +196,81 @@ def positive_ints(values: Any, count: int | None, name: str, what: str, most: in
         bound = f" of at most {most}" if most != math.inf else ""
         raise AttnconvError(f"{name} {shown_value(values)} is invalid: give {what}, {many}{bound}")
     return tuple(operator.index(v) for v in values)
+
+
+def autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for `device_type` (never for one autocast does not know, as the meta device)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
+
+
+def weights_with_values(weights: torch.Tensor, owner: str = "the layer", then: str = "",
+                        device: torch.device | str = "cpu") -> None:
+    """One AttnconvError if `weights` (the `owner`'s) are on the meta device, which holds no values: what computes
+    with them (an analysis, a forward on an input with values) would fail inside torch or answer from nothing."""
+    if weights.device.type == "meta":
+        raise AttnconvError(f"{owner}'s weights are on the meta device, which holds no values: load them first "
+                            f"({owner.split()[-1]}.to_empty(device='{device}'), then load_state_dict){then}")
+
+
+def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",
+                    values: bool = False, floating: bool = True, same_dtype: bool = True, finite: bool = False
+                    ) -> torch.Tensor:
+    """`value`, checked as the tensor argument `name` of a public method (`what` it is, for the fix): one AttnconvError
+    naming it unless it is a torch.Tensor; of a floating dtype (`floating`: no bool, integer or complex tensor, which
+    the layers do not compute with); on the device of `like` (the `owner`'s tensor, its weights: a meta input to a
+    CPU layer was computed as if it held values) and, outside autocast, in its floating dtype (`same_dtype`); and,
+    with `values` (a number is computed from it) or without `like`, not on the meta device, which holds no values. A
+    meta input to a layer on the meta device is taken (shapes inferred without values); with `finite`, every value
+    finite (what an average or a measure of them needs). Shapes are the caller's to check."""
+    if not isinstance(value, torch.Tensor):
+        raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a torch.Tensor")
+    dtype = str(value.dtype).replace("torch.", "")
+    if floating and not value.is_floating_point():
+        raise AttnconvError(f"{name} is a tensor of {dtype}, which is not computed with: give {name} in a floating-"
+                            f"point dtype, float16, bfloat16, float32 or float64 ({name}.float())")
+    meta = value.device.type == "meta"
+    if meta and (values or like is None or like.device.type != "meta"):
+        raise AttnconvError(f"{name} is on the meta device, which holds no values; give {name} with values ({what})")
+    if like is not None and not meta:
+        weights_with_values(like, owner, f" to compute with {name} on {value.device}", value.device)
+    if like is not None and value.device != like.device:
+        raise AttnconvError(f"{name} is on {value.device}, {owner}'s weights on {like.device}: give {name} on "
+                            f"{like.device} ({name}.to('{like.device}')), or move {owner} to {value.device}")
+    half = value.dtype in (torch.float16, torch.bfloat16, torch.float32)  # what autocast computes with
+    if same_dtype and floating and like is not None and like.is_floating_point() and value.dtype != like.dtype and \
+            not (half and autocast_on(value.device.type)):
+        held = str(like.dtype).replace("torch.", "")
+        raise AttnconvError(f"{name} is {dtype}, {owner}'s weights {held}: give {name} in {held} "
+                            f"({name}.to(torch.{held})), or convert {owner} to {dtype} ({owner.split()[-1]}.to(torch."
+                            f"{dtype}))" + (", or run it under torch.autocast" if half else ""))
+    if finite and (values or not meta) and value.numel() and not bool(value.isfinite().all()):
+        bad = int((~value.isfinite()).sum())
+        raise AttnconvError(f"{name} has {bad} NaN or infinite value{'s' * (bad > 1)}: give {what} "
+                            "with finite values")
+    return value
+
+
+def probabilities_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None,
+                           owner: str = "the layer") -> torch.Tensor:
+    """`tensor_argument` for attention probabilities a caller gives (`what` they are): with values (not on the meta
+    device), finite, none negative, and no row (the last axis) summing past 1 (a zero padding's keys drop out, so a
+    row may sum to less); one AttnconvError naming `name` otherwise, where a measure of them would be NaN or a
+    kernel of no attention layer."""
+    tensor_argument(value, name, what, like=like, owner=owner, values=True, same_dtype=False, finite=True)
+    if value.numel() == 0:
+        return value
+    low = float(value.amin())
+    if low < 0:
+        raise AttnconvError(f"{name} has negative values (down to {low:.3g}): give {what}, each at least 0 (a "
+                            "softmax's, or a mean of them)")
+    most = float(value.double().sum(-1).amax()) if value.dim() else float(value)
+    if most > 1 + max(1e-3, 8 * torch.finfo(value.dtype).eps):
+        raise AttnconvError(f"{name} has a row summing to {most:.6g}: give {what} with each query's row (the last "
+                            "axis) summing to at most 1 (a softmax's, or a mean of them)")
+    return value
 
 
 def real_number(value: Any, name: str, what: str, *, low: float = -math.inf, high: float = math.inf,

@@ -38,7 +38,8 @@ def check_amp(amp: bool, device: str | torch.device) -> None:
 def check_device(device: str, name: str = "device") -> None:
     """Refuse a device name that is not cpu, cuda or cuda:N, or a CUDA device this machine lacks; errors
     name the parameter `name`."""
-    match = re.fullmatch(r"cpu|cuda(?::(\d{1,4}))?", str(device))
+    device = device if isinstance(device, str) else str(device)  # a torch.device as its name
+    match = re.fullmatch(r"cpu|cuda(?::(\d{1,4}))?", device)
     if match is None:
         raise ParameterError(name, device, "is not a device attnconv runs on; choose cpu, cuda or cuda:N",
                              shown=repr(device))

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
-from attnconv.limits import is_whole, positive_ints, whole_number
+from attnconv.limits import is_whole, positive_ints, probabilities_argument, tensor_argument, whole_number
 from attnconv.models.capture import CapturedAttention
 from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
@@ -73,6 +73,15 @@ def _kernel(layer: nn.Module, size: tuple[int, int], x: Tensor | None, probs: Te
     if probs is not None and probs.dim() == 4:
         probs = probs.mean(0)
     return effective_kernel(layer, size, probs=probs)
+
+
+def _check_given(x: Tensor | None, probs: Tensor | None) -> None:
+    """One AttnconvError for inputs x or probabilities given that are no tensor with values, or probabilities that
+    are not (NaN, negative, rows past 1), before any is computed with (`limits.tensor_argument`)."""
+    if x is not None:
+        tensor_argument(x, "x", "inputs (B, C_in, H, W)", values=True, finite=True)
+    if probs is not None:
+        probabilities_argument(probs, "probs", "probabilities (heads, T_out, T_in) or (B, heads, T_out, T_in)")
 
 
 def _linear(layer: nn.Module) -> bool:
@@ -149,6 +158,7 @@ def analyze_layer(
     "degenerate_heads"), as in the paper and the figures; "heads" is in head order.
     """
     size = _size(size)
+    _check_given(x, probs)
     ek, p, pos, (out_h, out_w) = _probs_on_grid(layer, size, x, probs)
     p = p.double().cpu()  # (heads, T_out, T_in)
     heads, t_out, _ = p.shape
@@ -338,6 +348,7 @@ def head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None 
     (row, col) and its map (heads, H, W).
     """
     size = positive_ints(size, 2, "size", "the layer's input grid (H, W), as an AttentionSite's size holds it")
+    _check_given(None, probs)
     if _linear(layer):
         ek = effective_kernel(layer, size, probs=probs)
         p, query_pos, (out_h, out_w) = ek.probs, ek.query_pos, ek.out_size

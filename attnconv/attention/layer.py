@@ -33,7 +33,16 @@ from torch import Tensor
 from attnconv import ops
 from attnconv.attention.select import IMPLS, resolve_impl
 from attnconv.errors import AttnconvError
-from attnconv.limits import MAX_SIDE, check_memory, is_whole, positive_ints, real_number, shown_value
+from attnconv.limits import (
+    MAX_SIDE,
+    check_memory,
+    is_whole,
+    positive_ints,
+    real_number,
+    shown_value,
+    tensor_argument,
+    weights_with_values,
+)
 from attnconv.ops.autocast import at_least_float32, float32_scores
 from attnconv.positional import ENCODINGS, build_encoding, check_pos_init
 
@@ -213,10 +222,7 @@ class SelfAttention2d(nn.Module):
         A channels-last tensor seen through `.permute(0, 3, 1, 2)` goes in and comes out without a
         copy: blocks that keep (B, H, W, C) call the layer this way, as a module.
         """
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise AttnconvError(
-                f"SelfAttention2d expects input (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
-            )
+        self._check_input(x)
         y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
         if self.stride != 1:
             y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
@@ -233,9 +239,19 @@ class SelfAttention2d(nn.Module):
         cols = torch.arange(0, size[1], self.stride)
         return torch.cartesian_prod(rows, cols)
 
+    def _check_input(self, x: Tensor, values: bool = False, tokens: bool = False) -> None:
+        """One AttnconvError unless x is an input this layer computes with: a floating-point tensor on its weights'
+        device (`limits.tensor_argument`; `values`: not on the meta device either) of shape (B, C_in, H, W), or
+        channels-last (B, H, W, C_in) for the `tokens` methods."""
+        shape = f"(B, H, W, {self.in_channels})" if tokens else f"(B, {self.in_channels}, H, W)"
+        tensor_argument(x, "x", f"the input {shape}", like=self.out.weight, values=values)
+        if x.ndim != 4 or x.shape[-1 if tokens else 1] != self.in_channels:
+            raise AttnconvError(f"SelfAttention2d expects input {shape}, got {tuple(x.shape)}")
+
     def forward_tokens(self, x: Tensor) -> Tensor:
         """Channels-last, every query: (B, H, W, C_in) -> (B, H, W, C_out). `forward` without the stride
         and the transposes; the output projection `out` runs as a module but on the fused path."""
+        self._check_input(x, tokens=True)
         impl = self._path(x)
         if impl == "fused":
             return self._fused(x, self.out.weight, self.out.bias)
@@ -247,6 +263,18 @@ class SelfAttention2d(nn.Module):
         For a block that folds the Linear after the layer into the projection (W_next W_out, one
         matmul per token instead of two); the fused path takes them between its factors.
         """
+        self._check_input(x, tokens=True)
+        width = self.out.in_features
+        tensor_argument(weight, "weight", f"the output projection's weight (C, {width})", like=self.out.weight)
+        if weight.dim() != 2 or weight.shape[1] != width:
+            raise AttnconvError(f"weight of shape {tuple(weight.shape)} does not fit: give the output projection's "
+                                f"weight (C, {width}), {width} the heads' concatenated values")
+        if bias is not None:
+            tensor_argument(bias, "bias", f"the output projection's bias ({weight.shape[0]},) or None",
+                            like=self.out.weight)
+            if tuple(bias.shape) != (weight.shape[0],):
+                raise AttnconvError(f"bias of shape {tuple(bias.shape)} does not fit: give the output projection's "
+                                    f"bias ({weight.shape[0]},), one per row of weight, or None")
         impl = self._path(x)
         if impl == "fused":
             return self._fused(x, weight, bias)
@@ -256,6 +284,7 @@ class SelfAttention2d(nn.Module):
         """The Linear children a forward on x (B, C_in, H, W) applies without calling them, with the tokens
         each maps: `out` on the fused path, whose products apply it between the factors (its forward hooks
         do not fire there). `attnconv.flops.count_flops` counts them."""
+        self._check_input(x)
         if self._path(x.permute(0, 2, 3, 1)) != "fused":
             return []
         return [(self.out, x.shape[0] * x.shape[2] * x.shape[3])]
@@ -389,9 +418,9 @@ class SelfAttention2d(nn.Module):
         return scores[term].softmax(-1)
 
     def _analysis_input(self, x: Tensor | None, size) -> tuple[Tensor | None, int, int]:
+        weights_with_values(self.out.weight)  # an analysis computes with them
         if x is not None:
-            if x.ndim != 4 or x.shape[1] != self.in_channels:
-                raise AttnconvError(f"expected x of shape (B, {self.in_channels}, H, W), got {tuple(x.shape)}")
+            self._check_input(x)
             return x.permute(0, 2, 3, 1), x.shape[2], x.shape[3]
         if size is None:
             raise AttnconvError("give the input x, or size=(H, W) for a position-only layer")

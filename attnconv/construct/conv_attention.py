@@ -26,7 +26,15 @@ from attnconv.construct.geometry import (
     source_index,
 )
 from attnconv.errors import AttnconvError
-from attnconv.limits import check_memory, positive_ints, real_number, shown_value, whole_number
+from attnconv.limits import (
+    check_memory,
+    positive_ints,
+    real_number,
+    shown_value,
+    tensor_argument,
+    weights_with_values,
+    whole_number,
+)
 from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
 __all__ = ["ConvAttention"]
@@ -151,6 +159,7 @@ class ConvAttention(nn.Module):
 
     def axis_offsets(self, axis: int) -> Tensor:
         """Center coordinates along `axis` of the K_a head families: dilation * (tap - anchor)."""
+        axis = whole_number(axis, "axis", f"a spatial axis of this {self.ndim}-d layer", least=0, most=self.ndim - 1)
         k, d, c = self.kernel_size[axis], self.dilation[axis], self.anchor[axis]
         return d * (torch.arange(k) - c)  # (K_a,)
 
@@ -295,10 +304,11 @@ class ConvAttention(nn.Module):
 
     def _analysis_size(self, x: Tensor | None, size: Sequence[int] | None) -> tuple[int, ...]:
         """The input spatial size: `size`, or the size of the input `x` (the `AttentionLayer` signature)."""
+        weights_with_values(self.out_weight)  # an analysis computes with them
         if size is None:
-            if not isinstance(x, Tensor):
+            if x is None:
                 raise AttnconvError("give the input x (B, C_in, *S) or size=(its spatial size)")
-            size = x.shape[-self.ndim :]
+            size = self._batched(x)[0].shape[2:]  # an input forward takes
         return positive_ints(size, self.ndim, "size", f"the {self.ndim}-d spatial size of the input")
 
     def _check_position_scores(self, size: Sequence[int]) -> None:
@@ -396,7 +406,7 @@ class ConvAttention(nn.Module):
         finite x: with a NaN or inf in x it is inf (outputs far from it are non-finite too;
         see the class docstring).
         """
-        x, _ = self._batched(x)  # a tensor of this layer's input shape (what else would bound nothing)
+        x, _ = self._batched(x, values=True)  # a tensor of this layer's input (what else would bound nothing)
         row_sums = self.out_weight.detach().abs().sum(dim=(0, 2))  # (C_out,)
         w_norm = float(row_sums.max()) if row_sums.numel() else 0.0
         scale = float(x.detach().abs().max()) if x.numel() else 0.0
@@ -406,11 +416,11 @@ class ConvAttention(nn.Module):
 
     # -- forward ---------------------------------------------------------------------------
 
-    def _batched(self, x: Tensor) -> tuple[Tensor, bool]:
-        """(B, C_in, *S) as is, or an unbatched (C_in, *S) with a batch axis added; checks the shape."""
-        if not isinstance(x, Tensor):
-            raise AttnconvError(f"x {shown_value(x)} is invalid: give the input, a tensor (B, {self.in_channels}, "
-                                f"<{self.ndim} spatial sizes>) or one image without the batch axis")
+    def _batched(self, x: Tensor, values: bool = False) -> tuple[Tensor, bool]:
+        """(B, C_in, *S) as is, or an unbatched (C_in, *S) with a batch axis added; checks the kind, dtype, device
+        (`limits.tensor_argument`; `values`: a number is computed from it, so not on the meta device) and shape."""
+        tensor_argument(x, "x", f"the input (B, {self.in_channels}, <{self.ndim} spatial sizes>) or one image without "
+                        "the batch axis", like=self.out_weight, values=values)
         unbatched = x.dim() == self.ndim + 1
         if unbatched:
             x = x.unsqueeze(0)

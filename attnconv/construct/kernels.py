@@ -20,7 +20,14 @@ from torch import Tensor, nn
 
 from attnconv.construct.geometry import MAX_DENSE, grid_points
 from attnconv.errors import AttnconvError
-from attnconv.limits import is_whole, positive_ints, whole_number
+from attnconv.limits import (
+    is_whole,
+    positive_ints,
+    probabilities_argument,
+    tensor_argument,
+    weights_with_values,
+    whole_number,
+)
 
 __all__ = ["ConvLikeness", "EffectiveKernel", "conv_likeness", "effective_kernel"]
 
@@ -75,7 +82,8 @@ class EffectiveKernel:
     def at(self, query: int | Sequence[int]) -> Tensor:
         """The kernel output pixel `query` (flat index or coordinates) applies: (C_out, C_in, *in_size)."""
         q = self._query(query)
-        kernel = torch.einsum("hk,hoc->ock", self.probs[:, q], self.maps)  # (C_out, C_in, T_in)
+        probs, maps = self._factors()
+        kernel = torch.einsum("hk,hoc->ock", probs[:, q], maps)  # (C_out, C_in, T_in)
         return kernel.reshape(*kernel.shape[:2], *self.in_size)
 
     def dense(self) -> Tensor:
@@ -83,13 +91,26 @@ class EffectiveKernel:
         numel = self.probs.shape[1] * self.probs.shape[2] * self.maps.shape[1] * self.maps.shape[2]
         if numel > MAX_DENSE:
             raise AttnconvError(f"the dense kernel would have {numel} entries; use .at(query) instead")
-        return torch.einsum("hqk,hoc->qkoc", self.probs, self.maps)
+        return torch.einsum("hqk,hoc->qkoc", *self._factors())
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        """probs and maps in one dtype, the wider of theirs (probabilities given in float64, a half layer's maps)."""
+        dtype = torch.promote_types(self.probs.dtype, self.maps.dtype)
+        return self.probs.to(dtype), self.maps.to(dtype)
 
     def apply(self, x: Tensor) -> Tensor:
-        """Evaluate the factored map on x (B, C_in, *in_size) -> (B, C_out, *out_size)."""
+        """Evaluate the factored map on x (B, C_in, *in_size) -> (B, C_out, *out_size), in x's dtype."""
+        c_in = self.maps.shape[2]
+        shape = f"(B, {c_in}, {', '.join(map(str, self.in_size))})"
+        tensor_argument(x, "x", f"the input {shape}", like=self.maps, owner="the kernel",
+                        same_dtype=False)
+        if x.dim() != 2 + len(self.in_size) or x.shape[1] != c_in or tuple(x.shape[2:]) != tuple(self.in_size):
+            raise AttnconvError(f"x of shape {tuple(x.shape)} does not fit this kernel: give the input {shape}, the "
+                                "size the kernel was extracted at (effective_kernel(layer, size) for another size)")
         b = x.shape[0]
-        z = torch.einsum("hqk,bck->bhcq", self.probs, x.reshape(b, x.shape[1], -1))  # (B, heads, C_in, T_out)
-        y = torch.einsum("hoc,bhcq->boq", self.maps, z) + self.bias[:, None]  # (B, C_out, T_out)
+        probs = self.probs.to(x.dtype)  # the softmax's dtype (at least float32) where the maps are narrower
+        z = torch.einsum("hqk,bck->bhcq", probs, x.reshape(b, x.shape[1], -1))  # (B, heads, C_in, T_out)
+        y = torch.einsum("hoc,bhcq->boq", self.maps.to(x.dtype), z) + self.bias.to(x.dtype)[:, None]  # (B, C_out, T_out)
         return y.reshape(b, -1, *self.out_size)
 
 
@@ -113,8 +134,11 @@ def effective_kernel(layer: nn.Module, *size: int | Sequence[int], probs: Tensor
     if not (hasattr(layer, "attention_probs") and hasattr(layer, "value_maps")):
         raise AttnconvError(f"{type(layer).__name__} has no attention_probs/value_maps; it is not an attention layer")
     with torch.no_grad():
-        probs = layer.attention_probs(size=size) if probs is None else probs.unsqueeze(0)  # (1, heads, T_out, T_in)
         maps, bias = layer.value_maps()  # (heads, C_out, C_in), (C_out,)
+        weights_with_values(maps)  # a layer on the meta device: its probabilities fail inside torch
+        if probs is not None:  # a meta tensor was taken as values (with a layer on the CPU)
+            probabilities_argument(probs, "probs", "the probabilities to use (heads, T_out, T_in)", like=maps)
+        probs = layer.attention_probs(size=size) if probs is None else probs.unsqueeze(0)  # (1, heads, T_out, T_in)
     out_size = tuple(layer.output_size(size)) if hasattr(layer, "output_size") else size
     if hasattr(layer, "query_positions"):
         query_pos = layer.query_positions(size)
@@ -122,7 +146,7 @@ def effective_kernel(layer: nn.Module, *size: int | Sequence[int], probs: Tensor
         query_pos = grid_points(out_size)
     if probs.dim() != 4 or probs.shape[0] != 1 or probs.shape[2:] != (math.prod(out_size), math.prod(size)):
         raise AttnconvError(
-            f"probabilities of shape {tuple(probs.shape[1:])} do not fit: expected (heads, {math.prod(out_size)}, "
+            f"probs of shape {tuple(probs.shape[1:])} do not fit: expected (heads, {math.prod(out_size)}, "
             f"{math.prod(size)}) for input size {size}"
         )
     heads = probs.shape[1]
@@ -224,6 +248,9 @@ def conv_likeness(
             size = (size,) * getattr(layer_or_kernel, "ndim", 2)
         ek = effective_kernel(layer_or_kernel, size)
     kernel_size = whole_number(kernel_size, "kernel_size", "the compared convolution's kernel size")
+    if "meta" in (ek.probs.device.type, ek.maps.device.type):
+        raise AttnconvError("conv_likeness: the kernel is on the meta device, which holds no values; measure a layer "
+                            "with weights (load them first: layer.to_empty(device=...), then load_state_dict)")
 
     p = ek.probs.double()  # (heads, T_out, T_in)
     maps = ek.maps.double()  # (heads, C_out, C_in)

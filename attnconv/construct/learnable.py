@@ -155,6 +155,7 @@ class LearnableConvAttention(ConvAttention):
 
     def error_bound(self, x: Tensor) -> float:
         """Theorem 1's bound holds only while every head sits on its tap with one alpha; check that first."""
+        self._batched(x, values=True)  # an input with values first: a layer on the meta device has none to compare
         taps = ConvAttention.centers.fget(self).to(self.centers)
         start = torch.full_like(self.positions.log_alpha, math.log(self.alpha))  # rounded as the parameter was
         if not (torch.equal(self.centers.detach(), taps) and torch.equal(self.positions.log_alpha.detach(), start)):
@@ -245,9 +246,9 @@ class LearnableConvAttention(ConvAttention):
         out here; `attention_probs` folds their probability onto the pixels they copy. A
         position-only layer also takes `size` instead of x; a content layer needs x.
         """
-        if self.position_only and not isinstance(x, Tensor):
+        if self.position_only and x is None:
             return super().attention_scores(x, size)
-        if not isinstance(x, Tensor):
+        if x is None:
             raise AttnconvError("a content-attention layer needs the input x (B, C_in, *S) to compute its attention")
         x, _ = self._batched(x)
         inner = self._inner_tokens(tuple(x.shape[2:])).to(x.device)
@@ -278,7 +279,7 @@ class LearnableConvAttention(ConvAttention):
             if term == "content":
                 raise AttnconvError("this layer has no content attention (key_dim=0): ask for combined or position")
             return super().attention_probs(x, size)
-        if not isinstance(x, Tensor):
+        if x is None:
             raise AttnconvError("a content-attention layer needs the input x (B, C_in, *S) to compute its attention")
         x, _ = self._batched(x)
         if size is not None and tuple(size) != tuple(x.shape[2:]):

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError, caller_warning, user_frame
-from attnconv.limits import check_memory, positive_ints, whole_number
+from attnconv.limits import check_memory, positive_ints, tensor_argument, whole_number
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -343,11 +343,13 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
     for site, probs in zip(sites, exact):
         if probs is not None:
             check_native_probs(probs, site.path, probs.dtype)
+    if x is not None:  # checked even where no layer needs it: what is given is what the caller thinks is used
+        tensor_argument(x, "x", "normalized images (N, C, H, W)", values=True)  # what the models take
+        check_values(x, "site_probs")  # of dimensions, all finite
     if not needs_inputs(sites):
         return exact
     if x is None:
         raise AttnconvError("content attention depends on the input: give test images to average over")
-    check_values(x, "site_probs")
     if len(x) == 0:
         raise AttnconvError("content attention depends on the input: give test images to average over")
     captured = _captured(sites)

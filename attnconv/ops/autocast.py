@@ -8,6 +8,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
+from attnconv.limits import autocast_on
+
 
 @contextmanager
 def float32_scores() -> Iterator[None]:
@@ -27,7 +29,7 @@ def float32_scores() -> Iterator[None]:
 def matmul_dtype(x: Tensor) -> torch.dtype:
     """The dtype a matmul on x runs in: autocast's where it is on for x's device, else x's own."""
     device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+    if autocast_on(device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
         return torch.get_autocast_dtype(device)
     return x.dtype
 

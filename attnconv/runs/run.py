@@ -17,8 +17,9 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
-from attnconv.limits import is_whole, shown_value, whole_number
+from attnconv.limits import is_whole, shown_value, tensor_argument, whole_number
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
+from attnconv.precision import check_device
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.directory import check_not_replaced, resume_cuts, resume_problem
 from attnconv.runs.files import (
@@ -82,6 +83,9 @@ class Run:
     def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
                  data_dir: str | os.PathLike | None = None, dataset: str | None = None,
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
+        if not isinstance(path, (str, os.PathLike)):
+            raise AttnconvError(f"run {shown_value(path)} is invalid: give the run's directory, a str or a path")
+        check_device(str(device))  # "meta" holds no values; a device this machine lacks fails here, not in a load
         self.path = Path(path)
         check_not_replaced(self.path)  # an --overwrite before its first checkpoint: the old run is set aside
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
@@ -310,9 +314,16 @@ class Run:
         """
         data = self.meta.get("data") or data_fingerprint(self.info)
         size, channels = int(data["size"]), int(data["channels"])
+        if isinstance(images, (str, os.PathLike)):
+            images = [images]  # one image file
         if isinstance(images, torch.Tensor):
-            raw = images
+            raw = tensor_argument(images, "images", f"uint8 images (N, {channels}, {size}, {size})", values=True,
+                                  floating=False)
         else:
+            if not isinstance(images, Sequence) or isinstance(images, (bytes, bytearray)) or \
+                    not all(isinstance(p, (str, os.PathLike)) for p in images):
+                raise AttnconvError(f"images {shown_value(images)} is invalid: give image files (a list of paths) or "
+                                    f"uint8 images (N, {channels}, {size}, {size}) as a torch.Tensor")
             if not images:
                 raise AttnconvError("give at least one image file")
             budget = D.decode_budget()  # an image too large to decode is refused from its header

@@ -1,0 +1,229 @@
+"""Every tensor the public API takes goes through one check (attnconv.limits: tensor_argument, probabilities_argument):
+something that is no tensor, a bool, integer or complex tensor where the layers compute in floating point, a tensor on
+the meta device (which holds no values) given to a layer with weights, a tensor on another device or, outside
+autocast, in another floating dtype than the layer's weights, and probabilities that are not (NaN, negative, a row
+past 1) are one AttnconvError naming the argument: never an AttributeError, IndexError or RuntimeError from torch,
+and never an answer computed from a meta tensor as if it held values.
+
+The table below names a call for every tensor parameter of the public callables and methods of `attnconv`,
+`attnconv.analysis`, `attnconv.construct`, `attnconv.plots`, `attnconv.models` and `attnconv.training`; the coverage
+test fails when one gains a tensor parameter the table does not try.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import typing
+
+import pytest
+import torch
+from torch import nn
+
+import attnconv
+from attnconv.errors import AttnconvError
+from attnconv.limits import shown_value
+
+MODULES = ("attnconv", "attnconv.analysis", "attnconv.construct", "attnconv.plots", "attnconv.models",
+           "attnconv.training")
+# Records attnconv builds and hands back (their fields are its own results), and protocols without code.
+NOT_ARGUMENTS = {("CapturedAttention.__init__", "*"), ("ConvLikeness.__init__", "*"),
+                 ("EffectiveKernel.__init__", "*"), ("AttentionLayer.attention_probs", "x")}
+
+
+def public_tensor_parameters() -> set[tuple[str, str]]:
+    """(callable, parameter) for every parameter annotated with Tensor of the public functions, and of the public
+    methods the public classes define themselves (not nn.Module's)."""
+    found = set()
+    for module in MODULES:
+        mod = importlib.import_module(module)
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if inspect.isclass(obj):
+                members = [(f"{name}.{m}", fn) for m, fn in inspect.getmembers(obj, inspect.isfunction)
+                           if (not m.startswith("_") or m == "__init__") and fn.__module__.startswith("attnconv")]
+            elif callable(obj) and getattr(obj, "__module__", "").startswith("attnconv"):
+                members = [(name, obj)]
+            else:
+                continue
+            for qual, fn in members:
+                try:
+                    parameters = inspect.signature(fn).parameters.values()
+                except (TypeError, ValueError):
+                    continue
+                tensors = [p.name for p in parameters if "Tensor" in str(p.annotation)]
+                if tensors and (qual, "*") in NOT_ARGUMENTS:
+                    continue
+                found.update((qual, p) for p in tensors)
+    return found
+
+
+NOT_TENSORS = ("x", [[1.0]], 3)
+KINDS = (torch.ones(1, 2, 8, 8, dtype=torch.bool), torch.ones(1, 2, 8, 8, dtype=torch.long),
+         torch.ones(1, 2, 8, 8, dtype=torch.cfloat))
+
+
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.empty(*shape, device="meta")
+
+
+def cases(run_dir) -> dict[tuple[str, str], tuple[typing.Callable, str, tuple]]:
+    """(callable, parameter) -> (call taking the value, the name its error says, the values it must refuse)."""
+    from attnconv import analysis as A
+    from attnconv import plots as P
+    from attnconv.construct import ConvAttention, LearnableConvAttention
+
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    layer = attnconv.conv_to_attention(conv)
+    learnable = attnconv.conv_to_attention(conv, learnable=True, key_dim=2)
+    assert isinstance(layer, ConvAttention) and isinstance(learnable, LearnableConvAttention)
+    sa = attnconv.SelfAttention2d(2, heads=4, max_size=8)
+    kernel = attnconv.effective_kernel(layer, (8, 8))
+    probs = kernel.probs
+    x = torch.randn(1, 2, 8, 8)
+    images = NOT_TENSORS + KINDS + (_meta(1, 2, 8, 8), torch.randn(1, 3, 8, 8))
+    tokens = NOT_TENSORS + KINDS + (_meta(1, 8, 8, 2), x)  # x: channels first where the tokens are channels last
+    given = NOT_TENSORS + (probs.bool(), probs.cfloat(), _meta(*probs.shape), probs * float("nan"), -probs,
+                           probs * 2, probs[:, :5])
+    def run() -> attnconv.Run:  # read when a case is tried (`cases_keys` builds the table without a run)
+        return attnconv.Run(run_dir)
+
+    table = {
+        ("ConvAttention.forward", "x"): (layer, "x", images),
+        ("ConvAttention.error_bound", "x"): (layer.error_bound, "x", images),
+        ("ConvAttention.attention_probs", "x"): (lambda v: layer.attention_probs(v), "x", images),
+        ("ConvAttention.attention_scores", "x"): (lambda v: layer.attention_scores(v), "x", images),
+        ("LearnableConvAttention.forward", "x"): (learnable, "x", images),
+        ("LearnableConvAttention.error_bound", "x"): (learnable.error_bound, "x", images),
+        ("LearnableConvAttention.attention_probs", "x"): (lambda v: learnable.attention_probs(v), "x", images),
+        ("LearnableConvAttention.attention_scores", "x"): (lambda v: learnable.attention_scores(v), "x", images),
+        ("LearnableConvAttention.padded_scores", "x"): (learnable.padded_scores, "x", images),
+        ("SelfAttention2d.forward", "x"): (sa, "x", images),
+        ("SelfAttention2d.attention_probs", "x"): (lambda v: sa.attention_probs(v), "x", images),
+        ("SelfAttention2d.attention_scores", "x"): (lambda v: sa.attention_scores(v), "x", images),
+        ("SelfAttention2d.folded_linears", "x"): (sa.folded_linears, "x", images),
+        ("SelfAttention2d.forward_tokens", "x"): (sa.forward_tokens, "x", tokens),
+        ("SelfAttention2d.forward_projected", "x"): (lambda v: sa.forward_projected(v, sa.out.weight, None), "x",
+                                                     tokens),
+        ("SelfAttention2d.forward_projected", "weight"): (
+            lambda v: sa.forward_projected(x.permute(0, 2, 3, 1), v, None), "weight",
+            NOT_TENSORS + (sa.out.weight.bool(), sa.out.weight.double(), _meta(2, sa.out.in_features),
+                           sa.out.weight.T)),
+        ("SelfAttention2d.forward_projected", "bias"): (
+            lambda v: sa.forward_projected(x.permute(0, 2, 3, 1), sa.out.weight, v), "bias",
+            NOT_TENSORS + (torch.ones(2, dtype=torch.long), _meta(2), torch.ones(3))),
+        ("EffectiveKernel.apply", "x"): (kernel.apply, "x", images + (torch.randn(1, 2, 6, 6), torch.randn(4))),
+        ("effective_kernel", "probs"): (lambda v: attnconv.effective_kernel(layer, (8, 8), probs=v), "probs", given),
+        ("analyze_layer", "probs"): (lambda v: A.analyze_layer(layer, (8, 8), probs=v), "probs", given),
+        ("analyze_layer", "x"): (lambda v: A.analyze_layer(learnable, (8, 8), v), "x",
+                                 images + (x * float("inf"),)),
+        ("head_geometry", "probs"): (lambda v: A.head_geometry(layer, (8, 8), probs=v), "probs", given),
+        ("analyze_sites", "probs"): (lambda v: A.analyze_sites(run().sites, [v]), "probs",
+                                     NOT_TENSORS + (_meta(4, 49, 49), torch.full((4, 49, 49), float("nan")))),
+        ("head_snapshot", "x"): (lambda v: A.head_snapshot(run().model, v), "x",
+                                 NOT_TENSORS + KINDS + (_meta(2, 1, 28, 28),)),  # NaN: site_probs' own line
+        ("maps_figure", "probs"): (lambda v: P.maps_figure(v, (8, 8), (3, 3), 3), "probs",
+                                   ("x", 3, [], [probs.bool()], [_meta(*probs.shape)], [probs[0]])),
+        ("capture_attention", "images"): (lambda v: attnconv.capture_attention(nn.Sequential(sa), v), "images",
+                                          NOT_TENSORS + (_meta(1, 2, 8, 8), x * float("nan"))),
+        ("Run.predict", "images"): (lambda v: run().predict(v), "images",
+                                    (3, b"x", [3], torch.zeros(1, 1, 28, 28), _meta(1, 1, 28, 28).to(torch.uint8))),
+        ("Run.transform", "images"): (lambda v: run().transform(v), "images",
+                                      (3, b"x", [3], torch.zeros(1, 1, 28, 28), _meta(1, 1, 28, 28).to(torch.uint8))),
+    }
+    return table
+
+
+def cases_keys() -> set[tuple[str, str]]:
+    return set(cases(None))
+
+
+def test_every_tensor_parameter_of_the_public_api_is_tried():
+    missing = sorted(public_tensor_parameters() - cases_keys() - NOT_ARGUMENTS)
+    assert not missing, f"public tensor parameters no case tries (add them to the table in this file): {missing}"
+
+
+@pytest.fixture(scope="module")
+def table(tiny_attention_runs):
+    return cases(tiny_attention_runs["sa-quadratic"])
+
+
+def _refused(call: typing.Callable, value: object, name: str) -> None:
+    try:
+        call(value)
+    except AttnconvError as err:
+        message = str(err)
+    except Exception as err:  # noqa: BLE001 - said as the failure, with the value that caused it
+        pytest.fail(f"{name}={shown_value(value)}: {type(err).__name__}: {err}")
+    else:
+        pytest.fail(f"{name}={shown_value(value)} was taken")
+    assert name in message, f"{shown_value(value)}: the error does not name {name}: {message}"
+    assert "\n" not in message and len(message) < 400, message
+
+
+@pytest.mark.parametrize("key", sorted(cases_keys()), ids="-".join)
+def test_public_tensors_refused_in_one_line_naming_the_argument(key, table):
+    call, name, bad = table[key]
+    for value in bad:
+        _refused(call, value, name)
+
+
+def test_round_58_b_what_the_tensor_checks_take_and_refuse(tiny_attention_runs, tmp_path):
+    """Round 58: a meta tensor given to a converted layer or to effective_kernel(probs=) was computed with as if it held
+    values (a CPU tensor of numbers came back); bool, complex and integer inputs reached torch's errors, and
+    error_bound answered for a complex input forward refuses; Run(123), Run(device="meta") and Run.predict(123) failed
+    inside; axis_offsets took any axis. What the checks must still take: a layer and its input both on the meta device
+    (shapes without values), another floating dtype under autocast, float64 probabilities for a float32 layer,
+    a zero-padded layer's own probabilities (rows summing to less than 1), one image file for predict."""
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    layer = attnconv.conv_to_attention(conv)
+    with pytest.raises(AttnconvError, match=r"^x is on the meta device, which holds no values"):
+        layer(_meta(1, 2, 8, 8))
+    for made in (lambda: attnconv.conv_to_attention(conv), lambda: attnconv.conv_to_attention(conv, learnable=True,
+                                                                                                  key_dim=2),
+                 lambda: attnconv.SelfAttention2d(2, heads=4, max_size=8)):
+        on_meta = made().to("meta")
+        assert on_meta(_meta(2, 2, 8, 8)).shape[:2] == (2, on_meta(_meta(1, 2, 8, 8)).shape[1])
+        if hasattr(on_meta, "error_bound"):
+            with pytest.raises(AttnconvError, match=r"^x is on the meta device"):
+                on_meta.error_bound(_meta(1, 2, 8, 8))
+        with pytest.raises(AttnconvError, match=r"^the layer's weights are on the meta device, which holds no values: "
+                                                r"load them first \(layer.to_empty\(device='cpu'\)"):
+            on_meta(torch.ones(1, 2, 8, 8))
+    with pytest.raises(AttnconvError, match=r"^x is a tensor of complex64"):
+        layer.error_bound(torch.ones(1, 2, 8, 8, dtype=torch.cfloat))
+    x = torch.randn(2, 2, 8, 8)
+    with pytest.raises(AttnconvError, match=r"^x is float64, the layer's weights float32: give x in float32"):
+        layer(x.double())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert layer(x.bfloat16()).shape == (2, 3, 8, 8)
+    assert torch.allclose(layer.double()(x.double()), conv.double()(x.double()), atol=1e-12)
+    layer.float()
+
+    kernel = attnconv.effective_kernel(layer, (8, 8))
+    assert float(kernel.probs.sum(-1).amin()) < 0.9  # the zero padding's keys dropped out at the border
+    again = attnconv.effective_kernel(layer, (8, 8), probs=kernel.probs.double())
+    assert torch.allclose(again.apply(x.double()), conv.double()(x.double()), atol=1e-9)
+    assert again.apply(x).dtype == torch.float32 and again.at(3).dtype == torch.float64
+    with pytest.raises(AttnconvError, match=r"^probs has a row summing to 2"):
+        attnconv.effective_kernel(layer, (8, 8), probs=kernel.probs * 2)
+    with pytest.raises(AttnconvError, match=r"^the layer's weights are on the meta device"):
+        attnconv.effective_kernel(attnconv.conv_to_attention(conv).to("meta"), (8, 8))
+    with pytest.raises(AttnconvError, match=r"^conv_likeness: the kernel is on the meta device"):
+        attnconv.conv_likeness(dataclasses.replace(kernel, probs=kernel.probs.to("meta")))
+    for axis in (2, -1, "0", 0.0, True):
+        with pytest.raises(AttnconvError, match=r"^axis .* is invalid: give a spatial axis of this 2-d layer"):
+            layer.axis_offsets(axis)
+    assert layer.axis_offsets(1).tolist() == [-1, 0, 1]
+
+    run_dir = tiny_attention_runs["sa-quadratic"]
+    for call, words in ((lambda: attnconv.Run(123), r"^run 123 is invalid: give the run's directory"),
+                        (lambda: attnconv.Run(run_dir, device="meta"), r"^device 'meta' is not a device")):
+        with pytest.raises(AttnconvError, match=words):
+            call()
+    from PIL import Image
+
+    Image.new("L", (28, 28), 128).save(tmp_path / "one.png")
+    run = attnconv.Run(run_dir, device=torch.device("cpu"))
+    assert run.predict(str(tmp_path / "one.png")) == run.predict([tmp_path / "one.png"])
