@@ -244,6 +244,10 @@ def describe_run(
             summary["weights_step"] = step
         result = predict_all(model, test, info, batch_size, device)
         summary["test_loss"], summary["test_acc"] = result["loss"], result["accuracy"]
+        if not math.isfinite(result["loss"]) and bad is None:  # finite weights whose outputs are not
+            note = (f"{run_dir}: the run's weights give a non-finite test loss; the run diverged before this "
+                    "checkpoint, so its accuracy means nothing: retrain it with a lower --lr")
+            summary["warning"] = f"{summary['warning']}; {note}" if "warning" in summary else note
         confusion = confusion_matrix(test.labels, result["predictions"], info.num_classes)
         summary["classes"] = list(info.classes)
         summary["per_class"] = dict(zip(info.classes, per_class_accuracy(confusion)))

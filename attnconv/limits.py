@@ -25,10 +25,10 @@ from torch.overrides import TorchFunctionMode
 
 from attnconv.errors import AttnconvError, ParameterError
 
-__all__ = ["MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "as_real", "autocast_on", "check_memory", "format_bytes",
-           "parameter_limit", "is_whole", "physical_memory", "plain_number", "positive_ints", "probabilities_argument",
-           "real_number",
-           "shown_value", "tensor_argument", "weights_with_values", "whole_number"]
+__all__ = ["COMPUTED", "MAX_PARAMETERS", "MAX_SIDE", "AllocationLimit", "as_real", "autocast_on", "check_memory",
+           "dense_problem", "format_bytes", "is_whole", "parameter_limit", "physical_memory", "plain_number",
+           "positive_ints", "probabilities_argument", "real_number", "shown_value", "tensor_argument",
+           "weights_with_values", "whole_number"]
 
 # The largest network attnconv builds. The paper's largest model has 30M parameters; 2e9 float32
 # parameters are 8 GB of weights before gradients and optimizer state.
@@ -198,6 +198,20 @@ def positive_ints(values: Any, count: int | None, name: str, what: str, most: in
     return tuple(operator.index(v) for v in values)
 
 
+# The dtypes attnconv computes in (float8 and other narrow floats have no arithmetic to promote with).
+COMPUTED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def dense_problem(value: torch.Tensor) -> str | None:
+    """What keeps the tensor `value` from being read as a dense array of one shape (a sparse layout, a nested
+    tensor), as a sentence's object; None for an ordinary (strided) tensor."""
+    if value.is_nested:
+        return "a nested tensor (a list of tensors of their own shapes)"
+    if value.layout != torch.strided:
+        return f"a {str(value.layout).replace('torch.', '').replace('_', ' ')} tensor"
+    return None
+
+
 def autocast_on(device_type: str) -> bool:
     """Whether autocast is on for `device_type` (never for one autocast does not know, as the meta device)."""
     try:
@@ -227,8 +241,12 @@ def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | No
     finite (what an average or a measure of them needs). Shapes are the caller's to check."""
     if not isinstance(value, torch.Tensor):
         raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a torch.Tensor")
+    problem = dense_problem(value)
+    if problem:
+        raise AttnconvError(f"{name} is {problem}: give {what} as a dense tensor of one shape ({name}.to_dense(), or "
+                            "a padded batch)")
     dtype = str(value.dtype).replace("torch.", "")
-    if floating and not value.is_floating_point():
+    if floating and value.dtype not in COMPUTED:
         raise AttnconvError(f"{name} is a tensor of {dtype}, which is not computed with: give {name} in a floating-"
                             f"point dtype, float16, bfloat16, float32 or float64 ({name}.float())")
     meta = value.device.type == "meta"

@@ -1948,7 +1948,7 @@ def test_round_58_b_a_non_finite_test_loss_or_a_models_own_attention_is_a_diverg
     from attnconv.models.capture_numbers import NonFiniteAttention, check_scores
     from attnconv.training import loop
 
-    monkeypatch.setattr(loop._Trainer, "_evaluate", lambda self: (float("nan"), 0.5))
+    monkeypatch.setattr(loop._Trainer, "_evaluate", lambda self, images=None: (0.5 if images else float("nan"), 0.5))
     capsys.readouterr()
     assert main(tiny_args(tmp_path / "run", data_dir, *ONE_EPOCH)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -1960,3 +1960,64 @@ def test_round_58_b_a_non_finite_test_loss_or_a_models_own_attention_is_a_diverg
     wrapped.write("r\u00fcn\n")
     wrapped.flush()
     assert wrapped._stream.buffer.getvalue() == b"r\\xfcn\n"
+
+
+def test_round_59_b_a_checkpoint_within_an_epoch_is_good_only_if_its_outputs_are(data_dir, tmp_path,  # noqa: F811
+                                                                                  monkeypatch, capsys):
+    """Round 59: a checkpoint within an epoch was checked for finite weights only: a ResNet whose batch norm statistics
+    overflowed kept a checkpoint whose test loss was NaN, named "the last good checkpoint", and `eval` and `predict` of
+    it answered NaN with exit 0; `Run.predict` of an empty uint8 batch was torch's error; `maps_of_run` drew NaN,
+    negative and integer "probabilities" and failed inside on meta or wrong-shaped ones; a damaged or missing image
+    given to `predict` alone was told to leave "the folder" (and a missing one "cannot decode")."""
+    from attnconv import Run, evaluate
+    from attnconv.plots.run_figures import maps_of_run
+
+    real = loop._Trainer._evaluate
+    probes = []
+
+    def evaluate_probe(self, images=None):  # the second checkpoint within the epoch: outputs of NaN
+        if images is not None:
+            probes.append(self.progress.step)
+            if len(probes) == 2:
+                return float("nan"), 0.1
+        return real(self, images)
+
+    monkeypatch.setattr(loop._Trainer, "_evaluate", evaluate_probe)
+    capsys.readouterr()
+    out = tmp_path / "run"
+    assert main(tiny_args(out, data_dir, "--epochs", "1", "--checkpoint-every", "3")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert probes == [3, 6] and err.startswith("error: test loss on the first 64 test images became non-finite (NaN "
+                                                "or inf) at step 6"), err
+    assert "the last good checkpoint (step 3) is intact" in err and "lower --lr" in err, err
+    assert load_state(out / "state.pt")["progress"]["step"] == 3
+    monkeypatch.setattr(loop._Trainer, "_evaluate", real)
+
+    run = Run(out)
+    with pytest.raises(AttnconvError, match=r"^images is an empty batch: give at least one image"):
+        run.predict(torch.zeros(0, 1, 28, 28, dtype=torch.uint8))
+    model = run.model
+    run.__dict__["model"] = lambda x: model(x) * float("nan")  # finite weights whose outputs are not
+    with pytest.raises(AttnconvError, match=r"the run's weights give NaN or infinite outputs for these images; the run "
+                                            r"diverged before this checkpoint: retrain it with a lower --lr"):
+        run.predict(torch.zeros(1, 1, 28, 28, dtype=torch.uint8))
+    monkeypatch.setattr(evaluate, "predict_all", lambda *a, **k: {"loss": float("nan"), "accuracy": 0.1,
+                                                                  "predictions": torch.zeros(len(a[1]), dtype=torch.long)})
+    summary = evaluate.describe_run(out, recompute=True, data_dir=data_dir, allow_data_change=True)
+    assert "the run's weights give a non-finite test loss; the run diverged before this checkpoint" in summary["warning"]
+
+    run = Run(out, data_dir=data_dir)
+    probs = run.site_probs(4)[0]
+    for bad, words in (([probs[0] * float("nan")], r"probs\[0\] has \d+ NaN"), ([-probs[0]], r"probs\[0\] has negative"),
+                       ([probs[0].long()], r"probs\[0\] is a tensor of int64"),
+                       ([probs[0][:, :3]], r"probs\[0\] of shape \(\d+, 3, \d+\) does not fit layer 1"),
+                       ([probs[0].to("meta")], r"probs\[0\] is on the meta device"),
+                       (probs[0], r"probs a tensor of shape .* is invalid: give one \(heads, T_out, T_in\) tensor per")):
+        with pytest.raises(AttnconvError, match=words):
+            maps_of_run(run, bad)
+    damaged, missing = tmp_path / "damaged.png", tmp_path / "missing.png"
+    damaged.write_bytes(b"not a png")
+    for path, words in ((damaged, r"damaged.png: cannot decode the image .*; replace the file or leave it out$"),
+                        (missing, r"missing.png: no such file; give the path of an image file$")):
+        with pytest.raises(AttnconvError, match=words):
+            run.predict([path])

@@ -374,16 +374,33 @@ def test_two_ddp_processes_match_one_process_with_the_same_global_batch(tmp_path
 # ---------------------------------------------------------------------------------- failures
 
 
-def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, capsys):
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, capsys, monkeypatch):
     out = tmp_path / "run"
-    # lr 1e30: step 1 (finite loss) gives weights ~1e30, whose forward overflows at step 2.
+    # lr 1e30: step 1 (finite loss) gives weights ~1e30, whose forward overflows: that step's checkpoint, within the
+    # epoch, is evaluated on the first test images first (round 59: it was kept as "the last good checkpoint").
     code = main(tiny_args(out, data_dir, "--lr", "1e30", "--schedule", "constant", "--checkpoint-every", "1"))
     err = "".join(line for line in capsys.readouterr().err.splitlines(True) if not line.startswith("preset: "))
-    assert code == 2
-    assert err.count("\n") == 1 and err.startswith("error: loss became non-finite")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: test loss on the first 64 test images became non-finite (NaN or inf) at step 1")
+    assert "no checkpoint was written yet" in err and "--lr" in err and not (out / "state.pt").exists()
+
+    from attnconv.training import loop
+
+    step = loop.train_step
+
+    def diverging(model, optimizer, x, y, autocast):  # a sound first step, a NaN loss at the second
+        loss, logits = step(model, optimizer, x, y, autocast)
+        diverging.calls += 1
+        return (loss * float("nan") if diverging.calls == 2 else loss), logits
+
+    diverging.calls = 0
+    monkeypatch.setattr(loop, "train_step", diverging)
+    code = main(tiny_args(tmp_path / "good", data_dir, "--checkpoint-every", "1"))
+    err = "".join(line for line in capsys.readouterr().err.splitlines(True) if not line.startswith("preset: "))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: loss became non-finite"), err
     assert "at step 2" in err and "last good checkpoint (step 1)" in err and "--lr" in err
-    assert load_state(out / "state.pt")["progress"]["step"] == 1
-    model, _ = load_run(out)
+    assert load_state(tmp_path / "good" / "state.pt")["progress"]["step"] == 1
+    model, _ = load_run(tmp_path / "good")
     assert all(torch.isfinite(t).all() for t in model.state_dict().values())
 
 

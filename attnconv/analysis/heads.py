@@ -16,7 +16,14 @@ from torch import Tensor, nn
 from attnconv.analysis.grid import grid_likeness
 from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
-from attnconv.limits import is_whole, positive_ints, probabilities_argument, tensor_argument, whole_number
+from attnconv.limits import (
+    is_whole,
+    positive_ints,
+    probabilities_argument,
+    shown_value,
+    tensor_argument,
+    whole_number,
+)
 from attnconv.models.capture import CapturedAttention
 from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
 from attnconv.runs import Run, as_run
@@ -159,6 +166,9 @@ def analyze_layer(
     """
     size = _size(size)
     _check_given(x, probs)
+    if x is not None and x.dim() >= 2 and tuple(x.shape[-2:]) != tuple(size):
+        raise AttnconvError(f"x of size {tuple(x.shape[-2:])} does not match size {tuple(size)}: give the layer's "
+                            f"inputs at {tuple(size)}, or size={tuple(x.shape[-2:])}")
     ek, p, pos, (out_h, out_w) = _probs_on_grid(layer, size, x, probs)
     p = p.double().cpu()  # (heads, T_out, T_in)
     heads, t_out, _ = p.shape
@@ -259,6 +269,7 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
     (training passes the first `SNAPSHOT_IMAGES` test images, see there).
     Costs a forward of x through the model at most; the model's mode is kept.
     """
+    _check_given(x, None)
     sites = attention_sites(model)
     size = sites[0].size
     combined = site_probs(model, sites, x)
@@ -296,6 +307,11 @@ def analyze_sites(sites: list[AttentionSite], probs: list[Tensor], *, images: in
     layers see different grids (a converted CNN). Layers are numbered from 1 ("layer"), heads too.
     """
     images = whole_number(images, "images", "how many test images the probabilities average (0: exact)", least=0)
+    if not isinstance(probs, (list, tuple)) or len(probs) != len(sites):
+        raise AttnconvError(f"probs {shown_value(probs)} is invalid: give one (heads, T_out, T_in) tensor per site "
+                            f"({len(sites)}), as site_probs gives them")
+    for i, p in enumerate(probs):
+        probabilities_argument(p, f"probs[{i}]", f"site {i + 1}'s probabilities (heads, T_out, T_in)")
     results = []
     for i, (site, p) in enumerate(zip(sites, probs)):
         r = {"layer": i + 1, "path": site.path, **analyze_layer(site.layer, site.size, probs=p)}

@@ -251,6 +251,10 @@ def conv_likeness(
     if "meta" in (ek.probs.device.type, ek.maps.device.type):
         raise AttnconvError("conv_likeness: the kernel is on the meta device, which holds no values; measure a layer "
                             "with weights (load them first: layer.to_empty(device=...), then load_state_dict)")
+    # a kernel made by hand: NaN probabilities were measured as distance 0
+    probabilities_argument(ek.probs, "the kernel's probs", "the probabilities of a kernel from effective_kernel")
+    tensor_argument(ek.maps, "the kernel's maps", "the value maps of a kernel from effective_kernel", values=True,
+                    finite=True)
 
     p = ek.probs.double()  # (heads, T_out, T_in)
     maps = ek.maps.double()  # (heads, C_out, C_in)

@@ -55,11 +55,14 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def _too_large(path: Path, e: BaseException) -> AttnconvError:
-    return AttnconvError(f"{path}: the image is too large to decode ({e}); shrink it or remove it from the folder")
+def _too_large(path: Path, e: BaseException, in_folder: bool = True) -> AttnconvError:
+    return AttnconvError(f"{path}: the image is too large to decode ({e}); shrink it"
+                         + (" or remove it from the folder" if in_folder else ""))
 
 
-def _fail(path: Path, e: BaseException) -> AttnconvError:
+def _fail(path: Path, e: BaseException, in_folder: bool = True) -> AttnconvError:
+    """The one line for an image that cannot be decoded; its fix for an image given alone (`in_folder` False: a file
+    `predict` was given) leaves the folder out."""
     if type(e).__name__ == "UnidentifiedImageError":  # Pillow's text names its file object, not the file
         try:
             empty = path.stat().st_size == 0
@@ -70,15 +73,17 @@ def _fail(path: Path, e: BaseException) -> AttnconvError:
         what = "its text metadata is larger than Pillow reads; save the pixels again without it"
     else:
         what = " ".join(f"{type(e).__name__}: {e}".split())  # one line
-    return AttnconvError(f"{path}: cannot decode the image ({what}); replace the file or remove it from the folder")
+    fix = "replace the file or remove it from the folder" if in_folder else "replace the file or leave it out"
+    return AttnconvError(f"{path}: cannot decode the image ({what}); {fix}")
 
 
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, zlib.error)
 
 
 @contextlib.contextmanager
-def _opened(path: Path):
-    """The image at ``path``, open, with warnings silenced and every decoding failure as one AttnconvError."""
+def _opened(path: Path, in_folder: bool = True):
+    """The image at ``path``, open, with warnings silenced and every decoding failure as one AttnconvError (a missing
+    file as one: a file given alone by its path, `in_folder` False, that is not there)."""
     Image, _ = _pil()
     try:
         with quiet(), open_regular(path, "give an image file") as f, Image.open(f) as img:
@@ -87,9 +92,11 @@ def _opened(path: Path):
     except AttnconvError:
         raise
     except Image.DecompressionBombError as e:
-        raise _too_large(path, e) from e
+        raise _too_large(path, e, in_folder) from e
+    except FileNotFoundError as e:
+        raise AttnconvError(f"{path}: no such file; give the path of an image file") from e
     except _DECODE_ERRORS as e:
-        raise _fail(path, e) from e
+        raise _fail(path, e, in_folder) from e
 
 
 def _sixteen_bit(img) -> bool:
@@ -183,11 +190,11 @@ class DecodeBudget:
         self._free = threading.Condition()
 
     @contextlib.contextmanager
-    def reserve(self, need: int, path: Path, what: str) -> Iterator[None]:
+    def reserve(self, need: int, path: Path, what: str, in_folder: bool = True) -> Iterator[None]:
         if need > self.total:
             raise AttnconvError(f"{path}: decoding this {what} image needs about {_format_bytes(need)} of memory, "
-                                f"over the {_format_bytes(self.total)} allowed for one image; shrink it, or remove "
-                                "it from the folder")
+                                f"over the {_format_bytes(self.total)} allowed for one image; shrink it"
+                                + (", or remove it from the folder" if in_folder else ""))
         with self._free:
             self._free.wait_for(lambda: self.held + need <= self.total)
             self.held += need
@@ -199,19 +206,21 @@ class DecodeBudget:
                 self._free.notify_all()
 
 
-def decode_image(path: Path, grey: bool, size: int, *, budget: DecodeBudget | None = None) -> np.ndarray:
+def decode_image(path: Path, grey: bool, size: int, *, budget: DecodeBudget | None = None,
+                 in_folder: bool = True) -> np.ndarray:
     """The image at ``path`` as uint8 (C, size, size), C = 1 when ``grey`` else 3 (RGB).
 
     budget: the memory decoding may take (`DecodeBudget`, shared by threads; default one image of
     ``MAX_DECODE_BYTES``): an image that needs more (`decode_bytes`) is one AttnconvError naming the
-    file, raised from its header, before its pixels are decoded."""
-    with _opened(path) as img:
+    file, raised from its header, before its pixels are decoded. in_folder: whether the fix of a file that cannot be
+    decoded may be to remove it from its folder (False: an image given alone, to `predict`)."""
+    with _opened(path, in_folder) as img:
         w, h = img.size
         if min(w, h) == 0:
-            raise _fail(path, ValueError("the image is empty (0 pixels wide or high)"))
+            raise _fail(path, ValueError("the image is empty (0 pixels wide or high)"), in_folder)
         img.draft("L" if grey else "RGB", (size, size))  # JPEG: decode at the smallest scale still >= size
         need = decode_bytes(img.mode, *img.size, grey, size, img.format or "")
-        with (budget or DecodeBudget()).reserve(need, path, f"{w}x{h} {img.mode}"):
+        with (budget or DecodeBudget()).reserve(need, path, f"{w}x{h} {img.mode}", in_folder):
             return _decode(img, grey, size)
 
 

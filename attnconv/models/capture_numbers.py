@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
-from attnconv.limits import MAX_SIDE, as_real, is_whole, positive_ints, shown_value
+from attnconv.limits import COMPUTED, MAX_SIDE, as_real, dense_problem, is_whole, positive_ints, shown_value
 
 
 class NonFiniteAttention(AttnconvError):
@@ -49,10 +49,15 @@ def check_values(images: Tensor, who: str) -> None:
     if not isinstance(images, Tensor) or images.dim() == 0:
         raise AttnconvError(f"{who}: the images are {type(images).__name__}{' of no dimension' * isinstance(images, Tensor)}"
                             ", not a batch of images; give them as a torch.Tensor (N, C, H, W)")
+    problem = dense_problem(images)
+    if problem:
+        raise AttnconvError(f"{who}: the images are {problem}; give them as a dense tensor (N, C, H, W) "
+                            "(images.to_dense(), or a padded batch)")
     if images.device.type == "meta":
         raise AttnconvError(f"{who}: the images are on the meta device, which holds no values; give images with values")
     if images.is_floating_point() or images.is_complex():
-        bad = int((~torch.isfinite(images)).sum())
+        narrow = images.is_floating_point() and images.dtype not in COMPUTED  # float8: no isfinite of its own
+        bad = int((~torch.isfinite(images.float() if narrow else images)).sum())
         if bad:
             raise AttnconvError(f"{who}: the images hold {bad} NaN or infinite value{'s' * (bad > 1)}, which make "
                                 "attention undefined; give images with finite values")

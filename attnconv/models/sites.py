@@ -317,6 +317,16 @@ def needs_inputs(sites: Sequence[AttentionSite]) -> bool:
     return any(not site.position_only for site in sites)
 
 
+def site_images(x: Tensor, who: str, sites: Sequence[AttentionSite]) -> None:
+    """One AttnconvError naming x unless it is a dense tensor with values (not on the meta device), of dimensions,
+    all finite (`capture_numbers.check_values`: NaN make attention undefined); in a dtype attnconv's layers compute
+    in where a site is one of them (their models take normalized images). Images for captured sites only may be of
+    any dtype: a user's model may take uint8 images and normalize them itself, as `capture_attention` takes them."""
+    native = len(_captured(sites)) < len(sites)
+    tensor_argument(x, "x", f"{'normalized ' * native}images (N, C, H, W) for {who}", values=True, floating=native)
+    check_values(x, who)
+
+
 def site_inputs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> list[Tensor]:
     """What each site's layer receives when `model` runs on the images x: (B, C, H, W) per site."""
     seen = capture_inputs(model, [site.layer for site in sites], x)
@@ -344,8 +354,7 @@ def site_probs(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor | Non
         if probs is not None:
             check_native_probs(probs, site.path, probs.dtype)
     if x is not None:  # checked even where no layer needs it: what is given is what the caller thinks is used
-        tensor_argument(x, "x", "normalized images (N, C, H, W)", values=True)  # what the models take
-        check_values(x, "site_probs")  # of dimensions, all finite
+        site_images(x, "site_probs", sites)
     if not needs_inputs(sites):
         return exact
     if x is None:
@@ -381,7 +390,7 @@ def site_scores(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor) -> 
     sites: "combined" and "content" (q k^T * scale) over the image positions (`capture_attention`).
     Their softmax over the keys is the attention over the image positions, renormalized.
     """
-    check_values(x, "site_scores")
+    site_images(x, "site_scores", sites)
     if len(x) != 1:
         raise AttnconvError(f"site_scores takes one image, got {len(x)}")
     captured = _captured(sites)
@@ -422,7 +431,7 @@ def site_maps(model: nn.Module, sites: Sequence[AttentionSite], x: Tensor, *, mo
     """
     if mode not in ("probs", "scores"):
         raise AttnconvError(f"mode must be probs or scores, got {mode!r}")
-    check_values(x, "site_maps")
+    site_images(x, "site_maps", sites)
     if len(x) != 1:
         raise AttnconvError(f"site_maps takes one image, got {len(x)}")
     if term not in ALL_TERMS:

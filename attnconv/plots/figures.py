@@ -16,7 +16,7 @@ import numpy as np
 from torch import Tensor
 
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.limits import positive_ints, real_number, shown_value, tensor_argument, whole_number
+from attnconv.limits import positive_ints, probabilities_argument, real_number, shown_value, whole_number
 from attnconv.tables import significant
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
@@ -487,11 +487,12 @@ def maps_figure(
             raise ParameterError("probs", probs, f"is invalid: give a list of (heads, T, T) tensors, one per layer, T "
                                  f"= {tokens} tokens (size {size[0]}x{size[1]})", shown=shown_value(probs))
         for number, p in enumerate(probs):
+            if isinstance(p, Tensor):  # its kind first: a nested tensor has no shape to compare
+                probabilities_argument(p, f"probs[{number}]", "a layer's probabilities (heads, T, T)")
             if not isinstance(p, Tensor) or p.dim() != 3 or p.shape[1:] != (tokens, tokens):
                 raise ParameterError("probs", p, f"is invalid: give per layer a (heads, T, T) tensor, T = {tokens} "
                                      f"tokens (size {size[0]}x{size[1]}), got layer {number + 1}'s "
                                      f"{shown_value(p)}", shown="")
-            tensor_argument(p, f"probs[{number}]", "a layer's probabilities (heads, T, T)", values=True)
         windows = [crop_map(p, size, query, zoom) for p in probs]
         full = [p[:, query[0] * size[1] + query[1]].double().cpu().reshape(-1, *size).numpy() for p in probs]
     n_layers, heads = len(windows), max(w.shape[0] for w in windows)  # layers' head counts may differ

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 from attnconv.analysis import head_geometry
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
-from attnconv.limits import MAX_SIDE, positive_ints, whole_number
+from attnconv.limits import MAX_SIDE, positive_ints, probabilities_argument, shown_value, whole_number
 from attnconv.models.sites import query_on_site, records_heads, site_probs
 from attnconv.plots.figures import (
     centers_figure,
@@ -193,8 +194,17 @@ def maps_of_run(run: Run, probs: list, *, query: Sequence[int] | None = None, zo
     base = next(iter(sizes)) if len(sizes) == 1 else (run.info.size, run.info.size)  # the grid queries live on
     i, j = _parse_query(query, base)
     zoom = 2 * (max(base) // 2) + 1 if zoom is None else _zoom(zoom)
+    if not isinstance(probs, (list, tuple)) or len(probs) != len(sites):
+        raise ParameterError("probs", probs, f"is invalid: give one (heads, T_out, T_in) tensor per attention layer of "
+                             f"the run ({len(sites)}), as Run.site_probs gives them", shown=shown_value(probs))
     windows, labels, full = [], [], []
     for number, (site, p) in enumerate(zip(sites, probs)):
+        probabilities_argument(p, f"probs[{number}]", f"layer {number + 1}'s probabilities (heads, T_out, T_in)")
+        out = site.layer.output_size(site.size) if hasattr(site.layer, "output_size") else site.size
+        if p.dim() != 3 or tuple(p.shape[1:]) != (math.prod(out), math.prod(site.size)):
+            raise ParameterError(f"probs[{number}]", p, f"of shape {tuple(p.shape)} does not fit layer {number + 1}: "
+                                 f"give its probabilities (heads, {math.prod(out)}, {math.prod(site.size)}), as "
+                                 "Run.site_probs gives them", shown="")
         q, pos = query_on_site(site, base, i, j)
         row = p[:, q].double().cpu().reshape(-1, *site.size).numpy()
         windows.append(window_around(row, pos, zoom))

@@ -327,7 +327,7 @@ class Run:
             if not images:
                 raise AttnconvError("give at least one image file")
             budget = D.decode_budget()  # an image too large to decode is refused from its header
-            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget)
+            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget, in_folder=False)
                                              for p in images]))
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
@@ -342,7 +342,13 @@ class Run:
         top = whole_number(top, "top", "how many classes to give for each image")
         data = self.meta.get("data") or data_fingerprint(self.info)
         classes = list(data["classes"])
-        probs = self.model(self.transform(images)).float().softmax(-1).cpu()
+        x = self.transform(images)
+        if len(x) == 0:
+            raise AttnconvError("images is an empty batch: give at least one image")
+        probs = self.model(x).float().softmax(-1).cpu()
+        if not bool(probs.isfinite().all()):  # finite weights whose outputs are not (NaN weights fail the load)
+            raise AttnconvError(f"{self.path}: the run's weights give NaN or infinite outputs for these images; the run "
+                                "diverged before this checkpoint: retrain it with a lower --lr")
         best = probs.topk(min(top, probs.shape[1]), dim=1)
         return [[(classes[int(i)], float(v)) for v, i in zip(vals, idx)] for vals, idx in zip(best.values, best.indices)]
 

@@ -87,10 +87,10 @@ from attnconv.training.checks import (
 )
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
-from attnconv.training.progress import ProgressLog, RunProgress, eta
+from attnconv.training.progress import ProgressLog, RunProgress, eta, write_line
 from attnconv.training.schedule import learning_rate, make_optimizer
 from attnconv.training.step import train_step
-from attnconv.training.stopping import RESTORED, CleanupInterrupts, rate_fix, stopped_line
+from attnconv.training.stopping import PROBE_IMAGES, RESTORED, CleanupInterrupts, rate_fix, stopped_line
 
 # Steps between host syncs (NaN check, progress bar): a sync per step would stall a GPU.
 _SYNC_EVERY = 10
@@ -338,11 +338,15 @@ class _Trainer:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def _checkpoint(self) -> None:
-        """A checkpoint of where the run stands (`Checkpointer.save`); non-finite weights stop the run instead."""
+    def _checkpoint(self, probe: bool = False) -> None:
+        """A checkpoint of where the run stands (`Checkpointer.save`); non-finite weights stop the run instead, and so
+        (`probe`: within an epoch, whose test loss is not evaluated) does a non-finite loss on the first test images."""
         bad = nonfinite_tensor(self.model.state_dict())
         if bad is not None:
             raise self._nan_error(f"weights became non-finite ({bad})", self.progress.step)
+        if probe and not math.isfinite(self._evaluate(PROBE_IMAGES)[0]):  # finite weights, outputs not: not good
+            raise self._nan_error(f"test loss on the first {PROBE_IMAGES} test images became non-finite (NaN or inf)",
+                                  self.progress.step)
         self.checkpoint.save(self.model, self.optimizer, self.progress)
         self.set_aside.discard()  # the new run can stand on its own: --overwrite's old run goes for good
 
@@ -365,7 +369,7 @@ class _Trainer:
             self._set_aside_old_run()  # every check has passed: only now does an old run move
             self._prepare_files()
             if announce and not p.finished:
-                _write_line(announce)
+                write_line(announce)
         if p.finished:
             if self.d.main:
                 why = self.checkpoint.rewrite_weights(self.model, p)
@@ -400,7 +404,7 @@ class _Trainer:
             board = [n for n in names if n.startswith(TENSORBOARD_DIR + "/")]
             shown = [n for n in names if n not in board] + ([f"{len(board)} event file{'s' if len(board) > 1 else ''}"
                                                               f" in {TENSORBOARD_DIR}/"] if board else [])
-            _write_line(f"--overwrite: replacing the run in {self.out} ({', '.join(shown)}); it is kept aside until "
+            write_line(f"--overwrite: replacing the run in {self.out} ({', '.join(shown)}); it is kept aside until "
                         "the new run's first checkpoint, other files stay")
         self.set_aside.move()
 
@@ -515,7 +519,7 @@ class _Trainer:
                 if epoch_done or run_done:
                     break
                 if ckpt:
-                    self._checkpoint()
+                    self._checkpoint(probe=True)
                 tick = time.perf_counter()
         bar.close()
         return lr, bar
@@ -588,12 +592,9 @@ class _Trainer:
         p = self.progress
         return (p.run_seconds + p.seconds) / max(1, p.step)
 
-    def _evaluate(self) -> tuple[float, float]:
+    def _evaluate(self, images: int | None = None) -> tuple[float, float]:
+        test = self.test_set if images is None else D.ImageSet(self.test_set.images[:images], self.test_set.labels[:images])
         with self.autocast:
-            return evaluate(self.eval_net, self.test_set, self.info, batch_size=max(self.config.batch_size, 256),
+            return evaluate(self.eval_net, test, self.info, batch_size=max(self.config.batch_size, 256),
                             device=self.device, rank=self.d.rank, world_size=self.d.world_size)
 
-
-def _write_line(line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()

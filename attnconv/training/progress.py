@@ -20,6 +20,12 @@ from typing import TextIO
 from tqdm import tqdm
 
 
+def write_line(line: str) -> None:
+    """One line to stderr, at once (announcements between a command's progress bars)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def eta(total_steps: int, step: int, seconds_per_step: float) -> str:
     """The time left for the run's remaining steps at the measured pace, as `format_duration` writes it."""
     return format_duration(max(0, total_steps - step) * seconds_per_step)

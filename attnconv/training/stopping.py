@@ -17,6 +17,10 @@ from attnconv.models.capture_numbers import NonFiniteAttention
 from attnconv.training.checks import where_the_run_stands
 from attnconv.training.step import StepOverflow
 
+# The test images a checkpoint within an epoch is evaluated on before it is written (the epoch's own checkpoint has
+# the whole test set's loss): finite weights whose outputs are NaN (a batch norm's running statistics past the float
+# range) are no good checkpoint.
+PROBE_IMAGES = 64
 # What a failure says when --overwrite's old run was put back (the new run had no checkpoint yet).
 RESTORED = "the run that {overwrite} was replacing is restored as it was (the new run had no checkpoint yet)"
 
