@@ -241,14 +241,18 @@ def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | No
     finite (what an average or a measure of them needs). Shapes are the caller's to check."""
     if not isinstance(value, torch.Tensor):
         raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a torch.Tensor")
+    def call(method: str) -> str:  # ` (x.float())`; none for a name in words ("the kernel's probs")
+        return f" ({name}.{method})" if " " not in name else ""
+
     problem = dense_problem(value)
     if problem:
-        raise AttnconvError(f"{name} is {problem}: give {what} as a dense tensor of one shape ({name}.to_dense(), or "
-                            "a padded batch)")
+        raise AttnconvError(f"{name} is {problem}: give {what} as a dense tensor of one shape"
+                            + (f" (torch.nested.to_padded_tensor({name}, 0.0))" * (" " not in name) if value.is_nested
+                               else call("to_dense()")))
     dtype = str(value.dtype).replace("torch.", "")
     if floating and value.dtype not in COMPUTED:
         raise AttnconvError(f"{name} is a tensor of {dtype}, which is not computed with: give {name} in a floating-"
-                            f"point dtype, float16, bfloat16, float32 or float64 ({name}.float())")
+                            f"point dtype, float16, bfloat16, float32 or float64{call('float()')}")
     meta = value.device.type == "meta"
     if meta and (values or like is None or like.device.type != "meta"):
         raise AttnconvError(f"{name} is on the meta device, which holds no values; give {name} with values ({what})")
@@ -256,13 +260,13 @@ def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | No
         weights_with_values(like, owner, f" to compute with {name} on {value.device}", value.device)
     if like is not None and value.device != like.device:
         raise AttnconvError(f"{name} is on {value.device}, {owner}'s weights on {like.device}: give {name} on "
-                            f"{like.device} ({name}.to('{like.device}')), or move {owner} to {value.device}")
+                            f"{like.device}{call(f'to({str(like.device)!r})')}, or move {owner} to {value.device}")
     half = value.dtype in (torch.float16, torch.bfloat16, torch.float32)  # what autocast computes with
     if same_dtype and floating and like is not None and like.is_floating_point() and value.dtype != like.dtype and \
             not (half and autocast_on(value.device.type)):
         held = str(like.dtype).replace("torch.", "")
-        raise AttnconvError(f"{name} is {dtype}, {owner}'s weights {held}: give {name} in {held} "
-                            f"({name}.to(torch.{held})), or convert {owner} to {dtype} ({owner.split()[-1]}.to(torch."
+        raise AttnconvError(f"{name} is {dtype}, {owner}'s weights {held}: give {name} in {held}"
+                            f"{call(f'to(torch.{held})')}, or convert {owner} to {dtype} ({owner.split()[-1]}.to(torch."
                             f"{dtype}))" + (", or run it under torch.autocast" if half else ""))
     if finite and (values or not meta) and value.numel() and not bool(value.isfinite().all()):
         bad = int((~value.isfinite()).sum())
