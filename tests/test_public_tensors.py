@@ -20,11 +20,11 @@ import warnings
 
 import pytest
 import torch
+from test_public_numbers import _refused  # one line naming the argument, said as the numbers' table says it
 from torch import nn
 
 import attnconv
 from attnconv.errors import AttnconvError
-from attnconv.limits import shown_value
 
 MODULES = ("attnconv", "attnconv.analysis", "attnconv.construct", "attnconv.plots", "attnconv.models",
            "attnconv.training")
@@ -155,19 +155,6 @@ def test_every_tensor_parameter_of_the_public_api_is_tried():
 @pytest.fixture(scope="module")
 def table(tiny_attention_runs):
     return cases(tiny_attention_runs["sa-quadratic"])
-
-
-def _refused(call: typing.Callable, value: object, name: str) -> None:
-    try:
-        call(value)
-    except AttnconvError as err:
-        message = str(err)
-    except Exception as err:  # noqa: BLE001 - said as the failure, with the value that caused it
-        pytest.fail(f"{name}={shown_value(value)}: {type(err).__name__}: {err}")
-    else:
-        pytest.fail(f"{name}={shown_value(value)} was taken")
-    assert name in message, f"{shown_value(value)}: the error does not name {name}: {message}"
-    assert "\n" not in message and len(message) < 400, message
 
 
 @pytest.mark.parametrize("key", sorted(cases_keys()), ids="-".join)
