@@ -293,6 +293,9 @@ def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Te
     """Load the export from its bytes and compare its logits with the model's on x (a batch size it was not
     traced at); an export that differs is refused before anything is written."""
     want = model(x)
+    if not bool(want.isfinite().all()):  # the run's own outputs: no export can match them, and none is at fault
+        raise AttnconvError(f"{out}: nothing was written: the run's weights give NaN or infinite outputs (the run "
+                            "diverged before this checkpoint); retrain it with a lower --lr")
     if fmt == "exported":
         got = torch.export.load(io.BytesIO(data)).module()(x)
     elif fmt == "torchscript":

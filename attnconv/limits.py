@@ -268,8 +268,8 @@ def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | No
         raise AttnconvError(f"{name} is {dtype}, {owner}'s weights {held}: give {name} in {held}"
                             f"{call(f'to(torch.{held})')}, or convert {owner} to {dtype} ({owner.split()[-1]}.to(torch."
                             f"{dtype}))" + (", or run it under torch.autocast" if half else ""))
-    if finite and (values or not meta) and value.numel() and not bool(value.isfinite().all()):
-        bad = int((~value.isfinite()).sum())
+    if finite and (values or not meta) and value.numel() and not bool(value.detach().isfinite().all()):
+        bad = int((~value.detach().isfinite()).sum())
         raise AttnconvError(f"{name} has {bad} NaN or infinite value{'s' * (bad > 1)}: give {what} "
                             "with finite values")
     return value
@@ -284,6 +284,7 @@ def probabilities_argument(value: Any, name: str, what: str, *, like: torch.Tens
     tensor_argument(value, name, what, like=like, owner=owner, values=True, same_dtype=False, finite=True)
     if value.numel() == 0:
         return value
+    given, value = value, value.detach()  # computed with gradients: its values checked, the graph left alone
     low = float(value.amin())
     if low < 0:
         raise AttnconvError(f"{name} has negative values (down to {low:.3g}): give {what}, each at least 0 (a "
@@ -292,7 +293,7 @@ def probabilities_argument(value: Any, name: str, what: str, *, like: torch.Tens
     if most > 1 + max(1e-3, 8 * torch.finfo(value.dtype).eps):
         raise AttnconvError(f"{name} has a row summing to {most:.6g}: give {what} with each query's row (the last "
                             "axis) summing to at most 1 (a softmax's, or a mean of them)")
-    return value
+    return given
 
 
 def real_number(value: Any, name: str, what: str, *, low: float = -math.inf, high: float = math.inf,

@@ -426,3 +426,27 @@ def test_conv_attention_is_a_module_of_its_own():
     out = layer(torch.randn(1, 4, 5, 5))
     assert out.shape == (1, 4, 5, 5)
     assert "heads=9" in repr(layer)
+
+
+def test_round_60_a_the_output_layout_is_the_convs_for_every_input_layout():
+    """Round 60: the layout of a converted layer's output was decided by comparing the input's strides with each
+    layout's (unlike the convolution for inputs of one channel or size-1 axes, which fit both: 48 of 408 here), a
+    comparison torch.func.vmap refuses ("NYI") and torch.compile failed to recompile for a channels-last input after a
+    contiguous one. Now as the convolution decides (`suggest_memory_format`)."""
+    import itertools
+
+    for c_in, h, w, b, mode in itertools.product((1, 3), (1, 2, 5), (1, 5), (1, 2), ("zeros", "reflect", "circular")):
+        if mode != "zeros" and min(h, w) < 2:
+            continue
+        conv = nn.Conv2d(c_in, 2, 3, padding=1, padding_mode=mode)
+        attn = conv_to_attention(conv)
+        for x in (torch.randn(b, c_in, h, w), torch.randn(b, c_in, h, w).to(memory_format=torch.channels_last),
+                  torch.randn(b, h, w, c_in).permute(0, 3, 1, 2), torch.randn(b, c_in, w, h).transpose(2, 3)):
+            y, z = conv(x), attn(x)
+            assert (y.is_contiguous(), y.is_contiguous(memory_format=torch.channels_last)) == \
+                (z.is_contiguous(), z.is_contiguous(memory_format=torch.channels_last)), (x.shape, x.stride(), mode)
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    compiled, x = torch.compile(conv_to_attention(conv)), torch.randn(2, 4, 8, 8)
+    assert rel(compiled(x), conv(x)) <= 1e-5
+    last = compiled(x.to(memory_format=torch.channels_last))
+    assert rel(last, conv(x)) <= 1e-5 and last.is_contiguous(memory_format=torch.channels_last)

@@ -259,3 +259,33 @@ def test_round_59_a_odd_tensors_and_probabilities_nowhere_measured(tiny_attentio
                 call(run.model, run.sites, value)
     with pytest.raises(AttnconvError, match=r"^probs \[\] is invalid: give one \(heads, T_out, T_in\) tensor per site"):
         A.analyze_sites(run.sites, [])
+
+
+def test_round_60_a_vmap_gradients_and_nested_images():
+    """Round 60: a converted layer failed under torch.func.vmap (its output's layout was queried from a batched
+    input: "NYI"), where nn.Conv2d runs; `maps_figure` failed on sound probabilities that require grad (`.numpy()`),
+    which the analyses take; `capture_attention` of a nested tensor failed inside torch (its length was asked first)."""
+    from attnconv import plots as P
+
+    conv = nn.Conv2d(4, 4, 3, padding=1)
+    layer = attnconv.conv_to_attention(conv)
+    x = torch.randn(2, 4, 6, 6)
+    mapped = torch.func.vmap(lambda xi: layer(xi[None])[0])(x)
+    assert torch.allclose(mapped, conv(x), atol=1e-5) and torch.allclose(mapped, layer(x), atol=1e-6)
+    logits = torch.randn(4, 36, 36, requires_grad=True)
+    probs = torch.softmax(logits, -1)
+    assert P.maps_figure([probs], (6, 6), (2, 2), 3) is not None and probs.requires_grad
+    (_, sparse, nested) = _odd(torch.randn(2, 1, 16, 16))
+
+    class Patches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.attention = nn.Conv2d(1, 16, 4, 4), nn.MultiheadAttention(16, 4, batch_first=True)
+
+        def forward(self, images):
+            tokens = self.embed(images).flatten(2).transpose(1, 2)
+            return self.attention(tokens, tokens, tokens)[0]
+
+    for images, words in ((nested, "a nested tensor"), (sparse, "a sparse coo tensor")):
+        with pytest.raises(AttnconvError, match=rf"^capture_attention: the images are {words}"):
+            attnconv.capture_attention(Patches().eval(), images)

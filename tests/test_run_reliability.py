@@ -2021,3 +2021,45 @@ def test_round_59_b_a_checkpoint_within_an_epoch_is_good_only_if_its_outputs_are
                         (missing, r"missing.png: no such file; give the path of an image file$")):
         with pytest.raises(AttnconvError, match=words):
             run.predict([path])
+
+
+def test_round_60_b_folders_said_as_folders_diverged_runs_said_as_diverged_and_strict_json(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Round 60: `predict RUN FOLDER` told a damaged image found in the folder to "leave it out" (the fix for a file
+    named alone); `export` of a checkpoint whose outputs are NaN blamed the exporter ("please report this"); `eval
+    --json` of such a checkpoint printed a bare NaN, which no strict JSON parser reads; a checkpoint within an epoch of
+    a test set under 64 images was said to be judged on "the first 64 test images"."""
+    import json
+
+    from attnconv import evaluate
+    from attnconv.export import _check
+
+    out, args = _folder_run(tmp_path, monkeypatch)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    shutil.copy(next((tmp_path / "imgs" / "test" / "cat").iterdir()), photos / "a.png")
+    (photos / "b.png").write_bytes(b"")
+    capsys.readouterr()
+    assert main(["predict", str(out), str(photos)]) == 2
+    _one_error(capsys, "b.png: cannot decode the image (an empty file); replace the file or remove it from the folder")
+    assert main(["predict", str(out), str(photos / "a.png"), str(photos / "b.png")]) == 2
+    _one_error(capsys, "b.png: cannot decode the image (an empty file); replace the file or leave it out")
+
+    with pytest.raises(AttnconvError, match=r"^m.pt2: nothing was written: the run's weights give NaN or infinite "
+                                            r"outputs \(the run diverged before this checkpoint\); retrain it"):
+        _check(b"", Path("m.pt2"), "exported", lambda x: x * float("nan"), torch.ones(2, 3))
+    monkeypatch.setattr(evaluate, "predict_all", lambda *a, **k: {"loss": float("nan"), "accuracy": 0.1,
+                                                                  "predictions": torch.zeros(len(a[1]), dtype=torch.long)})
+    assert main(["eval", str(out), "--json"]) == 0
+    captured = capsys.readouterr()
+    strict = json.loads(captured.out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert strict["test_loss"] is None and "diverged before this checkpoint" in captured.err
+
+    real = loop._Trainer._evaluate
+    monkeypatch.setattr(loop._Trainer, "_evaluate", lambda self, images=None: (float("nan"), 0.0) if images else
+                        real(self, images))
+    small = [a for a in args if a != str(out)] + ["--out", str(tmp_path / "small"), "--checkpoint-every", "1"]
+    small.remove("--out")
+    assert main(small) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: test loss on the first 4 test images became non-finite (NaN or inf) at step 1"), err

@@ -113,6 +113,7 @@ def _warn(message: str) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from attnconv.analysis import json_ready
     from attnconv.cli import plain
     from attnconv.evaluate import describe_run
 
@@ -121,7 +122,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if "warning" in s:  # e.g. NaN weights: the numbers below are printed, but say what they are worth
         _warn(s["warning"])
     if args.json:
-        print(json.dumps(s, indent=2))
+        print(json.dumps(json_ready(s), indent=2, allow_nan=False))  # a diverged run's NaN as null: strict JSON
         return 0
 
     def out(text: str) -> None:  # names from the run's files (classes, dataset): escaped, as error lines are
@@ -211,6 +212,7 @@ def run_table(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     import json
 
+    from attnconv.analysis import json_ready
     from attnconv.analysis.compare import compare_groups, format_comparison
     from attnconv.cli import plain
     from attnconv.errors import AttnconvError
@@ -221,7 +223,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated whole numbers, e.g. 3,4") from None
     rows = compare_groups(args.groups, epoch=args.epoch, kernels=kernels)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(json_ready(rows), indent=1, allow_nan=False))
     else:
         print(plain(format_comparison(rows, kernels=kernels, markdown=args.markdown)), end="")
     return 0

@@ -26,13 +26,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def image_files(args: list[str]) -> list[Path]:
-    """The files named, and the image files of the folders named, sorted; one clear error for a missing path."""
+def image_files(args: list[str]) -> list[tuple[Path, bool]]:
+    """The files named, and the image files of the folders named, sorted, each with whether it was found in a
+    folder; one clear error for a missing path."""
     from attnconv.data.decode import IMAGE_EXTENSIONS
     from attnconv.errors import AttnconvError
     from attnconv.fileio import dangling_link, file_kind
 
-    files: list[Path] = []
+    files: list[tuple[Path, bool]] = []
     for arg in args:
         path = Path(arg)
         if path.is_dir():
@@ -43,9 +44,9 @@ def image_files(args: list[str]) -> list[Path]:
             found = sorted(p for p in named if p.is_file())
             if not found:
                 raise AttnconvError(f"{path}: no image files in it ({', '.join(IMAGE_EXTENSIONS)})")
-            files += found
+            files += [(p, True) for p in found]
         elif path.is_file():
-            files.append(path)
+            files.append((path, False))
         elif path.exists():  # a named pipe would block the command, a device never end
             raise AttnconvError(f"{path} is {file_kind(path.stat().st_mode)}, not an image file; give an image file")
         elif path.is_symlink():
@@ -53,6 +54,16 @@ def image_files(args: list[str]) -> list[Path]:
         else:
             raise AttnconvError(f"{path}: no such file or folder")
     return files
+
+
+def _chunks(files: list[tuple[Path, bool]], most: int):
+    """The files in order, in runs of at most `most` that are all from folders or all named alone."""
+    chunk: list[Path] = []
+    for i, (path, folder) in enumerate(files):
+        chunk.append(path)
+        if len(chunk) == most or i + 1 == len(files) or files[i + 1][1] != folder:
+            yield chunk, folder
+            chunk = []
 
 
 def _dangling(path: Path) -> str:
@@ -69,9 +80,8 @@ def run(args: argparse.Namespace) -> int:
     files = image_files(args.images)
     run = Run(args.run_dir, args.device)
     results = []
-    for start in range(0, len(files), 64):  # a batch at a time: a folder of thousands fits in memory
-        chunk = files[start : start + 64]
-        for path, best in zip(chunk, run.predict(chunk, top=args.top)):
+    for chunk, folder in _chunks(files, 64):  # a batch at a time: a folder of thousands fits in memory
+        for path, best in zip(chunk, run.predict(chunk, top=args.top, folder=folder)):
             results.append({"image": str(path), "top": [{"class": c, "probability": p} for c, p in best]})
     if args.json:
         print(json.dumps({"run": str(run.path), "predictions": results}, indent=1))

@@ -23,6 +23,7 @@ from attnconv.construct.bound import MAX_ALPHA, leakage_bound
 from attnconv.construct.geometry import (
     MAX_DENSE,
     PADDING_MODES,
+    channels_last_like,
     source_index,
 )
 from attnconv.errors import AttnconvError
@@ -483,10 +484,13 @@ class ConvAttention(nn.Module):
         does too.
         """
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-        if fmt is not None and self.padding_mode != "circular" \
-                and x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride():
-            return y.contiguous(memory_format=fmt)
-        return y.contiguous()
+        if fmt is None or self.padding_mode == "circular":
+            last = False
+        elif torch.jit.is_tracing():  # sizes are tensors while traced (a trace holds one layout): as it was compared
+            last = x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride()
+        else:  # as the convolution decides, size-1 axes and one channel too; under torch.func.vmap as well
+            last = channels_last_like(x.shape, x.stride())
+        return y.contiguous(memory_format=fmt) if last else y.contiguous()
 
     def extra_repr(self) -> str:
         return (

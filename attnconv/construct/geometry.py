@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_DENSE", "PADDING_MODES", "grid_points", "source_index"]
+__all__ = ["MAX_DENSE", "PADDING_MODES", "channels_last_like", "grid_points", "source_index"]
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 # Dense probability tensors above this many elements are refused (they would not fit anyway).
@@ -36,3 +36,19 @@ def source_index(n: int, lo: int, hi: int, mode: str) -> Tensor:
         p = p.abs()
         return torch.where(p > n - 1, 2 * (n - 1) - p, p)
     raise AssertionError(mode)
+
+
+def channels_last_like(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a 4-d or 5-d tensor of `shape` and `strides` is laid out channels-last, as a convolution decides it
+    for its output (torch's `Tensor.suggest_memory_format`, the C++ rule: each of C, the spatial axes from the last and N
+    at least the extent of the axis before it, C not of stride 0, N's stride not C's). An input of one channel or of
+    size-1 axes fits both layouts; this says which a convolution takes. Plain comparisons of the strides: torch.func.vmap
+    cannot ask a batched tensor whether it is contiguous in a memory format."""
+    if len(shape) not in (4, 5) or strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, *range(len(shape) - 1, 1, -1), 0):
+        if shape[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * shape[d]
+    return True

@@ -34,6 +34,8 @@ def check_images(images: object, grid: Sequence[int] | None) -> None:
     """One AttnconvError unless `images` is a non-empty batch of images with values: a tensor of other than 4
     dimensions, without `grid`, is no batch of images (N, C, H, W) whose shape places the tokens (one image (C, H, W),
     token sequences (N, T, D), frames (N, T, C, H, W)); NaN or infinite values make attention undefined."""
+    if isinstance(images, Tensor) and dense_problem(images):  # before len(): a nested tensor has none
+        check_values(images, "capture_attention")
     if not isinstance(images, Tensor) or images.dim() < 1 or len(images) == 0:
         raise AttnconvError("capture_attention needs a non-empty batch of images (N, C, H, W)")
     if images.dim() != 4 and grid is None:

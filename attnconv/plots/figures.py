@@ -493,6 +493,7 @@ def maps_figure(
                 raise ParameterError("probs", p, f"is invalid: give per layer a (heads, T, T) tensor, T = {tokens} "
                                      f"tokens (size {size[0]}x{size[1]}), got layer {number + 1}'s "
                                      f"{shown_value(p)}", shown="")
+        probs = [p.detach() for p in probs]  # computed with gradients: drawn as the values they hold
         windows = [crop_map(p, size, query, zoom) for p in probs]
         full = [p[:, query[0] * size[1] + query[1]].double().cpu().reshape(-1, *size).numpy() for p in probs]
     n_layers, heads = len(windows), max(w.shape[0] for w in windows)  # layers' head counts may differ

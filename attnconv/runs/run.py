@@ -305,12 +305,14 @@ class Run:
         x = self.test_images(images)[1] if needs_inputs(self.sites) else None
         return site_probs(self.model, self.sites, x, term=term), 0 if x is None else len(x)
 
-    def transform(self, images: Sequence[str | os.PathLike] | torch.Tensor) -> torch.Tensor:
+    def transform(self, images: Sequence[str | os.PathLike] | torch.Tensor, *, folder: bool = False) -> torch.Tensor:
         """Image files (decoded as the run's data was: resized and center-cropped to its size, RGB or
         grey as its channels) or uint8 images (N, C, H, W) -> the normalized batch the model takes.
 
         Uses what the run recorded of its dataset (config.json "data": size, channels, mean, std),
         so no training data is needed; runs that recorded nothing use their dataset's description.
+        folder: the files were found in a folder the caller gave (the fix of one that cannot be decoded is then to
+        remove it from the folder; else to leave it out).
         """
         data = self.meta.get("data") or data_fingerprint(self.info)
         size, channels = int(data["size"]), int(data["channels"])
@@ -321,13 +323,13 @@ class Run:
                                   floating=False)
         else:
             if not isinstance(images, Sequence) or isinstance(images, (bytes, bytearray)) or \
-                    not all(isinstance(p, (str, os.PathLike)) for p in images):
+                    not all(isinstance(p, (str, os.PathLike)) and str(p) != "" for p in images):
                 raise AttnconvError(f"images {shown_value(images)} is invalid: give image files (a list of paths) or "
                                     f"uint8 images (N, {channels}, {size}, {size}) as a torch.Tensor")
             if not images:
                 raise AttnconvError("give at least one image file")
             budget = D.decode_budget()  # an image too large to decode is refused from its header
-            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget, in_folder=False)
+            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget, in_folder=folder)
                                              for p in images]))
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
@@ -337,12 +339,14 @@ class Run:
         return ((raw.float() / 255.0 - mean) / std).to(self.device)
 
     @torch.no_grad()
-    def predict(self, images: Sequence[str | os.PathLike] | torch.Tensor, top: int = 1) -> list[list[tuple[str, float]]]:
-        """The `top` most probable classes of each image, as (class name, probability), best first."""
+    def predict(self, images: Sequence[str | os.PathLike] | torch.Tensor, top: int = 1, *, folder: bool = False
+                ) -> list[list[tuple[str, float]]]:
+        """The `top` most probable classes of each image, as (class name, probability), best first (`folder`: see
+        `transform`)."""
         top = whole_number(top, "top", "how many classes to give for each image")
         data = self.meta.get("data") or data_fingerprint(self.info)
         classes = list(data["classes"])
-        x = self.transform(images)
+        x = self.transform(images, folder=folder)
         if len(x) == 0:
             raise AttnconvError("images is an empty batch: give at least one image")
         probs = self.model(x).float().softmax(-1).cpu()

@@ -345,8 +345,8 @@ class _Trainer:
         if bad is not None:
             raise self._nan_error(f"weights became non-finite ({bad})", self.progress.step)
         if probe and not math.isfinite(self._evaluate(PROBE_IMAGES)[0]):  # finite weights, outputs not: not good
-            raise self._nan_error(f"test loss on the first {PROBE_IMAGES} test images became non-finite (NaN or inf)",
-                                  self.progress.step)
+            raise self._nan_error(f"test loss on the first {min(PROBE_IMAGES, len(self.test_set))} test images became "
+                                  "non-finite (NaN or inf)", self.progress.step)
         self.checkpoint.save(self.model, self.optimizer, self.progress)
         self.set_aside.discard()  # the new run can stand on its own: --overwrite's old run goes for good
 
