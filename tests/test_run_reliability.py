@@ -2031,7 +2031,7 @@ def test_round_60_b_folders_said_as_folders_diverged_runs_said_as_diverged_and_s
     a test set under 64 images was said to be judged on "the first 64 test images"."""
     import json
 
-    from attnconv import evaluate
+    from attnconv import Run, evaluate
     from attnconv.export import _check
 
     out, args = _folder_run(tmp_path, monkeypatch)
@@ -2044,6 +2044,8 @@ def test_round_60_b_folders_said_as_folders_diverged_runs_said_as_diverged_and_s
     _one_error(capsys, "b.png: cannot decode the image (an empty file); replace the file or remove it from the folder")
     assert main(["predict", str(out), str(photos / "a.png"), str(photos / "b.png")]) == 2
     _one_error(capsys, "b.png: cannot decode the image (an empty file); replace the file or leave it out")
+    with pytest.raises(AttnconvError, match=r"^images \[''\] is invalid: give image files"):
+        Run(out).predict("")  # the empty path was read as the current folder
 
     with pytest.raises(AttnconvError, match=r"^m.pt2: nothing was written: the run's weights give NaN or infinite "
                                             r"outputs \(the run diverged before this checkpoint\); retrain it"):
