@@ -12,6 +12,7 @@ q = i * W + j); `size` is always the *input* spatial size (unpadded).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -453,6 +454,11 @@ class ConvAttention(nn.Module):
         """(B, C_in, *S) -> (B, C_out, *S_out), equal to the source convolution (Theorem 1)."""
         x, unbatched = self._batched(x)
         size = tuple(x.shape[2:])
+        if torch.jit.is_tracing():  # the attention is built for the traced size, as constants: said, not silent
+            warnings.warn(f"{type(self).__name__} traced at input size {tuple(int(n) for n in size)}: the trace computes "
+                          "for that size only (a converted layer's attention is built for its input's size); trace "
+                          "at the size it will see, or use torch.export, which refuses other sizes",
+                          torch.jit.TracerWarning, stacklevel=2)
         out = self.output_size(size)
         self._check_memory(size, out, x.shape[0] * x.shape[1])  # the padded input too, before it is made
         z = self._pad(x)  # (B, C_in, P_1, ..., P_n)
@@ -490,7 +496,9 @@ class ConvAttention(nn.Module):
             last = x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride()
         else:  # as the convolution decides, size-1 axes and one channel too; under torch.func.vmap as well
             last = channels_last_like(x.shape, x.stride())
-        return y.contiguous(memory_format=fmt) if last else y.contiguous()
+        # channels-last made as the channels moved last, made contiguous and moved back: torch.func.vmap refuses
+        # contiguous(memory_format=...) of a batched tensor ("NYI"), not this
+        return y.movedim(1, -1).contiguous().movedim(-1, 1) if last else y.contiguous()
 
     def extra_repr(self) -> str:
         return (
