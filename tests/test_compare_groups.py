@@ -122,3 +122,24 @@ def test_test_images_in_another_order_are_one_configuration_and_logs_saved_again
         (group / "seed1" / "metrics.csv").write_bytes(again)
         assert main(["compare", str(group)]) == 2
         assert "hold the same metrics.csv: one run's logs twice" in capsys.readouterr().err
+
+
+def test_round_61_b_one_run_given_to_compare_is_named_as_a_seed_would_be(images, tmp_path, capsys):
+    """Round 61: `compare RUN` of a converted run, or of a trained run whose metrics.csv is gone, said "holds no run",
+    where the same folder as a group's seed is named for what it is; and `predict RUN ''` (an unset variable) read the
+    empty path as the current folder and classified every image there."""
+    cnn, conv = tmp_path / "cnn", tmp_path / "conv"
+    assert main(["train", "--model", "resnet18", "--width", "4", "--dataset", f"folder:{images}", "--batch-size", "4",
+                 "--workers", "1", "--no-progress", "--max-steps", "1", "--out", str(cnn)]) == 0
+    assert main(["convert", str(cnn), "--out", str(conv)]) == 0
+    shutil.copytree(cnn, tmp_path / "nolog")
+    (tmp_path / "nolog" / "metrics.csv").unlink()
+    capsys.readouterr()
+    assert main(["compare", str(conv)]) == 2
+    err = capsys.readouterr().err
+    assert "conv: a converted run (`attnconv convert`), which has no training logs to compare" in err, err
+    assert main(["compare", str(tmp_path / "nolog")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("show a run was trained here; restore it from a copy of the run"), err
+    assert main(["predict", str(cnn), ""]) == 2
+    assert capsys.readouterr().err.strip() == "error: '': an empty image path; give an image file or a folder of them"

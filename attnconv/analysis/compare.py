@@ -60,13 +60,10 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
                                 "out of the group")
         if os.path.lexists(p / "metrics.csv") or set_aside_pending(p):
             seeds.append(p)
-        elif _converted(p):  # made by `attnconv convert`: no training, so no logs to compare
-            raise AttnconvError(f"{p}: a converted run (`attnconv convert`), which has no training logs to compare; "
-                                "compare trained runs (`attnconv eval` measures a converted one)")
-        elif found := trained_here(p):  # a run whose log is gone: not left out of the mean without a word
-            raise AttnconvError(f"{p}: metrics.csv is missing, while {', '.join(found)} show a run was "
-                                "trained here; restore it from a copy of the run, or move the folder out of the group")
+        else:
+            _no_logs(p, ", or move the folder out of the group")
     if not seeds:
+        _no_logs(root, "")  # the folder given is itself a run without logs: said as a seed's would be
         raise AttnconvError(f"{root}: holds no run (no metrics.csv in it or in a seed*/ folder below it)")
     real: dict[str, Path] = {}
     for p in seeds:  # one run by two names (a link to a seed, or to the group's own run) would count twice
@@ -92,6 +89,18 @@ def group_runs(group: str | os.PathLike) -> list[Path]:
                                         "run once")
                 logs[name, digest] = p
     return seeds
+
+
+def _no_logs(run: Path, or_else: str) -> None:
+    """One AttnconvError for a run folder without metrics.csv that is a run all the same: one `attnconv convert` made
+    (no training, so no logs to compare), or one trained here whose log is gone (not left out of a mean without a
+    word); `or_else`: the other fix (a group's seed: moved out of the group)."""
+    if _converted(run):
+        raise AttnconvError(f"{run}: a converted run (`attnconv convert`), which has no training logs to compare; "
+                            "compare trained runs (`attnconv eval` measures a converted one)")
+    if found := trained_here(run):
+        raise AttnconvError(f"{run}: metrics.csv is missing, while {', '.join(found)} show a run was trained here; "
+                            f"restore it from a copy of the run{or_else}")
 
 
 def _trained_heads_digests(run: Path) -> set[str]:
