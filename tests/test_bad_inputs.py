@@ -1606,3 +1606,22 @@ def test_run_files_read_with_checks_an_option_edited_to_an_equal_python_value_is
     line = _one_error(["eval", str(run)], capsys)
     assert f"config.model_overrides.{key} {shown} in config.json, {was} in the record of model.safetensors" in line, \
         line
+
+
+@pytest.mark.parametrize("argv", [["train", "--preset", "fmnist-sa-quadratic", "--out", ""], ["eval", ""],
+                                  ["eval", "--json", ""], ["analyze", ""], ["predict", "", "x.png"],
+                                  ["learn-conv", "--out", ""], ["plot", "centers", ""], ["compare", "a", ""],
+                                  ["export", "run", "--out", ""]],
+                         ids=lambda a: "-".join(x or "EMPTY" for x in a))
+def test_round_62_b_an_empty_argument_is_refused_not_read_as_the_current_folder(argv, tmp_path, monkeypatch, capsys):
+    """Round 62: an empty argument ("$RUN" of an unset variable) was read as the current folder: `train --out ''`
+    wrote a run into it, `learn-conv --out ''` wrote there and said it wrote at the filesystem root, `eval`,
+    `analyze` and `predict` read whatever run was there, with exit 0."""
+    from attnconv.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'' is empty (an unset variable?)" in err, err
+    assert not list(tmp_path.iterdir())  # nothing written where it stands

@@ -7,6 +7,7 @@ Relative error throughout: rel(a, b) = ||a - b||_F / max(||b||_F, tiny), b the r
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import warnings
@@ -18,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconv.construct import (
     ConvAttention,
+    cnn_to_attention,
     conv_to_attention,
     default_alpha,
     effective_kernel,
@@ -473,3 +475,24 @@ def test_round_61_a_vmap_of_channels_last_samples_and_a_trace_that_says_its_size
                for s in said), said
     same = torch.randn(2, 3, 6, 6)
     assert rel(traced(same), conv(same)) <= 1e-5  # at the size it was traced at (another batch too), the conv
+
+
+def test_round_62_a_under_vmap_the_output_is_contiguous_so_view_after_it_works():
+    """Round 62: under torch.func.vmap the converted layer laid out channels-last samples' outputs channels-last, where
+    the convolution's batching rule (the mapped axis elsewhere in memory: in_dims=1) gives them contiguous, and
+    `.view()` after the layer failed inside vmap where it runs after the convolution (a converted CNN too)."""
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    attn = conv_to_attention(conv)
+    xs = torch.randn(2, 5, 6, 6, 3).permute(0, 1, 4, 2, 3)  # mapped over axis 1: samples (2, 3, 6, 6) channels-last
+    for layer in (conv, attn):
+        flat = torch.func.vmap(lambda t, m=layer: m(t).view(t.shape[0], -1), in_dims=1)(xs)
+        assert flat.shape == (5, 2, 144)
+    assert rel(torch.func.vmap(attn, in_dims=1)(xs), torch.func.vmap(conv, in_dims=1)(xs)) <= 1e-5
+    net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Conv2d(2, 2, 3, padding=1))
+    converted = cnn_to_attention(copy.deepcopy(net))
+    images = torch.randn(3, 4, 1, 5, 5)  # chunks of one-channel images
+
+    def head(model):
+        return lambda chunk: model(chunk).view(chunk.shape[0], -1)
+
+    assert rel(torch.func.vmap(head(converted))(images), torch.func.vmap(head(net))(images)) <= 1e-5

@@ -110,6 +110,23 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         from attnconv.precision import check_device
 
         check_device(args.device)
+    for action in _chosen_actions(parser, args):  # "" is no path or name: "$RUN" of an unset variable
+        value = getattr(args, action.dest, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest.upper()
+            raise AttnconvError(f"{name} '' is empty (an unset variable?); give a value (an empty path is not read "
+                                "as the current folder)")
+
+
+def _chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The actions of the command (and subcommand) `args` chose, and the top level's."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                yield from _chosen_actions(chosen, args)
+        else:
+            yield action
 
 
 def build_parser() -> argparse.ArgumentParser:

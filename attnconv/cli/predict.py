@@ -35,8 +35,6 @@ def image_files(args: list[str]) -> list[tuple[Path, bool]]:
 
     files: list[tuple[Path, bool]] = []
     for arg in args:
-        if not arg:  # Path("") is the current folder: an unset variable would predict every image there
-            raise AttnconvError("'': an empty image path; give an image file or a folder of them")
         path = Path(arg)
         if path.is_dir():
             named = [p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")]

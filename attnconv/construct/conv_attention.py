@@ -37,6 +37,7 @@ from attnconv.limits import (
     weights_with_values,
     whole_number,
 )
+from attnconv.ops.fused import functorch_wrapped
 from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
 __all__ = ["ConvAttention"]
@@ -490,15 +491,14 @@ class ConvAttention(nn.Module):
         does too.
         """
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-        if fmt is None or self.padding_mode == "circular":
-            last = False
+        if fmt is None or self.padding_mode == "circular" or functorch_wrapped(x):
+            last = False  # under torch.func.vmap the convolution's layout depends on where the mapped axis lies in
+            # memory, which the samples' strides do not show: contiguous, so `.view()` after the layer works
         elif torch.jit.is_tracing():  # sizes are tensors while traced (a trace holds one layout): as it was compared
             last = x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride()
         else:  # as the convolution decides, size-1 axes and one channel too; under torch.func.vmap as well
             last = channels_last_like(x.shape, x.stride())
-        # channels-last made as the channels moved last, made contiguous and moved back: torch.func.vmap refuses
-        # contiguous(memory_format=...) of a batched tensor ("NYI"), not this
-        return y.movedim(1, -1).contiguous().movedim(-1, 1) if last else y.contiguous()
+        return y.contiguous(memory_format=fmt) if last else y.contiguous()
 
     def extra_repr(self) -> str:
         return (

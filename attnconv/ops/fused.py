@@ -75,7 +75,7 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
     # The tile is computed only where tiles can run: comparing it with a traced batch size (torch.export,
     # torch.jit.trace) would bind the export to the batch sizes of one tile (a guard `min(256, B) >= B`).
     untiled = (not torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
-               or torch.jit.is_scripting() or _functorch_wrapped(x))
+               or torch.jit.is_scripting() or functorch_wrapped(x))
     if not untiled and tile is None:  # tiles are for CPU caches; a GPU runs the whole batch's products best
         tile = fused_tile(B, H, W, C, heads, x.element_size()) if x.device.type == "cpu" else B
     if untiled or tile >= B:
@@ -86,7 +86,7 @@ def fused(row: Tensor, col: Tensor, x: Tensor, weight: Tensor, bias: Tensor | No
     return out if bias is None else out + bias.to(out.dtype)
 
 
-def _functorch_wrapped(x: Tensor) -> bool:
+def functorch_wrapped(x: Tensor) -> bool:
     """x is a torch.func transform's tensor (vmap, grad): the tiled function's written-out backward
     has no rules for them, so those transforms see the untiled products."""
     check = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
