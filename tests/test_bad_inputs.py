@@ -1625,3 +1625,16 @@ def test_round_62_b_an_empty_argument_is_refused_not_read_as_the_current_folder(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'' is empty (an unset variable?)" in err, err
     assert not list(tmp_path.iterdir())  # nothing written where it stands
+
+
+@pytest.mark.parametrize("command", ["eval", "analyze", "table"])
+def test_round_62_b_a_run_path_too_long_is_said_of_the_path_given(command, tmp_path, monkeypatch, capsys):
+    """Round 62: a run path whose name is too long was answered with the internal set-aside manifest's name
+    (`.../.replaced-run.attnconv-tmp/manifest.json: File name too long`), as if an overwrite were pending."""
+    from attnconv.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main([command, "a" * 300]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its path is too long for this system" in err and "manifest" not in err, err

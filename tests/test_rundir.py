@@ -966,3 +966,14 @@ def test_an_edited_config_json_on_resume_is_blamed_and_the_checkpoint_kept(tmp_p
     assert f"does not fit the model that {out / 'config.json'} describes" in err
     assert "size mismatch for" in err and "restore it (the checkpoint is kept as it is)" in err
     assert "delete" not in err and (out / "state.pt").read_bytes() == state
+
+
+def test_round_62_b_the_next_line_quotes_the_run_folder_to_paste_back(tmp_path, data_dir, capfd):  # noqa: F811
+    """Round 62: the `next:` line after `train` printed the run folder unquoted, so a folder with a space pasted back
+    as two arguments."""
+    import shlex
+
+    out = tmp_path / "my run"
+    assert main([*one_epoch(out, data_dir), "--max-steps", "1"]) == 0
+    line = next(line for line in capfd.readouterr().err.splitlines() if line.startswith("next: "))
+    assert shlex.split(line.split("|")[0])[-1] == str(out), line

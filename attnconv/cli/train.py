@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -186,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
                 tensorboard=args.tensorboard)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
         print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
-        print(f"next: attnconv eval {out}  |  attnconv report {out}  |  attnconv explore {out}", file=sys.stderr)
+        shown = shlex.quote(str(out))  # pasted back as one argument: a folder with spaces or quotes too
+        print(f"next: attnconv eval {shown}  |  attnconv report {shown}  |  attnconv explore {shown}", file=sys.stderr)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # A rank of a clean run ends here, its files written and its process group destroyed. gloo's
         # worker threads can still abort the interpreter's finalization under load ("terminate called

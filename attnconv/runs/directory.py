@@ -3,6 +3,7 @@ and the logs a resumed run keeps (docs/failure-model.md)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -196,6 +197,12 @@ def set_aside_pending(out: Path) -> bool:
         return (out / SET_ASIDE / _MANIFEST).is_file()
     except PermissionError:
         raise AttnconvError(unreadable_folder(out)) from None
+    except OSError as err:  # the path itself too long: said of the path given, not of the manifest looked for inside
+        if err.errno != errno.ENAMETOOLONG:
+            raise
+        raise AttnconvError(f"{out}: not a run directory (its path is too long for this system: a name past "
+                            f"{os.pathconf('/', 'PC_NAME_MAX')} bytes, or all past {os.pathconf('/', 'PC_PATH_MAX')}); "
+                            "give the run's folder by a shorter path") from None
 
 
 def replaced_run_line(out: Path) -> str:
