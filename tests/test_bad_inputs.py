@@ -1638,3 +1638,17 @@ def test_round_62_b_a_run_path_too_long_is_said_of_the_path_given(command, tmp_p
     assert main([command, "a" * 300]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "its path is too long for this system" in err and "manifest" not in err, err
+
+
+@pytest.mark.parametrize("argv,said", [(["table", "x", "--json"], "attnconv table"),
+                                       (["plot", "centers", "x", "--json"], "attnconv plot centers"),
+                                       (["eval", "x", "--bogus"], "attnconv eval")], ids=lambda a: str(a))
+def test_round_62_b_an_unknown_option_is_said_by_the_command_given(argv, said, capsys):
+    """Round 62: an option no command takes was answered as the top level's (`attnconv: unrecognized arguments:
+    --json (see `attnconv --help`)`), whose help does not list the command's options."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {said}: unrecognized arguments: ") and err.endswith(f"(see `{said} --help`)"), err

@@ -49,10 +49,33 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D401
         raise AttnconvError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        """argparse's, with arguments no command takes said by the command given (`attnconv table: unrecognized
+        arguments: --json`), whose --help lists what it takes, not by the top level."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            _chosen_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
     def _print_message(self, message: str, file: Any = None) -> None:
         """argparse's, without its silence on a failed write: `--help > /dev/full` is said, as for commands."""
         if message:
             (file or sys.stderr).write(message)
+
+
+def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+    """The parsers of the command `args` chose, from the top level to the innermost subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return [parser, *_chosen_parsers(chosen, args)]
+    return [parser]
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)command parser `args` chose."""
+    return _chosen_parsers(parser, args)[-1]
 
 
 # The range of every numeric flag that is not a config field (inclusive, by argparse dest); the
@@ -110,23 +133,13 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         from attnconv.precision import check_device
 
         check_device(args.device)
-    for action in _chosen_actions(parser, args):  # "" is no path or name: "$RUN" of an unset variable
+    chosen = [a for p in _chosen_parsers(parser, args) for a in p._actions]
+    for action in chosen:  # "" is no path or name: "$RUN" of an unset variable
         value = getattr(args, action.dest, None)
         if value == "" or (isinstance(value, list) and "" in value):
             name = action.option_strings[-1] if action.option_strings else action.metavar or action.dest.upper()
             raise AttnconvError(f"{name} '' is empty (an unset variable?); give a value (an empty path is not read "
                                 "as the current folder)")
-
-
-def _chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The actions of the command (and subcommand) `args` chose, and the top level's."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            chosen = action.choices.get(getattr(args, action.dest, None) or "")
-            if chosen is not None:
-                yield from _chosen_actions(chosen, args)
-        else:
-            yield action
 
 
 def build_parser() -> argparse.ArgumentParser:
