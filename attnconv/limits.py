@@ -268,8 +268,8 @@ def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | No
         raise AttnconvError(f"{name} is {dtype}, {owner}'s weights {held}: give {name} in {held}"
                             f"{call(f'to(torch.{held})')}, or convert {owner} to {dtype} ({owner.split()[-1]}.to(torch."
                             f"{dtype}))" + (", or run it under torch.autocast" if half else ""))
-    if finite and (values or not meta) and value.numel() and not bool(value.detach().isfinite().all()):
-        bad = int((~value.detach().isfinite()).sum())
+    bad = int((~value.detach().isfinite()).sum()) if finite and (values or not meta) and value.numel() else 0
+    if bad:
         raise AttnconvError(f"{name} has {bad} NaN or infinite value{'s' * (bad > 1)}: give {what} "
                             "with finite values")
     return value

@@ -223,7 +223,7 @@ class SelfAttention2d(nn.Module):
         copy: blocks that keep (B, H, W, C) call the layer this way, as a module.
         """
         self._check_input(x)
-        y = self.forward_tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out)
+        y = self._tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out); checked above, in its own layout's words
         if self.stride != 1:
             y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
         return y.permute(0, 3, 1, 2)
@@ -252,6 +252,10 @@ class SelfAttention2d(nn.Module):
         """Channels-last, every query: (B, H, W, C_in) -> (B, H, W, C_out). `forward` without the stride
         and the transposes; the output projection `out` runs as a module but on the fused path."""
         self._check_input(x, tokens=True)
+        return self._tokens(x)
+
+    def _tokens(self, x: Tensor) -> Tensor:
+        """`forward_tokens` of an input already checked (`forward` checks it as (B, C_in, H, W), once)."""
         impl = self._path(x)
         if impl == "fused":
             return self._fused(x, self.out.weight, self.out.bias)
