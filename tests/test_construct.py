@@ -496,3 +496,31 @@ def test_round_62_a_under_vmap_the_output_is_contiguous_so_view_after_it_works()
         return lambda chunk: model(chunk).view(chunk.shape[0], -1)
 
     assert rel(torch.func.vmap(head(converted))(images), torch.func.vmap(head(net))(images)) <= 1e-5
+
+
+def test_the_backends_layout_is_what_the_convolution_returns():
+    """backend_channels_last (what the converted layer asks off the CPU) answers as torch's convolution lays out its
+    output, over seeded random convolutions, dtypes and input layouts on the CPU (tests/test_cuda.py on a GPU)."""
+    from attnconv.construct.geometry import backend_channels_last
+
+    rng = random.Random(7)
+    for _ in range(120):
+        nd, dtype = rng.choice([2, 2, 3]), rng.choice([torch.float32, torch.float64, torch.bfloat16])
+        g = rng.choice([1, 1, 2])
+        conv = (nn.Conv2d if nd == 2 else nn.Conv3d)(g * rng.choice([1, 2, 3]), g * rng.choice([1, 2]), rng.choice([1, 3]),
+                                                     stride=rng.choice([1, 2]), padding=1, groups=g).to(dtype)
+        x = torch.randn(rng.choice([1, 2, 3]), conv.in_channels, *[rng.choice([1, 3, 6]) for _ in range(nd)], dtype=dtype)
+        fmt = torch.channels_last if nd == 2 else torch.channels_last_3d
+        layout = rng.choice(["contiguous", "channels-last", "transposed", "sliced"])
+        if layout == "channels-last":
+            x = x.contiguous(memory_format=fmt)
+        elif layout == "transposed":
+            x = x.transpose(-1, -2).contiguous().transpose(-1, -2)
+        elif layout == "sliced":
+            x = torch.cat([x, x], -1)[..., ::2]
+        with torch.no_grad():
+            y = conv(x)
+        if y.is_contiguous() and y.is_contiguous(memory_format=fmt):
+            continue  # both layouts at once: nothing to tell
+        said = backend_channels_last(x, conv.weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
+        assert said == y.is_contiguous(memory_format=fmt), (conv, tuple(x.shape), x.stride(), dtype)

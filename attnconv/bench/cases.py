@@ -156,13 +156,14 @@ def plan_batch(label: str, batch: int, est: dict[str, Callable[[int], int]], fas
 def first_runs(steps: dict[str, Callable[[], Any]], cfg: BenchConfig, count_flops: bool
                ) -> tuple[dict[str, int | None], dict[str, int | None], dict[str, str]]:
     """Each variant's first (warm-up) run, alone: its peak memory and, if asked, its FLOPs
-    (attnconv.flops.flop_counter: matrix products and attention kernels; not for compiled variants).
-    Returns peaks, FLOPs, and the errors of the variants that failed."""
+    (attnconv.flops.flop_counter: matrix products and attention kernels; not for compiled variants, nor for
+    FlexAttention, whose higher-order op does not run under a dispatch mode). Returns peaks, FLOPs, and the errors
+    of the variants that failed."""
     peaks: dict[str, int | None] = {}
     flops: dict[str, int | None] = {}
     failures: dict[str, str] = {}
     for name, step in steps.items():
-        counter = flop_counter() if count_flops and "+compile" not in name else None
+        counter = flop_counter() if count_flops and "+compile" not in name and not name.startswith("flex") else None
         with PeakMemory(cfg.device) as pm, counter or contextlib.nullcontext():
             error = attempt(step)
         if error:

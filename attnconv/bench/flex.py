@@ -40,7 +40,13 @@ def _flex_fn(device: str) -> Callable:
 
 
 def flex_content_tokens(layer: SelfAttention2d, x: Tensor) -> Tensor:
-    """A learned + content layer through FlexAttention: (B, H, W, C_in) -> (B, H, W, C_out).
+    """A learned + content layer through FlexAttention: (B, H, W, C_in) -> (B, H, W, C_out)."""
+    return layer.out(flex_content_heads(layer, x))
+
+
+def flex_content_heads(layer: SelfAttention2d, x: Tensor) -> Tensor:
+    """The heads' outputs of a learned + content layer through FlexAttention, concatenated before the output
+    projection: (B, H, W, C_in) -> (B, H, W, heads * D).
 
     The layer's own parameters, its function (the dense path's, without attention
     dropout): score = q.k / sqrt(D_k) + q_row . r_row(delta_1) + q_col . r_col(delta_2),
@@ -66,7 +72,7 @@ def flex_content_tokens(layer: SelfAttention2d, x: Tensor) -> Tensor:
     else:
         v = layer.value(x).view(B, T, heads, layer.head_dim).transpose(1, 2)
     out = _flex_fn(x.device.type)(q, k, v.to(q.dtype), score_mod=score_mod, scale=1.0 / math.sqrt(dk))
-    return layer.out(out.transpose(1, 2).reshape(B, H, W, heads * layer.head_dim))
+    return out.transpose(1, 2).reshape(B, H, W, heads * layer.head_dim)
 
 
 class FlexContentAttention(nn.Module):
@@ -78,8 +84,17 @@ class FlexContentAttention(nn.Module):
             raise AttnconvError("FlexContentAttention wraps learned + content layers only")
         self.layer = layer
 
+    @property
+    def out(self) -> nn.Linear:
+        """The layer's output projection (a block folds the Linear after the attention into it)."""
+        return self.layer.out
+
     def forward_tokens(self, x: Tensor) -> Tensor:
         return flex_content_tokens(self.layer, x)
+
+    def forward_projected(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """`forward_tokens` with the output projection's weight and bias in place of `out`'s, as the layer's."""
+        return nn.functional.linear(flex_content_heads(self.layer, x), weight, bias)
 
     def forward(self, x: Tensor) -> Tensor:  # (B, C, H, W) like SelfAttention2d
         return self.forward_tokens(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)

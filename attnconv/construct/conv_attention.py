@@ -24,6 +24,7 @@ from attnconv.construct.bound import MAX_ALPHA, leakage_bound
 from attnconv.construct.geometry import (
     MAX_DENSE,
     PADDING_MODES,
+    backend_channels_last,
     channels_last_like,
     source_index,
 )
@@ -462,7 +463,7 @@ class ConvAttention(nn.Module):
                           torch.jit.TracerWarning, stacklevel=2)
         out = self.output_size(size)
         self._check_memory(size, out, x.shape[0] * x.shape[1])  # the padded input too, before it is made
-        z = self._pad(x)  # (B, C_in, P_1, ..., P_n)
+        z = padded = self._pad(x)  # (B, C_in, P_1, ..., P_n)
         # Attend along one axis at a time; each step consumes the leading spatial axis and
         # appends (n_a, K_a): the queries' outputs and the head family along that axis.
         for factor in self.axis_probs(size):  # (K_a, n_a, P_a)
@@ -479,24 +480,33 @@ class ConvAttention(nn.Module):
         y = y.reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
-        y = self._conv_layout(y, x)
+        y = self._conv_layout(y, x, padded)
         return y.squeeze(0) if unbatched else y
 
-    def _conv_layout(self, y: Tensor, x: Tensor) -> Tensor:
-        """y (B, C_out, *S_out) laid out in memory as nn.ConvNd lays out its output for input x.
+    def _conv_layout(self, y: Tensor, x: Tensor, padded: Tensor | None = None) -> Tensor:
+        """y (B, C_out, *S_out) laid out in memory as nn.ConvNd lays out its output for input x (`padded`:
+        `self._pad(x)` where the caller has it).
 
         The einsums leave y strided as they please; a convolution returns a contiguous tensor
         (channels-last for a channels-last input, except after circular padding, whose padded copy is
         contiguous), and code after a convolution may rely on that (`.view()`), so the converted layer
-        does too.
+        does too. On a GPU the backend torch selects decides (cuDNN returns a float64 output contiguous).
         """
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+        last = None
         if fmt is None or self.padding_mode == "circular" or functorch_wrapped(x):
             last = False  # under torch.func.vmap the convolution's layout depends on where the mapped axis lies in
             # memory, which the samples' strides do not show: contiguous, so `.view()` after the layer works
         elif torch.jit.is_tracing():  # sizes are tensors while traced (a trace holds one layout): as it was compared
             last = x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride()
-        else:  # as the convolution decides, size-1 axes and one channel too; under torch.func.vmap as well
+        elif x.device.type not in ("cpu", "meta") and not torch.compiler.is_compiling():
+            zeros = self.padding_mode == "zeros"  # other modes pad first, as the convolution does: its input is the
+            # padded copy, whose layout the device's padding kernel decides (reflect on a GPU: contiguous)
+            last = backend_channels_last(
+                x if zeros else (self._pad(x) if padded is None else padded),
+                (self.out_channels, self.in_channels // self.groups, *self.kernel_size), self.stride,
+                [lo if zeros else 0 for lo, _ in self.padding], self.dilation, self.groups)
+        if last is None:  # as the convolution on the CPU decides, size-1 axes and one channel too; under vmap as well
             last = channels_last_like(x.shape, x.stride())
         return y.contiguous(memory_format=fmt) if last else y.contiguous()
 

@@ -52,3 +52,19 @@ def channels_last_like(shape: Sequence[int], strides: Sequence[int]) -> bool:
             return False
         least = strides[d] * shape[d]
     return True
+
+
+def backend_channels_last(x: torch.Tensor, weight_shape: Sequence[int], stride: Sequence[int],
+                          padding: Sequence[int], dilation: Sequence[int], groups: int) -> bool | None:
+    """Whether torch's convolution returns a channels-last output for input `x` and a contiguous weight of
+    `weight_shape` on `x`'s device: the backend torch selects there and that backend's memory format, the question
+    torch's fake tensors ask (on a GPU the backend decides: cuDNN keeps a channels-last float32 input channels-last,
+    a float64 one comes back contiguous). None where this torch cannot tell (its private helpers changed)."""
+    try:
+        weight = torch.empty(tuple(weight_shape), dtype=x.dtype, device=x.device)
+        backend = torch._C._select_conv_backend(x, weight, None, list(stride), list(padding), list(dilation), False,
+                                                [0] * len(stride), groups)
+        fmt = torch._C._conv_determine_backend_memory_format(x, weight, backend)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+    return fmt in (torch.channels_last, torch.channels_last_3d)
