@@ -1652,3 +1652,21 @@ def test_round_62_b_an_unknown_option_is_said_by_the_command_given(argv, said, c
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {said}: unrecognized arguments: ") and err.endswith(f"(see `{said} --help`)"), err
+
+
+@pytest.mark.parametrize("argv,option,command", [
+    (["--json", "eval", "x"], "--json", "attnconv eval"),
+    (["--js", "eval", "x"], "--js", "attnconv eval"),
+    (["--top=3", "predict", "x", "y.png"], "--top=3", "attnconv predict"),
+    (["plot", "--overwrite", "centers", "x"], "--overwrite", "attnconv plot centers"),
+], ids=lambda a: str(a))
+def test_round_63_b_an_option_given_before_its_command_is_said_to_go_after_it(argv, option, command, capsys):
+    """Round 63: an option the command takes, given before the command's name, was said to be unknown to that command
+    (`attnconv eval: unrecognized arguments: --json`), whose --help lists it."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: attnconv: {option} is an option of `{command}`, given before its name: put it after " \
+                  f"`{command}` (see `{command} --help`)", err

@@ -2044,7 +2044,7 @@ def test_round_60_b_folders_said_as_folders_diverged_runs_said_as_diverged_and_s
     _one_error(capsys, "b.png: cannot decode the image (an empty file); replace the file or remove it from the folder")
     assert main(["predict", str(out), str(photos / "a.png"), str(photos / "b.png")]) == 2
     _one_error(capsys, "b.png: cannot decode the image (an empty file); replace the file or leave it out")
-    with pytest.raises(AttnconvError, match=r"^images \[''\] is invalid: give image files"):
+    with pytest.raises(AttnconvError, match=r"^images given as \[''\]: give image files"):
         Run(out).predict("")  # the empty path was read as the current folder
 
     with pytest.raises(AttnconvError, match=r"^m.pt2: nothing was written: the run's weights give NaN or infinite "
@@ -2065,3 +2065,19 @@ def test_round_60_b_folders_said_as_folders_diverged_runs_said_as_diverged_and_s
     assert main(small) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: test loss on the first 4 test images became non-finite (NaN or inf) at step 1"), err
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-6), (torch.bfloat16, 0.05)], ids=["float64", "bfloat16"])
+def test_round_63_a_predict_after_the_model_is_cast_gives_its_answer_in_that_dtype(tiny_attention_runs, dtype, tol):
+    """Round 63: `Run.predict` made a float32 batch whatever the model's dtype, so a run whose model a user cast
+    (`run.model.double()`) failed with torch's dtype error and its traceback; the batch now follows the weights."""
+    from attnconv import Run
+
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    raw = torch.randint(0, 256, (3, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    want = [dict(row) for row in run.predict(raw, top=10)]
+    run.model.to(dtype)
+    assert run.transform(raw).dtype == dtype
+    got = [dict(row) for row in run.predict(raw, top=10)]
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys() and max(abs(a[c] - b[c]) for c in a) < tol

@@ -977,3 +977,20 @@ def test_round_62_b_the_next_line_quotes_the_run_folder_to_paste_back(tmp_path, 
     assert main([*one_epoch(out, data_dir), "--max-steps", "1"]) == 0
     line = next(line for line in capfd.readouterr().err.splitlines() if line.startswith("next: "))
     assert shlex.split(line.split("|")[0])[-1] == str(out), line
+
+
+@pytest.mark.parametrize("name", ["run\x1b[31mred", "run\nsplit"], ids=["escape", "newline"])
+def test_round_63_b_trains_last_lines_show_the_folder_escaped_and_paste_back(name, tmp_path, data_dir, capfd):  # noqa: F811
+    """Round 63: train's result line (stdout) and its next: line printed the run folder raw: a newline split both,
+    a terminal escape acted on the terminal."""
+    import subprocess
+
+    out = tmp_path / name
+    assert main([*one_epoch(out, data_dir), "--max-steps", "1"]) == 0
+    stdout, stderr = capfd.readouterr()
+    assert "\x1b" not in stdout + stderr and stdout.count("\n") == 1, stdout
+    assert stdout.startswith(str(tmp_path) + "/" + name.encode("unicode_escape").decode() + ": epoch 1, step 1,"), stdout
+    line = next(line for line in stderr.splitlines() if line.startswith("next: "))
+    word = line.split("|")[0].split(" ", 3)[3].strip()
+    pasted = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, check=True).stdout
+    assert pasted == os.fsencode(out), line

@@ -17,6 +17,7 @@ import importlib
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -54,7 +55,13 @@ class _Parser(argparse.ArgumentParser):
         arguments: --json`), whose --help lists what it takes, not by the top level."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            _chosen_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+            chosen = _chosen_parsers(self, parsed)
+            for extra in extras:  # an option of a command given before its name (`attnconv --json eval RUN`)
+                taker = next((p for p in reversed(chosen[1:]) if _takes_option(p, extra)), None)
+                if taker is not None:
+                    raise AttnconvError(f"{self.prog}: {extra} is an option of `{taker.prog}`, given before its name: "
+                                        f"put it after `{taker.prog}` (see `{taker.prog} --help`)")
+            chosen[-1].error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed
 
     def _print_message(self, message: str, file: Any = None) -> None:
@@ -73,9 +80,15 @@ def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     return [parser]
 
 
-def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
-    """The innermost (sub)command parser `args` chose."""
-    return _chosen_parsers(parser, args)[-1]
+def _takes_option(parser: argparse.ArgumentParser, arg: str) -> bool:
+    """Whether `parser` reads `arg` (`--json`, `--top=3`, an abbreviation argparse would take) as one of its options."""
+    if not arg.startswith("-") or arg == "-":
+        return False
+    name = arg.split("=", 1)[0]
+    if name in parser._option_string_actions:
+        return True
+    longs = [o for o in parser._option_string_actions if o.startswith("--")]
+    return parser.allow_abbrev and name.startswith("--") and len([o for o in longs if o.startswith(name)]) == 1
 
 
 # The range of every numeric flag that is not a config field (inclusive, by argparse dest); the
@@ -484,6 +497,17 @@ def one_line(text: str) -> str:
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(c if (c.isprintable() and c != "\\") or c == " " else _escape(c) for c in text)
+
+
+def shell_word(text: str) -> str:
+    """`text` as one shell word to paste back: `shlex.quote` where every character is printable, else bash's
+    $'...' with escapes (a newline, a terminal escape, a byte that is not UTF-8: what `os.fsencode` makes of it), so
+    the line neither splits nor acts on the terminal and still names the same path."""
+    if text.isprintable():  # a lone surrogate (a byte that is not UTF-8) is not printable
+        return shlex.quote(text)
+    words = {"\\": "\\\\", "'": "\\'"}
+    parts = [words.get(c) or (c if c.isprintable() else "".join(f"\\x{b:02x}" for b in os.fsencode(c))) for c in text]
+    return "$'" + "".join(parts) + "'"
 
 
 def plain(text: str) -> str:

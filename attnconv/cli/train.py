@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -186,8 +185,11 @@ def run(args: argparse.Namespace) -> int:
                 log_every=args.log_every, announce=announce, allow_data_change=args.allow_data_change,
                 tensorboard=args.tensorboard)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
-        print(f"{out}: epoch {int(row['epoch'])}, step {int(row['step'])}, test accuracy {row['test_acc']:.4f}")
-        shown = shlex.quote(str(out))  # pasted back as one argument: a folder with spaces or quotes too
+        from attnconv.cli import one_line, shell_word
+
+        print(f"{one_line(str(out))}: epoch {int(row['epoch'])}, step {int(row['step'])}, "
+              f"test accuracy {row['test_acc']:.4f}")
+        shown = shell_word(str(out))  # pasted back as one argument: spaces, quotes, control characters too
         print(f"next: attnconv eval {shown}  |  attnconv report {shown}  |  attnconv explore {shown}", file=sys.stderr)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # A rank of a clean run ends here, its files written and its process group destroyed. gloo's

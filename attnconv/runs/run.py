@@ -307,7 +307,8 @@ class Run:
 
     def transform(self, images: Sequence[str | os.PathLike] | torch.Tensor, *, folder: bool = False) -> torch.Tensor:
         """Image files (decoded as the run's data was: resized and center-cropped to its size, RGB or
-        grey as its channels) or uint8 images (N, C, H, W) -> the normalized batch the model takes.
+        grey as its channels) or uint8 images (N, C, H, W) -> the normalized batch the model takes (on the device
+        and in the dtype of the model's weights as they are: `run.model.double()` is given float64 images).
 
         Uses what the run recorded of its dataset (config.json "data": size, channels, mean, std),
         so no training data is needed; runs that recorded nothing use their dataset's description.
@@ -324,7 +325,7 @@ class Run:
         else:
             if not isinstance(images, Sequence) or isinstance(images, (bytes, bytearray)) or \
                     not all(isinstance(p, (str, os.PathLike)) and str(p) != "" for p in images):
-                raise AttnconvError(f"images {shown_value(images)} is invalid: give image files (a list of paths) or "
+                raise AttnconvError(f"images given as {shown_value(images)}: give image files (a list of paths) or "
                                     f"uint8 images (N, {channels}, {size}, {size}) as a torch.Tensor")
             if not images:
                 raise AttnconvError("give at least one image file")
@@ -334,9 +335,14 @@ class Run:
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
                                 f"{raw.dtype} {tuple(raw.shape)}")
-        mean = torch.tensor(data["mean"], dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(data["std"], dtype=torch.float32).view(1, -1, 1, 1)
-        return ((raw.float() / 255.0 - mean) / std).to(self.device)
+        # On the device and in the dtype of the model's weights as they are now (a user may have cast or moved it)
+        weights = self.model.parameters() if isinstance(self.model, torch.nn.Module) else ()
+        weight = next((p for p in weights if p.is_floating_point()), None)
+        device, dtype = (self.device, torch.float32) if weight is None else (weight.device, weight.dtype)
+        exact = torch.promote_types(torch.float32, dtype)  # float64 computed as such; half types from float32
+        mean = torch.tensor(data["mean"], dtype=exact).view(1, -1, 1, 1)
+        std = torch.tensor(data["std"], dtype=exact).view(1, -1, 1, 1)
+        return ((raw.to(exact) / 255.0 - mean) / std).to(device=device, dtype=dtype)
 
     @torch.no_grad()
     def predict(self, images: Sequence[str | os.PathLike] | torch.Tensor, top: int = 1, *, folder: bool = False
