@@ -37,10 +37,13 @@ from typing import Any
 import torch
 
 import attnconv
-from attnconv.errors import AttnconvError, ParameterError, warnings_held, warnings_ignored
+from attnconv.errors import AttnconvError, ParameterError, attnconv_warning, warnings_held, warnings_ignored
 from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
 from attnconv.limits import format_bytes
-from attnconv.runs import Run, as_run
+from attnconv.pathwords import resume_command
+from attnconv.runs import WEIGHTS_FILE, Run, as_run, recorded_metadata
+from attnconv.runs.logs_record import recorded_unfinished
+from attnconv.runs.record import recorded_step
 from attnconv.streams import unwrap
 
 FORMATS = {"exported": ".pt2", "torchscript": ".ts", "onnx": ".onnx"}
@@ -65,6 +68,12 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
             raise ParameterError("fmt", fmt, f"needs {' and '.join(missing)}: pip install {' '.join(missing)}",
                                  flags={"fmt": "format"})
     run = as_run(run)
+    metadata = recorded_metadata(run.path / WEIGHTS_FILE)
+    if recorded_unfinished(metadata):  # said, as eval says it: the export holds a checkpoint, not the trained model
+        step = recorded_step(metadata)
+        attnconv_warning(f"{run.path}: the run has not finished; the export holds the weights of its latest checkpoint"
+                         f"{'' if step is None else f' (step {step})'}: finish it with `{resume_command(run.path)}` "
+                         "and export again for the trained model", 2)
     suffix = FORMATS[fmt]
     out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
                             overwrite=overwrite)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import stat
 from pathlib import Path
 
@@ -108,3 +109,25 @@ def permission_words(path: str | os.PathLike) -> str:
 
 
 PERMISSION_FIX = "give this user the permission (chmod), or run as the files' owner"
+
+
+def shell_path(path: str | os.PathLike) -> str:
+    """`path` as one shell word that bash reads back as the same path: `shlex.quote` where every character is
+    printable, else bash's $'...' with escapes (a newline, a terminal escape, a byte that is not UTF-8: what
+    `os.fsencode` makes of it); a relative path that begins with a dash as ./-name, so no command reads it as an
+    option."""
+    text = os.fspath(path)
+    if text.startswith("-"):
+        text = "./" + text
+    if text.isprintable():  # a lone surrogate (a byte that is not UTF-8) is not printable
+        return shlex.quote(text)
+    words = {"\\": "\\\\", "'": "\\'"}
+    parts = [words.get(c) or (c if c.isprintable() else "".join(f"\\x{b:02x}" for b in os.fsencode(c))) for c in text]
+    return "$'" + "".join(parts) + "'"
+
+
+def resume_command(out: str | os.PathLike, extra: str = "") -> str:
+    """The command that continues the run in `out` (`extra`: its further flags), the folder as one shell word
+    (`shell_path`: spaces, quotes, a leading dash; a message shows a control character escaped, as every message
+    does, so such a folder's command is to be typed, not pasted)."""
+    return f"attnconv train --out {shell_path(out)} --resume{extra}"

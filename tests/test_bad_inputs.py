@@ -1670,3 +1670,33 @@ def test_round_63_b_an_option_given_before_its_command_is_said_to_go_after_it(ar
     err = capsys.readouterr().err.strip()
     assert err == f"error: attnconv: {option} is an option of `{command}`, given before its name: put it after " \
                   f"`{command}` (see `{command} --help`)", err
+
+
+@pytest.mark.parametrize("argv", [["eval", "--", "x", "--json"], ["eval", "x", "--", "--json"],
+                                  ["plot", "centers", "--", "x", "--overwrite"]], ids=lambda a: " ".join(a))
+def test_round_64_b_an_option_after_a_double_dash_is_a_value_not_an_option_given_before_its_command(argv, capsys):
+    """Round 64: after `--` every argument is a value; one there that reads like an option of the command was said
+    to have been given before the command's name."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --" in err and "given before its name" not in err, err
+
+
+def test_round_64_b_every_path_a_command_prints_is_escaped(tiny_attention_runs, tmp_path, capsys):
+    """Round 64: `export`, `plot`, `report` and `explore --export` printed the path they wrote raw: a newline split the
+    line, a terminal escape acted on the terminal."""
+    from attnconv.cli import main
+
+    run = tiny_attention_runs["sa-quadratic"]
+    for argv in (["export", str(run), "--out", str(tmp_path / "m\x1b[31m\n.pt2")],
+                 ["plot", "centers", str(run), "--out", str(tmp_path / "c\x1b[31m\n.png")],
+                 ["plot", "distance", str(run), "--out", str(tmp_path / "d\x1b[31m\n.png")],
+                 ["report", str(run), "--out", str(tmp_path / "r\x1b[31m\n.html"), "--images", "2"],
+                 ["explore", str(run), "--export", str(tmp_path / "e\x1b[31m\n.html"), "--images", "2"]):
+        capsys.readouterr()
+        assert main(argv) == 0, argv
+        out, err = capsys.readouterr()
+        assert "\x1b" not in out + err and out.count("\n") == 1 and "\\x1b[31m\\n." in out, (argv, out)

@@ -1,6 +1,7 @@
 """Groups of runs side by side (attnconv.analysis.compare, `attnconv compare`) from metrics.csv and heads.jsonl."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_center_displacement_is_per_head_euclidean():
 
 def test_a_cnn_group_gives_accuracy_only_and_a_single_run_is_a_group(tmp_path):
     cnn = write_run(tmp_path / "cnn" / "seed0", [0.93], None)
-    rows = compare_groups([tmp_path / "cnn", cnn])
+    rows = compare_groups([tmp_path / "cnn"]) + compare_groups([cnn])  # together: one run twice, refused
     assert [r["seeds"] for r in rows] == [1, 1] and rows[0]["layers"] == []
     assert group_runs(cnn) == [cnn]
 
@@ -156,3 +157,21 @@ def test_links_to_nowhere_as_data_folders_and_outputs_are_named(tmp_path, capsys
         assert main(command) == 2, command
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "a link to loop, which loops back through links" in err, (command, err)
+
+
+def test_a_run_in_two_of_the_groups_compared_is_refused(tmp_path, capsys):
+    """A run given twice, or a run and its group, showed the same run in two columns as if they were two."""
+    def snaps(seed):
+        return [_snap(0, [([(seed, 0.0)] * 2, [1.0] * 2)]), _snap(1, [([(seed + 1.0, 0.0)] * 2, [1.0] * 2)])]
+
+    group = tmp_path / "group"
+    for seed in (0, 1):
+        write_run(group / f"seed{seed}", [0.5 + seed / 10], snaps(seed))
+    other = write_run(tmp_path / "other", [0.7], snaps(2))
+    assert len(compare_groups([group, other])) == 2
+    for groups, said in (([other, str(other) + "/"], f"{other}/ is given twice"),
+                         ([group, group / "seed1"], f"{group} and {group / 'seed1'} hold the same run ({group / 'seed1'})")):
+        with pytest.raises(AttnconvError, match="^" + re.escape(said) + ": give each group once$"):
+            compare_groups(groups)
+    assert main(["compare", str(other), str(other)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {other} is given twice: give each group once"

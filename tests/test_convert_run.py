@@ -113,6 +113,7 @@ def test_analyze_plot_and_report_accept_a_converted_run(cnn_run, data_dir, tmp_p
     text = capsys.readouterr().out
     # ResNet-18: 17 3x3 convs (the three 1x1 shortcuts have one head and are left out)
     assert len(result["layers"]) == 17 and result["size"] is None
+    assert result["history"] == []  # no heads.jsonl: the key is there all the same (round 62)
     assert [layer["size"] for layer in result["layers"]][:2] == [[28, 28], [28, 28]]
     assert result["layers"][-1]["size"] == [4, 4]
     for layer in result["layers"]:

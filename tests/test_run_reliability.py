@@ -2081,3 +2081,76 @@ def test_round_63_a_predict_after_the_model_is_cast_gives_its_answer_in_that_dty
     got = [dict(row) for row in run.predict(raw, top=10)]
     for a, b in zip(got, want):
         assert a.keys() == b.keys() and max(abs(a[c] - b[c]) for c in a) < tol
+
+
+def test_round_63_b_an_unfinished_runs_export_says_so_and_resume_hints_quote_the_folder(tmp_path, data_dir,  # noqa: F811
+                                                                                       monkeypatch, capsys):
+    """Round 63's notes: `export` of an unfinished run wrote its latest checkpoint's weights without a word, and the
+    `--resume` commands the messages offer named a folder with a space unquoted (pasted back as two arguments)."""
+    original = Checkpointer.save
+
+    def checkpoint_then_die(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == 5:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_die)
+    out = tmp_path / "my run"
+    resume = f"attnconv train --out '{out}' --resume"
+    assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 130
+    assert f"continue with `{resume}`" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["export", str(out)]) == 0
+    assert capsys.readouterr().err.strip() == (
+        f"warning: {out}: the run has not finished; the export holds the weights of its latest checkpoint (step 5): "
+        f"finish it with `{resume}` and export again for the trained model")
+    assert main([*tiny_args(out, data_dir, "--checkpoint-every", "5"), "--resume"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(out), "--overwrite"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_round_64_a_predict_says_a_model_that_does_not_fit_the_run_in_one_line(tiny_attention_runs):
+    """Round 64: `Run.predict` with `run.model` replaced by one of other outputs (11 classes, an identity, a flat
+    output) failed inside attnconv with IndexError or ValueError; moved to the meta device, with torch's error; a
+    3-class head was read with the run's first three class names."""
+    import torch.nn as nn
+
+    from attnconv import Run
+
+    raw = torch.randint(0, 256, (2, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for wrap, shape in ((lambda m: nn.Sequential(m, nn.Linear(10, 11)), "shape (2, 11)"),
+                        (lambda m: nn.Sequential(m, nn.Linear(10, 3)), "shape (2, 3)"),
+                        (lambda m: nn.Identity(), "shape (2, 1, 28, 28)"),
+                        (lambda m: nn.Sequential(m, nn.Flatten(0)), "shape (20,)"),
+                        (lambda m: (lambda x: [m(x)]), "a list")):
+        run = Run(tiny_attention_runs["sa-quadratic"])
+        run.__dict__["model"] = wrap(run.model)
+        with pytest.raises(AttnconvError, match=re.escape(f"the run's model gives {shape} for 2 images, where the run "
+                                                          "has 10 classes: give run.model a model of (2, 10) logits")):
+            run.predict(raw)
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.model.to("meta")
+    with pytest.raises(AttnconvError, match="the run's model is on the meta device, which holds no values: load the "
+                                            r"run again \(attnconv.Run\)"):
+        run.predict(raw)
+
+
+def test_round_64_a_predict_runs_the_model_in_eval_mode_and_puts_its_flags_back(tmp_path, data_dir):  # noqa: F811
+    """Round 64's note: a model left in train mode was used as it was: answers that depend on the batch, and the
+    run's BatchNorm statistics changed by a prediction."""
+    from attnconv import Run
+
+    out = tmp_path / "cnn"
+    args = tiny_args(out, data_dir, "--max-steps", "2")
+    cut = args.index("--model")
+    args[cut:cut + 14] = ["--model", "resnet18", "--width", "4"]
+    assert main(args) == 0
+    run = Run(out)
+    raw = torch.randint(0, 256, (3, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    want = run.predict(raw, top=3)
+    run.model.train()
+    stats = {k: v.clone() for k, v in run.model.state_dict().items()}
+    assert run.predict(raw, top=3) == want and run.predict(raw[:1], top=3) == want[:1]
+    assert all(torch.equal(v, run.model.state_dict()[k]) for k, v in stats.items())  # running statistics untouched
+    assert all(m.training for m in run.model.modules())

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 from pathlib import Path
@@ -994,3 +995,19 @@ def test_round_63_b_trains_last_lines_show_the_folder_escaped_and_paste_back(nam
     word = line.split("|")[0].split(" ", 3)[3].strip()
     pasted = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, check=True).stdout
     assert pasted == os.fsencode(out), line
+
+
+def test_round_64_b_a_run_folder_with_a_leading_dash_pastes_back_as_a_folder(tmp_path, data_dir, monkeypatch,  # noqa: F811
+                                                                            capfd):
+    """Round 64: for `--out -dash` (relative) the next: line offered `attnconv eval -dash`, read back as an option."""
+    import subprocess
+
+    monkeypatch.chdir(tmp_path)
+    args = one_epoch("-dash", data_dir, "--max-steps", "1")
+    at = args.index("--out")
+    args[at:at + 2] = ["--out=-dash"]  # as argparse takes a value that begins with a dash
+    assert main(args) == 0
+    line = next(line for line in capfd.readouterr().err.splitlines() if line.startswith("next: "))
+    assert line.startswith("next: attnconv eval ./-dash  |"), line
+    word = line.split("|")[0].split(" ", 3)[3].strip()
+    assert subprocess.run(["bash", "-c", f"cd {shlex.quote(str(tmp_path))} && test -d {word}"]).returncode == 0

@@ -231,6 +231,16 @@ def compare_groups(groups: list[str | os.PathLike], *, epoch: int | None = None,
         raise AttnconvError("give at least one group (a folder of seed*/ runs, or a run directory)")
     if not kernels or any(not isinstance(k, int) or k < 1 or k > 15 for k in kernels):
         raise AttnconvError(f"kernels {kernels!r}: give kernel sizes from 1 to 15")
+    owner: dict[str, str | os.PathLike] = {}
+    for g in groups:  # one run in two columns is no comparison (`table` refuses it too)
+        for run in group_runs(g):
+            key = os.path.realpath(run)
+            if key in owner:
+                first = owner[key]
+                said = f"{g} is given twice" if os.path.realpath(first) == os.path.realpath(g) else \
+                    f"{first} and {g} hold the same run ({run})"
+                raise AttnconvError(f"{said}: give each group once")
+            owner[key] = g
     return [compare_group(g, epoch=epoch, kernels=kernels, tol=tol) for g in groups]
 
 

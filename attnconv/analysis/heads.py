@@ -344,14 +344,14 @@ def analyze_captured(records: Sequence[CapturedAttention]) -> dict[str, Any]:
 def analyze_run(run: Run | str | os.PathLike, images: int = 100, *, data_dir: str | os.PathLike | None = None,
                 dataset: str | None = None, device: str = "cpu") -> dict[str, Any]:
     """`analyze_sites` of a run's trained model (content layers over `images` test images sampled across
-    the classes, `Run.test_images`), plus the grid-likeness over training from heads.jsonl ("history")
-    when the run recorded it. Layers and heads are numbered from 1, as in the paper and the figures."""
+    the classes, `Run.test_images`), plus the grid-likeness over training from heads.jsonl ("history"; [] where
+    the run recorded none, a CNN or a run trained before heads.jsonl: the same keys for every run). Layers and heads
+    are numbered from 1, as in the paper and the figures."""
     run = as_run(run, device, data_dir=data_dir, dataset=dataset)
     probs, n = run.site_probs(images)
     result = analyze_sites(run.sites, probs, images=n)
     history = grid_likeness(run.heads)  # [] for runs trained before heads.jsonl
-    return {"run": str(run.path), "model": run.config.model, "dataset": run.config.dataset, **result,
-            **({"history": history} if history else {})}
+    return {"run": str(run.path), "model": run.config.model, "dataset": run.config.dataset, **result, "history": history}
 
 
 def head_geometry(layer: nn.Module, size: tuple[int, int], probs: Tensor | None = None) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import importlib
 import math
 import os
 import re
-import shlex
 import signal
 import sys
 import threading
@@ -53,11 +52,12 @@ class _Parser(argparse.ArgumentParser):
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         """argparse's, with arguments no command takes said by the command given (`attnconv table: unrecognized
         arguments: --json`), whose --help lists what it takes, not by the top level."""
-        parsed, extras = self.parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        parsed, extras = self.parse_known_args(argv, namespace)
         if extras:
             chosen = _chosen_parsers(self, parsed)
             for extra in extras:  # an option of a command given before its name (`attnconv --json eval RUN`)
-                taker = next((p for p in reversed(chosen[1:]) if _takes_option(p, extra)), None)
+                taker = _misplaced(argv, chosen, parsed, extra)
                 if taker is not None:
                     raise AttnconvError(f"{self.prog}: {extra} is an option of `{taker.prog}`, given before its name: "
                                         f"put it after `{taker.prog}` (see `{taker.prog} --help`)")
@@ -78,6 +78,24 @@ def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             if chosen is not None:
                 return [parser, *_chosen_parsers(chosen, args)]
     return [parser]
+
+
+def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,
+               extra: str) -> argparse.ArgumentParser | None:
+    """The chosen (sub)command whose option `extra` is, where `extra` stands in `argv` before that command's name
+    (and before any `--`, after which every argument is a value); None where it stands elsewhere."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    names = [getattr(args, a.dest) for p in chosen[:-1] for a in p._actions
+             if isinstance(a, argparse._SubParsersAction) and getattr(args, a.dest, None)]
+    where, start = [], 0
+    for name in names:  # each command's name in argv, in order
+        start = argv.index(name, start, end) + 1 if name in argv[start:end] else end
+        where.append(start - 1)
+    first = argv.index(extra, 0, end) if extra in argv[:end] else end
+    for parser, at in reversed(list(zip(chosen[1:], where))):
+        if first < at and _takes_option(parser, extra):
+            return parser
+    return None
 
 
 def _takes_option(parser: argparse.ArgumentParser, arg: str) -> bool:
@@ -497,17 +515,6 @@ def one_line(text: str) -> str:
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(c if (c.isprintable() and c != "\\") or c == " " else _escape(c) for c in text)
-
-
-def shell_word(text: str) -> str:
-    """`text` as one shell word to paste back: `shlex.quote` where every character is printable, else bash's
-    $'...' with escapes (a newline, a terminal escape, a byte that is not UTF-8: what `os.fsencode` makes of it), so
-    the line neither splits nor acts on the terminal and still names the same path."""
-    if text.isprintable():  # a lone surrogate (a byte that is not UTF-8) is not printable
-        return shlex.quote(text)
-    words = {"\\": "\\\\", "'": "\\'"}
-    parts = [words.get(c) or (c if c.isprintable() else "".join(f"\\x{b:02x}" for b in os.fsencode(c))) for c in text]
-    return "$'" + "".join(parts) + "'"
 
 
 def plain(text: str) -> str:

@@ -200,6 +200,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _write(outputs: dict[str, tuple[Path, str]]) -> None:
     """--markdown and --json as one pair (`fileio.atomic_write_all`): a failure leaves both old files as they were."""
+    from attnconv.cli import one_line
+
     def writer(text: str):
         return lambda tmp: tmp.write_text(text)
 
@@ -211,4 +213,4 @@ def _write(outputs: dict[str, tuple[Path, str]]) -> None:
         kept = " (nothing was written)" if len(outputs) > 1 else ""
         raise AttnconvError(f"{where}: {describe_os_error(err)}{kept}") from None
     for path, _ in outputs.values():
-        print(f"wrote {path}", file=sys.stderr)
+        print(f"wrote {one_line(str(path))}", file=sys.stderr)

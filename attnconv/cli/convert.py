@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from attnconv import data as D
+    from attnconv.cli import one_line
     from attnconv.errors import AttnconvError
     from attnconv.evaluate import count_flops, count_params
     from attnconv.runs import Run, convert_run, load_run
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     test = source.test_set if args.evaluate else None
     out = convert_run(args.run_dir, args.out, fold_bn=args.fold_bn, alpha=args.alpha)
     norms = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in cnn.modules())
-    print(f"converted {args.run_dir} -> {out}  "
+    print(f"converted {one_line(str(args.run_dir))} -> {one_line(str(out))}  "
           f"({('BatchNorm folded' if args.fold_bn else 'BatchNorm kept') if norms else 'no BatchNorm to fold'})")
     if test is None:
         return 0

@@ -26,7 +26,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.export import export_run
 
-    print(export_run(args.run_dir, args.format, args.out, overwrite=args.overwrite))
+    print(one_line(str(export_run(args.run_dir, args.format, args.out, overwrite=args.overwrite))))
     return 0

@@ -231,6 +231,8 @@ def _check_memory(args: argparse.Namespace, size: tuple[int, ...]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
+
     if args.plot is not None and args.dim != 2:
         raise AttnconvError(f"--plot draws 2-D attention maps only; got --dim {args.dim} (drop --plot or use --dim 2)")
     if args.plot is not None:
@@ -265,5 +267,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{h + 1:4d}  {tuple(center)}")  # heads numbered from 1, as in the figures
     if args.plot is not None:
         _plot_heads(attn, size, args.plot)
-        print(f"wrote {args.plot}")
+        print(f"wrote {one_line(str(args.plot))}")
     return 0

@@ -43,6 +43,7 @@ def _learnconv_doc() -> str:
 
 
 def run_learn_conv(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.learnconv import learn_conv
 
     # --out's folder is made by the write of its results (and removed again if that write fails)
@@ -71,6 +72,6 @@ def run_learn_conv(args: argparse.Namespace) -> int:
         d = m["distance"][h]
         print(f"  {h + 1:>4} {f'({c[0]:+.2f}, {c[1]:+.2f})':>16} {r['alpha'][h]:>7.2f} {gp:>11} "
               f"{'-' if d is None else f'{d:.3f}':>6} {r['window_mass'][h]:>9.3f}")
-    print(f"wrote {args.out}/learn-conv.json and {args.out}/learn-conv.png")
+    print(f"wrote {one_line(str(args.out))}/learn-conv.json and {one_line(str(args.out))}/learn-conv.png")
     return 0
 

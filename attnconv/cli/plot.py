@@ -98,6 +98,7 @@ def _epochs(text: str | None) -> list[int] | None:
 
 
 def run_centers(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.plots import plot_centers, plot_centers_history
 
     if args.layer is not None or args.epochs is not None:
@@ -109,24 +110,27 @@ def run_centers(args: argparse.Namespace) -> int:
                                 "RUN_DIR/heads.jsonl and read no images; leave them out")
         epochs = _epochs(args.epochs)
         layer = 1 if args.layer is None else args.layer
-        print(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs, overwrite=args.overwrite))
+        print(one_line(str(plot_centers_history(args.run_dir, args.out, layer=layer, epochs=epochs,
+                                                overwrite=args.overwrite))))
         return 0
-    print(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, dataset=args.dataset,
-                       device=args.device,
-                       overwrite=args.overwrite))
+    print(one_line(str(plot_centers(args.run_dir, args.out, images=args.images, data_dir=args.data_dir,
+                                    dataset=args.dataset, device=args.device, overwrite=args.overwrite))))
     return 0
 
 
 def run_distance(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.plots import plot_distance
 
-    print(plot_distance(args.run_dir, args.out, overwrite=args.overwrite))
+    print(one_line(str(plot_distance(args.run_dir, args.out, overwrite=args.overwrite))))
     return 0
 
 
 def run_maps(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.plots import plot_maps
 
-    print(plot_maps(args.run_dir, args.out, images=args.images, query=_query(args.query), zoom=args.zoom,
-                    image=args.image, data_dir=args.data_dir, dataset=args.dataset, device=args.device, overwrite=args.overwrite))
+    print(one_line(str(plot_maps(args.run_dir, args.out, images=args.images, query=_query(args.query), zoom=args.zoom,
+                                 image=args.image, data_dir=args.data_dir, dataset=args.dataset, device=args.device,
+                                 overwrite=args.overwrite))))
     return 0

@@ -68,11 +68,11 @@ def _doc(which: str) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    from attnconv.cli import one_line
     from attnconv.report import write_report
 
-    print(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir, dataset=args.dataset,
-                       device=args.device,
-                       overwrite=args.overwrite))
+    print(one_line(str(write_report(args.run_dir, args.out, images=args.images, data_dir=args.data_dir,
+                                    dataset=args.dataset, device=args.device, overwrite=args.overwrite))))
     return 0
 
 
@@ -80,6 +80,7 @@ def run_explore(args: argparse.Namespace) -> int:
     import sys
     import webbrowser
 
+    from attnconv.cli import one_line
     from attnconv.errors import AttnconvError
     from attnconv.explorer import Explorer, make_server, write_export
     from attnconv.limits import format_bytes
@@ -87,7 +88,7 @@ def run_explore(args: argparse.Namespace) -> int:
     if args.export is not None:
         out = write_export(args.run_dir, args.export, images=args.images, data_dir=args.data_dir,
                            dataset=args.dataset, device=args.device, overwrite=args.overwrite)
-        print(f"{out} ({format_bytes(out.stat().st_size)})")
+        print(f"{one_line(str(out))} ({format_bytes(out.stat().st_size)})")
         return 0
     if args.overwrite:
         raise AttnconvError("--overwrite applies to --export FILE.html only; leave it out, or give --export")
@@ -95,7 +96,7 @@ def run_explore(args: argparse.Namespace) -> int:
                         device=args.device)
     server = make_server(explorer, args.port)
     url = f"http://127.0.0.1:{server.server_address[1]}/"
-    print(f"attnconv explorer: {explorer.title} at {url} (Ctrl-C to stop)", flush=True)
+    print(f"attnconv explorer: {one_line(explorer.title)} at {url} (Ctrl-C to stop)", flush=True)
     if args.browser:
         webbrowser.open(url)
     try:

@@ -185,11 +185,12 @@ def run(args: argparse.Namespace) -> int:
                 log_every=args.log_every, announce=announce, allow_data_change=args.allow_data_change,
                 tensorboard=args.tensorboard)
     if row and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
-        from attnconv.cli import one_line, shell_word
+        from attnconv.cli import one_line
+        from attnconv.pathwords import shell_path
 
         print(f"{one_line(str(out))}: epoch {int(row['epoch'])}, step {int(row['step'])}, "
               f"test accuracy {row['test_acc']:.4f}")
-        shown = shell_word(str(out))  # pasted back as one argument: spaces, quotes, control characters too
+        shown = shell_path(out)  # pasted back as one argument: spaces, quotes, control characters, a leading dash
         print(f"next: attnconv eval {shown}  |  attnconv report {shown}  |  attnconv explore {shown}", file=sys.stderr)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # A rank of a clean run ends here, its files written and its process group destroyed. gloo's

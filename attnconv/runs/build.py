@@ -30,6 +30,7 @@ from attnconv.fileio import (
 )
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
+from attnconv.pathwords import resume_command
 from attnconv.runs.directory import replaced_run_line, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
@@ -169,7 +170,7 @@ def _rewrite_fix(path: Path, fix: str) -> str:
             return fix
     except AttnconvError:
         return fix
-    return f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from {STATE_FILE}"
+    return f"restore it from a copy of the run, or `{resume_command(run)}` writes it anew from {STATE_FILE}"
 
 
 def _missing(path: Path) -> str:
@@ -197,7 +198,7 @@ def _missing(path: Path) -> str:
             return (f"{path}: missing, and so is {' and '.join(lost)}, which the run's checkpoint counts: it cannot be "
                     "resumed without them; restore them from a copy of the run, or train the run again")
         return (f"{path}: missing, although the run has checkpointed ({STATE_FILE} says so): it was moved or deleted; "
-                f"restore it from a copy of the run, or `attnconv train --out {run} --resume` writes it anew from "
+                f"restore it from a copy of the run, or `{resume_command(run)}` writes it anew from "
                 f"{STATE_FILE} (and goes on training, if the run was not finished)")
     try:
         shown = checkpointed_once(run, read_config(run))
@@ -207,7 +208,7 @@ def _missing(path: Path) -> str:
         return f"{path}: missing, and so is {STATE_FILE}, while {shown}: {CHECKPOINT_GONE}"
     if rows_logged(run, 1):  # a row is written before the epoch's checkpoint, which may have failed
         return (f"{path}: missing, and so is {STATE_FILE}, while {METRICS_FILE} has a row: the run stopped before its "
-                f"first checkpoint was whole (`attnconv train --out {run} --resume` starts it again from step 0), or "
+                f"first checkpoint was whole (`{resume_command(run)}` starts it again from step 0), or "
                 "its files were moved or deleted (restore them from a copy of the run)")
     return f"{path}: missing (the run has not written a checkpoint yet)"
 
@@ -240,7 +241,7 @@ def _stale_problem(path: Path, metadata: dict[str, Any]) -> str | None:
     if saved == step:
         return (f"{path} holds the weights of step {step}, the run's last checkpoint, and {run / METRICS_FILE} goes on "
                 f"to step {last}: the run was stopped between its last row and its checkpoint; continue it with "
-                f"`attnconv train --out {run} --resume` (which cuts the logs back to the checkpoint)")
+                f"`{resume_command(run)}` (which cuts the logs back to the checkpoint)")
     return (f"{path} holds the weights of step {step} (its metadata), but {run / METRICS_FILE} goes on to step "
             f"{last}: one of the two is not the run's (an older copy of the weights, another run's, or an edited "
             "metrics.csv); restore it from a copy of the run")

@@ -28,6 +28,7 @@ from attnconv.fileio import (
     unreadable_folder,
     write_bytes,
 )
+from attnconv.pathwords import resume_command
 from attnconv.runs.files import (
     CONFIG_FILE,
     HEADS_FILE,
@@ -210,7 +211,7 @@ def replaced_run_line(out: Path) -> str:
     (or its weights file's) in the error, and the fix."""
     return (f"a `train --overwrite` into {out} has not reached its first checkpoint (it is running, or was "
             f"killed), and the run it replaces is kept in {out / SET_ASIDE}; if no train is running there, "
-            f"`attnconv train --out {out} --resume` puts it back first (and then continues it, if it was not finished)")
+            f"`{resume_command(out)}` puts it back first (and then continues it, if it was not finished)")
 
 
 def check_not_replaced(out: Path) -> None:

@@ -123,6 +123,14 @@ def recorded_finished(metadata: dict[str, str]) -> bool:
     return record is not None and record.get("finished") is True
 
 
+def recorded_unfinished(metadata: dict[str, str]) -> bool:
+    """Whether a checkpoint's metadata records a run that had not finished when it was written (a record attnconv
+    writes, without "finished": a run stopped or still going; converted runs and runs from before the record have
+    none, and are not said to be unfinished)."""
+    record = _recorded(metadata)
+    return record is not None and record.get("finished") is not True
+
+
 def _recorded(metadata: dict[str, str]) -> dict[str, Any] | None:
     """The record, or None where there is none or it is not one attnconv writes (edited by hand: it vouches for
     nothing, and sound logs are not blamed for it)."""

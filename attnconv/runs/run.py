@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -19,6 +20,8 @@ from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
 from attnconv.limits import is_whole, shown_value, tensor_argument, whole_number
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
+from attnconv.modes import eval_mode
+from attnconv.pathwords import resume_command
 from attnconv.precision import check_device
 from attnconv.runs.build import build_run_architecture, load_run
 from attnconv.runs.directory import check_not_replaced, resume_cuts, resume_problem
@@ -130,7 +133,7 @@ class Run:
         if not err.fix.startswith(LOG_FIX) or not resume_cuts(self.path, bool(self.heads_per_layer)):
             return err
         return err.with_fix(f"resume the run, which cuts what was logged after its last checkpoint, the damage "
-                            f"with it: `attnconv train --out {self.path} --resume`; or restore it from a copy")
+                            f"with it: `{resume_command(self.path)}`; or restore it from a copy")
 
     def check_logs(self, what: str, entries: list[dict[str, Any]]) -> None:
         """One DamagedFile where metrics.csv's rows (`what` "metrics") or heads.jsonl's snapshots ("heads"), read as
@@ -155,7 +158,7 @@ class Run:
         if resume_problem(self.path, bool(self.heads_per_layer)) is None:  # the resume would take the logs
             raise DamagedFile(f"{self.path / WEIGHTS_FILE}: {problem}",
                               f"restore {WEIGHTS_FILE} from a copy of the run, or continue the run from {STATE_FILE}: "
-                              f"`attnconv train --out {self.path} --resume` writes the later "
+                              f"`{resume_command(self.path)}` writes the later "
                               f"{'rows' if what == 'metrics' else 'snapshots'} again")
         raise DamagedFile(f"{self.path / WEIGHTS_FILE}: {problem}", f"restore {WEIGHTS_FILE} from a copy of the run "
                           f"(a resume from {STATE_FILE} would refuse the logs it counts, as they are now)")
@@ -339,6 +342,9 @@ class Run:
         weights = self.model.parameters() if isinstance(self.model, torch.nn.Module) else ()
         weight = next((p for p in weights if p.is_floating_point()), None)
         device, dtype = (self.device, torch.float32) if weight is None else (weight.device, weight.dtype)
+        if weight is not None and weight.is_meta:
+            raise AttnconvError(f"{self.path}: the run's model is on the meta device, which holds no values: load the "
+                                "run again (attnconv.Run) to predict with its weights")
         exact = torch.promote_types(torch.float32, dtype)  # float64 computed as such; half types from float32
         mean = torch.tensor(data["mean"], dtype=exact).view(1, -1, 1, 1)
         std = torch.tensor(data["std"], dtype=exact).view(1, -1, 1, 1)
@@ -355,7 +361,15 @@ class Run:
         x = self.transform(images, folder=folder)
         if len(x) == 0:
             raise AttnconvError("images is an empty batch: give at least one image")
-        probs = self.model(x).float().softmax(-1).cpu()
+        model = self.model  # in eval mode for the pass, each module's flag put back (a user's train() or frozen BN)
+        with eval_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext():
+            logits = model(x)
+        if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (len(x), len(classes)):
+            got = f"shape {tuple(logits.shape)}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
+            raise AttnconvError(f"{self.path}: the run's model gives {got} for {len(x)} images, where the run has "
+                                f"{len(classes)} classes: give run.model a model of ({len(x)}, {len(classes)}) logits, "
+                                "or load the run again (attnconv.Run) for its own")
+        probs = logits.float().softmax(-1).cpu()
         if not bool(probs.isfinite().all()):  # finite weights whose outputs are not (NaN weights fail the load)
             raise AttnconvError(f"{self.path}: the run's weights give NaN or infinite outputs for these images; the run "
                                 "diverged before this checkpoint: retrain it with a lower --lr")

@@ -13,6 +13,7 @@ from attnconv.fileio import dangling_link, same_path
 from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.models import build_model
 from attnconv.models.registry import model_defaults
+from attnconv.pathwords import resume_command
 from attnconv.runs import (
     CONFIG_FILE,
     STATE_FILE,
@@ -246,7 +247,7 @@ def where_the_run_stands(out: Path, fresh: bool, untouched: bool, *, data_change
     replace (`untouched`) as it was, nothing written (the folder removed if `fresh`, as `train` does), no checkpoint
     yet, or the last good one; each with the command that goes on from there (`data_change`: its `--resume` with
     `--allow-data-change`, as the stopped one was given)."""
-    resume = f"attnconv train --out {out} --resume" + (" --allow-data-change" if data_change else "")
+    resume = resume_command(out, " --allow-data-change" if data_change else "")
     if untouched and (out / CONFIG_FILE).exists():  # the old run, whatever it holds: nothing of it moved
         return f"the run in {out} is as it was (stopped before anything of it was replaced)"
     try:
