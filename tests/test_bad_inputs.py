@@ -1700,3 +1700,21 @@ def test_round_64_b_every_path_a_command_prints_is_escaped(tiny_attention_runs, 
         assert main(argv) == 0, argv
         out, err = capsys.readouterr()
         assert "\x1b" not in out + err and out.count("\n") == 1 and "\\x1b[31m\\n." in out, (argv, out)
+
+
+@pytest.mark.parametrize("argv,said,command", [
+    (["--device", "cpu", "eval", "x"], "--device cpu", "attnconv eval"),
+    (["--out", "x", "train"], "--out x", "attnconv train"),
+    (["plot", "--layer", "1", "centers", "x"], "--layer 1", "attnconv plot centers"),
+], ids=lambda a: str(a))
+def test_round_64_b_a_valued_option_before_its_command_is_said_with_its_value(argv, said, command, capsys):
+    """Round 64's KNOWN: a valued option before the command's name (`attnconv --device cpu eval RUN`) was answered
+    as argparse reads it, `invalid choice: 'cpu'` for the command, naming neither the option nor where it goes."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"error: attnconv: {said} is an option of `{command}` and its value, " \
+                                              f"given before its name: put them after `{command}` (see `{command} --help`)"
+    assert main(["--bogus", "3", "eval", "x"]) == 2  # an option no command takes: argparse's reading stands
+    assert "invalid choice: '3'" in capsys.readouterr().err

@@ -53,7 +53,13 @@ class _Parser(argparse.ArgumentParser):
         """argparse's, with arguments no command takes said by the command given (`attnconv table: unrecognized
         arguments: --json`), whose --help lists what it takes, not by the top level."""
         argv = list(sys.argv[1:] if args is None else args)
-        parsed, extras = self.parse_known_args(argv, namespace)
+        try:
+            parsed, extras = self.parse_known_args(argv, namespace)
+        except AttnconvError:  # `attnconv --device cpu eval RUN`: argparse read `cpu` as the command's name
+            said = _valued_option_before_its_command(self, argv)
+            if said is None:
+                raise
+            raise AttnconvError(said) from None
         if extras:
             chosen = _chosen_parsers(self, parsed)
             for extra in extras:  # an option of a command given before its name (`attnconv --json eval RUN`)
@@ -78,6 +84,29 @@ def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             if chosen is not None:
                 return [parser, *_chosen_parsers(chosen, args)]
     return [parser]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """{name: parser} of `parser`'s subcommands ({} for a command that has none)."""
+    return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def _valued_option_before_its_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error of an option that takes a value, given before the name of the (sub)command that takes it, whose value
+    argparse then read as the command's name; None where argv holds none."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    levels = [parser]  # levels[k]: the (sub)command the arguments after argv[:k] are read by
+    for arg in argv[:end]:
+        levels.append(_subcommands(levels[-1]).get(arg, levels[-1]))
+    for i, arg in enumerate(argv[:end - 1]):
+        if not arg.startswith("--") or "=" in arg or _takes_option(levels[i], arg):
+            continue
+        later = [levels[k] for k in range(i + 2, end + 1) if levels[k] is not levels[i]]
+        taker = next((p for p in later if _takes_option(p, arg)), None)
+        if taker is not None:
+            return (f"{parser.prog}: {arg} {argv[i + 1]} is an option of `{taker.prog}` and its value, given before its "
+                    f"name: put them after `{taker.prog}` (see `{taker.prog} --help`)")
+    return None
 
 
 def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,
