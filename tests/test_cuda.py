@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file
-from test_train import data_dir, tiny_args  # noqa: F401  (a fixture)
+from test_train import data_dir, stop_after_checkpoint, tiny_args  # noqa: F401  (a fixture)
 
 from attnconv import Run, build_model, capture_attention, cnn_to_attention, conv_to_attention, list_models
 from attnconv.attention import SelfAttention2d
@@ -236,16 +236,7 @@ def test_eval_on_the_device_and_on_the_cpu_agree(device_run, capsys):
 
 
 def test_resume_on_the_device_replays_the_interrupted_run(tmp_path, data_dir, monkeypatch, device_run):  # noqa: F811
-    from attnconv.training.checkpoint import Checkpointer
-
-    original = Checkpointer.save
-
-    def checkpoint_then_die(self, model, optimizer, progress):
-        original(self, model, optimizer, progress)
-        if progress.step == 10:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_die)
+    stop_after_checkpoint(monkeypatch, 10)
     out = tmp_path / "run"
     assert main(_device_args(out, data_dir, "--checkpoint-every", "5")) == 130
     state = load_state(out / "state.pt")
@@ -261,16 +252,7 @@ def test_resume_on_the_device_replays_the_interrupted_run(tmp_path, data_dir, mo
 
 
 def test_a_run_checkpointed_on_the_device_resumes_on_the_cpu(tmp_path, data_dir, monkeypatch):  # noqa: F811
-    from attnconv.training.checkpoint import Checkpointer
-
-    original = Checkpointer.save
-
-    def checkpoint_then_die(self, model, optimizer, progress):
-        original(self, model, optimizer, progress)
-        if progress.step == 5:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_die)
+    stop_after_checkpoint(monkeypatch, 5)
     out = tmp_path / "run"
     assert main(_device_args(out, data_dir, "--checkpoint-every", "5")) == 130
     monkeypatch.undo()

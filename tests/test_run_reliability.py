@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_train import REPO, data_dir, tiny_args  # noqa: F401  (data_dir is a fixture)
+from test_train import REPO, data_dir, stop_after_checkpoint, tiny_args  # noqa: F401  (data_dir is a fixture)
 
 import attnconv.training.loop as loop
 from attnconv.cli import main
@@ -2087,14 +2087,7 @@ def test_round_63_b_an_unfinished_runs_export_says_so_and_resume_hints_quote_the
                                                                                        monkeypatch, capsys):
     """Round 63's notes: `export` of an unfinished run wrote its latest checkpoint's weights without a word, and the
     `--resume` commands the messages offer named a folder with a space unquoted (pasted back as two arguments)."""
-    original = Checkpointer.save
-
-    def checkpoint_then_die(self, model, optimizer, progress):
-        original(self, model, optimizer, progress)
-        if progress.step == 5:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_die)
+    stop_after_checkpoint(monkeypatch, 5)
     out = tmp_path / "my run"
     resume = f"attnconv train --out '{out}' --resume"
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 130

@@ -57,6 +57,20 @@ def cli_subprocess(*args, **kwargs) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+def stop_after_checkpoint(monkeypatch, step: int) -> None:
+    """The next `train` stops with a KeyboardInterrupt right after its checkpoint at `step` (a Ctrl-C there)."""
+    from attnconv.training.checkpoint import Checkpointer
+
+    original = Checkpointer.save
+
+    def checkpoint_then_stop(self, model, optimizer, progress):
+        original(self, model, optimizer, progress)
+        if progress.step == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_stop)
+
+
 def weights(run_dir) -> dict[str, torch.Tensor]:
     return load_file(str(Path(run_dir) / "model.safetensors"))
 
@@ -250,16 +264,7 @@ def test_resume_mid_epoch_replays_exactly(tmp_path, data_dir, monkeypatch, capsy
         return
     assert main(tiny_args(ref, data_dir, *precision)) == 0
 
-    from attnconv.training.checkpoint import Checkpointer
-
-    original = Checkpointer.save
-
-    def checkpoint_then_die(self, model, optimizer, progress):
-        original(self, model, optimizer, progress)
-        if progress.step == 10:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(Checkpointer, "save", checkpoint_then_die)
+    stop_after_checkpoint(monkeypatch, 10)
     out = tmp_path / "run"
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5", *precision)) == 130
     progress = load_state(out / "state.pt")["progress"]
