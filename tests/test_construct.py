@@ -524,3 +524,23 @@ def test_the_backends_layout_is_what_the_convolution_returns():
             continue  # both layouts at once: nothing to tell
         said = backend_channels_last(x, conv.weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
         assert said == y.is_contiguous(memory_format=fmt), (conv, tuple(x.shape), x.stride(), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_autocast_a_converted_layer_returns_the_convolutions_dtype(dtype):
+    """Rounds 57-62's note: under autocast a converted layer returned float32 (its float32 scores and bias promoted
+    the sum) where the convolution returns autocast's dtype; code after it (a cat with the conv's output, a dtype
+    check) saw another tensor. Float64 stays float64, as the convolution's."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8)
+    for layer in (conv_to_attention(conv), conv_to_attention(conv, learnable=True)):
+        for given in (x, x.to(dtype)):
+            with torch.autocast("cpu", dtype=dtype):
+                want, got = conv(given), layer(given)
+            assert got.dtype == want.dtype == dtype
+            assert torch.allclose(got.float(), want.float(), atol=0.05, rtol=0.05)
+    net = cnn_to_attention(nn.Sequential(conv, nn.ReLU(), nn.Conv2d(4, 2, 3)))
+    with torch.autocast("cpu", dtype=dtype):
+        assert net(x).dtype == dtype
+    assert conv_to_attention(conv.double())(x.double()).dtype == torch.float64

@@ -38,6 +38,7 @@ from attnconv.limits import (
     weights_with_values,
     whole_number,
 )
+from attnconv.ops.autocast import matmul_dtype
 from attnconv.ops.fused import functorch_wrapped
 from attnconv.ops.scores import factor_softmax, quadratic_axis_scores
 
@@ -480,8 +481,17 @@ class ConvAttention(nn.Module):
         y = y.reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
-        y = self._conv_layout(y, x, padded)
+        y = self._conv_layout(self._conv_dtype(y, x), x, padded)
         return y.squeeze(0) if unbatched else y
+
+    def _conv_dtype(self, y: Tensor, x: Tensor) -> Tensor:
+        """y in the dtype the convolution returns: under autocast, autocast's (its scores and softmax ran in float32,
+        and the float32 bias promoted the sum), where the convolution would run in it (no float64 input or weights)."""
+        if x.dtype != torch.float64 and self.out_weight.dtype != torch.float64:
+            dtype = matmul_dtype(x)
+            if dtype != y.dtype:
+                return y.to(dtype)
+        return y
 
     def _conv_layout(self, y: Tensor, x: Tensor, padded: Tensor | None = None) -> Tensor:
         """y (B, C_out, *S_out) laid out in memory as nn.ConvNd lays out its output for input x (`padded`:

@@ -318,7 +318,7 @@ class LearnableConvAttention(ConvAttention):
         y = torch.einsum("bhgct,hgoc->bgot", z, w).reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
-        y = self._conv_layout(y, x)
+        y = self._conv_layout(self._conv_dtype(y, x), x)
         return y.squeeze(0) if unbatched else y
 
     def extra_repr(self) -> str:
