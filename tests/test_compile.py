@@ -57,3 +57,26 @@ def test_the_fused_path_traces_as_one_graph(name):
     dynamo.reset()
     explained = dynamo.explain(model)(torch.randn(2, 3, 16, 16))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_a_converted_layer_and_network_compile_as_one_graph_and_match_eager():
+    """Rounds 58-62's note: `torch.compile(fullgraph=True)` of a converted layer broke at its memory check (reading the
+    machine's memory is no graph op) and at its torch.func test; the compiled layer follows the input's layout too."""
+    from torch import nn
+
+    from attnconv import cnn_to_attention, conv_to_attention
+
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8)
+    for model in (conv_to_attention(conv), conv_to_attention(conv, learnable=True),
+                  cnn_to_attention(nn.Sequential(conv, nn.ReLU(), nn.Conv2d(4, 2, 3, padding=1, padding_mode="reflect")))):
+        dynamo.reset()
+        explained = dynamo.explain(model)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    layer = conv_to_attention(conv)
+    dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    for given in (x, x.contiguous(memory_format=torch.channels_last)):
+        got, want = compiled(given), conv(given)
+        assert torch.allclose(got, want, atol=1e-5) and got.stride() == want.stride()

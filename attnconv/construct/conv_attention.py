@@ -437,7 +437,11 @@ class ConvAttention(nn.Module):
 
     def _check_memory(self, size: Sequence[int], out: Sequence[int], images: int = 0) -> None:
         """Refuse, before any of it is allocated, what input size `size` needs past this machine's memory: the per-axis
-        factors (their scores, softmax and cast at once) and, for `images` channel planes, the padded input."""
+        factors (their scores, softmax and cast at once) and, for `images` channel planes, the padded input. Not while
+        torch.compile traces (reading the machine's memory is no graph op; the eager layer checks, a compiled one
+        fails as torch does)."""
+        if torch.compiler.is_compiling():
+            return
         work = torch.promote_types(self.out_weight.dtype, torch.float32).itemsize
         padded = [n + lo + hi for n, (lo, hi) in zip(size, self.padding)]
         factors = sum(self._axis_factors(a) * out[a] * padded[a] for a in range(self.ndim))
@@ -504,7 +508,7 @@ class ConvAttention(nn.Module):
         """
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         last = None
-        if fmt is None or self.padding_mode == "circular" or functorch_wrapped(x):
+        if fmt is None or self.padding_mode == "circular" or (not torch.compiler.is_compiling() and functorch_wrapped(x)):
             last = False  # under torch.func.vmap the convolution's layout depends on where the mapped axis lies in
             # memory, which the samples' strides do not show: contiguous, so `.view()` after the layer works
         elif torch.jit.is_tracing():  # sizes are tensors while traced (a trace holds one layout): as it was compared
