@@ -40,6 +40,7 @@ import attnconv
 from attnconv.errors import AttnconvError, ParameterError, attnconv_warning, warnings_held, warnings_ignored
 from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
 from attnconv.limits import format_bytes
+from attnconv.modes import eval_mode
 from attnconv.pathwords import resume_command
 from attnconv.runs import WEIGHTS_FILE, Run, as_run, recorded_metadata
 from attnconv.runs.logs_record import recorded_unfinished
@@ -77,17 +78,19 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     suffix = FORMATS[fmt]
     out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
                             overwrite=overwrite)
-    model = run.model.eval()
+    model = run.model  # exported in eval mode, each module's flag put back after (`modes.eval_mode`)
     if fmt == "onnx":
         weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         if weights > ONNX_LIMIT:
             raise ParameterError(None, None, f"{run.path}: the model's weights take {format_bytes(weights)}, more than "
                                  "one ONNX file holds (2 GB); export it with {fmt} exported or torchscript instead",
                                  mentions=("fmt",), flags={"fmt": "format"})
-    example = torch.randn(2, *run.input_shape, device=next(model.parameters()).device)
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)  # a user's cast or move followed
+    like = {} if weight is None else {"device": weight.device, "dtype": weight.dtype}
+    example = torch.randn(2, *run.input_shape, **like)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
               "model": run.config.model, "format": fmt}
-    with torch.no_grad(), _quiet(), _interruptible():
+    with torch.no_grad(), eval_mode(model), _quiet(), _interruptible():
         try:
             data = _serialize(fmt, model, example, record)
         except (AttnconvError, MemoryError, KeyboardInterrupt):
@@ -99,7 +102,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
             raise ParameterError(None, None, f"{run.path}: torch could not export the model as {fmt} "
                                  f"({_cause_line(err)}){again}", mentions=("fmt",),
                                  flags={"fmt": "format"}) from None
-        _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], device=example.device))
+        _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], **like))
     earlier = out.exists()
     try:
         atomic_write(out, write_bytes(data))

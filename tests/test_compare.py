@@ -175,3 +175,17 @@ def test_a_run_in_two_of_the_groups_compared_is_refused(tmp_path, capsys):
             compare_groups(groups)
     assert main(["compare", str(other), str(other)]) == 2
     assert capsys.readouterr().err.strip() == f"error: {other} is given twice: give each group once"
+
+
+def test_round_65_a_compare_groups_refuses_arguments_of_other_kinds_in_one_line(tmp_path):
+    """Round 65: a group given as one string was read letter by letter (`g: not a group`), one Path and kernels=3
+    were TypeError tracebacks, kernels=(True,) was taken as 1."""
+    write_run(tmp_path / "grp", [0.5], [_snap(0, [([(0.0, 0.0)], [1.0])]), _snap(1, [([(1.0, 0.0)], [1.0])])])
+    for groups, kwargs, said in (("grp", {}, "groups 'grp' is not a list of groups"),
+                                 (tmp_path / "grp", {}, "is not a list of groups"),
+                                 ([tmp_path / "grp", 3], {}, "groups holds 3: give each group as a folder's path"),
+                                 ([tmp_path / "grp"], {"kernels": 3}, "kernels 3 is invalid: give kernel sizes from 1"),
+                                 ([tmp_path / "grp"], {"kernels": (True,)}, "kernels (True,) is invalid")):
+        with pytest.raises(AttnconvError, match=re.escape(said)):
+            compare_groups(groups, **kwargs)
+    assert len(compare_groups((tmp_path / "grp",), kernels=[3])) == 1

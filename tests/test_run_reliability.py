@@ -2147,3 +2147,46 @@ def test_round_64_a_predict_runs_the_model_in_eval_mode_and_puts_its_flags_back(
     assert run.predict(raw, top=3) == want and run.predict(raw[:1], top=3) == want[:1]
     assert all(torch.equal(v, run.model.state_dict()[k]) for k, v in stats.items())  # running statistics untouched
     assert all(m.training for m in run.model.modules())
+
+
+def test_round_65_a_predict_blames_the_run_only_for_its_own_model(tiny_attention_runs):
+    """Round 65: a model a user put in run.model that gives NaN (a temperature of 0) was said to be the run's
+    divergence: `retrain it with a lower --lr`, though the run's weights predict fine."""
+    import torch.nn as nn
+
+    from attnconv import Run
+
+    class Hot(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x) / 0.0 * 0.0  # NaN
+
+    raw = torch.zeros(1, 1, 28, 28, dtype=torch.uint8)
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    assert run.predict(raw)
+    run.__dict__["model"] = Hot(run.model)
+    with pytest.raises(AttnconvError, match="run.model gives NaN or infinite outputs for these images, and it is not "
+                                            "the run's model as loaded") as err:
+        run.predict(raw)
+    assert "lower --lr" not in str(err.value)
+
+
+def test_round_65_a_export_keeps_the_models_modes_and_follows_its_dtype(tiny_attention_runs, tmp_path):
+    """Round 65: `export_run` left a model the user had in train mode in eval mode; given a run whose model was cast
+    to float64, it traced with float32 examples and failed, advising another format."""
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.model.train()
+    export_run(run, "exported", tmp_path / "a.pt2")
+    assert all(m.training for m in run.model.modules())
+    run.model.double()
+    out = export_run(run, "exported", tmp_path / "b.pt2")
+    x = torch.randn(2, *run.input_shape, dtype=torch.float64)
+    loaded = torch.export.load(out).module()
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), run.model.eval()(x), atol=1e-9)

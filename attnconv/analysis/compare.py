@@ -31,6 +31,7 @@ from attnconv.analysis.grid import match_to_grid
 from attnconv.errors import AttnconvError, DamagedFile
 from attnconv.evaluate import content_digest, logs_digest, run_setup, setup_differences
 from attnconv.fileio import dangling_link, not_a_folder
+from attnconv.limits import shown_value
 from attnconv.runs import CONFIG_FILE, STATE_FILE, WEIGHTS_FILE, Run, read_heads, read_metrics
 from attnconv.runs.directory import check_not_replaced, set_aside_pending
 from attnconv.runs.files import read_config, trained_here
@@ -227,10 +228,17 @@ def compare_group(group: str | os.PathLike, *, epoch: int | None = None,
 def compare_groups(groups: list[str | os.PathLike], *, epoch: int | None = None,
                    kernels: tuple[int, ...] = (3,), tol: float = 0.5) -> list[dict[str, Any]]:
     """`compare_group` of each group, in the order given."""
+    if isinstance(groups, (str, bytes, os.PathLike)) or not isinstance(groups, (list, tuple)):
+        raise AttnconvError(f"groups {shown_value(groups)} is not a list of groups: give a list of folders of seed*/ "
+                            "runs or run directories (one group: [folder])")
     if not groups:
         raise AttnconvError("give at least one group (a folder of seed*/ runs, or a run directory)")
-    if not kernels or any(not isinstance(k, int) or k < 1 or k > 15 for k in kernels):
-        raise AttnconvError(f"kernels {kernels!r}: give kernel sizes from 1 to 15")
+    if any(not isinstance(g, (str, os.PathLike)) or str(g) == "" for g in groups):
+        bad = next(g for g in groups if not isinstance(g, (str, os.PathLike)) or str(g) == "")
+        raise AttnconvError(f"groups holds {shown_value(bad)}: give each group as a folder's path")
+    if not isinstance(kernels, (list, tuple)) or not kernels or any(
+            isinstance(k, bool) or not isinstance(k, int) or k < 1 or k > 15 for k in kernels):
+        raise AttnconvError(f"kernels {shown_value(kernels)} is invalid: give kernel sizes from 1 to 15, e.g. (3,)")
     owner: dict[str, str | os.PathLike] = {}
     for g in groups:  # one run in two columns is no comparison (`table` refuses it too)
         for run in group_runs(g):

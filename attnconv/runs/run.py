@@ -246,7 +246,9 @@ class Run:
     @functools.cached_property
     def model(self) -> nn.Module:
         """The trained network: weights loaded, on `device`, eval mode."""
-        return load_run(self.path, self.device, allow_nonfinite=self.allow_nonfinite)[0]
+        model = load_run(self.path, self.device, allow_nonfinite=self.allow_nonfinite)[0]
+        self._loaded = model  # what predict tells from a model a user put in its place
+        return model
 
     @functools.cached_property
     def test_set(self) -> D.ImageSet:
@@ -371,8 +373,14 @@ class Run:
                                 "or load the run again (attnconv.Run) for its own")
         probs = logits.float().softmax(-1).cpu()
         if not bool(probs.isfinite().all()):  # finite weights whose outputs are not (NaN weights fail the load)
-            raise AttnconvError(f"{self.path}: the run's weights give NaN or infinite outputs for these images; the run "
-                                "diverged before this checkpoint: retrain it with a lower --lr")
+            own = model is self.__dict__.get("_loaded") and all(
+                p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
+            if own:
+                raise AttnconvError(f"{self.path}: the run's weights give NaN or infinite outputs for these images; the "
+                                    "run diverged before this checkpoint: retrain it with a lower --lr")
+            raise AttnconvError(f"{self.path}: run.model gives NaN or infinite outputs for these images, and it is not "
+                                "the run's model as loaded (another model, or the run's cast to another dtype): check "
+                                "what was put in its place, or load the run again (attnconv.Run) for its own")
         best = probs.topk(min(top, probs.shape[1]), dim=1)
         return [[(classes[int(i)], float(v)) for v, i in zip(vals, idx)] for vals, idx in zip(best.values, best.indices)]
 
