@@ -69,15 +69,15 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
             raise ParameterError("fmt", fmt, f"needs {' and '.join(missing)}: pip install {' '.join(missing)}",
                                  flags={"fmt": "format"})
     run = as_run(run)
+    suffix = FORMATS[fmt]
+    out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
+                            overwrite=overwrite)
     metadata = recorded_metadata(run.path / WEIGHTS_FILE)
     if recorded_unfinished(metadata):  # said, as eval says it: the export holds a checkpoint, not the trained model
         step = recorded_step(metadata)
         attnconv_warning(f"{run.path}: the run has not finished; the export holds the weights of its latest checkpoint"
                          f"{'' if step is None else f' (step {step})'}: finish it with `{resume_command(run.path)}` "
                          "and export again for the trained model", 2)
-    suffix = FORMATS[fmt]
-    out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
-                            overwrite=overwrite)
     model = run.model  # exported in eval mode, each module's flag put back after (`modes.eval_mode`)
     if fmt == "onnx":
         weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))

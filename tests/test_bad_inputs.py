@@ -1716,5 +1716,42 @@ def test_round_64_b_a_valued_option_before_its_command_is_said_with_its_value(ar
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == f"error: attnconv: {said} is an option of `{command}` and its value, " \
                                               f"given before its name: put them after `{command}` (see `{command} --help`)"
-    assert main(["--bogus", "3", "eval", "x"]) == 2  # an option no command takes: argparse's reading stands
-    assert "invalid choice: '3'" in capsys.readouterr().err
+    assert main(["evl", "x"]) == 2  # a misspelt command: argparse's reading stands
+    assert "invalid choice: 'evl'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--zoom", "3", "eval", "x"], "--zoom, given before `attnconv eval`, is an option neither `attnconv` nor "
+                                   "`attnconv eval` takes"),
+    (["--nosuch", "3", "eval", "x"], "--nosuch, given before `attnconv eval`, is an option neither"),
+    (["--d", "cpu", "eval", "x"], "--d, given before `attnconv eval`, could be --data-dir, --dataset, --device of "
+                                  "`attnconv eval`"),
+], ids=lambda a: str(a))
+def test_round_65_b_an_option_no_command_takes_before_the_command_is_named_not_its_value(argv, said, capsys):
+    """Round 65: `attnconv --zoom 3 eval RUN` (an option eval does not take, with a value, before the command) was
+    answered `invalid choice: '3'`, naming the value as an unknown command and not the option."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: attnconv: {said}") and err.endswith("options go after the command's name"), err
+
+
+def test_round_65_b_eval_table_compare_and_analyze_keep_a_run_with_a_newline_on_one_line(tiny_attention_runs,
+                                                                                         tmp_path, capsys):
+    """Round 65: a newline in a run folder's name split `eval`'s run line, `table`'s and `compare`'s rows (and the
+    Markdown table), and `analyze` printed the name raw (a terminal escape too)."""
+    import shutil
+
+    from attnconv.cli import main
+
+    run = tmp_path / "a\nb\x1b[31m"
+    shutil.copytree(tiny_attention_runs["sa-quadratic"], run)
+    for argv in (["eval", str(run)], ["table", str(run)], ["table", str(run), "--markdown"], ["compare", str(run)],
+                 ["compare", str(run), "--markdown"], ["analyze", str(run)]):
+        capsys.readouterr()
+        assert main(argv) == 0, argv
+        out = capsys.readouterr().out
+        assert "a\nb" not in out and "\x1b" not in out, (argv, out)
+        assert argv[0] == "table" or "a\\nb\\x1b[31m" in out, (argv, out)  # table shows no run folder

@@ -2093,6 +2093,9 @@ def test_round_63_b_an_unfinished_runs_export_says_so_and_resume_hints_quote_the
     assert main(tiny_args(out, data_dir, "--checkpoint-every", "5")) == 130
     assert f"continue with `{resume}`" in capsys.readouterr().err
     monkeypatch.undo()
+    assert main(["export", str(out), "--out", str(tmp_path / "model.txt")]) == 2  # refused: no word of an export
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "warning" not in err, err  # round 65: the warning came before the refusal
     assert main(["export", str(out)]) == 0
     assert capsys.readouterr().err.strip() == (
         f"warning: {out}: the run has not finished; the export holds the weights of its latest checkpoint (step 5): "

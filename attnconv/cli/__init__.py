@@ -106,6 +106,13 @@ def _valued_option_before_its_command(parser: argparse.ArgumentParser, argv: lis
         if taker is not None:
             return (f"{parser.prog}: {arg} {argv[i + 1]} is an option of `{taker.prog}` and its value, given before its "
                     f"name: put them after `{taker.prog}` (see `{taker.prog} --help`)")
+        if later:  # read as the command's name only because an option no command here takes stood before it
+            command = later[-1]
+            like = sorted(o for o in command._option_string_actions if o.startswith(arg))
+            said = f"could be {', '.join(like)} of `{command.prog}`" if len(like) > 1 else \
+                f"is an option neither `{levels[i].prog}` nor `{command.prog}` takes"
+            return (f"{parser.prog}: {arg}, given before `{command.prog}`, {said} (see `{command.prog} --help`); "
+                    f"options go after the command's name")
     return None
 
 
@@ -544,6 +551,19 @@ def one_line(text: str) -> str:
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(c if (c.isprintable() and c != "\\") or c == " " else _escape(c) for c in text)
+
+
+def escaped(value: Any) -> Any:
+    """`value` with every string in it (dicts, lists, tuples, at any depth) as `one_line` shows it: what a command
+    formats into a table from a run's files (a run folder, a dataset), escaped before the table is made, so a newline
+    in a name cannot split a row. The table is then printed as it is (escaping it again would double backslashes)."""
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, dict):
+        return {k: escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(escaped(v) for v in value)
+    return value
 
 
 def plain(text: str) -> str:

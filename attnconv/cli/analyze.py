@@ -30,10 +30,11 @@ def _analysis_doc() -> str:
 
 def run_analyze(args: argparse.Namespace) -> int:
     from attnconv.analysis import analyze_run, format_analysis
+    from attnconv.cli import escaped
 
     result = analyze_run(args.run_dir, args.images, data_dir=args.data_dir, dataset=args.dataset, device=args.device)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print(format_analysis(result), end="")
+        print(format_analysis(escaped(result)), end="")  # the run folder, the dataset: escaped, one line each
     return 0

@@ -114,7 +114,7 @@ def _warn(message: str) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from attnconv.analysis import json_ready
-    from attnconv.cli import plain
+    from attnconv.cli import escaped, one_line
     from attnconv.evaluate import describe_run
 
     s = describe_run(args.run_dir, recompute=True, device=args.device, data_dir=args.data_dir,
@@ -125,8 +125,8 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps(json_ready(s), indent=2, allow_nan=False))  # a diverged run's NaN as null: strict JSON
         return 0
 
-    def out(text: str) -> None:  # names from the run's files (classes, dataset): escaped, as error lines are
-        print(plain(text))
+    def out(text: str) -> None:  # names from the run's files (the folder, classes, dataset): escaped, as error lines
+        print(one_line(text))  # are, a newline in them too: each is one line
 
     out(f"run          {s['run']}")
     where = f"epoch {s['epochs']}, step {s['step']}" if "weights_step" not in s else \
@@ -141,10 +141,8 @@ def run_eval(args: argparse.Namespace) -> int:
     out(f"             {s['flops_linear']:,} (Linear layers only, the paper's convention)")
     top = sorted(s["flops_by_op"].items(), key=lambda kv: -kv[1])
     out("by op        " + ", ".join(f"{op} {v:,}" for op, v in top))
-    out("")
-    out(per_class_text(s["classes"], s["confusion"]))
-    out("")
-    out(confusion_text(s["classes"], s["confusion"]))
+    classes = escaped(s["classes"])  # tables of several lines: their names escaped, the rows kept
+    print(f"\n{per_class_text(classes, s['confusion'])}\n\n{confusion_text(classes, s['confusion'])}")
     return 0
 
 
@@ -192,7 +190,7 @@ def confusion_text(classes: list[str], confusion: list[list[int]]) -> str:
 
 def run_table(args: argparse.Namespace) -> int:
 
-    from attnconv.cli import plain
+    from attnconv.cli import escaped
     from attnconv.evaluate import describe_run, runs_table
 
     if args.dataset is not None and not args.recompute:
@@ -205,7 +203,7 @@ def run_table(args: argparse.Namespace) -> int:
     for s in summaries:
         if "warning" in s:
             _warn(s["warning"])
-    print(plain(runs_table(summaries, markdown=args.markdown)), end="")
+    print(runs_table(escaped(summaries), markdown=args.markdown), end="")  # each name escaped: one row each
     return 0
 
 
@@ -214,7 +212,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from attnconv.analysis import json_ready
     from attnconv.analysis.compare import compare_groups, format_comparison
-    from attnconv.cli import plain
+    from attnconv.cli import escaped
     from attnconv.errors import AttnconvError
 
     try:
@@ -225,5 +223,5 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(json_ready(rows), indent=1, allow_nan=False))
     else:
-        print(plain(format_comparison(rows, kernels=kernels, markdown=args.markdown)), end="")
+        print(format_comparison(escaped(rows), kernels=kernels, markdown=args.markdown), end="")  # one row each
     return 0
