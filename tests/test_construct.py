@@ -544,3 +544,27 @@ def test_under_autocast_a_converted_layer_returns_the_convolutions_dtype(dtype):
     with torch.autocast("cpu", dtype=dtype):
         assert net(x).dtype == dtype
     assert conv_to_attention(conv.double())(x.double()).dtype == torch.float64
+
+
+def test_a_convolutions_state_dict_loads_into_its_converted_layer_and_network():
+    """Rounds 62-65's note: loading an nn.Conv2d's state_dict into its converted layer was torch's key error; a CNN's
+    checkpoint now loads into its converted network (BatchNorm kept), and a weight of another shape is one line."""
+    torch.manual_seed(0)
+    conv, x = nn.Conv2d(3, 4, 3, padding=1), torch.randn(2, 3, 8, 8)
+    layer = conv_to_attention(nn.Conv2d(3, 4, 3, padding=1))
+    assert not torch.allclose(layer(x), conv(x), atol=1e-3)
+    layer.load_state_dict(conv.state_dict())
+    assert torch.allclose(layer(x), conv(x), atol=1e-5)
+
+    def cnn():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.Conv2d(8, 4, 3, groups=2, bias=False)).eval()
+
+    trained, converted = cnn(), cnn_to_attention(cnn()).eval()
+    converted.load_state_dict(trained.state_dict())
+    assert torch.allclose(converted(x), trained(x), atol=1e-5)
+    assert set(converted.state_dict()) == {"0.out_weight", "0.out_bias", "1.weight", "1.bias", "1.running_mean",
+                                           "1.running_var", "1.num_batches_tracked", "3.out_weight"}
+    with pytest.raises(AttnconvError, match=r"^weight of shape \(5, 3, 3, 3\) is not this layer's convolution's weight "
+                                            r"\(4, 3, 3, 3\)"):
+        layer.load_state_dict(nn.Conv2d(3, 5, 3).state_dict())

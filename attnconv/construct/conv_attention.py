@@ -53,6 +53,23 @@ def _pairs(padding: Any, count: int) -> bool:
         return False
 
 
+def _conv_state_dict(layer: ConvAttention, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """`load_state_dict` of the convolution's own keys (`weight` (C_out, C_in / groups, *kernel), `bias`): taken as
+    the converted layer's (`out_weight` (heads, C_out, C_in / groups), `out_bias`), so a CNN's checkpoint loads into
+    its converted network; a `weight` of another shape is one line naming it."""
+    weight, bias = prefix + "weight", prefix + "bias"
+    if weight not in state_dict or prefix + "out_weight" in state_dict:
+        return
+    shape = (layer.out_channels, layer.in_channels // layer.groups, *layer.kernel_size)
+    given = state_dict[weight]
+    if not isinstance(given, Tensor) or tuple(given.shape) != shape:
+        raise AttnconvError(f"{weight or 'weight'} of shape {tuple(getattr(given, 'shape', ()))} is not this layer's "
+                            f"convolution's weight {shape}: load the state_dict of the convolution it was converted from")
+    state_dict[prefix + "out_weight"] = state_dict.pop(weight).flatten(2).permute(2, 0, 1)
+    if bias in state_dict:
+        state_dict[prefix + "out_bias"] = state_dict.pop(bias)
+
+
 class ConvAttention(nn.Module):
     """Multi-head self-attention that computes exactly an N-d convolution (Theorem 1).
 
@@ -159,6 +176,7 @@ class ConvAttention(nn.Module):
         nn.init.uniform_(self.out_weight, -bound, bound)
         if self.out_bias is not None:
             nn.init.uniform_(self.out_bias, -bound, bound)
+        self._register_load_state_dict_pre_hook(_conv_state_dict, with_module=True)
 
     # -- geometry ------------------------------------------------------------------------
 
