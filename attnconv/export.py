@@ -86,6 +86,9 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
                                  "one ONNX file holds (2 GB); export it with {fmt} exported or torchscript instead",
                                  mentions=("fmt",), flags={"fmt": "format"})
     weight = next((p for p in model.parameters() if p.is_floating_point()), None)  # a user's cast or move followed
+    if weight is not None and weight.is_meta:
+        raise AttnconvError(f"{run.path}: the run's model is on the meta device, which holds no values: load the run "
+                            "again (attnconv.Run) to export its weights")
     like = {} if weight is None else {"device": weight.device, "dtype": weight.dtype}
     example = torch.randn(2, *run.input_shape, **like)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
@@ -102,7 +105,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
             raise ParameterError(None, None, f"{run.path}: torch could not export the model as {fmt} "
                                  f"({_cause_line(err)}){again}", mentions=("fmt",),
                                  flags={"fmt": "format"}) from None
-        _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], **like))
+        _check(data, out, fmt, model, torch.randn(3, *example.shape[1:], **like), run.own_model(model))
     earlier = out.exists()
     try:
         atomic_write(out, write_bytes(data))
@@ -281,7 +284,7 @@ def _serialize(fmt: str, model: torch.nn.Module, example: torch.Tensor, record: 
     """The export as the bytes of its file, made in memory (nothing on disk yet), marked as attnconv's."""
     buffer = io.BytesIO()
     if fmt == "exported":
-        program = _dynamic_batch(lambda batch: torch.export.export(model, (example,), dynamic_shapes={"x": {0: batch}}))
+        program = _dynamic_batch(lambda batch: torch.export.export(model, (example,), dynamic_shapes=({0: batch},)))
         torch.export.save(program, buffer, extra_files={EXPORT_MARK: json.dumps(record)})
         return buffer.getvalue()
     if fmt == "torchscript":
@@ -289,7 +292,7 @@ def _serialize(fmt: str, model: torch.nn.Module, example: torch.Tensor, record: 
         torch.jit.save(traced, buffer, _extra_files={EXPORT_MARK: json.dumps(record)})
         return buffer.getvalue()
     program = _dynamic_batch(lambda batch: torch.onnx.export(model, (example,), dynamo=True,
-                                                             dynamic_shapes={"x": {0: batch}}, verbose=False))
+                                                             dynamic_shapes=({0: batch},), verbose=False))
     proto = program.model_proto  # the weights inside, as initializers with their data
     proto.doc_string = f"{record['generator']}: {record['model']} from {record['run']}"
     entry = proto.metadata_props.add()
@@ -301,13 +304,18 @@ def _serialize(fmt: str, model: torch.nn.Module, example: torch.Tensor, record: 
                              "exported or torchscript instead", mentions=("fmt",), flags={"fmt": "format"}) from None
 
 
-def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Tensor) -> None:
+def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Tensor, own: bool) -> None:
     """Load the export from its bytes and compare its logits with the model's on x (a batch size it was not
-    traced at); an export that differs is refused before anything is written."""
+    traced at); an export that differs is refused before anything is written. `own`: the model is the run's as
+    loaded (`Run.own_model`), whose NaN outputs are the run's divergence."""
     want = model(x)
-    if not bool(want.isfinite().all()):  # the run's own outputs: no export can match them, and none is at fault
-        raise AttnconvError(f"{out}: nothing was written: the run's weights give NaN or infinite outputs (the run "
-                            "diverged before this checkpoint); retrain it with a lower --lr")
+    if not bool(want.isfinite().all()):  # the model's own outputs: no export can match them, and none is at fault
+        if own:
+            raise AttnconvError(f"{out}: nothing was written: the run's weights give NaN or infinite outputs (the run "
+                                "diverged before this checkpoint); retrain it with a lower --lr")
+        raise AttnconvError(f"{out}: nothing was written: run.model gives NaN or infinite outputs, and it is not the "
+                            "run's model as loaded (another model, or the run's cast to another dtype): check what was "
+                            "put in its place, or load the run again (attnconv.Run) for its own")
     if fmt == "exported":
         got = torch.export.load(io.BytesIO(data)).module()(x)
     elif fmt == "torchscript":

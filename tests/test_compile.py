@@ -77,6 +77,6 @@ def test_a_converted_layer_and_network_compile_as_one_graph_and_match_eager():
     layer = conv_to_attention(conv)
     dynamo.reset()
     compiled = torch.compile(layer, fullgraph=True)
-    for given in (x, x.contiguous(memory_format=torch.channels_last)):
-        got, want = compiled(given), conv(given)
+    for given in (x, x.contiguous(memory_format=torch.channels_last), torch.randn(2, 3, 9, 11)):
+        got, want = compiled(given), conv(given)  # round 66: another size recompiles with symbolic sizes
         assert torch.allclose(got, want, atol=1e-5) and got.stride() == want.stride()

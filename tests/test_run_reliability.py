@@ -2195,3 +2195,27 @@ def test_round_65_a_export_keeps_the_models_modes_and_follows_its_dtype(tiny_att
     loaded = torch.export.load(out).module()
     with torch.no_grad():
         assert torch.allclose(loaded(x), run.model.eval()(x), atol=1e-9)
+
+
+def test_round_66_a_export_of_a_model_a_user_changed(tiny_attention_runs, tmp_path):
+    """Round 66: `export_run` of a model whose forward names its input otherwise than `x` (`nn.Sequential(model)`) was
+    refused by torch's dynamic_shapes check with "try another fmt"; NaN from a user's model was blamed on the run;
+    a model on the meta device was a traceback."""
+    import torch.nn as nn
+
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.__dict__["model"] = nn.Sequential(run.model)
+    for fmt, name in (("exported", "a.pt2"), ("torchscript", "a.ts")):
+        assert export_run(run, fmt, tmp_path / name).exists()
+    run.__dict__["model"] = nn.Sequential(run.model, nn.Hardtanh(float("nan"), float("nan")))  # NaN out
+    with pytest.raises(AttnconvError, match="run.model gives NaN or infinite outputs, and it is not the run's model "
+                                            "as loaded") as err:
+        export_run(run, "exported", tmp_path / "b.pt2")
+    assert "lower --lr" not in str(err.value) and not (tmp_path / "b.pt2").exists()
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.model.to("meta")
+    with pytest.raises(AttnconvError, match="the run's model is on the meta device, which holds no values"):
+        export_run(run, "exported", tmp_path / "c.pt2")

@@ -250,6 +250,12 @@ class Run:
         self._loaded = model  # what predict tells from a model a user put in its place
         return model
 
+    def own_model(self, model: Any) -> bool:
+        """Whether `model` is this run's model as loaded (`Run.model`, in float32), not one a user put in its place or
+        cast: NaN outputs of the run's own are the run's divergence, those of another are not."""
+        return model is self.__dict__.get("_loaded") and all(
+            p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
+
     @functools.cached_property
     def test_set(self) -> D.ImageSet:
         """The run's test split (or `dataset`'s, when given), at the run's image size; one AttnconvWarning
@@ -373,9 +379,7 @@ class Run:
                                 "or load the run again (attnconv.Run) for its own")
         probs = logits.float().softmax(-1).cpu()
         if not bool(probs.isfinite().all()):  # finite weights whose outputs are not (NaN weights fail the load)
-            own = model is self.__dict__.get("_loaded") and all(
-                p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
-            if own:
+            if self.own_model(model):
                 raise AttnconvError(f"{self.path}: the run's weights give NaN or infinite outputs for these images; the "
                                     "run diverged before this checkpoint: retrain it with a lower --lr")
             raise AttnconvError(f"{self.path}: run.model gives NaN or infinite outputs for these images, and it is not "
