@@ -62,7 +62,7 @@ from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapsho
 from attnconv.plots.figures import figure_png
 from attnconv.plots.results import confusion_figure, curves_figure, misclassified_figure
 from attnconv.runs import DataNotFound, Run, sample_across_classes
-from attnconv.tables import significant
+from attnconv.tables import markdown_cells, significant
 
 __all__ = ["build_report", "write_report"]
 
@@ -137,9 +137,9 @@ def _table(header: list[str], rows: list[list[Any]], *, numeric: Collection[int]
 
 def _markdown_table(text: str) -> str:
     """`runs_table` Markdown -> an HTML table with the same cells (the second line is the rule)."""
-    lines = [line.strip().strip("|") for line in text.strip().splitlines()]
-    header = [c.strip() for c in lines[0].split("|")]
-    rows = [[c.strip() for c in line.split("|")] for line in lines[2:]]
+    lines = text.strip().splitlines()
+    header = markdown_cells(lines[0])
+    rows = [markdown_cells(line) for line in lines[2:]]
     return _table(header, rows, numeric=set(range(2, len(header))))
 
 
@@ -475,5 +475,6 @@ def write_report(
     if not_a_folder(run_dir) is None:  # else build_report names the missing run directory
         out = check_output_file(out, "out", (".html", ".htm"), overwrite=overwrite)
     text = build_report(run_dir, images=images, data_dir=data_dir, dataset=dataset, device=device)
-    atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    # a byte of a name that is not UTF-8 (a lone surrogate) written as its escape: the page stays UTF-8
+    atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8", errors="backslashreplace"))
     return out

@@ -18,6 +18,7 @@ three significant digits, "0.903", "12.3", "1230", "1.23e-5".
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 _RULES = {"l": "---", "r": "---:"}
@@ -52,6 +53,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     """A table of `rows` under `headers`: plain text (columns padded to their widest cell,
     two spaces apart, a dashed rule under the header) or Markdown.
 
+    A `|` in a Markdown cell is written `\\|` (`markdown_cells` reads it back).
     `align`: one letter per column, "l" (left, the default) or "r" (right); in Markdown it
     sets the rule's alignment marks ("---" / "---:"), in text the padding side.
     """
@@ -63,8 +65,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     for r in rows:
         if len(r) != len(headers):
             raise ValueError(f"a row has {len(r)} cells for {len(headers)} columns: {r}")
-    if markdown:
-        lines = [headers, None, *rows]
+    if markdown:  # a `|` in a cell (a run folder's name) escaped, so it cannot split the cell
+        lines = [[c.replace("|", "\\|") for c in cells] for cells in (headers, *rows)]
+        lines = [lines[0], None, *lines[1:]]
         return "\n".join("|" + "|".join(_RULES[a] for a in align) + "|" if cells is None
                          else "| " + " | ".join(cells) + " |" for cells in lines)
     widths = [max(len(c) for c in column) for column in zip(headers, *rows)]
@@ -73,3 +76,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
         return "  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align)).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def markdown_cells(line: str) -> list[str]:
+    """The cells of one row of a Markdown table `format_table` wrote: split at its `|`s, not at an escaped `\\|`."""
+    cells = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
+    return [c.strip().replace("\\|", "|") for c in cells]

@@ -1755,3 +1755,51 @@ def test_round_65_b_eval_table_compare_and_analyze_keep_a_run_with_a_newline_on_
         out = capsys.readouterr().out
         assert "a\nb" not in out and "\x1b" not in out, (argv, out)
         assert argv[0] == "table" or "a\\nb\\x1b[31m" in out, (argv, out)  # table shows no run folder
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["-x", "3", "eval", "x"], "-x, given before `attnconv eval`, is an option neither `attnconv` nor `attnconv eval`"),
+    (["plot", "-Z", "3", "maps", "x"], "-Z, given before `attnconv plot maps`, is an option neither"),
+    (["--json", "--device", "cpu", "eval", "x"], "--device cpu is an option of `attnconv eval` and its value"),
+], ids=lambda a: str(a))
+def test_round_66_b_short_options_and_a_flag_before_a_valued_option_are_read_as_they_are(argv, said, capsys):
+    """Round 66: an unknown short option with a value before the command was still `invalid choice: '3'`, and a flag
+    before a valued option (`--json --device cpu eval`) was said to be `--json --device`, an option and its value."""
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: attnconv: {said}"), err
+
+
+def test_round_66_b_odd_class_names_and_run_folders_in_tables_reports_and_training(tmp_path, capsys):
+    """Round 66: a folder dataset's class name with a control character made `train` write config.json and refuse
+    it as corrupt (and leave it); a `|` in a run folder's name split Markdown cells (`table`, `compare`, the report's
+    table); class names of math text (`$\\foo$`) or with a byte that is not UTF-8 crashed the report's figures."""
+    from fixtures_data import write_class_folder
+
+    from attnconv.cli import main
+    from attnconv.tables import format_table, markdown_cells
+
+    bad = write_class_folder(tmp_path / "bad", classes=("ant", "b\nee"))
+    train = ["train", "--model", "sa-quadratic", "--image-size", "8", "--max-steps", "2", "--batch-size", "4",
+             "--layers", "1", "--hidden", "8", "--heads", "2", "--no-progress"]
+    assert main([*train, "--dataset", f"folder:{bad}", "--out", str(tmp_path / "r0")]) == 2
+    err = capsys.readouterr().err
+    assert "the class folder 'b\\nee' has a control character in its name" in err and "rename the folder" in err
+    assert not (tmp_path / "r0").exists()
+
+    text = format_table(["a", "b"], [["x|y", "1"]], markdown=True)
+    assert [markdown_cells(line) for line in text.splitlines()] == [["a", "b"], ["---", "---"], ["x|y", "1"]]
+    odd = write_class_folder(tmp_path / "odd", classes=("$\\foo$", os.fsdecode(b"x\xffy")))
+    run = tmp_path / "a|b"
+    assert main([*train, "--dataset", f"folder:{odd}", "--out", str(run)]) == 0
+    for argv in (["table", str(run), "--markdown"], ["compare", str(run), "--markdown"]):
+        capsys.readouterr()
+        assert main(argv) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert len({len(markdown_cells(line)) for line in lines}) == 1, lines
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html"), "--images", "2"]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "a|b" in page and "<td>folder:" in page

@@ -99,10 +99,12 @@ def _valued_option_before_its_command(parser: argparse.ArgumentParser, argv: lis
     for arg in argv[:end]:
         levels.append(_subcommands(levels[-1]).get(arg, levels[-1]))
     for i, arg in enumerate(argv[:end - 1]):
-        if not arg.startswith("--") or "=" in arg or _takes_option(levels[i], arg):
+        if not arg.startswith("-") or arg == "-" or "=" in arg or _takes_option(levels[i], arg):
             continue
         later = [levels[k] for k in range(i + 2, end + 1) if levels[k] is not levels[i]]
         taker = next((p for p in later if _takes_option(p, arg)), None)
+        if taker is not None and _option_action(taker, arg).nargs == 0:
+            continue  # a flag (`--json`): what follows it is no value of it
         if taker is not None:
             return (f"{parser.prog}: {arg} {argv[i + 1]} is an option of `{taker.prog}` and its value, given before its "
                     f"name: put them after `{taker.prog}` (see `{taker.prog} --help`)")
@@ -132,6 +134,14 @@ def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: arg
         if first < at and _takes_option(parser, extra):
             return parser
     return None
+
+
+def _option_action(parser: argparse.ArgumentParser, arg: str) -> argparse.Action:
+    """The action of `parser` that reads `arg` (an option `_takes_option` says it takes)."""
+    name = arg.split("=", 1)[0]
+    if name in parser._option_string_actions:
+        return parser._option_string_actions[name]
+    return next(a for o, a in parser._option_string_actions.items() if o.startswith(name) and o.startswith("--"))
 
 
 def _takes_option(parser: argparse.ArgumentParser, arg: str) -> bool:

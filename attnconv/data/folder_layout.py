@@ -16,6 +16,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -145,6 +146,9 @@ def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
                                 f"twice; {fix}")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # as a run's config.json refuses in class names
+
+
 def scan_folder(root: Path) -> FolderLayout:
     """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
     why = not_a_folder(root, "does not exist")
@@ -167,6 +171,11 @@ def scan_folder(root: Path) -> FolderLayout:
                             f"its images would be counted as training and test images; give {test_split}/ images of "
                             "its own")
     class_folders = {split: _class_folders(root / split) for split in ("train", test_split)}
+    for split, names in class_folders.items():  # a run records its class names; commands print them
+        bad = next((c for c in names if _CONTROL.search(c)), None)
+        if bad is not None:
+            raise AttnconvError(f"{root / split}: the class folder '{bad}' has a control character in its name (a "
+                                "class name is printed by predict, eval and the report): rename the folder")
     _check_links(root, class_folders)
     classes = class_folders["train"]
     label = {c: i for i, c in enumerate(classes)}

@@ -88,6 +88,22 @@ def learn_conv_figure(result: dict[str, Any]):
 # ----------------------------------------------------------------------------------------
 
 
+def text_label(name: str) -> str:
+    """A class name as matplotlib draws it literally: `$` escaped (it starts math text, which fails on names such as
+    `$\\foo$`), a byte that is not UTF-8 (a lone surrogate) and control characters shown as escapes."""
+    out = []
+    for c in str(name):
+        if c == "$":
+            out.append("\\$")
+        elif "\udc80" <= c <= "\udcff":
+            out.append(f"\\x{ord(c) - 0xdc00:02x}")
+        elif not c.isprintable():
+            out.append(c.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
 def confusion_figure(confusion: Sequence[Sequence[int]] | np.ndarray, classes: Sequence[str], title: str = ""):
     """A confusion matrix drawn with its class names: rows the true class, columns the predicted one.
 
@@ -113,7 +129,7 @@ def confusion_figure(confusion: Sequence[Sequence[int]] | np.ndarray, classes: S
             for j in range(n):
                 ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=size,
                         color="white" if rates[i, j] > 0.6 else "black")
-    labels = [str(c) for c in classes]
+    labels = [text_label(c) for c in classes]
     ticks = np.arange(n)
     label_size = 8 if n <= 12 else 6 if n <= 30 else 4
     ax.set_xticks(ticks, labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=label_size)
@@ -157,7 +173,8 @@ def misclassified_figure(images, true: Sequence[int], predicted: Sequence[int], 
             ax.imshow(image[:, :, 0], cmap="gray", vmin=0, vmax=255, interpolation="nearest")
         else:
             ax.imshow(image, interpolation="nearest")
-        ax.set_title(f"{classes[int(true[k])]} → {classes[int(predicted[k])]} ({float(probabilities[k]):.3g})",
+        ax.set_title(f"{text_label(classes[int(true[k])])} → {text_label(classes[int(predicted[k])])} "
+                     f"({float(probabilities[k]):.3g})",
                      fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
