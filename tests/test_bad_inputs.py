@@ -1803,3 +1803,14 @@ def test_round_66_b_odd_class_names_and_run_folders_in_tables_reports_and_traini
     assert main(["report", str(run), "--out", str(tmp_path / "r.html"), "--images", "2"]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "a|b" in page and "<td>folder:" in page
+
+
+def test_round_66_b_version_is_said_by_the_top_level(capsys):
+    """Round 66's note: there was no `--version`; `attnconv --version` asked for a command."""
+    import attnconv
+    from attnconv.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:  # as --help ends
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"attnconv {attnconv.__version__}\n"

@@ -2051,7 +2051,7 @@ def test_round_60_b_folders_said_as_folders_diverged_runs_said_as_diverged_and_s
 
     with pytest.raises(AttnconvError, match=r"^m.pt2: nothing was written: the run's weights give NaN or infinite "
                                             r"outputs \(the run diverged before this checkpoint\); retrain it"):
-        _check(b"", Path("m.pt2"), "exported", lambda x: x * float("nan"), torch.ones(2, 3))
+        _check(b"", Path("m.pt2"), "exported", lambda x: x * float("nan"), torch.ones(2, 3), own=True)
     monkeypatch.setattr(evaluate, "predict_all", lambda *a, **k: {"loss": float("nan"), "accuracy": 0.1,
                                                                   "predictions": torch.zeros(len(a[1]), dtype=torch.long)})
     assert main(["eval", str(out), "--json"]) == 0

@@ -220,7 +220,10 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import attnconv
+
     parser = _Parser(prog="attnconv", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"attnconv {attnconv.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in _COMMANDS:
