@@ -79,6 +79,11 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
                          f"{'' if step is None else f' (step {step})'}: finish it with `{resume_command(run.path)}` "
                          "and export again for the trained model", 2)
     model = run.model  # exported in eval mode, each module's flag put back after (`modes.eval_mode`)
+    if not isinstance(model, torch.nn.Module):
+        raise AttnconvError(f"{run.path}: run.model is {type(model).__name__}, not a torch.nn.Module: an export "
+                            "holds a module; put one in its place, or load the run again (attnconv.Run) for its own")
+    if not run.own_model(model):  # a user's model: any forward (`*args`, another input name, torch.compile'd) taken
+        model = _Logits(model)  # as one positional batch in, its logits out
     if fmt == "onnx":
         weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         if weights > ONNX_LIMIT:
@@ -114,6 +119,19 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
         raise AttnconvError(f"{out}: could not write the export ({describe_os_error(err)}); nothing was "
                             f"written{kept}") from None
     return out
+
+
+class _Logits(torch.nn.Module):
+    """A model a user put in `run.model`, as an export takes it: one positional image batch in, the model's output
+    out (its own forward may take `*args` or name its input otherwise; a torch.compile'd one is exported as its
+    module)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = getattr(model, "_orig_mod", model)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.model(x)
 
 
 # Set once a Ctrl-C stopped an export in this process: an import it cut short (sympy, torch._dynamo) stays
@@ -309,6 +327,9 @@ def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Te
     traced at); an export that differs is refused before anything is written. `own`: the model is the run's as
     loaded (`Run.own_model`), whose NaN outputs are the run's divergence."""
     want = model(x)
+    if not isinstance(want, torch.Tensor):
+        raise AttnconvError(f"{out}: nothing was written: the model returns {type(want).__name__}, not its logits as "
+                            "one tensor: give run.model a model that returns them")
     if not bool(want.isfinite().all()):  # the model's own outputs: no export can match them, and none is at fault
         if own:
             raise AttnconvError(f"{out}: nothing was written: the run's weights give NaN or infinite outputs (the run "

@@ -164,6 +164,10 @@ def _article(noun: str) -> str:
 def is_whole(value: Any, least: float = -math.inf, most: float = math.inf) -> bool:
     """Whether `value` is a whole number (an int, numpy's, a 0-d integer tensor: what `operator.index` takes; no bool)
     from `least` to `most`."""
+    if isinstance(value, torch.SymInt):  # a size torch.compile made symbolic: a tensor's own, whole and >= 0
+        return True
+    if type(value) is int:  # the common case, without the getattr below (which torch.compile cannot trace on an int)
+        return least <= value <= most
     if isinstance(value, bool) or getattr(value, "dtype", None) in (torch.bool, bool):
         return False
     try:
@@ -187,7 +191,7 @@ def positive_ints(values: Any, count: int | None, name: str, what: str, most: in
     `name` and `what` they are if they are not so many whole numbers from `least` (default: positive) to `most`."""
     try:
         ok = not isinstance(values, (str, bytes)) and (len(values) == count if count is not None else len(values) >= 1) \
-            and all(is_whole(v, least, most) for v in values)
+            and all([is_whole(v, least, most) for v in values])  # a list, not a generator: torch.compile traces it
     except Exception:  # noqa: BLE001 - no length, or not iterable (a 0-d or meta tensor raises its own kinds)
         ok = False
     if not ok:
@@ -195,7 +199,7 @@ def positive_ints(values: Any, count: int | None, name: str, what: str, most: in
         many = f"{count} {kind}" if count is not None else f"one or more {kind}"
         bound = f" of at most {most}" if most != math.inf else ""
         raise AttnconvError(f"{name} {shown_value(values)} is invalid: give {what}, {many}{bound}")
-    return tuple(operator.index(v) for v in values)
+    return tuple([v if isinstance(v, torch.SymInt) else operator.index(v) for v in values])
 
 
 # The dtypes attnconv computes in (float8 and other narrow floats have no arithmetic to promote with).

@@ -62,7 +62,7 @@ from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapsho
 from attnconv.plots.figures import figure_png
 from attnconv.plots.results import confusion_figure, curves_figure, misclassified_figure
 from attnconv.runs import DataNotFound, Run, sample_across_classes
-from attnconv.tables import markdown_cells, significant
+from attnconv.tables import markdown_cells, one_line, significant
 
 __all__ = ["build_report", "write_report"]
 
@@ -106,7 +106,15 @@ nav a { margin-right: 1rem; display: inline-block; }
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """`value` as HTML text, a character that is not printable (a direction override, a zero-width space) shown as
+    its escape (`tables.one_line`), as the command line shows it: a class name reads in the page as it is."""
+    return html.escape(one_line(str(value)), quote=True)
+
+
+def _e_block(text: str) -> str:
+    """Lines of text (config.json in full) as HTML: each character that is not printable as a JSON escape
+    (`\\u202e`, as json reads it back), the newlines and backslashes kept."""
+    return html.escape("".join(c if c.isprintable() or c == "\n" else f"\\u{ord(c):04x}" for c in text), quote=True)
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -165,7 +173,7 @@ def _config_section(meta: dict[str, Any]) -> str:
     return (
         '<section id="config"><h2>Configuration</h2>'
         f'<div class="columns"><div>{training}</div><div>{model}{run}</div></div>'
-        f"<details><summary>config.json</summary><pre>{_e(full)}</pre></details></section>"
+        f"<details><summary>config.json</summary><pre>{_e_block(full)}</pre></details></section>"
     )
 
 

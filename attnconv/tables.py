@@ -82,3 +82,26 @@ def markdown_cells(line: str) -> list[str]:
     """The cells of one row of a Markdown table `format_table` wrote: split at its `|`s, not at an escaped `\\|`."""
     cells = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
     return [c.strip().replace("\\|", "|") for c in cells]
+
+
+# one_line: what every message, and every name a command prints, shows of a string (the CLI's, the pages')
+_SPECIAL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def _escape(c: str) -> str:
+    if c in _SPECIAL:
+        return _SPECIAL[c]
+    n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:  # a byte that is not UTF-8, as Python decodes a file name: the byte, as bash writes it
+        return f"\\x{n - 0xDC00:02x}"
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of plain text: characters that are not printable shown as escapes (`\\n`, `\\x1b`,
+    `\\u202e`), and a backslash as two, so that an escape never passes for the characters it stands for (a file named
+    `a\\nb.png` is not the one with a newline); a plain space and every letter, digit, mark and symbol of any script
+    kept."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(c if (c.isprintable() and c != "\\") or c == " " else _escape(c) for c in text)

@@ -1814,3 +1814,30 @@ def test_round_66_b_version_is_said_by_the_top_level(capsys):
     with pytest.raises(SystemExit) as done:  # as --help ends
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"attnconv {attnconv.__version__}\n"
+
+
+def test_round_67_b_invisible_characters_in_pages_and_class_names_alike(tmp_path, capsys):
+    """Round 67: the report's and explore --export's pages wrote direction overrides and zero-width characters raw
+    (a class `rtl\\u202eevil` read `rtllive` in a browser); two class folders differing only in Unicode form (é as
+    one character, or e and an accent) trained without a word, shown as one name twice."""
+    import re as _re
+
+    from fixtures_data import write_class_folder
+
+    from attnconv.cli import main
+
+    train = ["train", "--model", "sa-quadratic", "--image-size", "8", "--max-steps", "2", "--batch-size", "4",
+             "--layers", "1", "--hidden", "8", "--heads", "2", "--no-progress"]
+    alike = write_class_folder(tmp_path / "alike", classes=("\u00e9", "e\u0301"))
+    assert main([*train, "--dataset", f"folder:{alike}", "--out", str(tmp_path / "r0")]) == 2
+    assert "read alike (the same name in two Unicode forms): rename one of them" in capsys.readouterr().err
+    assert not (tmp_path / "r0").exists()
+    odd = write_class_folder(tmp_path / "odd\u200b", classes=("ant", "rtl\u202eevil"))
+    run = tmp_path / "run\u2066x"
+    assert main([*train, "--dataset", f"folder:{odd}", "--out", str(run)]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "r.html"), "--images", "2"]) == 0
+    assert main(["explore", str(run), "--export", str(tmp_path / "e.html"), "--images", "2"]) == 0
+    for page in ("r.html", "e.html"):
+        text = (tmp_path / page).read_text()
+        assert not _re.search("[\u200b\u202e\u2066]", text), page
+        assert "rtl\\u202eevil" in text, page

@@ -80,3 +80,36 @@ def test_a_converted_layer_and_network_compile_as_one_graph_and_match_eager():
     for given in (x, x.contiguous(memory_format=torch.channels_last), torch.randn(2, 3, 9, 11)):
         got, want = compiled(given), conv(given)  # round 66: another size recompiles with symbolic sizes
         assert torch.allclose(got, want, atol=1e-5) and got.stride() == want.stride()
+
+
+@pytest.mark.slow
+def test_a_refused_size_under_compile_leaves_later_compiled_layers_working():
+    """Round 67: after a compiled converted layer refused a too-small input, layers compiled later in the process with
+    fullgraph=True failed on sound inputs (`size (8, 8) is invalid`, or dynamo's `Attempt to trace generator`): the
+    size check caught dynamo's own exception, and a generator expression in the forward could no longer be traced.
+    Run in a fresh process, whose dynamo state the refusal changes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import torch, torch.nn as nn
+from attnconv import AttnconvError, cnn_to_attention, conv_to_attention
+first = torch.compile(conv_to_attention(nn.Conv2d(1, 1, 3)), dynamic=True)
+first(torch.randn(1, 1, 6, 6))
+try:
+    first(torch.randn(1, 1, 2, 2))
+    raise SystemExit("a 2x2 input was not refused")
+except AttnconvError as err:
+    assert "is too small" in str(err), err
+for model in (conv_to_attention(nn.Conv2d(1, 1, 5)), conv_to_attention(nn.Conv2d(1, 1, 5), learnable=True),
+              cnn_to_attention(nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Conv2d(2, 1, 3, padding=1)))):
+    x = torch.randn(1, 1, 8, 8)
+    assert torch.allclose(torch.compile(model, fullgraph=True)(x), model(x), atol=1e-6)
+print("ok")
+"""
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -2219,3 +2219,40 @@ def test_round_66_a_export_of_a_model_a_user_changed(tiny_attention_runs, tmp_pa
     run.model.to("meta")
     with pytest.raises(AttnconvError, match="the run's model is on the meta device, which holds no values"):
         export_run(run, "exported", tmp_path / "c.pt2")
+
+
+def test_round_67_a_export_of_models_a_user_put_in_place(tiny_attention_runs, tmp_path):
+    """Round 67: `export_run` of a model with a `*args` forward or a torch.compile'd run model was refused by the
+    dynamic batch; one returning a tuple, and a plain function, were AttributeError tracebacks."""
+    import torch.nn as nn
+
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    class VarArgs(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.m = model
+
+        def forward(self, *xs):
+            return self.m(xs[0])
+
+    class Pair(VarArgs):
+        def forward(self, x):
+            return self.m(x), x
+
+    x = torch.randn(3, 1, 28, 28)
+    for wrap in (VarArgs, torch.compile):
+        run = Run(tiny_attention_runs["sa-quadratic"])
+        run.__dict__["model"] = wrap(run.model)
+        out = export_run(run, "exported", tmp_path / f"{wrap.__name__}.pt2")
+        with torch.no_grad():
+            assert torch.allclose(torch.export.load(out).module()(x), run.model(x), atol=1e-5)
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    own = run.model
+    for replaced, said in ((Pair(own), "the model returns tuple, not its logits as one tensor"),
+                           (lambda images: own(images), "run.model is function, not a torch.nn.Module")):
+        run.__dict__["model"] = replaced
+        with pytest.raises(AttnconvError, match=said):
+            export_run(run, "exported", tmp_path / "bad.pt2")
+        assert not (tmp_path / "bad.pt2").exists()

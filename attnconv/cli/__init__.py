@@ -26,6 +26,7 @@ from typing import Any
 
 from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError, shown_before, warnings_shown
 from attnconv.streams import unwrap
+from attnconv.tables import one_line
 
 # Subcommand modules, in the order `attnconv --help` lists them.
 _COMMANDS = [
@@ -546,26 +547,6 @@ def _interrupt_inside(err: BaseException) -> bool:
 # layout ones (zero-width spaces, direction overrides, line and paragraph separators, lone surrogates). A file
 # name or a class name holding one must not split the one line a message is, act on the terminal, read as
 # another name, or fail to print.
-_SPECIAL = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
-
-
-def _escape(c: str) -> str:
-    if c in _SPECIAL:
-        return _SPECIAL[c]
-    n = ord(c)
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
-
-
-def one_line(text: str) -> str:
-    """`text` as one line of plain text: characters that are not printable shown as escapes (`\\n`, `\\x1b`,
-    `\\u202e`), and a backslash as two, so that an escape never passes for the characters it stands for (a file named
-    `a\\nb.png` is not the one with a newline); a plain space and every letter, digit, mark and symbol of any script
-    kept."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    return "".join(c if (c.isprintable() and c != "\\") or c == " " else _escape(c) for c in text)
-
-
 def escaped(value: Any) -> Any:
     """`value` with every string in it (dicts, lists, tuples, at any depth) as `one_line` shows it: what a command
     formats into a table from a run's files (a run folder, a dataset), escaped before the table is made, so a newline

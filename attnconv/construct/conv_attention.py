@@ -501,7 +501,7 @@ class ConvAttention(nn.Module):
         # W_out per group: (g, C_out/g, C_in/g, K_1, ..., K_n)
         w = self.out_weight.permute(1, 2, 0).reshape(g, c_out, c_in, *self.kernel_size)
         n_letters, t_letters = "ijklmn"[: self.ndim], "uvwxyz"[: self.ndim]
-        z_idx = "".join(nl + tl for nl, tl in zip(n_letters, t_letters))
+        z_idx = "".join([nl + tl for nl, tl in zip(n_letters, t_letters)])  # a list: torch.compile traces it in every state
         y = torch.einsum(f"bgc{z_idx},goc{t_letters}->bgo{n_letters}", z, w)
         y = y.reshape(b, self.out_channels, *out)
         if self.out_bias is not None:

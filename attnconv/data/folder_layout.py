@@ -18,6 +18,7 @@ import json
 import os
 import re
 import stat
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,13 @@ def scan_folder(root: Path) -> FolderLayout:
         if bad is not None:
             raise AttnconvError(f"{root / split}: the class folder '{bad}' has a control character in its name (a "
                                 "class name is printed by predict, eval and the report): rename the folder")
+        alike: dict[str, str] = {}
+        for c in names:  # two names that read the same (é as one character or as e and an accent): two classes shown
+            key = unicodedata.normalize("NFC", c)  # as one in every table
+            if key in alike:
+                raise AttnconvError(f"{root / split}: the class folders '{alike[key]}' and '{c}' read alike (the same "
+                                    "name in two Unicode forms): rename one of them")
+            alike[key] = c
     _check_links(root, class_folders)
     classes = class_folders["train"]
     label = {c: i for i, c in enumerate(classes)}

@@ -77,6 +77,7 @@ from attnconv.limits import whole_number
 from attnconv.models.sites import query_on_site, site_inputs, site_maps, site_terms
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
+from attnconv.tables import one_line
 
 __all__ = ["MODES", "TERMS", "BadRequest", "Explorer", "make_server"]
 
@@ -149,16 +150,16 @@ class Explorer:
         heads = max(counts)  # the page's columns; a layer with fewer heads leaves the rest of its row empty
         extra = {}
         if self.own_grids:  # each layer's name and input grid, for the page's labels and maps
-            extra = {"layer_names": [site.path for site in self.sites],
+            extra = {"layer_names": [one_line(site.path) for site in self.sites],
                      "layer_grids": [list(site.size) for site in self.sites]}
         if len(set(counts)) > 1:  # a converted ViT: its patch layer's heads, then its blocks'
             extra["layer_heads"] = counts
         names = list(dict.fromkeys(_encoding_name(layer) for layer in self.layers))
-        return {
-            "title": self.title,
-            "run": self.run_dir.resolve().name,
+        return {  # names shown in the page: escaped as the command line shows them (`tables.one_line`)
+            "title": one_line(self.title),
+            "run": one_line(self.run_dir.resolve().name),
             "model": self.config.model,
-            "dataset": self.info_.name,
+            "dataset": one_line(self.info_.name),
             "encoding": ", ".join(names),
             "layers": len(self.layers),
             "heads": heads,
@@ -171,7 +172,7 @@ class Explorer:
             "sampled": "across the classes",
             "modes": list(MODES),
             "terms": list(self.terms),
-            "classes": list(self.info_.classes),
+            "classes": [one_line(c) for c in self.info_.classes],
             "recorded_epochs": [s["epoch"] for s in self.snapshots],
         }
 
