@@ -326,10 +326,18 @@ def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Te
     """Load the export from its bytes and compare its logits with the model's on x (a batch size it was not
     traced at); an export that differs is refused before anything is written. `own`: the model is the run's as
     loaded (`Run.own_model`), whose NaN outputs are the run's divergence."""
-    want = model(x)
-    if not isinstance(want, torch.Tensor):
-        raise AttnconvError(f"{out}: nothing was written: the model returns {type(want).__name__}, not its logits as "
-                            "one tensor: give run.model a model that returns them")
+    try:
+        want = model(x.clone())  # a clone each: a model that changes its input in place must not change the other's
+    except (AttnconvError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 - the model's own failure at another batch size: one line
+        raise AttnconvError(f"{out}: nothing was written: the model fails on a batch of {len(x)} images "
+                            f"({_cause_line(err)}); an export takes any batch size: give run.model a model that "
+                            "does") from None
+    if not isinstance(want, torch.Tensor) or not want.is_floating_point():
+        what = type(want).__name__ if not isinstance(want, torch.Tensor) else f"a {want.dtype} tensor"
+        raise AttnconvError(f"{out}: nothing was written: the model returns {what}, not its logits as one floating "
+                            "tensor: give run.model a model that returns them")
     if not bool(want.isfinite().all()):  # the model's own outputs: no export can match them, and none is at fault
         if own:
             raise AttnconvError(f"{out}: nothing was written: the run's weights give NaN or infinite outputs (the run "
@@ -337,20 +345,34 @@ def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Te
         raise AttnconvError(f"{out}: nothing was written: run.model gives NaN or infinite outputs, and it is not the "
                             "run's model as loaded (another model, or the run's cast to another dtype): check what was "
                             "put in its place, or load the run again (attnconv.Run) for its own")
-    if fmt == "exported":
-        got = torch.export.load(io.BytesIO(data)).module()(x)
-    elif fmt == "torchscript":
-        got = torch.jit.load(io.BytesIO(data), map_location=x.device)(x)
-    else:
-        if importlib.util.find_spec("onnxruntime") is None:
-            return  # written, not checked: onnxruntime is optional
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3  # errors only: its notes go to the process's stderr from native code
-        session = onnxruntime.InferenceSession(data, sess_options=options)
-        got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})[0])
+    if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        return  # written, not checked: onnxruntime is optional
+    try:
+        got = _run_export(data, fmt, x.clone())
+    except (AttnconvError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 - the export made, but not runnable here: one line, nothing written
+        raise ParameterError(None, None, f"{out}: nothing was written: the {fmt} export could not be run back to "
+                             f"check it ({_cause_line(err)}); try another {{fmt}}", mentions=("fmt",),
+                             flags={"fmt": "format"}) from None
     diff = float((got.to(want) - want).abs().max())
-    if not diff <= TOLERANCE:
-        raise AttnconvError(f"{out}: the exported model's logits differ from the run's by {diff:.3g}; "
-                            "nothing was written (please report this)")
+    # float32 logits within 1e-4; a model cast to a half type within its own rounding of the largest logit
+    tolerance = max(TOLERANCE, 16 * torch.finfo(want.dtype).eps * float(want.abs().max()))
+    if not diff <= tolerance:
+        raise AttnconvError(f"{out}: the exported model's logits differ from the model's by {diff:.3g}; nothing was "
+                            "written (a model whose outputs change from one call to the next, random in eval mode, "
+                            "cannot be checked; else please report this)")
+
+
+def _run_export(data: bytes, fmt: str, x: torch.Tensor) -> torch.Tensor:
+    """The export in `data`, loaded from its bytes, run on x."""
+    if fmt == "exported":
+        return torch.export.load(io.BytesIO(data)).module()(x)
+    if fmt == "torchscript":
+        return torch.jit.load(io.BytesIO(data), map_location=x.device)(x)
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: its notes go to the process's stderr from native code
+    session = onnxruntime.InferenceSession(data, sess_options=options)
+    return torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.cpu().numpy()})[0])

@@ -156,6 +156,8 @@ def _value(v: Any) -> str:
         return f"{v:g}"
     if isinstance(v, (list, tuple)):
         return ", ".join(_value(x) for x in v)
+    if isinstance(v, dict):  # config.json's "data" and the like: key: value pairs, each name as it is (the page's
+        return "; ".join(f"{k}: {_value(x)}" for k, x in v.items())  # escaping, once, shows it as the CLI does)
     if v is None:
         return "-"
     return str(v)
@@ -167,9 +169,8 @@ def _config_section(meta: dict[str, Any]) -> str:
     training = _table(["option", "value"], [[k, _value(v)] for k, v in cfg.items()])
     model = _table(["model option", "value"], [[k, _value(v)] for k, v in overrides.items()]) if overrides else ""
     rest = {k: v for k, v in meta.items() if k != "config"}
-    run = _table(["run", "value"], [[k, _value(v) if not isinstance(v, dict) else json.dumps(v)]
-                                    for k, v in rest.items()])
-    full = json.dumps(meta, indent=2)
+    run = _table(["run", "value"], [[k, _value(v)] for k, v in rest.items()])
+    full = json.dumps(meta, indent=2, ensure_ascii=False)  # names as they are; _e_block escapes what is not printable
     return (
         '<section id="config"><h2>Configuration</h2>'
         f'<div class="columns"><div>{training}</div><div>{model}{run}</div></div>'

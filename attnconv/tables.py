@@ -17,8 +17,8 @@ three significant digits, "0.903", "12.3", "1230", "1.23e-5".
 
 from __future__ import annotations
 
+import html
 import math
-import re
 from collections.abc import Sequence
 
 _RULES = {"l": "---", "r": "---:"}
@@ -65,8 +65,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     for r in rows:
         if len(r) != len(headers):
             raise ValueError(f"a row has {len(r)} cells for {len(headers)} columns: {r}")
-    if markdown:  # a `|` in a cell (a run folder's name) escaped, so it cannot split the cell
-        lines = [[c.replace("|", "\\|") for c in cells] for cells in (headers, *rows)]
+    if markdown:  # a cell's `\\`, `|`, `<` and `>` (a run folder's name) escaped: rendered, it reads as it is
+        lines = [[_markdown_cell(c) for c in cells] for cells in (headers, *rows)]
         lines = [lines[0], None, *lines[1:]]
         return "\n".join("|" + "|".join(_RULES[a] for a in align) + "|" if cells is None
                          else "| " + " | ".join(cells) + " |" for cells in lines)
@@ -78,10 +78,28 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
+def _markdown_cell(text: str) -> str:
+    """A cell as Markdown writes it: a backslash and `|` escaped with a backslash, `&`, `<` and `>` as entities (no
+    HTML)."""
+    return html.escape(text.replace("\\", "\\\\").replace("|", "\\|"), quote=False)
+
+
 def markdown_cells(line: str) -> list[str]:
-    """The cells of one row of a Markdown table `format_table` wrote: split at its `|`s, not at an escaped `\\|`."""
-    cells = re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))
-    return [c.strip().replace("\\|", "|") for c in cells]
+    """The cells of one row of a Markdown table `format_table` wrote, as they were given: split at its unescaped `|`s,
+    the escapes undone."""
+    cells, cell, escaped = [], [], False
+    for c in line.strip().removeprefix("|"):
+        if escaped:
+            cell.append(c)
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == "|":
+            cells.append("".join(cell))
+            cell = []
+        else:
+            cell.append(c)
+    return [html.unescape(c.strip()) for c in cells]
 
 
 # one_line: what every message, and every name a command prints, shows of a string (the CLI's, the pages')

@@ -568,3 +568,12 @@ def test_a_convolutions_state_dict_loads_into_its_converted_layer_and_network():
     with pytest.raises(AttnconvError, match=r"^weight of shape \(5, 3, 3, 3\) is not this layer's convolution's weight "
                                             r"\(4, 3, 3, 3\)"):
         layer.load_state_dict(nn.Conv2d(3, 5, 3).state_dict())
+
+
+def test_a_state_dict_weight_that_is_no_tensor_is_said_as_such():
+    """Round 68: a convolution's weight given as a numpy array was said to be of the wrong shape, naming two equal
+    shapes; a list was "shape ()"."""
+    layer = conv_to_attention(nn.Conv2d(3, 4, 3))
+    for given in (nn.Conv2d(3, 4, 3).weight.detach().numpy(), [[0.0]]):
+        with pytest.raises(AttnconvError, match=rf"^weight is a {type(given).__name__}, not a tensor"):
+            layer.load_state_dict({"weight": given, "bias": torch.zeros(4)})

@@ -2256,3 +2256,40 @@ def test_round_67_a_export_of_models_a_user_put_in_place(tiny_attention_runs, tm
         with pytest.raises(AttnconvError, match=said):
             export_run(run, "exported", tmp_path / "bad.pt2")
         assert not (tmp_path / "bad.pt2").exists()
+
+
+def test_round_68_a_exports_check_is_one_line_and_fair(tiny_attention_runs, tmp_path):
+    """Round 68: export's check of what it made let tracebacks out (a bool output, a model that takes batches of 2
+    only), refused a sound export of a model changing its input in place (run on the changed batch), and held a float16
+    cast to float32's tolerance ("please report this")."""
+    import torch.nn as nn
+
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    class Wrap(nn.Module):
+        def __init__(self, model, how):
+            super().__init__()
+            self.m, self.how = model, how
+
+        def forward(self, x):
+            if self.how == "bool":
+                return self.m(x) > 0
+            if self.how == "two":
+                return self.m(x.view(2, 1, 28, 28))
+            return self.m(x.mul_(2))  # in place
+
+    for how, said in (("bool", "returns a torch.bool tensor, not its logits"), ("two", "fails on a batch of 3 images")):
+        run = Run(tiny_attention_runs["sa-quadratic"])
+        run.__dict__["model"] = Wrap(run.model, how)
+        with pytest.raises(AttnconvError, match=said):
+            export_run(run, "exported", tmp_path / "bad.pt2")
+        assert not (tmp_path / "bad.pt2").exists()
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.__dict__["model"] = Wrap(run.model, "inplace")
+    assert export_run(run, "torchscript", tmp_path / "inplace.ts").exists()
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.model.half()
+    for seed in range(3):  # float16's rounding, not float32's tolerance
+        torch.manual_seed(seed)
+        assert export_run(run, "exported", tmp_path / f"half{seed}.pt2").exists()

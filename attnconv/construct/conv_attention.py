@@ -62,9 +62,13 @@ def _conv_state_dict(layer: ConvAttention, state_dict: dict[str, Any], prefix: s
         return
     shape = (layer.out_channels, layer.in_channels // layer.groups, *layer.kernel_size)
     given = state_dict[weight]
-    if not isinstance(given, Tensor) or tuple(given.shape) != shape:
-        raise AttnconvError(f"{weight or 'weight'} of shape {tuple(getattr(given, 'shape', ()))} is not this layer's "
-                            f"convolution's weight {shape}: load the state_dict of the convolution it was converted from")
+    if not isinstance(given, Tensor):
+        raise AttnconvError(f"{weight} is a {type(given).__name__}, not a tensor: a state_dict holds tensors (the "
+                            f"convolution's weight {shape}); load the state_dict of the convolution it was converted "
+                            "from")
+    if tuple(given.shape) != shape:
+        raise AttnconvError(f"{weight} of shape {tuple(given.shape)} is not this layer's convolution's weight {shape}: "
+                            "load the state_dict of the convolution it was converted from")
     state_dict[prefix + "out_weight"] = state_dict.pop(weight).flatten(2).permute(2, 0, 1)
     if bias in state_dict:
         state_dict[prefix + "out_bias"] = state_dict.pop(bias)

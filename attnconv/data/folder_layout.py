@@ -150,6 +150,12 @@ def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # as a run's config.json refuses in class names
 
 
+def _reads_as(name: str) -> str:
+    """What a class name reads as: its compatibility form (é one way or the other, a ligature as its letters) without
+    spaces at its ends."""
+    return unicodedata.normalize("NFKC", name).strip()
+
+
 def scan_folder(root: Path) -> FolderLayout:
     """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
     why = not_a_folder(root, "does not exist")
@@ -178,11 +184,11 @@ def scan_folder(root: Path) -> FolderLayout:
             raise AttnconvError(f"{root / split}: the class folder '{bad}' has a control character in its name (a "
                                 "class name is printed by predict, eval and the report): rename the folder")
         alike: dict[str, str] = {}
-        for c in names:  # two names that read the same (é as one character or as e and an accent): two classes shown
-            key = unicodedata.normalize("NFC", c)  # as one in every table
+        for c in names:  # two names that read the same (é as one character or as e and an accent, a ligature, a
+            key = _reads_as(c)  # trailing space): two classes shown as one in every table
             if key in alike:
                 raise AttnconvError(f"{root / split}: the class folders '{alike[key]}' and '{c}' read alike (the same "
-                                    "name in two Unicode forms): rename one of them")
+                                    "name in two Unicode forms, or but for spaces at its ends): rename one of them")
             alike[key] = c
     _check_links(root, class_folders)
     classes = class_folders["train"]
@@ -200,6 +206,10 @@ def scan_folder(root: Path) -> FolderLayout:
             if why:
                 raise AttnconvError(f"{there}: not a class folder ({why}); make it a folder of training images, or "
                                     f"remove it and {folder}")
+            if cls not in label and any(_reads_as(c) == _reads_as(cls) for c in label):
+                same = next(c for c in label if _reads_as(c) == _reads_as(cls))
+                raise AttnconvError(f"{folder}: the class '{cls}' reads as {root / 'train'}'s '{same}' but is another "
+                                    "name (another Unicode form, or spaces at its ends): rename one to match the other")
             if cls not in label:
                 raise AttnconvError(
                     f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "
