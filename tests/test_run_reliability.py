@@ -2250,7 +2250,7 @@ def test_round_67_a_export_of_models_a_user_put_in_place(tiny_attention_runs, tm
             assert torch.allclose(torch.export.load(out).module()(x), run.model(x), atol=1e-5)
     run = Run(tiny_attention_runs["sa-quadratic"])
     own = run.model
-    for replaced, said in ((Pair(own), "the model returns tuple, not its logits as one tensor"),
+    for replaced, said in ((Pair(own), "the model returns tuple, not its logits as one floating tensor"),
                            (lambda images: own(images), "run.model is function, not a torch.nn.Module")):
         run.__dict__["model"] = replaced
         with pytest.raises(AttnconvError, match=said):
