@@ -79,7 +79,7 @@ h3 { font-size: 1.05rem; margin-bottom: .3rem; }
 .sub { color: #5a6570; margin-top: 0; }
 table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; max-width: 100%; }
 th, td { border: 1px solid #d5dbe1; padding: .2rem .45rem; text-align: left; vertical-align: top;
-         overflow-wrap: anywhere; }
+         overflow-wrap: anywhere; white-space: pre-wrap; }
 .columns { display: flex; gap: 0 2rem; flex-wrap: wrap; }
 .columns > div { min-width: 0; max-width: 100%; }
 details, section, header, main { max-width: 100%; min-width: 0; }

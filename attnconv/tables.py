@@ -78,10 +78,18 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
+_MARKDOWN = set("\\|[]!*_`")  # escaped with a backslash in a Markdown cell
+
+
 def _markdown_cell(text: str) -> str:
-    """A cell as Markdown writes it: a backslash and `|` escaped with a backslash, `&`, `<` and `>` as entities (no
-    HTML)."""
-    return html.escape(text.replace("\\", "\\\\").replace("|", "\\|"), quote=False)
+    """A cell as Markdown writes it: a backslash, `|` and what Markdown reads as markup (links, images, emphasis,
+    code) escaped with a backslash, `&`, `<` and `>` as entities (no HTML), spaces at its ends as entities."""
+    escaped = html.escape("".join("\\" + c if c in _MARKDOWN else c for c in text), quote=False)
+    stripped = escaped.strip(" ")  # spaces at a cell's ends would be read back as the padding: as entities
+    if stripped != escaped:
+        lead, trail = len(escaped) - len(escaped.lstrip(" ")), len(escaped) - len(escaped.rstrip(" "))
+        escaped = "&#32;" * lead + stripped + "&#32;" * trail
+    return escaped
 
 
 def markdown_cells(line: str) -> list[str]:

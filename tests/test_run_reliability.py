@@ -2293,3 +2293,30 @@ def test_round_68_a_exports_check_is_one_line_and_fair(tiny_attention_runs, tmp_
     for seed in range(3):  # float16's rounding, not float32's tolerance
         torch.manual_seed(seed)
         assert export_run(run, "exported", tmp_path / f"half{seed}.pt2").exists()
+
+
+def test_round_69_a_a_model_that_treats_one_image_otherwise_is_not_exported_and_none_is_no_model(
+        tiny_attention_runs, tmp_path):
+    """Round 69: export's check ran at batch 3 only, so a model that treats a single image otherwise was written and
+    gave the other branch's logits at batch 1; `Run.predict` with run.model None was a TypeError traceback."""
+    import torch.nn as nn
+
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    class OneApart(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m(x) + (1.0 if x.shape[0] == 1 else 0.0)
+
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.__dict__["model"] = OneApart(run.model)
+    with pytest.raises(AttnconvError, match="logits differ from the model's by 1"):
+        export_run(run, "exported", tmp_path / "m.pt2")
+    assert not (tmp_path / "m.pt2").exists()
+    run.__dict__["model"] = None
+    with pytest.raises(AttnconvError, match="run.model is NoneType, not a model"):
+        run.predict(torch.zeros(1, 1, 28, 28, dtype=torch.uint8))

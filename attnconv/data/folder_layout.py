@@ -151,9 +151,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # as a run's config.json refuses
 
 
 def _reads_as(name: str) -> str:
-    """What a class name reads as: its compatibility form (é one way or the other, a ligature as its letters) without
-    spaces at its ends."""
-    return unicodedata.normalize("NFKC", name).strip()
+    """What a class name reads as: é one way or the other (NFC), a ligature as its letters, spaces at its ends dropped
+    and runs of them inside as one (as a page shows them). Not every compatibility form: x² and x2, H₂O and H2O read
+    otherwise."""
+    composed = unicodedata.normalize("NFC", name)
+    letters = "".join(unicodedata.normalize("NFKC", c) if 0xFB00 <= ord(c) <= 0xFB4F else c for c in composed)
+    return re.sub(r"\s+", " ", letters).strip()
 
 
 def scan_folder(root: Path) -> FolderLayout:
@@ -188,7 +191,8 @@ def scan_folder(root: Path) -> FolderLayout:
             key = _reads_as(c)  # trailing space): two classes shown as one in every table
             if key in alike:
                 raise AttnconvError(f"{root / split}: the class folders '{alike[key]}' and '{c}' read alike (the same "
-                                    "name in two Unicode forms, or but for spaces at its ends): rename one of them")
+                                    "name in two Unicode forms, a ligature and its letters, or but for spaces): rename one "
+                                    "of them")
             alike[key] = c
     _check_links(root, class_folders)
     classes = class_folders["train"]

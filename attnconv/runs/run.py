@@ -370,6 +370,9 @@ class Run:
         if len(x) == 0:
             raise AttnconvError("images is an empty batch: give at least one image")
         model = self.model  # in eval mode for the pass, each module's flag put back (a user's train() or frozen BN)
+        if not callable(model):
+            raise AttnconvError(f"{self.path}: run.model is {type(model).__name__}, not a model: put one in its place, "
+                                "or load the run again (attnconv.Run) for its own")
         with eval_mode(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext():
             logits = model(x)
         if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (len(x), len(classes)):
