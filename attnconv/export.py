@@ -82,18 +82,16 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     if not isinstance(model, torch.nn.Module):
         raise AttnconvError(f"{run.path}: run.model is {type(model).__name__}, not a torch.nn.Module: an export "
                             "holds a module; put one in its place, or load the run again (attnconv.Run) for its own")
-    if not run.own_model(model):  # a user's model: any forward (`*args`, another input name, torch.compile'd) taken
-        model = _Logits(model)  # as one positional batch in, its logits out
+    own = run.own_model(model)
+    if not own:  # a user's model: any forward (`*args`, another input name, torch.compile'd) taken as one positional
+        model = _Logits(model)  # batch in, its logits out
     if fmt == "onnx":
         weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         if weights > ONNX_LIMIT:
             raise ParameterError(None, None, f"{run.path}: the model's weights take {format_bytes(weights)}, more than "
                                  "one ONNX file holds (2 GB); export it with {fmt} exported or torchscript instead",
                                  mentions=("fmt",), flags={"fmt": "format"})
-    weight = next((p for p in model.parameters() if p.is_floating_point()), None)  # a user's cast or move followed
-    if weight is not None and weight.is_meta:
-        raise AttnconvError(f"{run.path}: the run's model is on the meta device, which holds no values: load the run "
-                            "again (attnconv.Run) to export its weights")
+    weight = run.model_weight(model, "export its weights")  # a user's cast or move followed
     like = {} if weight is None else {"device": weight.device, "dtype": weight.dtype}
     example = torch.randn(2, *run.input_shape, **like)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
@@ -111,7 +109,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
                                  f"({_cause_line(err)}){again}", mentions=("fmt",),
                                  flags={"fmt": "format"}) from None
         for batch in (3, 1):  # batch sizes it was not traced at; one image too (a model may treat it otherwise)
-            _check(data, out, fmt, model, torch.randn(batch, *example.shape[1:], **like), run.own_model(model))
+            _check(data, out, fmt, model, torch.randn(batch, *example.shape[1:], **like), own)
     earlier = out.exists()
     try:
         atomic_write(out, write_bytes(data))

@@ -53,7 +53,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     """A table of `rows` under `headers`: plain text (columns padded to their widest cell,
     two spaces apart, a dashed rule under the header) or Markdown.
 
-    A `|` in a Markdown cell is written `\\|` (`markdown_cells` reads it back).
+    A Markdown cell is escaped so that it renders as it reads (`_markdown_cell`; `markdown_cells` reads it back).
     `align`: one letter per column, "l" (left, the default) or "r" (right); in Markdown it
     sets the rule's alignment marks ("---" / "---:"), in text the padding side.
     """
@@ -65,7 +65,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     for r in rows:
         if len(r) != len(headers):
             raise ValueError(f"a row has {len(r)} cells for {len(headers)} columns: {r}")
-    if markdown:  # a cell's `\\`, `|`, `<` and `>` (a run folder's name) escaped: rendered, it reads as it is
+    if markdown:  # each cell (a run folder's name) escaped: rendered, it reads as it is
         lines = [[_markdown_cell(c) for c in cells] for cells in (headers, *rows)]
         lines = [lines[0], None, *lines[1:]]
         return "\n".join("|" + "|".join(_RULES[a] for a in align) + "|" if cells is None
@@ -85,11 +85,8 @@ def _markdown_cell(text: str) -> str:
     """A cell as Markdown writes it: a backslash, `|` and what Markdown reads as markup (links, images, emphasis,
     code) escaped with a backslash, `&`, `<` and `>` as entities (no HTML), spaces at its ends as entities."""
     escaped = html.escape("".join("\\" + c if c in _MARKDOWN else c for c in text), quote=False)
-    stripped = escaped.strip(" ")  # spaces at a cell's ends would be read back as the padding: as entities
-    if stripped != escaped:
-        lead, trail = len(escaped) - len(escaped.lstrip(" ")), len(escaped) - len(escaped.rstrip(" "))
-        escaped = "&#32;" * lead + stripped + "&#32;" * trail
-    return escaped
+    lead, trail = len(escaped) - len(escaped.lstrip(" ")), len(escaped) - len(escaped.rstrip(" "))
+    return "&#32;" * lead + escaped.strip(" ") + "&#32;" * trail  # the padding would take spaces at the ends
 
 
 def markdown_cells(line: str) -> list[str]:

@@ -233,9 +233,9 @@ def compare_groups(groups: list[str | os.PathLike], *, epoch: int | None = None,
                             "runs or run directories (one group: [folder])")
     if not groups:
         raise AttnconvError("give at least one group (a folder of seed*/ runs, or a run directory)")
-    if any(not isinstance(g, (str, os.PathLike)) or str(g) == "" for g in groups):
-        bad = next(g for g in groups if not isinstance(g, (str, os.PathLike)) or str(g) == "")
-        raise AttnconvError(f"groups holds {shown_value(bad)}: give each group as a folder's path")
+    bad = [g for g in groups if not isinstance(g, (str, os.PathLike)) or str(g) == ""]
+    if bad:
+        raise AttnconvError(f"groups holds {shown_value(bad[0])}: give each group as a folder's path")
     if not isinstance(kernels, (list, tuple)) or not kernels or any(
             isinstance(k, bool) or not isinstance(k, int) or k < 1 or k > 15 for k in kernels):
         raise AttnconvError(f"kernels {shown_value(kernels)} is invalid: give kernel sizes from 1 to 15, e.g. (3,)")

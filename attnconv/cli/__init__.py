@@ -137,23 +137,20 @@ def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: arg
     return None
 
 
-def _option_action(parser: argparse.ArgumentParser, arg: str) -> argparse.Action:
-    """The action of `parser` that reads `arg` (an option `_takes_option` says it takes)."""
+def _option_action(parser: argparse.ArgumentParser, arg: str) -> argparse.Action | None:
+    """The action of `parser` that reads `arg` (`--json`, `--top=3`, an abbreviation argparse would take), or None."""
+    if not arg.startswith("-") or arg == "-":
+        return None
     name = arg.split("=", 1)[0]
     if name in parser._option_string_actions:
         return parser._option_string_actions[name]
-    return next(a for o, a in parser._option_string_actions.items() if o.startswith(name) and o.startswith("--"))
+    longs = [a for o, a in parser._option_string_actions.items() if o.startswith("--") and o.startswith(name)]
+    return longs[0] if parser.allow_abbrev and name.startswith("--") and len(longs) == 1 else None
 
 
 def _takes_option(parser: argparse.ArgumentParser, arg: str) -> bool:
-    """Whether `parser` reads `arg` (`--json`, `--top=3`, an abbreviation argparse would take) as one of its options."""
-    if not arg.startswith("-") or arg == "-":
-        return False
-    name = arg.split("=", 1)[0]
-    if name in parser._option_string_actions:
-        return True
-    longs = [o for o in parser._option_string_actions if o.startswith("--")]
-    return parser.allow_abbrev and name.startswith("--") and len([o for o in longs if o.startswith(name)]) == 1
+    """Whether `parser` reads `arg` as one of its options."""
+    return _option_action(parser, arg) is not None
 
 
 # The range of every numeric flag that is not a config field (inclusive, by argparse dest); the

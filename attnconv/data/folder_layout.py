@@ -210,8 +210,8 @@ def scan_folder(root: Path) -> FolderLayout:
             if why:
                 raise AttnconvError(f"{there}: not a class folder ({why}); make it a folder of training images, or "
                                     f"remove it and {folder}")
-            if cls not in label and any(_reads_as(c) == _reads_as(cls) for c in label):
-                same = next(c for c in label if _reads_as(c) == _reads_as(cls))
+            same = None if cls in label else next((c for c in label if _reads_as(c) == _reads_as(cls)), None)
+            if same is not None:
                 raise AttnconvError(f"{folder}: the class '{cls}' reads as {root / 'train'}'s '{same}' but is another "
                                     "name (another Unicode form, or spaces at its ends): rename one to match the other")
             if cls not in label:

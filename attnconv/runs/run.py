@@ -250,6 +250,16 @@ class Run:
         self._loaded = model  # what predict tells from a model a user put in its place
         return model
 
+    def model_weight(self, model: Any, doing: str) -> torch.Tensor | None:
+        """The first floating parameter of `model` (whose device and dtype its inputs follow: a user's cast or move),
+        None for a model without one; one line for a model on the meta device (`doing`: what needs its values)."""
+        weights = model.parameters() if isinstance(model, torch.nn.Module) else ()
+        weight = next((p for p in weights if p.is_floating_point()), None)
+        if weight is not None and weight.is_meta:
+            raise AttnconvError(f"{self.path}: the run's model is on the meta device, which holds no values: load the "
+                                f"run again (attnconv.Run) to {doing}")
+        return weight
+
     def own_model(self, model: Any) -> bool:
         """Whether `model` is this run's model as loaded (`Run.model`, in float32), not one a user put in its place or
         cast: NaN outputs of the run's own are the run's divergence, those of another are not."""
@@ -347,12 +357,8 @@ class Run:
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
                                 f"{raw.dtype} {tuple(raw.shape)}")
         # On the device and in the dtype of the model's weights as they are now (a user may have cast or moved it)
-        weights = self.model.parameters() if isinstance(self.model, torch.nn.Module) else ()
-        weight = next((p for p in weights if p.is_floating_point()), None)
+        weight = self.model_weight(self.model, "predict with its weights")
         device, dtype = (self.device, torch.float32) if weight is None else (weight.device, weight.dtype)
-        if weight is not None and weight.is_meta:
-            raise AttnconvError(f"{self.path}: the run's model is on the meta device, which holds no values: load the "
-                                "run again (attnconv.Run) to predict with its weights")
         exact = torch.promote_types(torch.float32, dtype)  # float64 computed as such; half types from float32
         mean = torch.tensor(data["mean"], dtype=exact).view(1, -1, 1, 1)
         std = torch.tensor(data["std"], dtype=exact).view(1, -1, 1, 1)
