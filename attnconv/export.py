@@ -351,8 +351,11 @@ def _check(data: bytes, out: Path, fmt: str, model: torch.nn.Module, x: torch.Te
     except (AttnconvError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as err:  # noqa: BLE001 - the export made, but not runnable here: one line, nothing written
+        cast = "" if fmt != "onnx" or x.dtype in (torch.float32, torch.float16) else (
+            f"the model computes in {str(x.dtype).removeprefix('torch.')}, which onnxruntime may not run: cast it to "
+            "float32 (run.model.float()), or ")
         raise ParameterError(None, None, f"{out}: nothing was written: the {fmt} export could not be run back to "
-                             f"check it ({_cause_line(err)}); try another {{fmt}}", mentions=("fmt",),
+                             f"check it ({_cause_line(err)}); {cast}try another {{fmt}}", mentions=("fmt",),
                              flags={"fmt": "format"}) from None
     diff = float((got.to(want) - want).abs().max())
     # float32 logits within 1e-4; a model cast to a half type within its own rounding of the largest logit

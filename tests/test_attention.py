@@ -160,6 +160,19 @@ def test_drop_in_replacement_for_conv2d():
     assert net[2].encoding.centers.grad is not None and net[0].weight.grad is not None
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_an_unbatched_image_gives_what_it_gives_in_a_batch_of_one_as_conv2d_does(encoding, stride):
+    torch.manual_seed(0)
+    layer = _randomize(SelfAttention2d(3, 5, heads=2, encoding=encoding, stride=stride, max_size=8)).eval()
+    x = torch.randn(3, 7, 6)
+    y = layer(x)
+    assert y.shape == (5, *layer.output_size((7, 6))) == nn.Conv2d(3, 5, 3, stride=stride, padding=1)(x).shape
+    assert torch.equal(y, layer(x[None])[0])
+    with pytest.raises(AttnconvError, match=r"\(B, 3, H, W\)"):
+        layer(torch.randn(4, 7, 6))  # unbatched, but 4 channels
+
+
 @pytest.mark.parametrize("encoding", POSITION_ONLY)
 def test_value_maps_and_probs_reproduce_the_layer(encoding):
     layer = _randomize(SelfAttention2d(4, 5, heads=3, encoding=encoding, value="project", max_size=6)).double()

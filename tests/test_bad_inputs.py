@@ -1895,3 +1895,22 @@ def test_round_69_b_markdown_markup_spaces_and_names_that_only_look_related(tmp_
     assert "read alike" in capsys.readouterr().err and not (tmp_path / "r0").exists()
     distinct = write_class_folder(tmp_path / "distinct", classes=("x2", "x\u00b2", "H2O", "H\u2082O"))
     assert main([*train, "--dataset", f"folder:{distinct}", "--out", str(tmp_path / "r1")]) == 0
+
+
+def test_a_test_class_folder_that_differs_from_trains_only_in_case_points_at_it(tmp_path):
+    """Round 69's note: train/Cat and test/cat were refused as "no folder in train; add train/cat/", without
+    pointing at the Cat folder the user sees there."""
+    import shutil
+
+    from fixtures_data import write_class_folder
+
+    from attnconv.data.folder_layout import scan_folder
+
+    root = write_class_folder(tmp_path / "cased", classes=("Cat", "dog"))
+    shutil.move(root / "test" / "Cat", root / "test" / "cat")
+    with pytest.raises(AttnconvError, match=r"class 'cat' has no folder in .*train, which has 'Cat' \(class names "
+                                            r"are case-sensitive\): rename one"):
+        scan_folder(root)
+    shutil.move(root / "test" / "cat", root / "test" / "bird")  # no name alike: the plain message
+    with pytest.raises(AttnconvError, match=r"class 'bird' has no folder in .*; add .*bird/ with training images"):
+        scan_folder(root)

@@ -158,6 +158,25 @@ def test_a_converted_convolution_on_the_device_is_the_convolution_within_its_bou
             assert got.is_contiguous() == expected.is_contiguous(), dtype
 
 
+@pytest.mark.parametrize("key_dim", [0, 4])
+def test_a_learnable_layer_on_the_device_pads_once_and_lays_out_as_the_convolution(key_dim, monkeypatch):
+    """Its forward pads the input once and hands that copy to the layout check (a reflect-padded convolution's
+    layout is its padded copy's, which the device's padding kernel decides): no second padded copy per step."""
+    from attnconv.construct.learnable import LearnableConvAttention
+
+    torch.manual_seed(5)
+    conv = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect").to(DEVICE)
+    attn = conv_to_attention(conv, learnable=True, key_dim=key_dim)
+    calls = []
+    pad = LearnableConvAttention._pad
+    monkeypatch.setattr(LearnableConvAttention, "_pad", lambda self, x: calls.append(1) or pad(self, x))
+    x = torch.randn(2, 3, 9, 7, device=DEVICE).contiguous(memory_format=torch.channels_last)
+    got, expected = attn(x), conv(x)
+    assert len(calls) == 1
+    assert (got - expected).abs().max().item() < 1e-4
+    assert got.is_contiguous() == expected.is_contiguous()
+
+
 def test_a_converted_cnn_on_the_device_computes_the_cnn():
     torch.manual_seed(4)
     cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2),

@@ -2320,3 +2320,17 @@ def test_round_69_a_a_model_that_treats_one_image_otherwise_is_not_exported_and_
     run.__dict__["model"] = None
     with pytest.raises(AttnconvError, match="run.model is NoneType, not a model"):
         run.predict(torch.zeros(1, 1, 28, 28, dtype=torch.uint8))
+
+
+def test_a_float64_model_refused_for_onnx_is_told_to_cast_to_float32(tiny_attention_runs, tmp_path):
+    """Round 69's note: onnxruntime has no float64 convolution, and the refusal said only its own error; it names
+    the dtype and the cast now (float32 and float16 models are not told to cast)."""
+    pytest.importorskip("onnxruntime")
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    run.__dict__["model"] = run.model.double()
+    with pytest.raises(AttnconvError, match=r"computes in float64, .*\(run.model.float\(\)\)"):
+        export_run(run, "onnx", tmp_path / "m.onnx")
+    assert not list(tmp_path.iterdir())

@@ -217,11 +217,14 @@ class SelfAttention2d(nn.Module):
 
     # ---------------------------------------------------------------- forward
     def forward(self, x: Tensor) -> Tensor:
-        """(B, C_in, H, W) -> (B, C_out, H', W') (H' = ceil(H / stride)).
+        """(B, C_in, H, W) -> (B, C_out, H', W') (H' = ceil(H / stride)); an unbatched (C_in, H, W) gives
+        (C_out, H', W'), as nn.Conv2d does.
 
         A channels-last tensor seen through `.permute(0, 3, 1, 2)` goes in and comes out without a
         copy: blocks that keep (B, H, W, C) call the layer this way, as a module.
         """
+        if isinstance(x, Tensor) and x.ndim == 3:  # unbatched, as a convolution takes it
+            return self.forward(x[None])[0]
         self._check_input(x)
         y = self._tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out); checked above, in its own layout's words
         if self.stride != 1:

@@ -210,11 +210,12 @@ class LearnableConvAttention(ConvAttention):
         k_feat = torch.cat([keys, keys.square().sum(-1, keepdim=True)], dim=-1)
         return q_feat, k_feat
 
-    def _content_forward(self, x: Tensor, size: Sequence[int]) -> Tensor:
-        """Every head's attention-weighted input per query, (B, heads, T_out, C_in), by one SDPA call."""
+    def _content_forward(self, padded: Tensor, size: Sequence[int]) -> Tensor:
+        """Every head's attention-weighted input per query, (B, heads, T_out, C_in), by one SDPA call, from the
+        input on its padded grid (`_pad`: (B, C_in, *P)) and the input's size S."""
         work = torch.promote_types(self.out_weight.dtype, torch.float32)
         with float32_scores():  # the folded positional terms need float32: in bf16 they would swamp the scores
-            z = self._pad(x).to(work)  # (B, C_in, *P)
+            z = padded.to(work)
             b = z.shape[0]
             q, k = self._content_qk(z, size)
             q_pos, k_pos = self._position_features(size, work)
@@ -224,7 +225,7 @@ class LearnableConvAttention(ConvAttention):
             v = z.flatten(2).transpose(1, 2).contiguous()[:, None].expand(b, self.heads, -1, -1)
             q, k, v = pad_for_fused_sdpa(q, k, v)
             out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
-        return out[..., : self.in_channels].to(x.dtype)
+        return out[..., : self.in_channels].to(padded.dtype)
 
     def padded_scores(self, x: Tensor) -> dict[str, Tensor]:
         """Score terms over the padded grid, computed exactly (no folding): 'position' (1, heads, T_out, P),
@@ -303,22 +304,23 @@ class LearnableConvAttention(ConvAttention):
         out = self.output_size(size)
         b, g = x.shape[0], self.groups
         c_in, c_out = self.in_channels // g, self.out_channels // g
+        padded = self._pad(x)  # once: the layout check on a GPU takes it too
         if self.position_only:
             factors = self.axis_probs(size)  # (heads, n_a, P_a) per axis
             # Each step consumes the leading spatial axis and appends the queries' index along it;
             # the first one also brings in the head axis.
-            z = torch.einsum("bci...,hoi->bhc...o", self._pad(x), factors[0])
+            z = torch.einsum("bci...,hoi->bhc...o", padded, factors[0])
             for factor in factors[1:]:
                 z = torch.einsum("bhci...,hoi->bhc...o", z, factor)
             # z: (B, heads, C_in, n_1, ..., n_n): each head's average of the input, per query
             z = z.reshape(b, self.heads, g, c_in, math.prod(out))
         else:
-            z = self._content_forward(x, size).reshape(b, self.heads, -1, g, c_in).permute(0, 1, 3, 4, 2)
+            z = self._content_forward(padded, size).reshape(b, self.heads, -1, g, c_in).permute(0, 1, 3, 4, 2)
         w = self.out_weight.reshape(self.heads, g, c_out, c_in)
         y = torch.einsum("bhgct,hgoc->bgot", z, w).reshape(b, self.out_channels, *out)
         if self.out_bias is not None:
             y = y + self.out_bias.view(-1, *([1] * self.ndim))
-        y = self._conv_layout(self._conv_dtype(y, x), x)
+        y = self._conv_layout(self._conv_dtype(y, x), x, padded)
         return y.squeeze(0) if unbatched else y
 
     def extra_repr(self) -> str:

@@ -147,7 +147,8 @@ def _check_links(root: Path, class_folders: dict[str, list[str]]) -> None:
                                 f"twice; {fix}")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # as a run's config.json refuses in class names
+# Control characters (C0, DEL, C1): never part of a class name, here or in a run's config.json (`runs.files`).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _reads_as(name: str) -> str:
@@ -182,7 +183,7 @@ def scan_folder(root: Path) -> FolderLayout:
                             "its own")
     class_folders = {split: _class_folders(root / split) for split in ("train", test_split)}
     for split, names in class_folders.items():  # a run records its class names; commands print them
-        bad = next((c for c in names if _CONTROL.search(c)), None)
+        bad = next((c for c in names if CONTROL_CHARACTERS.search(c)), None)
         if bad is not None:
             raise AttnconvError(f"{root / split}: the class folder '{bad}' has a control character in its name (a "
                                 "class name is printed by predict, eval and the report): rename the folder")
@@ -215,6 +216,10 @@ def scan_folder(root: Path) -> FolderLayout:
                 raise AttnconvError(f"{folder}: the class '{cls}' reads as {root / 'train'}'s '{same}' but is another "
                                     "name (another Unicode form, or spaces at its ends): rename one to match the other")
             if cls not in label:
+                cased = next((c for c in label if _reads_as(c).casefold() == _reads_as(cls).casefold()), None)
+                if cased is not None:  # Cat and cat: two names to attnconv, as to the file system here
+                    raise AttnconvError(f"{folder}: class {cls!r} has no folder in {root / 'train'}, which has "
+                                        f"{cased!r} (class names are case-sensitive): rename one to match the other")
                 raise AttnconvError(
                     f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "
                     f"with training images, or remove {folder}"

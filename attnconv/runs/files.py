@@ -20,6 +20,7 @@ from safetensors.torch import save
 
 from attnconv import data as D
 from attnconv.config import TrainConfig
+from attnconv.data.folder_layout import CONTROL_CHARACTERS
 from attnconv.data.info import builtin_info
 from attnconv.errors import AttnconvError, DamagedFile, warnings_ignored
 from attnconv.fileio import (
@@ -501,7 +502,7 @@ def data_problem(data: Any) -> str | None:
     if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)
             and len(set(classes)) == len(classes)):
         return f'"data" classes {short_value(classes)} is not a list of distinct class names'
-    bad = next((c for c in classes if not c or _CONTROL.search(c)), None)
+    bad = next((c for c in classes if not c or CONTROL_CHARACTERS.search(c)), None)
     if bad is not None:  # printed by predict, eval and the report: a terminal escape must not act on the terminal
         return f'"data" class name {short_value(bad)} {"is empty" if not bad else "holds a control character"}'
     for key in ("train_size", "test_size"):
@@ -526,10 +527,6 @@ def data_problem(data: Any) -> str | None:
                 isinstance(digest[key], str) and re.fullmatch(r"[0-9a-f]{32}", digest[key])):
             return f'"data" digest {key} {short_value(digest[key])} is not 32 hex digits'
     return None
-
-
-# Control characters (C0, DEL, C1): never part of a name.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _overrides_problem(config: TrainConfig, data: dict[str, Any]) -> str | None:
