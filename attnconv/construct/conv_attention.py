@@ -204,10 +204,8 @@ class ConvAttention(nn.Module):
 
     def output_size(self, size: Sequence[int]) -> tuple[int, ...]:
         """Output spatial size for an input of spatial `size`; AttnconvError where the conv fails."""
-        if torch.compiler.is_compiling():  # an input's own sizes, symbolic where torch.compile makes them dynamic
-            size = tuple(size)
-        else:
-            size = positive_ints(size, self.ndim, "size", f"the {self.ndim}-d spatial size of the input")
+        # an input's own sizes are symbolic where torch.compile makes them dynamic: positive_ints keeps them so
+        size = positive_ints(size, self.ndim, "size", f"the {self.ndim}-d spatial size of the input")
         out = []
         for a, n in enumerate(size):
             lo, hi = self.padding[a]
