@@ -499,7 +499,7 @@ def test_round_62_a_under_vmap_the_output_is_contiguous_so_view_after_it_works()
 
 
 def test_the_backends_layout_is_what_the_convolution_returns():
-    """backend_channels_last (what the converted layer asks off the CPU) answers as torch's convolution lays out its
+    """backend_channels_last (what the converted layer asks on every device) answers as torch's convolution lays out its
     output, over seeded random convolutions, dtypes and input layouts on the CPU (tests/test_cuda.py on a GPU)."""
     from attnconv.construct.geometry import backend_channels_last
 
@@ -524,6 +524,24 @@ def test_the_backends_layout_is_what_the_convolution_returns():
             continue  # both layouts at once: nothing to tell
         said = backend_channels_last(x, conv.weight.shape, conv.stride, conv.padding, conv.dilation, conv.groups)
         assert said == y.is_contiguous(memory_format=fmt), (conv, tuple(x.shape), x.stride(), dtype)
+
+
+def test_a_converted_3d_layer_lays_out_one_channels_last_image_as_the_convolution_does():
+    """A left note of round 69: on the CPU a Conv3d of one channels-last image returns a contiguous output (its
+    backend's choice; a batch of two stays channels-last) where the converted layer followed the input's layout. It
+    asks the backend on the CPU too now, so `.view()` after it works where it works after the convolution."""
+    rng = random.Random(11)
+    for _ in range(40):
+        conv = nn.Conv3d(rng.choice([1, 2, 3]), rng.choice([2, 4]), rng.choice([1, 3]), stride=rng.choice([1, 2]),
+                         padding=1, padding_mode=rng.choice(["zeros", "reflect"]))
+        attn = conv_to_attention(conv)
+        x = torch.randn(rng.choice([1, 1, 2]), conv.in_channels, *[rng.choice([3, 4, 6]) for _ in range(3)])
+        for given in (x, x.contiguous(memory_format=torch.channels_last_3d)):
+            with torch.no_grad():
+                want, got = conv(given), attn(given)
+            assert rel(got, want) <= 1e-5
+            assert (got.is_contiguous(), got.is_contiguous(memory_format=torch.channels_last_3d)) == \
+                (want.is_contiguous(), want.is_contiguous(memory_format=torch.channels_last_3d)), (conv, x.shape)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

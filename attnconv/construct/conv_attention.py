@@ -527,7 +527,8 @@ class ConvAttention(nn.Module):
         The einsums leave y strided as they please; a convolution returns a contiguous tensor
         (channels-last for a channels-last input, except after circular padding, whose padded copy is
         contiguous), and code after a convolution may rely on that (`.view()`), so the converted layer
-        does too. On a GPU the backend torch selects decides (cuDNN returns a float64 output contiguous).
+        does too. The backend torch selects for the convolution decides, on the CPU as on a GPU (cuDNN returns a float64
+        output contiguous; the CPU's backend for a 3-d convolution of one image, contiguous too).
         """
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
         last = None
@@ -536,14 +537,15 @@ class ConvAttention(nn.Module):
             # memory, which the samples' strides do not show: contiguous, so `.view()` after the layer works
         elif torch.jit.is_tracing():  # sizes are tensors while traced (a trace holds one layout): as it was compared
             last = x.stride() == x.contiguous(memory_format=fmt).stride() != x.contiguous().stride()
-        elif x.device.type not in ("cpu", "meta") and not torch.compiler.is_compiling():
+        elif x.device.type != "meta" and not torch.compiler.is_compiling():
             zeros = self.padding_mode == "zeros"  # other modes pad first, as the convolution does: its input is the
-            # padded copy, whose layout the device's padding kernel decides (reflect on a GPU: contiguous)
+            # padded copy, whose layout the device's padding kernel decides (reflect on a GPU: contiguous); on the
+            # CPU a 3-d convolution of one channels-last image returns a contiguous output, its backend's choice
             last = backend_channels_last(
                 x if zeros else (self._pad(x) if padded is None else padded),
                 (self.out_channels, self.in_channels // self.groups, *self.kernel_size), self.stride,
                 [lo if zeros else 0 for lo, _ in self.padding], self.dilation, self.groups)
-        if last is None:  # as the convolution on the CPU decides, size-1 axes and one channel too; under vmap as well
+        if last is None:  # the input's own layout, size-1 axes and one channel too (a torch that cannot tell, or meta)
             last = channels_last_like(x.shape, x.stride())
         return y.contiguous(memory_format=fmt) if last else y.contiguous()
 
