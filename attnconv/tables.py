@@ -78,12 +78,13 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markd
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
-_MARKDOWN = set("\\|[]!*_`")  # escaped with a backslash in a Markdown cell
+_MARKDOWN = set("\\|[]!*_`~$")  # escaped with a backslash in a Markdown cell (~~: strikethrough, $: math)
 
 
 def _markdown_cell(text: str) -> str:
     """A cell as Markdown writes it: a backslash, `|` and what Markdown reads as markup (links, images, emphasis,
-    code) escaped with a backslash, `&`, `<` and `>` as entities (no HTML), spaces at its ends as entities."""
+    code, GitHub's strikethrough and math) escaped with a backslash, `&`, `<` and `>` as entities (no HTML), spaces
+    at its ends as entities."""
     escaped = html.escape("".join("\\" + c if c in _MARKDOWN else c for c in text), quote=False)
     lead, trail = len(escaped) - len(escaped.lstrip(" ")), len(escaped) - len(escaped.rstrip(" "))
     return "&#32;" * lead + escaped.strip(" ") + "&#32;" * trail  # the padding would take spaces at the ends

@@ -1914,3 +1914,35 @@ def test_a_test_class_folder_that_differs_from_trains_only_in_case_points_at_it(
     shutil.move(root / "test" / "cat", root / "test" / "bird")  # no name alike: the plain message
     with pytest.raises(AttnconvError, match=r"class 'bird' has no folder in .*; add .*bird/ with training images"):
         scan_folder(root)
+
+
+def test_round_70_b_markdown_strikethrough_and_math_names_that_print_alike_and_unknown_options(tmp_path, capsys):
+    """Round 70: a run folder `~~s~~` rendered struck through in `compare --markdown` (GitHub's `$x$` as math);
+    class folders `café` in two Unicode forms were refused as 'café' and 'café', printed the same; a test class
+    reading as train's through a ligature or inner spaces was said to differ in "Unicode form, or spaces at its
+    ends"; `attnconv eval -x` and `attnconv eval --version` were said to miss RUN_DIR, not to take the option."""
+    from fixtures_data import write_class_folder
+
+    from attnconv.cli import main
+    from attnconv.data.folder_layout import scan_folder
+    from attnconv.tables import format_table, markdown_cells
+
+    rows = [["~~s~~", "$x$"], ["a~b", "$$"]]
+    text = format_table(["a", "b"], rows, markdown=True)
+    assert re.search(r"(?<!\\)[~$]", text) is None and "\\~\\~s\\~\\~" in text
+    assert [markdown_cells(line) for line in text.splitlines()[2:]] == rows
+    nfd = write_class_folder(tmp_path / "nfd", classes=("caf\u00e9", "cafe\u0301"))
+    with pytest.raises(AttnconvError, match=r"class folders 'cafe\\u0301' and 'caf\\xe9' read alike"):
+        scan_folder(nfd)
+    spaced = write_class_folder(tmp_path / "spaced", classes=("a b",))
+    (spaced / "test" / "a b").rename(spaced / "test" / "a  b")
+    with pytest.raises(AttnconvError, match=r"class 'a  b' reads as .*'a b' but is another name \(another Unicode "
+                                            r"form, a ligature for its letters, or other spaces\)"):
+        scan_folder(spaced)
+    for argv, said in ((["eval", "-x"], "attnconv eval: unrecognized arguments: -x"),
+                       (["eval", "--version"], "attnconv eval: unrecognized arguments: --version"),
+                       (["eval", "--json", "-q"], "attnconv eval: unrecognized arguments: -q"),
+                       (["eval"], "the following arguments are required: RUN_DIR")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, (argv, err)

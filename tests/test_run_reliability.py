@@ -2334,3 +2334,28 @@ def test_a_float64_model_refused_for_onnx_is_told_to_cast_to_float32(tiny_attent
     with pytest.raises(AttnconvError, match=r"computes in float64, .*\(run.model.float\(\)\)"):
         export_run(run, "onnx", tmp_path / "m.onnx")
     assert not list(tmp_path.iterdir())
+
+
+def test_round_70_a_a_model_on_the_meta_device_in_part_is_refused_as_such(tiny_attention_runs, tmp_path):
+    """Round 70: only the model's first floating parameter was looked at for the meta device, so a model whose later
+    layer was on meta gave torch's `Tensor on device meta is not on the expected device` from `Run.predict` and
+    "torch could not export the model ...; try another fmt" (no format could) from `export_run`."""
+    import torch.nn as nn
+
+    from attnconv import Run
+    from attnconv.export import export_run
+
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    last = [m for m in run.model.modules() if list(m.parameters(recurse=False))][-1]
+    for name, p in list(last._parameters.items()):
+        last._parameters[name] = nn.Parameter(torch.empty_like(p, device="meta"))
+    images = torch.zeros(2, *run.input_shape, dtype=torch.uint8)
+    for call in (lambda: run.predict(images), lambda: run.transform(images),
+                 lambda: export_run(run, "torchscript", tmp_path / "m.ts")):
+        with pytest.raises(AttnconvError, match=r"the run's model has [\w.]+ on the meta device, which holds no values: "
+                                                r"load the run again"):
+            call()
+    assert not list(tmp_path.iterdir())
+    run.__dict__["model"] = run.model.to("meta")  # all of it: said as before
+    with pytest.raises(AttnconvError, match="the run's model is on the meta device"):
+        run.predict(images)

@@ -56,8 +56,10 @@ class _Parser(argparse.ArgumentParser):
         argv = list(sys.argv[1:] if args is None else args)
         try:
             parsed, extras = self.parse_known_args(argv, namespace)
-        except AttnconvError:  # `attnconv --device cpu eval RUN`: argparse read `cpu` as the command's name
+        except AttnconvError as err:  # `attnconv --device cpu eval RUN`: argparse read `cpu` as the command's name
             said = _valued_option_before_its_command(self, argv)
+            if said is None and "arguments are required" in str(err):  # `attnconv eval -x`: the -x, not RUN_DIR
+                said = _unknown_options(self, argv)
             if said is None:
                 raise
             raise AttnconvError(said) from None
@@ -117,6 +119,26 @@ def _valued_option_before_its_command(parser: argparse.ArgumentParser, argv: lis
             return (f"{parser.prog}: {arg}, given before `{command.prog}`, {said} (see `{command.prog} --help`); "
                     f"options go after the command's name")
     return None
+
+
+def _unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The error of options in argv that the (sub)command they stand after does not take (`attnconv eval -x`, which
+    argparse reports as a missing RUN_DIR: it counts the required arguments first); None where argv holds none."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    level, unknown, i = parser, [], 0
+    while i < end:
+        arg = argv[i]
+        level = _subcommands(level).get(arg, level)
+        action = _option_action(level, arg)
+        if action is None and arg.startswith("-") and arg != "-" and not _NUMBER.fullmatch(arg):
+            unknown.append(arg)
+        i += 2 if action is not None and action.nargs != 0 and "=" not in arg else 1  # its value too
+    if not unknown:
+        return None
+    return f"{level.prog}: unrecognized arguments: {' '.join(unknown)} (see `{level.prog} --help`)"
+
+
+_NUMBER = re.compile(r"-\d+\.?\d*(e[-+]?\d+)?|-\.\d+(e[-+]?\d+)?|-inf|-nan", re.IGNORECASE)  # a value, as argparse reads it
 
 
 def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,

@@ -160,6 +160,12 @@ def _reads_as(name: str) -> str:
     return re.sub(r"\s+", " ", letters).strip()
 
 
+def _told_apart(a: str, b: str) -> tuple[str, str]:
+    """Two names that read alike, quoted, with their characters beyond ASCII spelled out (`ascii`), since they may
+    print the same ('café' and 'café' in two Unicode forms: 'caf\\xe9' and 'cafe\\u0301'; 'ﬁsh' and 'fish')."""
+    return (repr(a), repr(b)) if (a + b).isascii() else (ascii(a), ascii(b))
+
+
 def scan_folder(root: Path) -> FolderLayout:
     """List a folder dataset's images; raises one AttnconvError for any layout mistake."""
     why = not_a_folder(root, "does not exist")
@@ -191,7 +197,8 @@ def scan_folder(root: Path) -> FolderLayout:
         for c in names:  # two names that read the same (é as one character or as e and an accent, a ligature, a
             key = _reads_as(c)  # trailing space): two classes shown as one in every table
             if key in alike:
-                raise AttnconvError(f"{root / split}: the class folders '{alike[key]}' and '{c}' read alike (the same "
+                first, second = _told_apart(alike[key], c)
+                raise AttnconvError(f"{root / split}: the class folders {first} and {second} read alike (the same "
                                     "name in two Unicode forms, a ligature and its letters, or but for spaces): rename one "
                                     "of them")
             alike[key] = c
@@ -213,8 +220,10 @@ def scan_folder(root: Path) -> FolderLayout:
                                     f"remove it and {folder}")
             same = None if cls in label else next((c for c in label if _reads_as(c) == _reads_as(cls)), None)
             if same is not None:
-                raise AttnconvError(f"{folder}: the class '{cls}' reads as {root / 'train'}'s '{same}' but is another "
-                                    "name (another Unicode form, or spaces at its ends): rename one to match the other")
+                ours, theirs = _told_apart(cls, same)
+                raise AttnconvError(f"{folder}: the class {ours} reads as {root / 'train'}'s {theirs} but is another "
+                                    "name (another Unicode form, a ligature for its letters, or other spaces): rename one "
+                                    "to match the other")
             if cls not in label:
                 cased = next((c for c in label if _reads_as(c).casefold() == _reads_as(cls).casefold()), None)
                 if cased is not None:  # Cat and cat: two names to attnconv, as to the file system here

@@ -252,13 +252,17 @@ class Run:
 
     def model_weight(self, model: Any, doing: str) -> torch.Tensor | None:
         """The first floating parameter of `model` (whose device and dtype its inputs follow: a user's cast or move),
-        None for a model without one; one line for a model on the meta device (`doing`: what needs its values)."""
-        weights = model.parameters() if isinstance(model, torch.nn.Module) else ()
-        weight = next((p for p in weights if p.is_floating_point()), None)
-        if weight is not None and weight.is_meta:
-            raise AttnconvError(f"{self.path}: the run's model is on the meta device, which holds no values: load the "
-                                f"run again (attnconv.Run) to {doing}")
-        return weight
+        None for a model without one; one line for a model on the meta device, in whole or in part (any parameter or
+        buffer: `doing` is what needs their values)."""
+        module = isinstance(model, torch.nn.Module)
+        weights = list(model.parameters()) if module else []
+        meta = next((name for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta), None) \
+            if module else None
+        if meta is not None:
+            which = "is" if all(t.is_meta for t in (*weights, *model.buffers())) else f"has {meta}"
+            raise AttnconvError(f"{self.path}: the run's model {which} on the meta device, which holds no values: "
+                                f"load the run again (attnconv.Run) to {doing}")
+        return next((p for p in weights if p.is_floating_point()), None)
 
     def own_model(self, model: Any) -> bool:
         """Whether `model` is this run's model as loaded (`Run.model`, in float32), not one a user put in its place or
