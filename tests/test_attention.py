@@ -1,5 +1,6 @@
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -611,3 +612,23 @@ def test_hooks_on_the_layer_fire_with_its_input_and_output():
     layer.register_forward_hook(lambda m, args, out: seen.setdefault("out", out))
     y = layer(x)
     assert seen["in"] is x and seen["out"] is y and y.shape == (2, 3, 3, 3)
+
+
+def test_round_71_a_refused_impls_suggest_only_what_the_layer_takes_and_unbatched_output_is_contiguous():
+    """Round 71: `impl='fused'` refused for a non-separable encoding said "use impl='separable' or 'dense'", and
+    'separable' is refused for it too; an unbatched image gave a channels-last (C, H, W) output, so `.view()` after the
+    layer failed where it works after nn.Conv2d, and a wrong channel count was said of the batch of one made of it."""
+    for kwargs in ({"encoding": "quadratic-aniso"}, {"encoding": "learned-content"}, {"value": "project"}):
+        for impl in ("separable", "stacked", "fused"):
+            try:
+                SelfAttention2d(4, heads=2, impl=impl, **kwargs)
+            except AttnconvError as err:
+                taken = re.search(r"use one of impl=(.*)$", str(err)).group(1).replace("'", "").split(", ")
+                for other in taken:
+                    SelfAttention2d(4, heads=2, impl=other, **kwargs)  # each suggestion is taken
+                assert impl not in taken
+    layer = SelfAttention2d(3, 5, heads=2)
+    y = layer(torch.randn(3, 6, 4))
+    assert y.is_contiguous() and y.view(-1).shape == (5 * 6 * 4,)
+    with pytest.raises(AttnconvError, match=r"expects input \(B, 3, H, W\) or unbatched \(3, H, W\), got \(4, 6, 4\)"):
+        layer(torch.randn(4, 6, 4))

@@ -1908,8 +1908,8 @@ def test_a_test_class_folder_that_differs_from_trains_only_in_case_points_at_it(
 
     root = write_class_folder(tmp_path / "cased", classes=("Cat", "dog"))
     shutil.move(root / "test" / "Cat", root / "test" / "cat")
-    with pytest.raises(AttnconvError, match=r"class 'cat' has no folder in .*train, which has 'Cat' \(class names "
-                                            r"are case-sensitive\): rename one"):
+    with pytest.raises(AttnconvError, match=r"class 'cat' has no folder in .*train, which has 'Cat' \(the names "
+                                            r"differ in case or letter forms only, .*\): rename one"):
         scan_folder(root)
     shutil.move(root / "test" / "cat", root / "test" / "bird")  # no name alike: the plain message
     with pytest.raises(AttnconvError, match=r"class 'bird' has no folder in .*; add .*bird/ with training images"):
@@ -1932,7 +1932,7 @@ def test_round_70_b_markdown_strikethrough_and_math_names_that_print_alike_and_u
     assert re.search(r"(?<!\\)[~$]", text) is None and "\\~\\~s\\~\\~" in text
     assert [markdown_cells(line) for line in text.splitlines()[2:]] == rows
     nfd = write_class_folder(tmp_path / "nfd", classes=("caf\u00e9", "cafe\u0301"))
-    with pytest.raises(AttnconvError, match=r"class folders 'cafe\\u0301' and 'caf\\xe9' read alike"):
+    with pytest.raises(AttnconvError, match=r"class folders 'cafe\u0301' \(U\+0301\) and 'caf\xe9' \(U\+00E9\) read alike"):
         scan_folder(nfd)
     spaced = write_class_folder(tmp_path / "spaced", classes=("a b",))
     (spaced / "test" / "a b").rename(spaced / "test" / "a  b")
@@ -1946,3 +1946,29 @@ def test_round_70_b_markdown_strikethrough_and_math_names_that_print_alike_and_u
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_round_71_b_number_like_options_and_names_that_read_alike_escaped_once(tmp_path, capsys):
+    """Round 71: words Python 3.11's argparse reads as options though they look like numbers (`-1e5`, `-inf`, `-1.`)
+    were let through as values by the unknown-option check, so `attnconv eval -1e5` said RUN_DIR was missing; the names
+    of class folders that read alike were escaped by `ascii` and again by the CLI's line (`'cafe\\\\u0301'`, a folder
+    `a\\ b` shown with four backslashes), naming folders that do not exist."""
+    from fixtures_data import write_class_folder
+
+    from attnconv.cli import main
+
+    for word in ("-1e5", "-inf", "-nan", "-1."):
+        assert main(["eval", word]) == 2
+        err = capsys.readouterr().err
+        assert f"attnconv eval: unrecognized arguments: {word}" in err and len(err.strip().splitlines()) == 1
+    assert main(["eval", "-1"]) == 2  # a negative number is a value: the run folder -1, missing
+    assert "-1: not a run directory" in capsys.readouterr().err
+    train = ["train", "--model", "sa-quadratic", "--image-size", "8", "--max-steps", "1", "--batch-size", "4",
+             "--layers", "1", "--hidden", "8", "--heads", "2", "--no-progress"]
+    for classes, said in ((("caf\u00e9", "cafe\u0301"), "'cafe\u0301' (U+0301) and 'caf\u00e9' (U+00E9) read alike"),
+                          (("a\\ b", "a\\  b"), "'a\\\\  b' and 'a\\\\ b' read alike")):
+        root = write_class_folder(tmp_path / f"d{len(said)}", classes=classes)
+        assert main([*train, "--dataset", f"folder:{root}", "--out", str(tmp_path / "r")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "\\\\u" not in err and "\\\\\\\\" not in err, err
+        assert not (tmp_path / "r").exists()

@@ -170,21 +170,22 @@ class SelfAttention2d(nn.Module):
     def impl(self, impl: str) -> None:
         if impl not in IMPLS:
             raise AttnconvError(f"unknown impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+        taken = ["auto", "dense", *(["separable"] if self.separable else []), *(["stacked"] if self.stackable else []),
+                 *(["fused"] if self.separable and self.stackable else []), "sdpa"]
+        use = f"use one of impl={', '.join(repr(i) for i in taken)}"  # only what this layer takes
         if impl == "separable" and not self.separable:
             raise AttnconvError(
                 f"impl='separable' needs a separable encoding (quadratic, quadratic-diag, learned); "
-                f"{self.encoding_name!r} is not: use impl='dense' or 'sdpa'"
+                f"{self.encoding_name!r} is not: {use}"
             )
         if impl == "stacked" and not self.stackable:
             raise AttnconvError(
-                "impl='stacked' needs value='shared' (per-head values would have to be copied per head); "
-                "use impl='dense'"
+                f"impl='stacked' needs value='shared' (per-head values would have to be copied per head); {use}"
             )
         if impl == "fused" and not (self.separable and self.stackable):
             raise AttnconvError(
                 f"impl='fused' needs a separable encoding (quadratic, quadratic-diag, learned) and value='shared'; "
-                f"this layer has encoding={self.encoding_name!r}, value={self.value_mode!r}: use impl='separable' "
-                f"or 'dense'"
+                f"this layer has encoding={self.encoding_name!r}, value={self.value_mode!r}: {use}"
             )
         self._impl = impl
 
@@ -223,9 +224,10 @@ class SelfAttention2d(nn.Module):
         A channels-last tensor seen through `.permute(0, 3, 1, 2)` goes in and comes out without a
         copy: blocks that keep (B, H, W, C) call the layer this way, as a module.
         """
-        if isinstance(x, Tensor) and x.ndim == 3:  # unbatched, as a convolution takes it
-            return self.forward(x[None])[0]
-        self._check_input(x)
+        if isinstance(x, Tensor) and x.ndim == 3:  # unbatched, as a convolution takes it, and contiguous as its output
+            self._check_input(x, unbatched=True)
+            return self.forward(x[None])[0].contiguous()
+        self._check_input(x, unbatched=True)
         y = self._tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out); checked above, in its own layout's words
         if self.stride != 1:
             y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
@@ -242,13 +244,16 @@ class SelfAttention2d(nn.Module):
         cols = torch.arange(0, size[1], self.stride)
         return torch.cartesian_prod(rows, cols)
 
-    def _check_input(self, x: Tensor, values: bool = False, tokens: bool = False) -> None:
+    def _check_input(self, x: Tensor, values: bool = False, tokens: bool = False, unbatched: bool = False) -> None:
         """One AttnconvError unless x is an input this layer computes with: a floating-point tensor on its weights'
         device (`limits.tensor_argument`; `values`: not on the meta device either) of shape (B, C_in, H, W), or
-        channels-last (B, H, W, C_in) for the `tokens` methods."""
-        shape = f"(B, H, W, {self.in_channels})" if tokens else f"(B, {self.in_channels}, H, W)"
+        channels-last (B, H, W, C_in) for the `tokens` methods (`unbatched`: `forward`, which takes (C_in, H, W) too,
+        given as a batch of one)."""
+        shape = f"(B, H, W, {self.in_channels})" if tokens else f"(B, {self.in_channels}, H, W)" + (
+            f" or unbatched ({self.in_channels}, H, W)" if unbatched else "")
         tensor_argument(x, "x", f"the input {shape}", like=self.out.weight, values=values)
-        if x.ndim != 4 or x.shape[-1 if tokens else 1] != self.in_channels:
+        one = unbatched and x.ndim == 3  # an unbatched image's channels come first
+        if (x.ndim != 4 and not one) or x.shape[-1 if tokens else 0 if one else 1] != self.in_channels:
             raise AttnconvError(f"SelfAttention2d expects input {shape}, got {tuple(x.shape)}")
 
     def forward_tokens(self, x: Tensor) -> Tensor:

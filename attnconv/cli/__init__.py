@@ -130,7 +130,7 @@ def _unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> str | 
         arg = argv[i]
         level = _subcommands(level).get(arg, level)
         action = _option_action(level, arg)
-        if action is None and arg.startswith("-") and arg != "-" and not _NUMBER.fullmatch(arg):
+        if action is None and arg.startswith("-") and arg != "-" and not _negative_number(level, arg):
             unknown.append(arg)
         i += 2 if action is not None and action.nargs != 0 and "=" not in arg else 1  # its value too
     if not unknown:
@@ -138,7 +138,11 @@ def _unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> str | 
     return f"{level.prog}: unrecognized arguments: {' '.join(unknown)} (see `{level.prog} --help`)"
 
 
-_NUMBER = re.compile(r"-\d+\.?\d*(e[-+]?\d+)?|-\.\d+(e[-+]?\d+)?|-inf|-nan", re.IGNORECASE)  # a value, as argparse reads it
+def _negative_number(parser: argparse.ArgumentParser, arg: str) -> bool:
+    """Whether argparse reads `arg` as a value (a negative number: `-1`, `-.5`; not `-1e5` or `-inf`, which Python
+    3.11's argparse reads as options), by the running argparse's own rule."""
+    matcher = getattr(parser, "_negative_number_matcher", None) or re.compile(r"^-\d+$|^-\d*\.\d+$")
+    return bool(matcher.match(arg)) and not getattr(parser, "_has_negative_number_optionals", [])
 
 
 def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,

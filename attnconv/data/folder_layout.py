@@ -161,9 +161,14 @@ def _reads_as(name: str) -> str:
 
 
 def _told_apart(a: str, b: str) -> tuple[str, str]:
-    """Two names that read alike, quoted, with their characters beyond ASCII spelled out (`ascii`), since they may
-    print the same ('café' and 'café' in two Unicode forms: 'caf\\xe9' and 'cafe\\u0301'; 'ﬁsh' and 'fish')."""
-    return (repr(a), repr(b)) if (a + b).isascii() else (ascii(a), ascii(b))
+    """Two names that read alike, quoted as they are, each with the code points of its characters beyond ASCII that the
+    other lacks, since they may print the same ('café' (U+00E9) and 'café' (U+0301): é as one character or as e and
+    an accent; 'ﬁsh' (U+FB01) and 'fish'). No escapes: the CLI's error line escapes what needs it, once."""
+    def quoted(name: str, other: str) -> str:
+        own = sorted({c for c in name if not c.isascii() and c not in other}, key=name.index)
+        return f"'{name}'" + (f" ({' '.join(f'U+{ord(c):04X}' for c in own)})" if own else "")
+
+    return quoted(a, b), quoted(b, a)
 
 
 def scan_folder(root: Path) -> FolderLayout:
@@ -227,8 +232,10 @@ def scan_folder(root: Path) -> FolderLayout:
             if cls not in label:
                 cased = next((c for c in label if _reads_as(c).casefold() == _reads_as(cls).casefold()), None)
                 if cased is not None:  # Cat and cat: two names to attnconv, as to the file system here
-                    raise AttnconvError(f"{folder}: class {cls!r} has no folder in {root / 'train'}, which has "
-                                        f"{cased!r} (class names are case-sensitive): rename one to match the other")
+                    ours, theirs = _told_apart(cls, cased)
+                    raise AttnconvError(f"{folder}: class {ours} has no folder in {root / 'train'}, which has {theirs} "
+                                        "(the names differ in case or letter forms only, and class names are compared "
+                                        "exactly): rename one to match the other")
                 raise AttnconvError(
                     f"{folder}: class {cls!r} has no folder in {root / 'train'}; add {root / 'train' / cls}/ "
                     f"with training images, or remove {folder}"

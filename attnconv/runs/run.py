@@ -361,7 +361,7 @@ class Run:
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
                                 f"{raw.dtype} {tuple(raw.shape)}")
         # On the device and in the dtype of the model's weights as they are now (a user may have cast or moved it)
-        weight = self.model_weight(self.model, "predict with its weights")
+        weight = self.model_weight(self.model, "compute with its weights")
         device, dtype = (self.device, torch.float32) if weight is None else (weight.device, weight.dtype)
         exact = torch.promote_types(torch.float32, dtype)  # float64 computed as such; half types from float32
         mean = torch.tensor(data["mean"], dtype=exact).view(1, -1, 1, 1)
