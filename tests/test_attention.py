@@ -632,3 +632,18 @@ def test_round_71_a_refused_impls_suggest_only_what_the_layer_takes_and_unbatche
     assert y.is_contiguous() and y.view(-1).shape == (5 * 6 * 4,)
     with pytest.raises(AttnconvError, match=r"expects input \(B, 3, H, W\) or unbatched \(3, H, W\), got \(4, 6, 4\)"):
         layer(torch.randn(4, 6, 4))
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_the_analysis_methods_take_an_unbatched_image_as_a_batch_of_one(encoding):
+    """Round 71's note: `forward` takes an unbatched (C, H, W) image, and `attention_probs` / `attention_scores`
+    refused it; they give its attention as a batch of one now, as the converted layers' do."""
+    torch.manual_seed(1)
+    layer = _randomize(SelfAttention2d(3, 4, heads=2, encoding=encoding, stride=2, max_size=8)).eval()
+    x = torch.randn(3, 6, 5)
+    for term in ("combined", "position"):
+        assert torch.equal(layer.attention_probs(x, term=term), layer.attention_probs(x[None], term=term))
+    scores = layer.attention_scores(x)
+    assert all(v.shape[0] == 1 for v in scores.values())
+    with pytest.raises(AttnconvError, match=r"or unbatched \(3, H, W\), got \(2, 6, 5\)"):
+        layer.attention_probs(torch.randn(2, 6, 5))

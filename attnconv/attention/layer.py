@@ -404,8 +404,12 @@ class SelfAttention2d(nn.Module):
         """Pre-softmax score terms (Eq. 6) as (B or 1, heads, T_out, T) float32 tensors (T_out = T unless strided).
 
         Keys: "combined" always; "position" always; "content" for content layers.
-        x is (B, C_in, H, W); position-only layers accept `size=(H, W)` instead.
+        x is (B, C_in, H, W), or one unbatched (C_in, H, W) as `forward` takes it (its scores as a batch of one);
+        position-only layers accept `size=(H, W)` instead.
         """
+        if isinstance(x, Tensor) and x.ndim == 3:
+            self._check_input(x, unbatched=True)
+            x = x[None]
         x_tokens, H, W = self._analysis_input(x, size)
         # (B, heads, T, T) float32 per term, and as much again for the softmax: refused before any is allocated
         check_memory(16 * (1 if x is None else len(x)) * self.heads * float(H * W) ** 2,
@@ -419,7 +423,8 @@ class SelfAttention2d(nn.Module):
 
     def attention_probs(self, x: Tensor | None = None, size: tuple[int, int] | None = None,
                         term: str = "combined") -> Tensor:
-        """Softmax probabilities (B or 1, heads, T, T), T = H*W, rows = queries (row-major pixels).
+        """Softmax probabilities (B or 1, heads, T, T), T = H*W, rows = queries (row-major pixels); x as
+        `attention_scores` takes it.
 
         term: "combined" (the layer's attention), or "position" / "content" (the softmax of that
         score term alone, Eq. 6; content layers have both).
