@@ -192,7 +192,8 @@ def describe_run(
     AttnconvError saying what changed, unless `allow_data_change`, which measures it anyway and says
     what changed in "warning".
 
-    Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`).
+    Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`); "converted_from", the source
+    run's folder, for a run `attnconv convert` wrote that has no steps of its own.
     """
     if not isinstance(run, Run):
         run = Run(run, device, data_dir=data_dir, dataset=dataset, allow_nonfinite=True,  # NaN weights: a warning
@@ -219,6 +220,9 @@ def describe_run(
         "flops_by_op": flops["by_op"],
         "seconds_per_epoch": _mean_epoch_seconds(rows, meta.get("steps_per_epoch")),
     }
+    source = meta["converted"].get("from") if isinstance(meta.get("converted"), dict) else None
+    if isinstance(source, str) and not rows:  # `attnconv convert`'s run: its weights are the source's, not trained
+        summary["converted_from"] = source
     if recompute:
         bad = nonfinite_tensor(model.state_dict())
         if bad is not None:  # only present when there is something to say

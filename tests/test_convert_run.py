@@ -56,7 +56,8 @@ def test_convert_writes_an_attention_run_with_identical_accuracy(cnn_run, data_d
 
     # other commands accept it
     assert main(["eval", str(new), "--data-dir", str(data_dir)]) == 0
-    assert "(as attention)" in capsys.readouterr().out
+    out = capsys.readouterr().out  # not "(epoch 0, step 0)": it has no steps of its own (round 70's note)
+    assert "(as attention)" in out and f"(converted from {cnn_run}, not trained since)" in out
 
 
 def test_convert_refuses_bad_requests_without_writing(cnn_run, data_dir, tmp_path, capsys):

@@ -131,6 +131,8 @@ def run_eval(args: argparse.Namespace) -> int:
     out(f"run          {s['run']}")
     where = f"epoch {s['epochs']}, step {s['step']}" if "weights_step" not in s else \
         f"epoch {s['epochs']}, step {s['step']} in metrics.csv; measured: the weights of step {s['weights_step']}"
+    if "converted_from" in s:  # no steps of its own: the source run's weights, as attention
+        where = f"converted from {s['converted_from']}, not trained since"
     out(f"model        {s['model']} on {s['dataset']} ({where})")
     if "test_dataset" in s:
         widened = "; grey, each given the run's 3 equal channels" if s.get("test_widened") else ""
