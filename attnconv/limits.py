@@ -88,8 +88,9 @@ class AllocationLimit(TorchFunctionMode):
 
     Counts the tensor factories (torch.empty, zeros, ones, full, rand, randn, randint, eye,
     empty_strided: what nn.Linear, nn.Conv2d, nn.Embedding, norms and positional tables
-    call) that do not go to the meta device. No build runs twice and nothing is estimated:
-    the request that would pass the limit is refused, having allocated at most `limit`.
+    call) that do not go to the meta device (asked for, or the default device: `with torch.device("meta")`). No
+    build runs twice and nothing is estimated: the request that would pass the limit is refused, having allocated
+    at most `limit`.
     """
 
     def __init__(self, limit: int, what: str, fix: str):
@@ -98,7 +99,7 @@ class AllocationLimit(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _FACTORIES and str(kwargs.get("device", "")) != "meta":
+        if func in _FACTORIES and torch.device(kwargs.get("device") or torch.get_default_device()).type != "meta":
             shape = _factory_shape(func, args, kwargs)
             if shape is not None:
                 dtype = kwargs.get("dtype") or torch.get_default_dtype()

@@ -647,3 +647,32 @@ def test_the_analysis_methods_take_an_unbatched_image_as_a_batch_of_one(encoding
     assert all(v.shape[0] == 1 for v in scores.values())
     with pytest.raises(AttnconvError, match=r"or unbatched \(3, H, W\), got \(2, 6, 5\)"):
         layer.attention_probs(torch.randn(2, 6, 5))
+
+
+def test_round_72_a_resolved_impl_checks_its_size_and_impl_and_layers_no_machine_holds_are_refused():
+    """Round 72: `resolved_impl(size)` and `select.resolve_impl` took any size (`(-3, 4)` answered 'stacked', `(5,)` a
+    ValueError from unpacking) and any impl (`'bogus'` returned as the path); `SelfAttention2d(65536, heads=64)` and
+    `build_model` of such a model ended in torch's allocator error, where the CLI refuses the same model in one line."""
+    layer = SelfAttention2d(4, heads=2)
+    for size in [(5,), 5, (-3, 4), (0, 0), (2.5, 3), ("a", "b"), (2**40, 2**40)]:
+        with pytest.raises(AttnconvError, match=r"size .* is invalid: give the input grid \(H, W\)"):
+            layer.resolved_impl(size)
+    assert layer.resolved_impl((7, 7)) == resolve_impl("auto", (7, 7), shared_values=True, position_only=True,
+                                                       separable=True, on_cpu=True)
+    with pytest.raises(AttnconvError, match="unknown impl 'bogus'"):
+        resolve_impl("bogus", (5, 5), shared_values=True, position_only=True, separable=True, on_cpu=True)
+    with pytest.raises(AttnconvError, match=r"size \(-1, 5\) is invalid"):
+        resolve_impl("auto", (-1, 5), shared_values=True, position_only=True, separable=True, on_cpu=True)
+    from attnconv import build_model
+
+    for make in (lambda: SelfAttention2d(65536, heads=64),
+                 lambda: SelfAttention2d(4, encoding="learned", pos_dim=2**20, max_size=2**20),
+                 lambda: build_model("sa-quadratic", hidden=65536, heads=64, layers=1)):
+        with pytest.raises(AttnconvError, match=r"SelfAttention2d\(in_channels=.*: its tensors would take more than"):
+            make()
+    with torch.device("meta"):  # shapes without values: nothing allocated, nothing refused
+        assert SelfAttention2d(65536, heads=64).out.weight.shape == (65536, 65536 * 64)
+    import numpy as np
+
+    layer.impl = np.str_("dense")
+    assert type(layer.impl) is str and "impl='dense'" in repr(layer)

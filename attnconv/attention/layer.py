@@ -31,12 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv import ops
-from attnconv.attention.select import IMPLS, resolve_impl
+from attnconv.attention.select import IMPLS, choose_impl
 from attnconv.errors import AttnconvError
 from attnconv.limits import (
     MAX_SIDE,
+    AllocationLimit,
     check_memory,
     is_whole,
+    parameter_limit,
     positive_ints,
     real_number,
     shown_value,
@@ -137,20 +139,22 @@ class SelfAttention2d(nn.Module):
         self.stride = stride
         self.key_dim = in_channels if key_dim is None else key_dim
         pos_dim = in_channels if pos_dim is None else pos_dim
-        self.encoding = build_encoding(
-            encoding, heads, pos_dim=pos_dim, key_dim=self.key_dim, max_size=max_size, init=pos_init
-        )
-        if not self.position_only:
-            self.query = nn.Linear(in_channels, heads * self.key_dim)
-            self.key = nn.Linear(in_channels, heads * self.key_dim)
-        if value == "project":
-            self.head_dim = math.ceil(out_channels / heads) if head_dim is None else head_dim
-            self.value = nn.Linear(in_channels, heads * self.head_dim)
-        else:
-            if head_dim is not None:
-                raise AttnconvError("head_dim applies to value='project' only (shared values have width in_channels)")
-            self.head_dim = in_channels
-        self.out = nn.Linear(heads * self.head_dim, out_channels, bias=bias)
+        if value != "project" and head_dim is not None:
+            raise AttnconvError("head_dim applies to value='project' only (shared values have width in_channels)")
+        self.head_dim = in_channels if value != "project" else math.ceil(out_channels / heads) if head_dim is None \
+            else head_dim
+        asked = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        with AllocationLimit(parameter_limit(), f"SelfAttention2d({asked}, encoding={encoding!r})",
+                             "give fewer channels or heads, or a smaller max_size or pos_dim"):  # before it is allocated
+            self.encoding = build_encoding(
+                encoding, heads, pos_dim=pos_dim, key_dim=self.key_dim, max_size=max_size, init=pos_init
+            )
+            if not self.position_only:
+                self.query = nn.Linear(in_channels, heads * self.key_dim)
+                self.key = nn.Linear(in_channels, heads * self.key_dim)
+            if value == "project":
+                self.value = nn.Linear(in_channels, heads * self.head_dim)
+            self.out = nn.Linear(heads * self.head_dim, out_channels, bias=bias)
         self.impl = impl  # validated by the setter below
 
     # ----------------------------------------------------------------- config
@@ -187,7 +191,7 @@ class SelfAttention2d(nn.Module):
                 f"impl='fused' needs a separable encoding (quadratic, quadratic-diag, learned) and value='shared'; "
                 f"this layer has encoding={self.encoding_name!r}, value={self.value_mode!r}: {use}"
             )
-        self._impl = impl
+        self._impl = str(impl)  # numpy.str_ taken as its str
 
     @property
     def stackable(self) -> bool:
@@ -199,10 +203,12 @@ class SelfAttention2d(nn.Module):
 
         The rule is `attnconv.attention.select.resolve_impl`.
         """
-        return self._resolve(size if size is not None else (self.max_size, self.max_size))
+        size = positive_ints(size, 2, "size", "the input grid (H, W)") if size is not None else \
+            (self.max_size, self.max_size)
+        return self._resolve(size)
 
     def _resolve(self, size: tuple[int, int], shared_dropout: bool = False, per_sample_dropout: bool = False) -> str:
-        return resolve_impl(
+        return choose_impl(
             self._impl, size, shared_values=self.stackable, position_only=self.position_only,
             separable=self.separable, on_cpu=self.out.weight.device.type == "cpu", shared_dropout=shared_dropout,
             per_sample_dropout=per_sample_dropout,

@@ -6,6 +6,9 @@ import logging
 
 import torch
 
+from attnconv.errors import AttnconvError
+from attnconv.limits import positive_ints
+
 IMPLS = ("auto", "dense", "separable", "stacked", "fused", "sdpa")
 # auto: the stacked path up to T = H * W <= STACKED_RATIO * (H + W) tokens (its FLOPs over the
 # separable path's are T / (H + W)); above, the separable path's fewer FLOPs win, run as the
@@ -40,8 +43,22 @@ def resolve_impl(
     which the fused path's batch-wide factors cannot hold: "fused" then runs the separable path.
 
     `explain=True` returns (path, reason), the reason one line saying why that path runs; the
-    choice is also logged at DEBUG level (logger "attnconv.attention.select").
+    choice is also logged at DEBUG level (logger "attnconv.attention.select"). An impl not in IMPLS, or a size
+    that is not two positive integers, is one AttnconvError (a layer's forward, whose inputs are checked, calls
+    `choose_impl` directly).
     """
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise AttnconvError(f"unknown impl {impl!r}; choose one of: {', '.join(IMPLS)}")
+    size = positive_ints(size, 2, "size", "the input grid (H, W)")
+    return choose_impl(impl, size, shared_values=shared_values, position_only=position_only, separable=separable,
+                       on_cpu=on_cpu, shared_dropout=shared_dropout, per_sample_dropout=per_sample_dropout,
+                       explain=explain)
+
+
+def choose_impl(impl: str, size: tuple[int, int], *, shared_values: bool, position_only: bool, separable: bool,
+                on_cpu: bool, shared_dropout: bool = False, per_sample_dropout: bool = False,
+                explain: bool = False) -> str | tuple[str, str]:
+    """`resolve_impl` of an impl and size already checked: what a layer's forward calls, once per call."""
     if impl == "auto":
         chosen, why = _auto(size, shared_values=shared_values, position_only=position_only, separable=separable,
                             on_cpu=on_cpu)

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from attnconv.errors import AttnconvError
+from attnconv.limits import AllocationLimit, parameter_limit
 from attnconv.options import option
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {}
@@ -81,7 +82,8 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
         raise AttnconvError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return REGISTRY[name](**overrides)
+        with AllocationLimit(parameter_limit(), f"model {name!r} with {overrides}", "lower the sizes"):
+            return REGISTRY[name](**overrides)  # one that no machine holds: refused before it is allocated
     except TypeError as err:  # an override this model does not take: name it, not the constructor
         # Python names the key raw between quotes; any key, whatever its characters, is found by comparing.
         unknown = next((k for k in overrides if f"unexpected keyword argument '{k}'" in str(err)), None)
