@@ -263,3 +263,29 @@ def test_a_ctrl_c_that_the_code_it_landed_in_wrapped_is_one_interrupted_line(mon
     monkeypatch.setattr(evaluate, "run_table", table)
     assert main(["table", "x"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_round_72_b_a_second_ctrl_c_while_interrupted_is_said_is_not_a_traceback():
+    """Round 72: two SIGINTs close together (`timeout -s INT` sends the process group one too) ended a command in two
+    chained KeyboardInterrupt tracebacks, killed by the signal, when the second landed while `main` said the first
+    (2 of 8 tries with two signals 0.2 ms apart). Here the second is sent from inside the saying of the first."""
+    code = r'''
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+import attnconv.cli as cli
+
+def run(argv, process):  # the first Ctrl-C, in the command
+    raise KeyboardInterrupt
+
+said = cli.one_line
+
+def one_line(text):  # the second, while the first is said
+    os.kill(os.getpid(), signal.SIGINT)
+    return said(text)
+
+cli._run, cli.one_line = run, one_line
+sys.argv = ["attnconv", "eval", "x"]
+sys.exit(cli.main())
+'''
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130 and proc.stderr == "interrupted\n", (proc.returncode, proc.stderr[-3000:])

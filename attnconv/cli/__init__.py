@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 return _run(argv, process)
             except KeyboardInterrupt as err:  # train's says the step and how to resume (errors.Interrupted)
+                if process and threading.current_thread() is threading.main_thread():
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second SIGINT while this is said (`timeout -s
+                    # INT` sends the group one too) raised out of this handler, a traceback: the exit is 130 already
                 print(one_line(err.as_flag() if isinstance(err, Interrupted) else str(err)) or "interrupted",
                       file=sys.stderr)
                 _said.append(True)  # a second SIGINT after it (`timeout -s INT` sends one to the group too): nothing
