@@ -24,8 +24,9 @@ style sheet is inline, so the file can be mailed, archived or opened offline. Se
 Errors are never buried in the page. A section is left out only when the run itself cannot
 have it (its data is not on this machine; attention the analysis cannot take): the page says
 so in a note and `write_report` warns (`AttnconvWarning`: one `warning:` line from the CLI).
-Anything else that makes a section impossible (a `--dataset` that does not fit the run, data
-that changed since training, a corrupt file) fails the whole report with its one error.
+Anything else that makes a section impossible (a `--dataset` that does not fit the run, a corrupt
+file) fails the whole report with its one error. Test data that changed since training is measured
+as it is now, said in one `warning:` line and in a note above the page's test results.
 
 Content-attention models are averaged over `images` test images sampled across the
 classes (`Run.test_images`, a fixed seed), as in `attnconv plot` and `attnconv analyze`.

@@ -676,3 +676,25 @@ def test_round_72_a_resolved_impl_checks_its_size_and_impl_and_layers_no_machine
 
     layer.impl = np.str_("dense")
     assert type(layer.impl) is str and "impl='dense'" in repr(layer)
+
+
+def test_round_73_a_a_forward_whose_attention_no_machine_holds_and_models_named_wrong():
+    """Round 73: `SelfAttention2d.forward` of a 512x512 input on the dense path (or a content layer's stacked one)
+    ended in torch's allocator error where `attention_scores` refuses it first; `build_model('sa-quadratic',
+    encoding=...)` was Python's "ClassifierConfig() got multiple values for keyword argument 'encoding'", and
+    `build_model(['vit'])` a bare "unhashable type"."""
+    from attnconv import build_model
+
+    for layer, side in ((SelfAttention2d(2, heads=1, impl="dense"), 512),
+                        (SelfAttention2d(2, heads=1, encoding="learned-content", max_size=1024), 1024)):
+        with pytest.raises(AttnconvError, match=rf"the attention of {side}x{side} tokens .*: needs about .* of memory"):
+            layer(torch.randn(1, 2, side, side))
+    assert SelfAttention2d(2, heads=1)(torch.randn(1, 2, 512, 512)).shape == (1, 2, 512, 512)  # fused: no T x T
+    with pytest.raises(AttnconvError, match=r"model 'sa-quadratic' has the 'quadratic' encoding, which its name says: "
+                                            r"leave encoding out, or build 'sa-learned' for 'learned'"):
+        build_model("sa-quadratic", encoding="learned")
+    with pytest.raises(AttnconvError, match=r"leave encoding out, or build one named for another \(sa-quadratic, "):
+        build_model("sa-learned", encoding="bogus")
+    assert build_model("sa-learned", encoding="learned", hidden=8, heads=2, layers=1).config.encoding == "learned"
+    with pytest.raises(AttnconvError, match=r"unknown model \['vit'\]; choose one of: resnet18"):
+        build_model(["vit"])

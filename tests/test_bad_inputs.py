@@ -1972,3 +1972,14 @@ def test_round_71_b_number_like_options_and_names_that_read_alike_escaped_once(t
         err = capsys.readouterr().err
         assert said in err and "\\\\u" not in err and "\\\\\\\\" not in err, err
         assert not (tmp_path / "r").exists()
+
+
+def test_round_73_a_the_alpha_range_said_is_the_one_taken(capsys):
+    """Round 73: `--alpha 0` was told "give a number from 1e-09 to 1e+09", and any alpha above 10000 was then refused
+    by the layer's own range, (0, 10000]: the range said is the converted layers' (`construct.bound.MAX_ALPHA`)."""
+    from attnconv.cli import main, ranges
+    from attnconv.construct.bound import MAX_ALPHA
+
+    assert ranges()["alpha"][1] == MAX_ALPHA
+    assert main(["express", "--alpha", "20000"]) == 2
+    assert "--alpha 20000.0 is out of range: give a number from 1e-09 to 10000" in capsys.readouterr().err

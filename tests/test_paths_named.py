@@ -470,7 +470,12 @@ def test_round_34_columns_reordered_bench_with_stdout_closed_and_a_board_folder_
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (str(p) == str(board) and mode & os.R_OK)
                         and real(p, mode, **kw))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(AttnconvError, match="tensorboard: this user may not list it, as the event files need; give"):
+        check_board_folder(tmp_path / "run")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # round 73: root, refused by `chattr +i`, was told to chmod
+    with pytest.raises(AttnconvError, match=r"event files need; root is refused only by a folder marked immutable "
+                                            r"\(lsattr shows an i; chattr -i lifts it\)"):
         check_board_folder(tmp_path / "run")
 
 

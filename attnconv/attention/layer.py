@@ -316,6 +316,13 @@ class SelfAttention2d(nn.Module):
     def _heads_output(self, impl: str, x: Tensor) -> Tensor:
         """Every head's attention-weighted values (B, H, W, heads * D), by the backend `impl` (not fused)."""
         B, H, W, _ = x.shape
+        if impl != "separable" and not torch.compiler.is_compiling():  # token-by-token scores and probabilities:
+            # refused before they are allocated where no machine holds them (one matrix for the batch where the
+            # stacked path shares its position-only probabilities)
+            images = 1 if impl == "stacked" and self.position_only else B
+            check_memory(8 * images * self.heads * float(H * W) ** 2, f"the attention of {H}x{W} tokens (impl "
+                         f"{impl!r}: {images} x {self.heads} matrices of image x head)",
+                         "give a smaller input (or fewer images)" + (", or impl='separable'" if self.separable else ""))
         p, per_sample = self._dropout_p(), self._per_sample()
         if impl == "dense":
             v = self._values(x)  # before the probabilities: x's gradient terms sum in a fixed order

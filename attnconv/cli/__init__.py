@@ -183,8 +183,8 @@ def _takes_option(parser: argparse.ArgumentParser, arg: str) -> bool:
 # config fields' flags take theirs from the fields (`attnconv.options`). `ranges()` merges both and
 # `check_ranges` checks them before a command does any work; tests/test_bad_inputs.py checks that no
 # int or float flag is missing. Commands check finer rules (e.g. an odd kernel) themselves.
-_CLI_RANGES: dict[str, tuple[float, float]] = {
-    "dim": (1, 3), "log_every": (1, 10**12), "alpha": (1e-9, 1e9), "memory_budget_gb": (1e-6, 1e6),
+_CLI_RANGES: dict[str, tuple[float, float]] = {  # alpha's top: construct.bound.MAX_ALPHA, a converted layer's
+    "dim": (1, 3), "log_every": (1, 10**12), "alpha": (1e-9, 1e4), "memory_budget_gb": (1e-6, 1e6),
     "images": (1, 2**20), "eval_images": (1, 10**9), "image": (0, 10**9), "layer": (1, 10**4),
     "zoom": (1, 10**4), "kernel": (1, 99), "steps": (0, 10**9), "top": (1, 10**6),
     "channels": (1, 65536), "size": (1, 8192), "port": (0, 65535), "epoch": (0, 10**6),

@@ -103,7 +103,7 @@ def register(subparsers) -> None:
     r.add_argument("--tensorboard", action="store_true",
                    help="also write TensorBoard event files into RUN_DIR/tensorboard/ (train loss, accuracy and "
                         "LR every --log-every steps, test loss and accuracy every epoch; needs `pip install "
-                        "tensorboard`)")
+                        "tensorboard`); not recorded in the run: give it again with --resume to go on writing them")
     m = p.add_argument_group("model overrides")
     for cls, name, _ in _model_fields():
         add_field_flags(m, cls, (name,))

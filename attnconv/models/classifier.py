@@ -192,6 +192,13 @@ class AttentionClassifier(nn.Module):
 
 def _factory(encoding: str):
     def build(**overrides) -> AttentionClassifier:
+        if "encoding" in overrides:  # the model's name says its encoding: the same one taken, another named
+            asked = overrides.pop("encoding")
+            if asked != encoding:
+                named = next((n for n, e in _ENCODINGS.items() if e == asked), None)
+                pick = f"build {named!r} for {asked!r}" if named else f"build one named for another ({', '.join(_ENCODINGS)})"
+                raise AttnconvError(f"model {_NAMES[encoding]!r} has the {encoding!r} encoding, which its name says: "
+                                    f"leave encoding out, or {pick}")
         return AttentionClassifier(ClassifierConfig(encoding=encoding, **overrides))
 
     build.__doc__ = f"The paper's attention classifier with the {encoding!r} encoding."
@@ -199,10 +206,9 @@ def _factory(encoding: str):
     return build
 
 
-for _name, _encoding in (
-    ("sa-quadratic", "quadratic"),
-    ("sa-quadratic-aniso", "quadratic-aniso"),
-    ("sa-learned", "learned"),
-    ("sa-learned-content", "learned-content"),
-):
+# The attention classifiers by name, each with its encoding.
+_ENCODINGS = {"sa-quadratic": "quadratic", "sa-quadratic-aniso": "quadratic-aniso", "sa-learned": "learned",
+              "sa-learned-content": "learned-content"}
+_NAMES = {e: n for n, e in _ENCODINGS.items()}
+for _name, _encoding in _ENCODINGS.items():
     register_model(_name)(_factory(_encoding))

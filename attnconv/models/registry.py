@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from attnconv.errors import AttnconvError
-from attnconv.limits import AllocationLimit, parameter_limit
+from attnconv.limits import AllocationLimit, parameter_limit, shown_value
 from attnconv.options import option
 
 REGISTRY: dict[str, Callable[..., nn.Module]] = {}
@@ -78,8 +78,8 @@ def build_model(name: str, **overrides: Any) -> nn.Module:
 
     Overrides that are None are ignored, so CLI flags can be passed straight through.
     """
-    if name not in REGISTRY:
-        raise AttnconvError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise AttnconvError(f"unknown model {shown_value(name)}; choose one of: {', '.join(list_models())}")
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
         with AllocationLimit(parameter_limit(), f"model {name!r} with {overrides}", "lower the sizes"):
