@@ -698,3 +698,41 @@ def test_round_73_a_a_forward_whose_attention_no_machine_holds_and_models_named_
     assert build_model("sa-learned", encoding="learned", hidden=8, heads=2, layers=1).config.encoding == "learned"
     with pytest.raises(AttnconvError, match=r"unknown model \['vit'\]; choose one of: resnet18"):
         build_model(["vit"])
+
+
+def test_round_74_a_memory_estimates_defaults_and_image_dtypes(monkeypatch):
+    """Round 74: the forward's memory check counted 8 bytes a token pair whatever the dtype and path (float64 dense
+    peaked at 2x that, sdpa at 3.1x, a content layer at 1.5x), and one matrix for a batch on the stacked path even
+    where a dropout mask per image copies it per image; `model_defaults` gave every sa-* model encoding 'quadratic'
+    (so `build_model(n, **model_defaults(n))` failed); the sa-* and ViT models took images of any dtype to torch's
+    first matmul ("expected m1 and m2 to have the same dtype")."""
+    import attnconv.limits as limits
+    from attnconv import build_model
+    from attnconv.models.registry import model_defaults
+
+    T2 = float(6 * 6) ** 2
+    cases = [(SelfAttention2d(2, heads=3, impl="dense").double(), 3 * 8 * 2 * 3 * T2),
+             (SelfAttention2d(2, heads=3, impl="sdpa"), 4 * 4 * 2 * 3 * T2),
+             (SelfAttention2d(2, heads=3, impl="stacked"), 3 * 4 * 1 * 3 * T2),
+             (SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1).train(), 3 * 4 * 2 * 3 * T2)]
+    asked = []
+    monkeypatch.setattr(limits, "physical_memory", lambda: 1)  # every check refuses: what it counted is recorded
+    real = limits.check_memory
+    monkeypatch.setattr("attnconv.attention.layer.check_memory",
+                        lambda need, *a, **k: asked.append(need) or real(need, *a, **k))
+    for layer, need in cases:
+        x = torch.randn(2, 2, 6, 6, dtype=layer.out.weight.dtype)
+        with pytest.raises(AttnconvError, match="the attention of 6x6 tokens"):
+            layer(x)
+        assert asked[-1] == need, (layer, asked[-1], need)
+    monkeypatch.undo()
+    for name in ("sa-quadratic", "sa-quadratic-aniso", "sa-learned", "sa-learned-content"):
+        defaults = model_defaults(name)
+        assert defaults["encoding"] == name.removeprefix("sa-")
+        model = build_model(name, **{**defaults, "hidden": 8, "heads": 2, "layers": 1, "image_size": 8})
+        assert model.config.encoding == defaults["encoding"]
+    for name, size in (("sa-quadratic", 8), ("vit", 32)):
+        model = build_model(name, **({"hidden": 8, "heads": 2, "layers": 1} if name != "vit" else {}))
+        for dtype in (torch.uint8, torch.float64):
+            with pytest.raises(AttnconvError, match=r"^x is .*(not computed with|float64).*"):
+                model(torch.zeros(1, 3, size, size, dtype=dtype))

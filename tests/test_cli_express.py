@@ -126,3 +126,16 @@ def test_express_as_a_module_exits_2_without_traceback():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --groups 3 must divide --in-channels 4"
+
+
+def test_round_74_b_weights_that_are_not_finite_are_refused(tmp_path, capsys):
+    """Round 74: `express --weights` of a NaN or inf weight (or bias) printed `relative error ... = nan` and a NaN
+    leakage bound, exit 0; it is one line naming the tensor and the file, nothing measured."""
+    argv = ["express", "--in-channels", "2", "--out-channels", "4", "--weights"]
+    for name, tensors in (("weight", {"weight": torch.full((4, 2, 3, 3), float("nan"))}),
+                          ("bias", {"weight": torch.randn(4, 2, 3, 3), "bias": torch.tensor([0, float("inf"), 0, 0])})):
+        path = tmp_path / f"{name}.safetensors"
+        save_file(tensors, str(path))
+        assert main([*argv, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"'{name}' in {path} holds" in err and "NaN or infinite" in err and len(err.splitlines()) == 1

@@ -317,11 +317,15 @@ class SelfAttention2d(nn.Module):
         """Every head's attention-weighted values (B, H, W, heads * D), by the backend `impl` (not fused)."""
         B, H, W, _ = x.shape
         if impl != "separable" and not torch.compiler.is_compiling():  # token-by-token scores and probabilities:
-            # refused before they are allocated where no machine holds them (one matrix for the batch where the
-            # stacked path shares its position-only probabilities)
-            images = 1 if impl == "stacked" and self.position_only else B
-            check_memory(8 * images * self.heads * float(H * W) ** 2, f"the attention of {H}x{W} tokens (impl "
-                         f"{impl!r}: {images} x {self.heads} matrices of image x head)",
+            # refused before they are allocated where no machine holds them: scores, probabilities and one more of
+            # their size at once (sdpa: two), in at least float32; one matrix for the batch where the stacked path
+            # shares its position-only probabilities, unless a dropout mask per image copies them per image
+            shared = impl == "stacked" and self.position_only and not (self._dropout_p() and self._per_sample())
+            images = 1 if shared else B
+            work = torch.promote_types(self.out.weight.dtype, torch.float32).itemsize
+            check_memory((4 if impl == "sdpa" else 3) * work * images * self.heads * float(H * W) ** 2,
+                         f"the attention of {H}x{W} tokens (impl {impl!r}: {images} x {self.heads} matrices of image x "
+                         "head)",
                          "give a smaller input (or fewer images)" + (", or impl='separable'" if self.separable else ""))
         p, per_sample = self._dropout_p(), self._per_sample()
         if impl == "dense":

@@ -147,6 +147,10 @@ def _load_weights(
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and not t.is_floating_point():
             raise AttnconvError(f"'{name}' in {path} has dtype {t.dtype}; expected floating point")
+        if t is not None and not bool(t.isfinite().all()):  # the errors and the bound would be NaN, measured nothing
+            bad = int((~t.isfinite()).sum())
+            raise AttnconvError(f"'{name}' in {path} holds {bad} NaN or infinite value{'s' if bad != 1 else ''}; give "
+                                "a convolution's finite weights")
     if bias_flag is True and bias is None:
         raise AttnconvError(f"--bias given but {path} has no 'bias' tensor")
     if bias_flag is False and bias is not None:

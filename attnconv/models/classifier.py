@@ -27,6 +27,7 @@ from torch import Tensor
 from attnconv.attention import SelfAttention2d
 from attnconv.attention.select import IMPLS
 from attnconv.errors import AttnconvError
+from attnconv.limits import tensor_argument
 from attnconv.models.registry import ImageModelConfig, register_model, run_blocks
 from attnconv.options import FieldError, check_fields, option
 from attnconv.positional import ENCODINGS, POS_INITS
@@ -167,6 +168,7 @@ class AttentionClassifier(nn.Module):
     def tokens(self, x: Tensor) -> Tensor:
         """(B, C, H, W) image -> (B, H/d, W/d, hidden) embedded tokens."""
         cfg = self.config
+        tensor_argument(x, "x", f"images (B, {cfg.in_channels}, H, W)", like=self.embed.weight, owner="the model")
         if x.ndim != 4 or x.shape[1] != cfg.in_channels or x.shape[2] % cfg.downsample or x.shape[3] % cfg.downsample:
             raise AttnconvError(
                 f"model expects images (B, {cfg.in_channels}, H, W) with H, W divisible by {cfg.downsample}, "
@@ -203,6 +205,7 @@ def _factory(encoding: str):
 
     build.__doc__ = f"The paper's attention classifier with the {encoding!r} encoding."
     build.config_class = ClassifierConfig  # its options' defaults (`registry.model_defaults`)
+    build.fixed = {"encoding": encoding}  # set by its name, whatever the config class's default
     return build
 
 

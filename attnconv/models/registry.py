@@ -66,10 +66,11 @@ def model_defaults(name: str) -> dict[str, Any]:
     if fn is None:
         return {}
     cls = getattr(fn, "config_class", None)
-    if cls is not None:
-        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                for f in dataclasses.fields(cls) if f.init and (f.default is not dataclasses.MISSING
-                                                                or f.default_factory is not dataclasses.MISSING)}
+    if cls is not None:  # `fixed`: options the model's name sets (an attention classifier's encoding)
+        return {**{f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                   for f in dataclasses.fields(cls) if f.init and (f.default is not dataclasses.MISSING
+                                                                   or f.default_factory is not dataclasses.MISSING)},
+                **getattr(fn, "fixed", {})}
     return {p.name: p.default for p in inspect.signature(fn).parameters.values() if p.default is not p.empty}
 
 

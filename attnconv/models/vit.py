@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
+from attnconv.limits import tensor_argument
 from attnconv.models.registry import ImageModelConfig, register_model, run_blocks
 from attnconv.options import FieldError, check_fields, option
 
@@ -153,6 +154,8 @@ class ViT(nn.Module):
     def tokens(self, x: Tensor) -> Tensor:
         """(B, C, H, W) image -> (B, 1 + (H/p)(W/p), hidden): the class token, then the patches row by row."""
         cfg = self.config
+        tensor_argument(x, "x", f"images (B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size})",
+                        like=self.head.weight, owner="the model")  # not the patch embedding: converted, it has none
         if x.ndim != 4 or x.shape[1] != cfg.in_channels or tuple(x.shape[2:]) != (cfg.image_size, cfg.image_size):
             raise AttnconvError(f"model expects images (B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size}) "
                                 f"(its position embeddings are for that size), got {tuple(x.shape)}")
