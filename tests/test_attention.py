@@ -693,7 +693,8 @@ def test_round_73_a_a_forward_whose_attention_no_machine_holds_and_models_named_
     with pytest.raises(AttnconvError, match=r"model 'sa-quadratic' has the 'quadratic' encoding, which its name says: "
                                             r"leave encoding out, or build 'sa-learned' for 'learned'"):
         build_model("sa-quadratic", encoding="learned")
-    with pytest.raises(AttnconvError, match=r"leave encoding out, or build one named for another \(sa-quadratic, "):
+    with pytest.raises(AttnconvError, match=r"leave encoding out, or build one named for another \(sa-quadratic, "
+                                            r"sa-quadratic-aniso, sa-learned-content\)"):
         build_model("sa-learned", encoding="bogus")
     assert build_model("sa-learned", encoding="learned", hidden=8, heads=2, layers=1).config.encoding == "learned"
     with pytest.raises(AttnconvError, match=r"unknown model \['vit'\]; choose one of: resnet18"):

@@ -113,7 +113,8 @@ def _per_axis(name: str, values: list[int], dim: int) -> tuple[int, ...]:
     if len(values) == 1:
         return tuple(values) * dim
     if len(values) != dim:
-        raise AttnconvError(f"--{name} needs 1 or {dim} values for --dim {dim}, got {len(values)}")
+        raise AttnconvError(f"--{name} needs {'1 value' if dim == 1 else f'1 or {dim} values'} for --dim {dim}, got "
+                            f"{len(values)}")
     return tuple(values)
 
 

@@ -198,7 +198,8 @@ def _factory(encoding: str):
             asked = overrides.pop("encoding")
             if asked != encoding:
                 named = next((n for n, e in _ENCODINGS.items() if e == asked), None)
-                pick = f"build {named!r} for {asked!r}" if named else f"build one named for another ({', '.join(_ENCODINGS)})"
+                others = ", ".join(n for n, e in _ENCODINGS.items() if e != encoding)
+                pick = f"build {named!r} for {asked!r}" if named else f"build one named for another ({others})"
                 raise AttnconvError(f"model {_NAMES[encoding]!r} has the {encoding!r} encoding, which its name says: "
                                     f"leave encoding out, or {pick}")
         return AttentionClassifier(ClassifierConfig(encoding=encoding, **overrides))
