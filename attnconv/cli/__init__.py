@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from attnconv.cli.placement import (
-    _chosen_parsers,
-    _misplaced,
-    _unknown_options,
-    _valued_option_before_its_command,
+    chosen_parsers,
+    misplaced,
+    unknown_options,
+    valued_option_before_its_command,
 )
 from attnconv.errors import AttnconvError, AttnconvWarning, Interrupted, ParameterError, shown_before, warnings_shown
 from attnconv.streams import unwrap
@@ -63,16 +63,16 @@ class _Parser(argparse.ArgumentParser):
         try:
             parsed, extras = self.parse_known_args(argv, namespace)
         except AttnconvError as err:  # `attnconv --device cpu eval RUN`: argparse read `cpu` as the command's name
-            said = _valued_option_before_its_command(self, argv)
+            said = valued_option_before_its_command(self, argv)
             if said is None and "arguments are required" in str(err):  # `attnconv eval -x`: the -x, not RUN_DIR
-                said = _unknown_options(self, argv)
+                said = unknown_options(self, argv)
             if said is None:
                 raise
             raise AttnconvError(said) from None
         if extras:
-            chosen = _chosen_parsers(self, parsed)
+            chosen = chosen_parsers(self, parsed)
             for extra in extras:  # an option of a command given before its name (`attnconv --json eval RUN`)
-                taker = _misplaced(argv, chosen, parsed, extra)
+                taker = misplaced(argv, chosen, parsed, extra)
                 if taker is not None:
                     raise AttnconvError(f"{self.prog}: {extra} is an option of `{taker.prog}`, given before its name: "
                                         f"put it after `{taker.prog}` (see `{taker.prog} --help`)")
@@ -140,7 +140,7 @@ def check_ranges(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         from attnconv.precision import check_device
 
         check_device(args.device)
-    chosen = [a for p in _chosen_parsers(parser, args) for a in p._actions]
+    chosen = [a for p in chosen_parsers(parser, args) for a in p._actions]
     for action in chosen:  # "" is no path or name: "$RUN" of an unset variable
         value = getattr(args, action.dest, None)
         if value == "" or (isinstance(value, list) and "" in value):

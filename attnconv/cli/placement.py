@@ -8,13 +8,13 @@ import argparse
 import re
 
 
-def _chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+def chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
     """The parsers of the command `args` chose, from the top level to the innermost subcommand."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             chosen = action.choices.get(getattr(args, action.dest, None) or "")
             if chosen is not None:
-                return [parser, *_chosen_parsers(chosen, args)]
+                return [parser, *chosen_parsers(chosen, args)]
     return [parser]
 
 
@@ -23,7 +23,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return next((dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
 
 
-def _valued_option_before_its_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+def valued_option_before_its_command(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     """The error of an option that takes a value, given before the name of the (sub)command that takes it, whose value
     argparse then read as the command's name; None where argv holds none."""
     end = argv.index("--") if "--" in argv else len(argv)
@@ -50,7 +50,7 @@ def _valued_option_before_its_command(parser: argparse.ArgumentParser, argv: lis
     return None
 
 
-def _unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     """The error of options in argv that the (sub)command they stand after does not take (`attnconv eval -x`, which
     argparse reports as a missing RUN_DIR: it counts the required arguments first); None where argv holds none."""
     end = argv.index("--") if "--" in argv else len(argv)
@@ -74,7 +74,7 @@ def _negative_number(parser: argparse.ArgumentParser, arg: str) -> bool:
     return bool(matcher.match(arg)) and not getattr(parser, "_has_negative_number_optionals", [])
 
 
-def _misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,
+def misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,
                extra: str) -> argparse.ArgumentParser | None:
     """The chosen (sub)command whose option `extra` is, where `extra` stands in `argv` before that command's name
     (and before any `--`, after which every argument is a value); None where it stands elsewhere."""
