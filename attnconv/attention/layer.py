@@ -141,8 +141,10 @@ class SelfAttention2d(nn.Module):
         pos_dim = in_channels if pos_dim is None else pos_dim
         if value != "project" and head_dim is not None:
             raise AttnconvError("head_dim applies to value='project' only (shared values have width in_channels)")
-        self.head_dim = in_channels if value != "project" else math.ceil(out_channels / heads) if head_dim is None \
-            else head_dim
+        if value != "project":
+            self.head_dim = in_channels  # shared values: the input's width
+        else:
+            self.head_dim = math.ceil(out_channels / heads) if head_dim is None else head_dim
         asked = ", ".join(f"{k}={v}" for k, v in sizes.items())
         with AllocationLimit(parameter_limit(), f"SelfAttention2d({asked}, encoding={encoding!r})",
                              "give fewer channels or heads, or a smaller max_size or pos_dim"):  # before it is allocated
@@ -230,14 +232,13 @@ class SelfAttention2d(nn.Module):
         A channels-last tensor seen through `.permute(0, 3, 1, 2)` goes in and comes out without a
         copy: blocks that keep (B, H, W, C) call the layer this way, as a module.
         """
-        if isinstance(x, Tensor) and x.ndim == 3:  # unbatched, as a convolution takes it, and contiguous as its output
-            self._check_input(x, unbatched=True)
-            return self.forward(x[None])[0].contiguous()
-        self._check_input(x, unbatched=True)
-        y = self._tokens(x.permute(0, 2, 3, 1))  # (B, H, W, C_out); checked above, in its own layout's words
+        self._check_input(x, unbatched=True)  # once, in the words of the input as given
+        unbatched = x.ndim == 3  # as a convolution takes it: run as a batch of one
+        y = self._tokens((x[None] if unbatched else x).permute(0, 2, 3, 1))  # (B, H, W, C_out)
         if self.stride != 1:
             y = y[:, :: self.stride, :: self.stride]  # the strided queries, as a strided conv keeps them
-        return y.permute(0, 3, 1, 2)
+        y = y.permute(0, 3, 1, 2)
+        return y[0].contiguous() if unbatched else y  # contiguous, as the convolution's unbatched output
 
     def output_size(self, size: tuple[int, int]) -> tuple[int, int]:
         """The output's (H, W) for an input of (H, W): ceil(side / stride)."""
