@@ -425,10 +425,11 @@ class SelfAttention2d(nn.Module):
         x is (B, C_in, H, W), or one unbatched (C_in, H, W) as `forward` takes it (its scores as a batch of one);
         position-only layers accept `size=(H, W)` instead.
         """
-        if isinstance(x, Tensor) and x.ndim == 3:
-            self._check_input(x, unbatched=True)
+        unbatched = isinstance(x, Tensor) and x.ndim == 3
+        if unbatched:
+            self._check_input(x, unbatched=True)  # once, in the words of the input as given
             x = x[None]
-        x_tokens, H, W = self._analysis_input(x, size)
+        x_tokens, H, W = self._analysis_input(x, size, checked=unbatched)
         # (B, heads, T, T) float32 per term, and as much again for the softmax: refused before any is allocated
         check_memory(16 * (1 if x is None else len(x)) * self.heads * float(H * W) ** 2,
                      f"the attention of {H}x{W} tokens", "give a smaller size (or fewer images)")
@@ -452,10 +453,11 @@ class SelfAttention2d(nn.Module):
             raise AttnconvError(f"unknown score term {term!r}; this layer has: {', '.join(scores)}")
         return scores[term].softmax(-1)
 
-    def _analysis_input(self, x: Tensor | None, size) -> tuple[Tensor | None, int, int]:
+    def _analysis_input(self, x: Tensor | None, size, checked: bool = False) -> tuple[Tensor | None, int, int]:
         weights_with_values(self.out.weight)  # an analysis computes with them
         if x is not None:
-            self._check_input(x)
+            if not checked:
+                self._check_input(x)
             return x.permute(0, 2, 3, 1), x.shape[2], x.shape[3]
         if size is None:
             raise AttnconvError("give the input x, or size=(H, W) for a position-only layer")
