@@ -112,6 +112,13 @@ def test_cli_prints_the_table_and_json_and_refuses_bad_kernels(tmp_path, capsys)
     assert json.loads(capsys.readouterr().out)[0]["layers"][0]["moved_mean"] == 1.0
     assert main(["compare", str(tmp_path / "r"), "--kernels", "3,x"]) == 2
     assert "--kernels" in capsys.readouterr().err
+    for bad in ("0", "3,16", ","):  # said in the flag's own words, not as the library's tuple
+        assert main(["compare", str(tmp_path / "r"), "--kernels", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--kernels '{bad}': give comma-separated kernel sizes from 1 to 15" in err and "(" not in err, err
+    # one table or the other, not one silently over the other
+    assert main(["compare", str(tmp_path / "r"), "--json", "--markdown"]) == 2
+    assert "--markdown: not allowed with argument --json" in capsys.readouterr().err
     assert main(["compare", str(tmp_path / "nope")]) == 2
 
 

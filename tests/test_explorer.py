@@ -392,6 +392,7 @@ def test_a_cnn_run_is_refused_with_one_line(runs, capsys):
     assert main(["explore", str(runs["resnet18"]), "--port", "0", "--no-browser"]) == 2
     err = capsys.readouterr().err
     assert "no attention layers" in err and len(err.strip().splitlines()) == 1
+    assert "analyze" not in err  # the words of every command that looks at attention, not of `analyze` alone
     assert main(["explore", str(runs["sa-quadratic"]), "--images", "0", "--no-browser"]) == 2
     assert "--images 0 is out of range" in capsys.readouterr().err
 

@@ -99,8 +99,9 @@ def register(subparsers) -> None:
     c.add_argument("--epoch", type=int, help="compare after this many epochs (default: each run's last)")
     c.add_argument("--kernels", default="3", metavar="LIST",
                    help="comma-separated grid sizes K to match the centers against (default 3; e.g. 3,4)")
-    c.add_argument("--markdown", action="store_true", help="print a Markdown table instead of aligned text")
-    c.add_argument("--json", action="store_true", help="print the rows as JSON")
+    shown = c.add_mutually_exclusive_group()
+    shown.add_argument("--markdown", action="store_true", help="print a Markdown table instead of aligned text")
+    shown.add_argument("--json", action="store_true", help="print the rows as JSON")
     c.set_defaults(func=run_compare)
 
 
@@ -220,7 +221,10 @@ def run_compare(args: argparse.Namespace) -> int:
     try:
         kernels = tuple(int(k) for k in args.kernels.split(","))
     except ValueError:
-        raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated whole numbers, e.g. 3,4") from None
+        kernels = ()
+    if not kernels or not all(1 <= k <= 15 for k in kernels):
+        raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated kernel sizes from 1 to 15, "
+                            "e.g. 3,4")
     rows = compare_groups(args.groups, epoch=args.epoch, kernels=kernels)
     if args.json:
         print(json.dumps(json_ready(rows), indent=1, allow_nan=False))

@@ -162,7 +162,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     except Exception as err:  # a model that does not take this shape: say so, naming the shape tried
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise NoAttentionLayers(
-            f"{type(model).__name__} has no attention layers to analyze: a forward pass of {tuple(input_shape)} "
+            f"{type(model).__name__}: no attention layers were found: a forward pass of {tuple(input_shape)} "
             f"images (two, then one), to find its attention, failed ({type(err).__name__}: {first}); give the input "
             "shape it takes") from None
     sites, seen = [], set()
@@ -184,7 +184,7 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
             + (" (give grid= where the tokens lie on a grid their count does not tell)"
                if any(r.size is None and "keys" not in r.shared for r in records) else ""))
     raise NoAttentionLayers(
-        f"{type(model).__name__} has no attention layers to analyze; give a run of an attention model "
+        f"{type(model).__name__} has no attention layers; give a run of an attention model "
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
 
 
