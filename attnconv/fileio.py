@@ -33,12 +33,12 @@ from attnconv.errors import DamagedFile, ParameterError
 
 # What a path is, in words (`attnconv.pathwords`): also this module's names, which its users import here.
 from attnconv.pathwords import (  # noqa: F401
-    PERMISSION_FIX,
     Unreadable,
     dangling_link,
     file_kind,
     not_a_file,
     not_a_folder,
+    permission_fix,
     permission_words,
     unreadable_folder,
 )
@@ -197,7 +197,7 @@ def open_regular(path: str | os.PathLike, fix: str) -> BinaryIO:
         if fd >= 0:
             os.close(fd)
         if isinstance(err, PermissionError):  # a sound file this user may not read: the fix is the permission
-            raise Unreadable(f"{path}: {permission_words(path)}; {PERMISSION_FIX}") from None
+            raise Unreadable(f"{path}: {permission_words(path)}; {permission_fix(path)}") from None
         raise
     # From here the file object owns fd: a Ctrl-C inside fdopen must not close it here too, or the object would close
     # the number again when collected, by then another file's ("Bad file descriptor" on a sound file, later).

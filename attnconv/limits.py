@@ -234,6 +234,11 @@ def weights_with_values(weights: torch.Tensor, owner: str = "the layer", then: s
                             f"({owner.split()[-1]}.to_empty(device='{device}'), then load_state_dict){then}")
 
 
+def one_image_hint(x: torch.Tensor, channels: int) -> str:
+    """` (one image: give x[None])` where a model that takes batches only was given one unbatched image, else ''."""
+    return " (one image: give x[None])" if x.ndim == 3 and x.shape[0] == channels else ""
+
+
 def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",
                     values: bool = False, floating: bool = True, same_dtype: bool = True, finite: bool = False
                     ) -> torch.Tensor:

@@ -108,7 +108,28 @@ def permission_words(path: str | os.PathLike) -> str:
     return "permission denied"
 
 
-PERMISSION_FIX = "give this user the permission (chmod), or run as the files' owner"
+def permission_fix(path: str | os.PathLike | None = None) -> str:
+    """The fix for a permission refused at `path` (or at a place not named): the mode bits (chmod) or the owner for
+    a user; for root, whom no mode refuses, the immutable flag that does (chattr -i) or a read-only file system;
+    a read-only file system for anyone, where `path`'s file system is one."""
+    try:
+        read_only = path is not None and bool(os.statvfs(_existing(path)).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows), or nothing of the path exists
+        read_only = False
+    if read_only:
+        return "it is on a read-only file system; choose another location"
+    if getattr(os, "geteuid", lambda: -1)() == 0:
+        return ("root is refused only by a file or folder marked immutable (lsattr shows an i; chattr -i lifts it) "
+                "or a read-only file system")
+    return "give this user the permission (chmod), or run as the files' owner"
+
+
+def _existing(path: str | os.PathLike) -> str:
+    """`path`, or the nearest folder above it that exists (what a file not yet written would be on)."""
+    here = os.path.abspath(os.fspath(path))
+    while not os.path.lexists(here) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    return here
 
 
 def shell_path(path: str | os.PathLike) -> str:

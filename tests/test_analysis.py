@@ -136,7 +136,9 @@ def test_content_model_average_is_the_mean_of_single_images(runs):
 
 def test_a_cnn_has_no_attention_layers_to_analyze():
     with pytest.raises(AttnconvError, match="no attention layers"):
-        attention_sites(build_model("resnet18", width=2), (1, 28, 28))
+        attention_sites(build_model("resnet18", width=2, in_channels=1), (1, 28, 28))
+    with pytest.raises(AttnconvError, match=r"model expects images \(B, 3, H, W\), got \(2, 1, 28, 28\)"):
+        attention_sites(build_model("resnet18", width=2), (1, 28, 28))  # an input shape the model does not take
 
 
 def test_every_attention_layer_follows_the_protocol(runs):

@@ -715,7 +715,7 @@ def test_round_74_a_memory_estimates_defaults_and_image_dtypes(monkeypatch):
     cases = [(SelfAttention2d(2, heads=3, impl="dense").double(), 3 * 8 * 2 * 3 * T2),
              (SelfAttention2d(2, heads=3, impl="sdpa"), 4 * 4 * 2 * 3 * T2),
              (SelfAttention2d(2, heads=3, impl="stacked"), 3 * 4 * 1 * 3 * T2),
-             (SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1).train(), 3 * 4 * 2 * 3 * T2)]
+             (SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1).train(), 4 * 4 * 2 * 3 * T2)]  # round 75
     asked = []
     monkeypatch.setattr(limits, "physical_memory", lambda: 1)  # every check refuses: what it counted is recorded
     real = limits.check_memory

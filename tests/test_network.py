@@ -5,6 +5,7 @@ Relative error throughout: rel(a, b) = ||a - b||_F / ||b||_F, b the original net
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -788,3 +789,40 @@ def test_conversions_never_silently_wrong_strict_refusal_is_grouped_and_readable
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2 and all(f"{i}.0 (_StaticSamePadding)" in messages[0] for i in range(30))
     assert isinstance(converted[31], ConvAttention)
+
+
+def test_conversions_never_silently_wrong_a_module_computing_with_its_convolutions_weight_is_named():
+    """Round 75: a module whose forward computes with its child convolution's weight itself (`F.conv2d(x,
+    self.c.weight * 2)`) made the conversion blame example_input ("failed on example_input (AttributeError: ...);
+    give an input the network accepts", though the CNN takes it), and without example_input the converted network's
+    first call was torch's raw AttributeError. Both name the module and what it did; hasattr stays False."""
+
+    class Reads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            return F.conv2d(x, self.c.weight * 2, self.c.bias, padding=1)
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.d = Reads(), nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            return self.d(self.inner(x))
+
+    x = torch.randn(2, 3, 8, 8)
+    for model, label in ((Reads().eval(), "<root> (Reads)"), (Outer().eval(), "inner (Reads)")):
+        assert model(x).shape == (2, 4, 8, 8)  # the CNN takes the input
+        with pytest.raises(AttnconvError, match=rf"^cnn_to_attention: {re.escape(label)}: ConvAttention has no "
+                                                r"`weight`: .* a module read the convolution's `weight` to compute "
+                                                r"with it itself"):
+            cnn_to_attention(model, example_input=x)
+        converted = cnn_to_attention(model)
+        with pytest.raises(AttnconvError, match=r"^ConvAttention has no `weight`") as info:
+            converted(x)
+        assert isinstance(info.value, AttributeError)
+        layer = converted.c if label.startswith("<root>") else converted.inner.c
+        assert not hasattr(layer, "weight") and not hasattr(layer, "bias") and hasattr(layer, "out_weight")

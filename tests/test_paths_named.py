@@ -283,6 +283,7 @@ def deny(monkeypatch, *denied):
 
     denied = tuple(str(p) for p in denied)
     real = {name: getattr(os, name) for name in ("stat", "open", "scandir", "access")}
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # a user, whom the mode bits refuse (so the fix is chmod)
 
     def blocked(path, itself: bool = True) -> bool:
         return any((itself and str(path) == d) or str(path).startswith(d + os.sep) for d in denied)
@@ -474,7 +475,7 @@ def test_round_34_columns_reordered_bench_with_stdout_closed_and_a_board_folder_
     with pytest.raises(AttnconvError, match="tensorboard: this user may not list it, as the event files need; give"):
         check_board_folder(tmp_path / "run")
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # round 73: root, refused by `chattr +i`, was told to chmod
-    with pytest.raises(AttnconvError, match=r"event files need; root is refused only by a folder marked immutable "
+    with pytest.raises(AttnconvError, match=r"event files need; root is refused only by a file or folder marked immutable "
                                             r"\(lsattr shows an i; chattr -i lifts it\)"):
         check_board_folder(tmp_path / "run")
 
@@ -493,6 +494,7 @@ def test_round_35_logs_a_resume_appends_to_a_board_overwrite_lists_a_column_adde
     assert main(tiny_args(run, data_dir, *ONE_EPOCH, "--max-steps", "5")) == 0  # stopped at its checkpoint of step 5
     before = {p.name: p.read_bytes() for p in run.iterdir()}
     real = os.access
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # a user, whom the mode bits refuse (root: test_round_75_b)
     for name in ("steps.csv", "metrics.csv", "heads.jsonl"):
         monkeypatch.setattr(os, "access", lambda p, mode, name=name, **kw: not (
             str(p) == str(run / name) and mode & os.W_OK) and real(p, mode, **kw))

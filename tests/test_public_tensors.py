@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import re
 import typing
 import warnings
 
@@ -289,3 +290,70 @@ def test_round_60_a_vmap_gradients_and_nested_images():
     for images, words in ((nested, "a nested tensor"), (sparse, "a sparse coo tensor")):
         with pytest.raises(AttnconvError, match=rf"^capture_attention: the images are {words}"):
             attnconv.capture_attention(Patches().eval(), images)
+
+
+def test_round_75_a_stacked_dropout_estimate_resnet_images_and_converted_shapes(monkeypatch):
+    """Round 75: the stacked path's dropout (its transposed copy, then the mask and output beside it) peaked at 1.34x
+    the forward's memory estimate of three matrices; the ResNet of `build_model` took images of any dtype, device or
+    shape to torch's kernels ("expected scalar type Byte but found Float"); a converted convolution said an unbatched
+    input of the wrong channels as the batch of one it makes of it, "got (1, 2, 6, 6)"."""
+    import attnconv.limits as limits
+    from attnconv import SelfAttention2d, build_model, conv_to_attention
+
+    T2 = float(5 * 5) ** 2
+    cases = [(SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1, attn_dropout_mask="shared"), 1),
+             (SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1), 2),
+             (SelfAttention2d(2, heads=3, impl="stacked", encoding="learned-content", attn_dropout=0.1), 2)]
+    asked = []
+    monkeypatch.setattr(limits, "physical_memory", lambda: 1)  # every check refuses: what it counted is recorded
+    real = limits.check_memory
+    monkeypatch.setattr("attnconv.attention.layer.check_memory",
+                        lambda need, *a, **k: asked.append(need) or real(need, *a, **k))
+    for layer, images in cases:
+        for training, matrices in ((True, 4), (False, 3)):
+            with pytest.raises(AttnconvError, match="the attention of 5x5 tokens"):
+                layer.train(training)(torch.randn(2, 2, 5, 5))
+            expected = matrices * 4 * (images if training else 1 + layer.encoding_name.endswith("content")) * 3 * T2
+            assert asked[-1] == expected, (layer.encoding_name, training, asked[-1], expected)
+    monkeypatch.undo()
+
+    model = build_model("resnet18", width=4).eval()
+    for x, said in ((torch.zeros(1, 3, 8, 8, dtype=torch.uint8), "x is a tensor of uint8, which is not computed with"),
+                    (torch.zeros(1, 3, 8, 8, dtype=torch.float64), "x is float64, the model's weights float32"),
+                    (torch.zeros(1, 3, 8, 8, device="meta"), "x is on the meta device"),
+                    (torch.zeros(3, 8, 8), r"expects images \(B, 3, H, W\), got \(3, 8, 8\) \(one image: give x\[None\]\)"),
+                    (torch.zeros(1, 1, 8, 8), r"expects images \(B, 3, H, W\), got \(1, 1, 8, 8\)$")):
+        with pytest.raises(AttnconvError, match=said):
+            model(x)
+    assert model(torch.zeros(2, 3, 8, 8)).shape == (2, 10)
+    for name, size in (("sa-quadratic", 8), ("vit", 32)):
+        other = build_model(name, **({"hidden": 8, "heads": 2, "layers": 1} if name != "vit" else {}))
+        with pytest.raises(AttnconvError, match=r"one image: give x\[None\]"):
+            other(torch.zeros(3, size, size))
+
+    for conv, x in ((nn.Conv2d(3, 4, 3), torch.randn(2, 6, 6)), (nn.Conv1d(3, 4, 3), torch.randn(2, 10)),
+                    (nn.Conv3d(3, 4, 3), torch.randn(5, 5, 5, 5)), (nn.Conv2d(3, 4, 3), torch.randn(6, 6))):
+        with pytest.raises(AttnconvError, match=rf"or unbatched \(3, .*\), got {re.escape(str(tuple(x.shape)))}$"):
+            conv_to_attention(conv)(x)
+    conv = nn.Conv2d(3, 4, 3)
+    x = torch.randn(3, 6, 6)
+    torch.testing.assert_close(conv_to_attention(conv)(x), conv(x), rtol=1e-4, atol=1e-5)
+
+
+def test_round_75_a_shapes_said_with_the_forms_taken(tiny_attention_runs):
+    """Round 75: `attention_probs` of a 2-d input named only the batched form, though it takes one unbatched image too;
+    `Run.predict` of one uint8 image opened with "must be uint8 ... got torch.uint8 (1, 28, 28)", its dtype as
+    the fault, and did not say how to make it a batch."""
+    from attnconv import Run, SelfAttention2d
+
+    with pytest.raises(AttnconvError, match=r"expects input \(B, 3, H, W\) or unbatched \(3, H, W\), got \(5, 5\)$"):
+        SelfAttention2d(3, heads=4).attention_probs(torch.randn(5, 5))
+    run = Run(tiny_attention_runs["sa-quadratic"])
+    one = torch.zeros(1, 28, 28, dtype=torch.uint8)
+    with pytest.raises(AttnconvError, match=r"got shape \(1, 28, 28\) \(one image: give images\[None\]\)$"):
+        run.predict(one)
+    with pytest.raises(AttnconvError, match=r"got shape \(28, 28\) \(one image: give images\[None\]\[None\]\)$"):
+        run.predict(one[0])
+    with pytest.raises(AttnconvError, match=r"got int64 where uint8 \(0\.\.255\) is read and shape \(2, 1, 7, 7\)$"):
+        run.predict(torch.zeros(2, 1, 7, 7, dtype=torch.int64))
+    assert len(run.predict(one[None])) == 1

@@ -319,12 +319,15 @@ class SelfAttention2d(nn.Module):
         B, H, W, _ = x.shape
         if impl != "separable" and not torch.compiler.is_compiling():  # token-by-token scores and probabilities:
             # refused before they are allocated where no machine holds them: scores, probabilities and one more of
-            # their size at once (sdpa: two), in at least float32; one matrix for the batch where the stacked path
-            # shares its position-only probabilities, unless a dropout mask per image copies them per image
-            shared = impl == "stacked" and self.position_only and not (self._dropout_p() and self._per_sample())
+            # their size at once (sdpa, and the stacked path's dropout beside its transposed copy: two), in at least
+            # float32; one matrix for the batch where the stacked path shares its position-only probabilities,
+            # unless a dropout mask per image copies them per image
+            dropout = bool(self._dropout_p())
+            shared = impl == "stacked" and self.position_only and not (dropout and self._per_sample())
             images = 1 if shared else B
             work = torch.promote_types(self.out.weight.dtype, torch.float32).itemsize
-            check_memory((4 if impl == "sdpa" else 3) * work * images * self.heads * float(H * W) ** 2,
+            matrices = 4 if impl == "sdpa" or (impl == "stacked" and dropout) else 3
+            check_memory(matrices * work * images * self.heads * float(H * W) ** 2,
                          f"the attention of {H}x{W} tokens (impl {impl!r}: {images} x {self.heads} matrices of image x "
                          "head)",
                          "give a smaller input (or fewer images)" + (", or impl='separable'" if self.separable else ""))
@@ -425,11 +428,10 @@ class SelfAttention2d(nn.Module):
         x is (B, C_in, H, W), or one unbatched (C_in, H, W) as `forward` takes it (its scores as a batch of one);
         position-only layers accept `size=(H, W)` instead.
         """
-        unbatched = isinstance(x, Tensor) and x.ndim == 3
-        if unbatched:
+        if x is not None:
             self._check_input(x, unbatched=True)  # once, in the words of the input as given
-            x = x[None]
-        x_tokens, H, W = self._analysis_input(x, size, checked=unbatched)
+            x = x[None] if x.ndim == 3 else x
+        x_tokens, H, W = self._analysis_input(x, size)
         # (B, heads, T, T) float32 per term, and as much again for the softmax: refused before any is allocated
         check_memory(16 * (1 if x is None else len(x)) * self.heads * float(H * W) ** 2,
                      f"the attention of {H}x{W} tokens", "give a smaller size (or fewer images)")
@@ -453,11 +455,10 @@ class SelfAttention2d(nn.Module):
             raise AttnconvError(f"unknown score term {term!r}; this layer has: {', '.join(scores)}")
         return scores[term].softmax(-1)
 
-    def _analysis_input(self, x: Tensor | None, size, checked: bool = False) -> tuple[Tensor | None, int, int]:
+    def _analysis_input(self, x: Tensor | None, size) -> tuple[Tensor | None, int, int]:
+        """x (B, C_in, H, W) already checked, or None and `size`: the tokens (or None) and the grid."""
         weights_with_values(self.out.weight)  # an analysis computes with them
         if x is not None:
-            if not checked:
-                self._check_input(x)
             return x.permute(0, 2, 3, 1), x.shape[2], x.shape[3]
         if size is None:
             raise AttnconvError("give the input x, or size=(H, W) for a position-only layer")

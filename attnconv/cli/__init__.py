@@ -438,9 +438,9 @@ def _run(argv: list[str] | None, process: bool) -> int:
         name = str(err.filename or "")  # a path from a file may be long: its ends say which it is
         where = f"{name if len(name) <= 200 else name[:120] + '...' + name[-77:]}: " if name else ""
         if err.errno == errno.EACCES:  # what blocks: a folder on the way, the file, or its folder's writing
-            from attnconv.fileio import PERMISSION_FIX, permission_words
+            from attnconv.fileio import permission_fix, permission_words
 
-            why = f"{permission_words(name)}; {PERMISSION_FIX}" if name else f"permission denied; {PERMISSION_FIX}"
+            why = f"{permission_words(name) if name else 'permission denied'}; {permission_fix(name or None)}"
         else:
             why = describe_os_error(err)
         print(f"error: {one_line(where + why)}", file=sys.stderr)

@@ -450,13 +450,11 @@ class ConvAttention(nn.Module):
         tensor_argument(x, "x", f"the input (B, {self.in_channels}, <{self.ndim} spatial sizes>) or one image without "
                         "the batch axis", like=self.out_weight, values=values)
         unbatched = x.dim() == self.ndim + 1
-        if unbatched:
-            x = x.unsqueeze(0)
-        if x.dim() != self.ndim + 2 or x.shape[1] != self.in_channels:
-            raise AttnconvError(
-                f"expected input (B, {self.in_channels}, <{self.ndim} spatial sizes>), got {tuple(x.shape)}"
-            )
-        return x, unbatched
+        if x.dim() not in (self.ndim + 1, self.ndim + 2) or x.shape[int(not unbatched)] != self.in_channels:
+            raise AttnconvError(  # the input's shape as given, not as the batch of one it is run as
+                f"expected input (B, {self.in_channels}, <{self.ndim} spatial sizes>) or unbatched "
+                f"({self.in_channels}, <{self.ndim} spatial sizes>), got {tuple(x.shape)}")
+        return (x.unsqueeze(0) if unbatched else x), unbatched
 
     def _check_memory(self, size: Sequence[int], out: Sequence[int], images: int = 0) -> None:
         """Refuse, before any of it is allocated, what input size `size` needs past this machine's memory: the per-axis
@@ -549,9 +547,29 @@ class ConvAttention(nn.Module):
             last = channels_last_like(x.shape, x.stride())
         return y.contiguous(memory_format=fmt) if last else y.contiguous()
 
+    def __getattr__(self, name: str) -> Any:
+        """nn.Module's lookup of parameters, buffers and submodules; a convolution's own `weight` or `bias`, asked of
+        the layer that replaced it (a module computing with its convolution's weight itself), is one error saying so,
+        an AttributeError still (hasattr is False), not torch's "object has no attribute"."""
+        if name in ("weight", "bias"):
+            _conv_parameter_read(self, name)
+        return super().__getattr__(name)
+
     def extra_repr(self) -> str:
         return (
             f"{self.in_channels}, {self.out_channels}, heads={self.heads}, kernel_size={self.kernel_size}, "
             f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
             f"bias={self.out_bias is not None}, padding_mode={self.padding_mode!r}, alpha={self.alpha:g}"
         )
+
+
+class ConvParameterRead(AttnconvError, AttributeError):
+    """A converted layer asked for its convolution's `weight` or `bias`, which it holds as value maps instead."""
+
+
+def _conv_parameter_read(layer: ConvAttention, name: str) -> None:
+    raise ConvParameterRead(
+        f"{type(layer).__name__} has no `{name}`: it is the attention layer that replaced a {layer.ndim}-d convolution "
+        f"({layer.in_channels} to {layer.out_channels} channels), and a module read the convolution's `{name}` to "
+        "compute with it itself (F.conv2d(x, conv.weight) or the like), which no conversion replaces; make that "
+        "module call its convolution (conv(x)), or convert the network without it")

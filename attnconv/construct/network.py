@@ -31,7 +31,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconv.construct.bound import MAX_ALPHA
-from attnconv.construct.conv_attention import ConvAttention
+from attnconv.construct.conv_attention import ConvAttention, ConvParameterRead
 from attnconv.construct.factory import conv_to_attention, torch_compiled, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
 from attnconv.errors import AttnconvError
@@ -410,6 +410,9 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
             model.eval()
             with finder:
                 model(*args)
+    except ConvParameterRead as err:  # not the input's fault: a module computes with a replaced conv's weight
+        reader = _innermost_module(err, model)
+        raise AttnconvError(f"cnn_to_attention: {_label(finder.paths.get(id(reader), '?'), reader)}: {err}") from None
     except Exception as err:  # the model's own error, named as the example's
         first = (str(err).strip().splitlines() or [""])[0]
         what = first if isinstance(err, AttnconvError) else f"{type(err).__name__}: {first}"
@@ -421,6 +424,17 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
         found = finder.close()
         for module, training in modes.items():
             module.training = training
+    return found
+
+
+def _innermost_module(err: BaseException, model: nn.Module) -> nn.Module:
+    """The innermost module of `model` whose code the error passed through (its traceback's frames' `self`), leaving
+    out the converted layers themselves; `model` if none."""
+    modules = {id(m): m for m in model.modules() if not isinstance(m, ConvAttention)}
+    found, tb = model, err.__traceback__
+    while tb is not None:
+        module = modules.get(id(tb.tb_frame.f_locals.get("self")))
+        found, tb = module if module is not None else found, tb.tb_next
     return found
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from attnconv.attention import SelfAttention2d
 from attnconv.attention.select import IMPLS
 from attnconv.errors import AttnconvError
-from attnconv.limits import tensor_argument
+from attnconv.limits import one_image_hint, tensor_argument
 from attnconv.models.registry import ImageModelConfig, register_model, run_blocks
 from attnconv.options import FieldError, check_fields, option
 from attnconv.positional import ENCODINGS, POS_INITS
@@ -172,7 +172,7 @@ class AttentionClassifier(nn.Module):
         if x.ndim != 4 or x.shape[1] != cfg.in_channels or x.shape[2] % cfg.downsample or x.shape[3] % cfg.downsample:
             raise AttnconvError(
                 f"model expects images (B, {cfg.in_channels}, H, W) with H, W divisible by {cfg.downsample}, "
-                f"got {tuple(x.shape)}"
+                f"got {tuple(x.shape)}" + one_image_hint(x, cfg.in_channels)
             )
         return self.embed(self.downsample(x).permute(0, 2, 3, 1))
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnconv.errors import AttnconvError
+from attnconv.limits import one_image_hint, tensor_argument
 from attnconv.models.registry import ImageModelConfig, register_model
 from attnconv.options import check_fields, option
 
@@ -59,6 +61,7 @@ class ResNet(nn.Module):
         width: int = 64,
     ):
         super().__init__()
+        self.in_channels = in_channels
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, 1, 1, bias=False),
             nn.BatchNorm2d(width),
@@ -80,6 +83,11 @@ class ResNet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) normalized images -> (B, num_features) pooled features."""
+        # checked as the attention models check theirs: one line naming x and the fix, not torch's from a kernel
+        tensor_argument(x, "x", f"images (B, {self.in_channels}, H, W)", like=self.head.weight, owner="the model")
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise AttnconvError(f"model expects images (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
+                                + one_image_hint(x, self.in_channels))
         x = self.stages(self.stem(x))  # (B, 8*width, H/8, W/8)
         return x.mean(dim=(2, 3))
 

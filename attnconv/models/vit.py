@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnconv.errors import AttnconvError
-from attnconv.limits import tensor_argument
+from attnconv.limits import one_image_hint, tensor_argument
 from attnconv.models.registry import ImageModelConfig, register_model, run_blocks
 from attnconv.options import FieldError, check_fields, option
 
@@ -158,7 +158,8 @@ class ViT(nn.Module):
                         like=self.head.weight, owner="the model")  # not the patch embedding: converted, it has none
         if x.ndim != 4 or x.shape[1] != cfg.in_channels or tuple(x.shape[2:]) != (cfg.image_size, cfg.image_size):
             raise AttnconvError(f"model expects images (B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size}) "
-                                f"(its position embeddings are for that size), got {tuple(x.shape)}")
+                                f"(its position embeddings are for that size), got {tuple(x.shape)}"
+                                + one_image_hint(x, cfg.in_channels))
         return self.positions(self.patch_embed(x).flatten(2).transpose(1, 2))
 
     def token_layout(self, size: tuple[int, int]) -> tuple[int, tuple[int, int]]:

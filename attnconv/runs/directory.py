@@ -14,7 +14,6 @@ from typing import Any
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError
 from attnconv.fileio import (
     LOCK_FILE,
-    PERMISSION_FIX,
     TMP_SUFFIX,
     DirectoryLock,
     atomic_write,
@@ -24,6 +23,7 @@ from attnconv.fileio import (
     interrupts_held,
     is_temporary,
     not_a_folder,
+    permission_fix,
     permission_words,
     unreadable_folder,
     write_bytes,
@@ -89,7 +89,7 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     if link is not None:  # mkdir would say "File exists"
         raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
     # A run to resume or replace stays where it is: its folder's permission is the fix, not another directory.
-    fix = PERMISSION_FIX if (resume or overwrite) and out.is_dir() else "choose another directory"
+    fix = permission_fix(out) if (resume or overwrite) and out.is_dir() else "choose another directory"
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()  # opens the folder to read: a folder that can be written but not read fails here
@@ -113,7 +113,7 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
         for name in (METRICS_FILE, HEADS_FILE, STEPS_FILE):  # the logs a resume appends to, as they are
             if (out / name).is_file() and not os.access(out / name, os.W_OK):
                 raise ParameterError("out", out, f": this user may not write its {name}, which the run appends to; "
-                                     f"{PERMISSION_FIX}")
+                                     f"{permission_fix(out / name)}")
         return []
     if not overwrite:
         raise ParameterError("out", out, "already holds an attnconv run; pass {resume} to continue it, {overwrite} "
@@ -136,7 +136,7 @@ def event_files(out: Path) -> list[str]:
         return []
     if not os.access(board, os.R_OK | os.X_OK):  # its event files, the run's, cannot be told from a user's files
         raise ParameterError("out", out, f": this user may not list its {TENSORBOARD_DIR}/ folder, whose event files "
-                             f"are the run's; {PERMISSION_FIX}")
+                             f"are the run's; {permission_fix(board)}")
     return sorted(f"{TENSORBOARD_DIR}/{p.name}" for p in board.iterdir()
                   if p.name.startswith(EVENTS_PREFIX) and not p.is_symlink() and p.is_file())
 

@@ -358,8 +358,15 @@ class Run:
             raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget, in_folder=folder)
                                              for p in images]))
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
+            wrong = []  # what is wrong, and only that
+            if raw.dtype != torch.uint8:
+                wrong.append(f"{str(raw.dtype).replace('torch.', '')} where uint8 (0..255) is read")
+            if raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
+                shape = tuple(raw.shape)
+                axes = 1 if shape == (channels, size, size) else 2 if channels == 1 and shape == (size, size) else 0
+                wrong.append(f"shape {shape}" + (f" (one image: give images{'[None]' * axes})" if axes else ""))
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
-                                f"{raw.dtype} {tuple(raw.shape)}")
+                                + " and ".join(wrong))
         # On the device and in the dtype of the model's weights as they are now (a user may have cast or moved it)
         weight = self.model_weight(self.model, "compute with its weights")
         device, dtype = (self.device, torch.float32) if weight is None else (weight.device, weight.dtype)

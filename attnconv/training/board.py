@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnconv.errors import ParameterError
-from attnconv.fileio import PERMISSION_FIX
+from attnconv.fileio import permission_fix
 from attnconv.runs import TENSORBOARD_DIR
 from attnconv.runs.values import path_kind
 
@@ -41,11 +41,8 @@ def check_board_folder(out: Path) -> None:
     if board.is_dir() and not os.access(board, os.R_OK | os.W_OK | os.X_OK):  # its event files are listed, written
         denied = [what for flag, what in ((os.R_OK, "list"), (os.W_OK, "write"), (os.X_OK, "enter"))
                   if not os.access(board, flag)]
-        root = getattr(os, "geteuid", lambda: -1)() == 0  # no mode refuses root: an immutable flag, a read-only mount
-        fix = PERMISSION_FIX if not root else ("root is refused only by a folder marked immutable (lsattr shows an i; "
-                                               "chattr -i lifts it) or a read-only file system")
         raise ParameterError("tensorboard", True, f": {board}: this user may not {' or '.join(denied)} it, as the "
-                             f"event files need; {fix}", shown="", mentions=("tensorboard",))
+                             f"event files need; {permission_fix(board)}", shown="", mentions=("tensorboard",))
 
 
 class TensorBoardLog:

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from attnconv.errors import Interrupted, ParameterError
-from attnconv.fileio import PERMISSION_FIX, describe_os_error
+from attnconv.fileio import describe_os_error, permission_fix
 from attnconv.limits import out_of_memory
 from attnconv.models.capture_numbers import NonFiniteAttention
 from attnconv.training.checks import where_the_run_stands
@@ -50,7 +50,7 @@ def stopped_line(err: BaseException, out: Path, trainer, fresh: bool, overwrite:
         return Interrupted(f"interrupted{where}; {stands}", mentions=("overwrite",))
     if isinstance(err, OSError):  # disk full or the folder gone while writing: one line, the last checkpoint kept
         what = f" {err.filename}" if err.filename else ""
-        why = f"permission denied; {PERMISSION_FIX}" if isinstance(err, PermissionError) else describe_os_error(err)
+        why = f"permission denied; {permission_fix(err.filename)}" if isinstance(err, PermissionError) else describe_os_error(err)
         return ParameterError("out", out, f": could not write{what} ({why}); {stands}", mentions=("overwrite",))
     return ParameterError(None, None, f"out of memory{where}; give smaller sizes ({{batch_size}}, the model's); "
                           f"{stands}", mentions=("batch_size", "overwrite"))
