@@ -36,6 +36,7 @@ from attnconv.pathwords import (  # noqa: F401
     Unreadable,
     dangling_link,
     file_kind,
+    marked,
     not_a_file,
     not_a_folder,
     permission_fix,
@@ -76,6 +77,10 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
     every old file as it was and no temporary; a new set never stands beside part of an old one."""
     temps: list[tuple[Path, Path]] = []
     made: list[Path] = []  # the parent folders made here, deepest last: removed again unless the writes land
+    for target, _ in files:  # a temporary that could neither be renamed there nor removed again: none is made
+        refused = unplaceable(target)
+        if refused:
+            raise Unplaceable(errno.EPERM, refused, str(target))
     try:
         for target, write in files:
             path = Path(target)
@@ -109,7 +114,8 @@ def atomic_write_all(files: Sequence[tuple[str | os.PathLike, Callable[[Path], N
         made.clear()  # they hold what was written (or the path passes through them: a/../b keeps a, as mkdir -p)
     finally:
         for _, tmp in temps:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the error that stopped the writes is the one to say, not this
+                tmp.unlink(missing_ok=True)
         remove_empty(made)
     for parent in {path.parent for path, _ in temps}:
         fsync_dir(parent)
@@ -285,7 +291,28 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
         raise bad(f": cannot create {parent} ({blocking} is not writable); choose another location")
     if not os.access(blocking, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise bad(": not writable; choose another location")
+    refused = unplaceable(path)
+    if refused:
+        raise bad(f": {refused}")
     return path
+
+
+def unplaceable(path: str | os.PathLike) -> str:
+    """Why a file written whole cannot be put at `path` (a temporary renamed over it), in words with the fix: the
+    folder it goes into (or the nearest one above that exists), or the file there, marked append-only or immutable
+    (`lsattr`), which refuses the rename and the temporary's removal alike, to root too; '' where nothing is known
+    to refuse it."""
+    path = Path(path)
+    here = path if path.exists() else next((p for p in path.parents if p.exists()), None)
+    for place in (here, path.parent) if here == path else (here,):
+        words = marked(place) if place is not None else ""
+        if words:
+            return f"{words}: a file written there cannot be put in place; choose another location"
+    return ""
+
+
+class Unplaceable(PermissionError):
+    """A write refused before it began: `unplaceable`'s words (what refuses it and the fix) are its strerror."""
 
 
 # The files `train` writes into a run directory (`attnconv.runs.RUN_FILES`): no output of another
@@ -526,6 +553,8 @@ def describe_os_error(err: OSError) -> str:
     """A short reason for an OSError, with the fix for a full disk."""
     if err.errno == errno.ENOSPC:
         return "no space left on the device; free some space"
+    if isinstance(err, Unplaceable):
+        return err.strerror
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return "not writable; choose another location"
     return err.strerror or str(err)

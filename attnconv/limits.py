@@ -235,8 +235,10 @@ def weights_with_values(weights: torch.Tensor, owner: str = "the layer", then: s
 
 
 def one_image_hint(x: torch.Tensor, channels: int) -> str:
-    """` (one image: give x[None])` where a model that takes batches only was given one unbatched image, else ''."""
-    return " (one image: give x[None])" if x.ndim == 3 and x.shape[0] == channels else ""
+    """` (one image: give x[None])` where a model that takes batches only was given one unbatched image (x[None][None]
+    for one image of one channel without its channel axis), else ''."""
+    axes = 1 if x.ndim == 3 and x.shape[0] == channels else 2 if x.ndim == 2 and channels == 1 else 0
+    return f" (one image: give x{'[None]' * axes})" if axes else ""
 
 
 def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",

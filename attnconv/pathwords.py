@@ -109,26 +109,83 @@ def permission_words(path: str | os.PathLike) -> str:
 
 
 def permission_fix(path: str | os.PathLike | None = None) -> str:
-    """The fix for a permission refused at `path` (or at a place not named): the mode bits (chmod) or the owner for
-    a user; for root, whom no mode refuses, the immutable flag that does (chattr -i) or a read-only file system;
-    a read-only file system for anyone, where `path`'s file system is one."""
+    """The fix for a permission refused at `path` (or at a place not named), the one that works for whoever runs the
+    command: a read-only file system, where `path`'s is one; the immutable or append-only flag of `path` or its
+    folder, where one is set (no mode bit lifts it, for root either); for root who may override the mode bits, those
+    flags or a read-only file system in words; else the mode bits (chmod) or the owner (a user, or root without
+    CAP_DAC_OVERRIDE, as in a container started with its capabilities dropped)."""
+    here = None if path is None else _existing(path)
     try:
-        read_only = path is not None and bool(os.statvfs(_existing(path)).f_flag & os.ST_RDONLY)
+        read_only = here is not None and bool(os.statvfs(here).f_flag & os.ST_RDONLY)
     except (OSError, AttributeError):  # no statvfs (Windows), or nothing of the path exists
         read_only = False
     if read_only:
         return "it is on a read-only file system; choose another location"
-    if getattr(os, "geteuid", lambda: -1)() == 0:
+    for place in () if here is None else dict.fromkeys((here, os.path.dirname(here) or ".")):
+        flag = marked(place)
+        if flag:
+            return flag
+    if modes_overridden():
         return ("root is refused only by a file or folder marked immutable (lsattr shows an i; chattr -i lifts it) "
-                "or a read-only file system")
+                "or append-only (an a; chattr -a), or a read-only file system")
     return "give this user the permission (chmod), or run as the files' owner"
 
 
+_FS_IOC_GETFLAGS = 0x80086601  # Linux's ioctl for a file's attributes (lsattr); FS_IMMUTABLE_FL, FS_APPEND_FL:
+_FLAGS = ((0x10, "immutable", "i"), (0x20, "append-only", "a"))
+
+
+def marked(path: str | os.PathLike) -> str:
+    """`PATH is marked immutable (lsattr shows an i; chattr -i lifts it)` (or append-only, an a) where the file or
+    folder `path` has that attribute, which refuses replacing or removing what is there to every user, root too;
+    '' where it has neither, or where this system cannot tell (not Linux, a file system without attributes, a path
+    this user cannot open)."""
+    try:
+        import fcntl
+        import struct
+
+        if not stat.S_ISREG(os.lstat(path).st_mode) and not stat.S_ISDIR(os.lstat(path).st_mode):
+            return ""  # a device or a FIFO is not opened to ask (opening some has effects), nor a link followed
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except (OSError, ImportError):
+        return ""
+    try:
+        flags = struct.unpack("l", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, b"\0" * 8))[0]
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    for bit, name, letter in _FLAGS:
+        if flags & bit:
+            return f"{path} is marked {name} (lsattr{' -d' * os.path.isdir(path)} shows an {letter}; chattr -{letter} " \
+                   "lifts it)"
+    return ""
+
+
+_STATUS = "/proc/self/status"  # Linux's: its CapEff line holds the effective capabilities
+
+
+def modes_overridden() -> bool:
+    """Whether this process passes every mode bit: root with CAP_DAC_OVERRIDE among its effective capabilities (a
+    container may start root without it; where /proc cannot tell, root is taken to have it)."""
+    if getattr(os, "geteuid", lambda: -1)() != 0:
+        return False
+    try:
+        with open(_STATUS) as status:
+            caps = next((line.split()[1] for line in status if line.startswith("CapEff:")), None)
+    except OSError:
+        return True
+    return caps is None or bool(int(caps, 16) & (1 << 1))  # CAP_DAC_OVERRIDE is capability 1
+
+
 def _existing(path: str | os.PathLike) -> str:
-    """`path`, or the nearest folder above it that exists (what a file not yet written would be on)."""
-    here = os.path.abspath(os.fspath(path))
-    while not os.path.lexists(here) and os.path.dirname(here) != here:
-        here = os.path.dirname(here)
+    """`path` as given, or the nearest folder above it that exists (what a file not yet written would be on)."""
+    here = os.fspath(path)
+    while not os.path.lexists(here):
+        up = os.path.dirname(here.rstrip(os.sep) or os.sep) or "."
+        if up == here:
+            break
+        here = up
     return here
 
 

@@ -817,8 +817,8 @@ def test_conversions_never_silently_wrong_a_module_computing_with_its_convolutio
     for model, label in ((Reads().eval(), "<root> (Reads)"), (Outer().eval(), "inner (Reads)")):
         assert model(x).shape == (2, 4, 8, 8)  # the CNN takes the input
         with pytest.raises(AttnconvError, match=rf"^cnn_to_attention: {re.escape(label)}: ConvAttention has no "
-                                                r"`weight`: .* a module read the convolution's `weight` to compute "
-                                                r"with it itself"):
+                                                r"`weight`: .* a module read the convolution's `weight` \(to "
+                                                r"compute with it itself"):
             cnn_to_attention(model, example_input=x)
         converted = cnn_to_attention(model)
         with pytest.raises(AttnconvError, match=r"^ConvAttention has no `weight`") as info:
@@ -826,3 +826,35 @@ def test_conversions_never_silently_wrong_a_module_computing_with_its_convolutio
         assert isinstance(info.value, AttributeError)
         layer = converted.c if label.startswith("<root>") else converted.inner.c
         assert not hasattr(layer, "weight") and not hasattr(layer, "bias") and hasattr(layer, "out_weight")
+
+
+def test_conversions_never_silently_wrong_a_weight_read_through_a_property_is_named_and_user_tensors_kept():
+    """Round 76: a module reading its convolution's weight through a property met Python's fallback for the
+    property's own name ("'Prop' object has no attribute 'w'"), and the conversion blamed example_input; a `weight`
+    buffer or `bias` parameter a user registers on a converted layer could not be read back."""
+
+    class Prop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv1d(2, 3, 3, padding=1)
+
+        @property
+        def w(self):
+            return self.c.weight
+
+        def forward(self, x):
+            return F.conv1d(x, self.w, padding=1)
+
+    x = torch.randn(1, 2, 8)
+    with pytest.raises(AttnconvError, match=r"^cnn_to_attention: <root> \(Prop\): ConvAttention has no `weight`: .*"
+                                            r"F\.conv1d\(x, conv\.weight\)"):
+        cnn_to_attention(Prop(), example_input=x)
+    converted = cnn_to_attention(Prop())
+    for _ in range(2):  # the first forward and the next: Python's error, with what attnconv knows as its note
+        with pytest.raises(AttributeError, match="'Prop' object has no attribute 'w'") as info:
+            converted(x)
+        assert any(note.startswith("attnconv: ConvAttention has no `weight`") for note in info.value.__notes__)
+    layer = attnconv.conv_to_attention(nn.Conv2d(2, 3, 3, padding=1))
+    layer.register_buffer("weight", torch.ones(1))
+    layer.register_parameter("bias", nn.Parameter(torch.zeros(2)))
+    assert layer.weight.tolist() == [1.0] and layer.bias.shape == (2,) and "weight" in layer.state_dict()

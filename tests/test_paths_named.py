@@ -474,7 +474,8 @@ def test_round_34_columns_reordered_bench_with_stdout_closed_and_a_board_folder_
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(AttnconvError, match="tensorboard: this user may not list it, as the event files need; give"):
         check_board_folder(tmp_path / "run")
-    monkeypatch.setattr(os, "geteuid", lambda: 0)  # round 73: root, refused by `chattr +i`, was told to chmod
+    monkeypatch.setattr("attnconv.pathwords.modes_overridden", lambda: True)  # round 73: root, refused by
+    # `chattr +i`, was told to chmod
     with pytest.raises(AttnconvError, match=r"event files need; root is refused only by a file or folder marked immutable "
                                             r"\(lsattr shows an i; chattr -i lifts it\)"):
         check_board_folder(tmp_path / "run")

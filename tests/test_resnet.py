@@ -78,3 +78,18 @@ def test_resnet18_rejects_bad_sizes(bad):
 def test_resnet18_rejects_attention_options():
     with pytest.raises(AttnconvError, match="hidden"):
         build_model("resnet18", hidden=64)
+
+
+def test_round_76_a_resnet_scripts_and_traces_and_refuses_empty_images():
+    """Round 76: the image check added to the ResNet in round 75 made `torch.jit.script` and `torch.fx.symbolic_trace`
+    of a plain CNN fail; a 0x0 image passed the ResNet's and the sa-* models' checks to torch's kernels."""
+    model = build_model("resnet18", in_channels=1, width=4).eval()
+    x = torch.randn(2, 1, 28, 28)
+    for made in (torch.jit.script(model), torch.fx.symbolic_trace(model)):
+        torch.testing.assert_close(made(x), model(x))
+    for name in ("resnet18", "sa-quadratic"):
+        other = build_model(name, in_channels=1, image_size=16, **({"width": 4} if name == "resnet18" else {})).eval()
+        with pytest.raises(AttnconvError, match=r"got \(1, 1, 0, 0\)( \(images of no pixels\))?$"):
+            other(torch.zeros(1, 1, 0, 0))
+        with pytest.raises(AttnconvError, match=r"got \(16, 16\) \(one image: give x\[None\]\[None\]\)$"):
+            other(torch.zeros(16, 16))

@@ -551,9 +551,12 @@ class ConvAttention(nn.Module):
         """nn.Module's lookup of parameters, buffers and submodules; a convolution's own `weight` or `bias`, asked of
         the layer that replaced it (a module computing with its convolution's weight itself), is one error saying so,
         an AttributeError still (hasattr is False), not torch's "object has no attribute"."""
-        if name in ("weight", "bias"):
-            _conv_parameter_read(self, name)
-        return super().__getattr__(name)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in ("weight", "bias"):  # not one a user registered: the convolution's, which the layer replaced
+                _conv_parameter_read(self, name)
+            raise
 
     def extra_repr(self) -> str:
         return (
@@ -567,9 +570,14 @@ class ConvParameterRead(AttnconvError, AttributeError):
     """A converted layer asked for its convolution's `weight` or `bias`, which it holds as value maps instead."""
 
 
+REFUSED_READS: list[str] = []  # the latest refusal (read through a property, Python drops the error for its own)
+
+
 def _conv_parameter_read(layer: ConvAttention, name: str) -> None:
-    raise ConvParameterRead(
+    REFUSED_READS[:] = [
         f"{type(layer).__name__} has no `{name}`: it is the attention layer that replaced a {layer.ndim}-d convolution "
-        f"({layer.in_channels} to {layer.out_channels} channels), and a module read the convolution's `{name}` to "
-        "compute with it itself (F.conv2d(x, conv.weight) or the like), which no conversion replaces; make that "
-        "module call its convolution (conv(x)), or convert the network without it")
+        f"({layer.in_channels} to {layer.out_channels} channels), and a module read the convolution's `{name}` (to "
+        f"compute with it itself, F.conv{layer.ndim}d(x, conv.weight) or the like, which no conversion replaces, or to "
+        "test it); make that module call its convolution (conv(x)) and read nothing of it, or convert the network "
+        "without it"]
+    raise ConvParameterRead(REFUSED_READS[0])

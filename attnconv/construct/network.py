@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconv.construct.bound import MAX_ALPHA
-from attnconv.construct.conv_attention import ConvAttention, ConvParameterRead
+from attnconv.construct.conv_attention import REFUSED_READS, ConvAttention, ConvParameterRead
 from attnconv.construct.factory import conv_to_attention, torch_compiled, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
 from attnconv.errors import AttnconvError
@@ -405,15 +406,20 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
     gradients, the CPU random state restored: the pass changes nothing in the model)."""
     modes = {m: m.training for m in model.modules()}
     finder = _ConvOpFinder(model)
+    REFUSED_READS.clear()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model.eval()
             with finder:
                 model(*args)
-    except ConvParameterRead as err:  # not the input's fault: a module computes with a replaced conv's weight
-        reader = _innermost_module(err, model)
-        raise AttnconvError(f"cnn_to_attention: {_label(finder.paths.get(id(reader), '?'), reader)}: {err}") from None
-    except Exception as err:  # the model's own error, named as the example's
+    except Exception as err:
+        if isinstance(err, ConvParameterRead) or (isinstance(err, AttributeError) and REFUSED_READS):
+            # not the input's fault: a module read a replaced conv's weight (through a property, Python raised
+            # "no attribute" for the property in place of the refusal: the refusal is said, not the property)
+            reader = _innermost_module(err, model)
+            raise AttnconvError(f"cnn_to_attention: {_label(finder.paths.get(id(reader), '?'), reader)}: "
+                                f"{REFUSED_READS[0]}") from None
+        # the model's own error, named as the example's
         first = (str(err).strip().splitlines() or [""])[0]
         what = first if isinstance(err, AttnconvError) else f"{type(err).__name__}: {first}"
         raise AttnconvError(
@@ -474,6 +480,7 @@ class _OpCheck:
 
     def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if self.finder is None and not _being_traced(args):
+            REFUSED_READS.clear()
             self.finder = _ConvOpFinder(module)
             self.finder.__enter__()
 
@@ -483,6 +490,11 @@ class _OpCheck:
             return
         finder.__exit__(None, None, None)
         found = finder.close()
+        failing = sys.exc_info()[1]  # the forward's own error, on its way out (torch calls this hook before it goes on)
+        if isinstance(failing, AttributeError) and not isinstance(failing, ConvParameterRead) and REFUSED_READS:
+            # a replaced conv's weight read through a property: Python said "no attribute" of the property instead
+            failing.add_note(f"attnconv: {REFUSED_READS[0]}")
+            return  # the check stays for the next forward, which fails the same way
         if not (found and self.strict):
             for handle in self.handles:
                 handle.remove()

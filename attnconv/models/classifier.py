@@ -169,9 +169,10 @@ class AttentionClassifier(nn.Module):
         """(B, C, H, W) image -> (B, H/d, W/d, hidden) embedded tokens."""
         cfg = self.config
         tensor_argument(x, "x", f"images (B, {cfg.in_channels}, H, W)", like=self.embed.weight, owner="the model")
-        if x.ndim != 4 or x.shape[1] != cfg.in_channels or x.shape[2] % cfg.downsample or x.shape[3] % cfg.downsample:
+        if x.ndim != 4 or x.shape[1] != cfg.in_channels or x.shape[2] % cfg.downsample or x.shape[3] % cfg.downsample \
+                or not x.shape[2] or not x.shape[3]:
             raise AttnconvError(
-                f"model expects images (B, {cfg.in_channels}, H, W) with H, W divisible by {cfg.downsample}, "
+                f"model expects images (B, {cfg.in_channels}, H, W) with H, W positive multiples of {cfg.downsample}, "
                 f"got {tuple(x.shape)}" + one_image_hint(x, cfg.in_channels)
             )
         return self.embed(self.downsample(x).permute(0, 2, 3, 1))

@@ -83,13 +83,20 @@ class ResNet(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) normalized images -> (B, num_features) pooled features."""
-        # checked as the attention models check theirs: one line naming x and the fix, not torch's from a kernel
-        tensor_argument(x, "x", f"images (B, {self.in_channels}, H, W)", like=self.head.weight, owner="the model")
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise AttnconvError(f"model expects images (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
-                                + one_image_hint(x, self.in_channels))
+        if not torch.jit.is_scripting():  # TorchScript and torch.fx keep the network as a plain CNN: no check there
+            if not isinstance(x, torch.fx.Proxy):
+                self._check_images(x)
         x = self.stages(self.stem(x))  # (B, 8*width, H/8, W/8)
         return x.mean(dim=(2, 3))
+
+    @torch.jit.unused
+    def _check_images(self, x: torch.Tensor) -> None:
+        """Checked as the attention models check theirs: one line naming x and the fix, not torch's from a kernel."""
+        tensor_argument(x, "x", f"images (B, {self.in_channels}, H, W)", like=self.head.weight, owner="the model")
+        if x.ndim != 4 or x.shape[1] != self.in_channels or not x.shape[2] or not x.shape[3]:
+            raise AttnconvError(f"model expects images (B, {self.in_channels}, H, W), got {tuple(x.shape)}"
+                                + (" (images of no pixels)" if x.ndim == 4 and x.shape[1] == self.in_channels else
+                                   one_image_hint(x, self.in_channels)))
 
     def forward_head(self, features: torch.Tensor) -> torch.Tensor:
         """(B, num_features) -> (B, num_classes) logits."""

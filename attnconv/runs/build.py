@@ -27,6 +27,7 @@ from attnconv.fileio import (
     open_regular,
     read_regular,
     remove_empty,
+    unplaceable,
 )
 from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
 from attnconv.models import build_model
@@ -365,6 +366,9 @@ def convert_run(
     meta = {k: v for k, v in meta.items() if k != "params"}
     meta.update(converted={"from": str(run_dir), "fold_bn": fold_bn, "alpha": alpha},
                 parameters=sum(p.numel() for p in converted.parameters()))
+    refused = unplaceable(out)  # a folder made whole beside it could neither be renamed there nor removed again
+    if refused:
+        raise ParameterError("out", out, f": {refused}")
     made: list[Path] = []  # out's missing parents: removed again unless the run lands
     tmp: Path | None = None
     try:

@@ -22,6 +22,7 @@ from attnconv.fileio import (
     fsync_dir,
     interrupts_held,
     is_temporary,
+    marked,
     not_a_folder,
     permission_fix,
     permission_words,
@@ -95,11 +96,16 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
         lock.acquire()  # opens the folder to read: a folder that can be written but not read fails here
     except PermissionError:
         raise ParameterError("out", out, f": {permission_words(out)}; {fix}") from None
-    except OSError as err:
-        raise ParameterError("out", out, f": cannot write there ({describe_os_error(err)}); choose another directory")\
-            from None
+    except OSError as err:  # a read-only file system, a flag: its words carry the fix; else the OS's, and another place
+        why = f": cannot write there: {permission_fix(out)}" if err.errno in (errno.EROFS, errno.EPERM) else \
+            f": cannot write there ({describe_os_error(err)}); choose another directory"
+        raise ParameterError("out", out, why) from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ParameterError("out", out, f": not writable; {fix}")
+    flag = marked(out)  # append-only: files can be made there, but none renamed into place, moved aside or removed
+    if flag:
+        raise ParameterError("out", out, f": {flag}; a run's files are written whole and put in place, which it "
+                             "refuses")
     recover_set_aside(out)
     names = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and not is_temporary(p.name, RUN_FILES))
     if not (out / CONFIG_FILE).exists() and not (out / CONFIG_FILE).is_symlink():
