@@ -37,10 +37,12 @@ from attnconv.pathwords import (  # noqa: F401
     dangling_link,
     file_kind,
     marked,
+    modes_overridden,
     not_a_file,
     not_a_folder,
     permission_fix,
     permission_words,
+    refused_by_place,
     unreadable_folder,
 )
 
@@ -288,13 +290,24 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
     if blocking is None:
         raise bad(f": cannot create {parent} (no folder on its path exists); choose another location")
     if blocking != parent and not os.access(blocking, os.W_OK | os.X_OK):
-        raise bad(f": cannot create {parent} ({blocking} is not writable); choose another location")
+        raise bad(f": cannot create {parent} ({blocking} is not writable; {output_fix(blocking)})")
     if not os.access(blocking, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise bad(": not writable; choose another location")
+        raise bad(f": not writable; {output_fix(path if path.exists() else blocking)}")
     refused = unplaceable(path)
     if refused:
         raise bad(f": {refused}")
     return path
+
+
+def output_fix(path: str | os.PathLike) -> str:
+    """The fix for an output that cannot be written at `path`: what refuses it to everyone (a read-only file system,
+    an immutable or append-only flag: `pathwords.refused_by_place`), else the mode bits for a process they refuse,
+    and another location in every case."""
+    refusing = refused_by_place(path)
+    if refusing:
+        return refusing if refusing.endswith("location") else f"{refusing}, or choose another location"
+    return "choose another location" if modes_overridden() else \
+        "give this user the permission (chmod), or choose another location"
 
 
 def unplaceable(path: str | os.PathLike) -> str:

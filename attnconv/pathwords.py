@@ -114,21 +114,33 @@ def permission_fix(path: str | os.PathLike | None = None) -> str:
     folder, where one is set (no mode bit lifts it, for root either); for root who may override the mode bits, those
     flags or a read-only file system in words; else the mode bits (chmod) or the owner (a user, or root without
     CAP_DAC_OVERRIDE, as in a container started with its capabilities dropped)."""
-    here = None if path is None else _existing(path)
-    try:
-        read_only = here is not None and bool(os.statvfs(here).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):  # no statvfs (Windows), or nothing of the path exists
-        read_only = False
-    if read_only:
-        return "it is on a read-only file system; choose another location"
-    for place in () if here is None else dict.fromkeys((here, os.path.dirname(here) or ".")):
-        flag = marked(place)
-        if flag:
-            return flag
+    refusing = refused_by_place(path)
+    if refusing:
+        return refusing
     if modes_overridden():
         return ("root is refused only by a file or folder marked immutable (lsattr shows an i; chattr -i lifts it) "
                 "or append-only (an a; chattr -a), or a read-only file system")
     return "give this user the permission (chmod), or run as the files' owner"
+
+
+def refused_by_place(path: str | os.PathLike | None) -> str:
+    """What refuses writing at `path` to every user, root too, in words with its fix: a read-only file system, or the
+    immutable or append-only flag of `path` (or the nearest folder above it that exists) or of its folder; ''
+    where neither is known."""
+    if path is None:
+        return ""
+    here = _existing(path)
+    try:
+        read_only = bool(os.statvfs(here).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows), or nothing of the path exists
+        read_only = False
+    if read_only:
+        return "it is on a read-only file system; choose another location"
+    for place in dict.fromkeys((here, os.path.dirname(here) or ".")):
+        flag = marked(place)
+        if flag:
+            return flag
+    return ""
 
 
 _FS_IOC_GETFLAGS = 0x80086601  # Linux's ioctl for a file's attributes (lsattr); FS_IMMUTABLE_FL, FS_APPEND_FL:

@@ -688,7 +688,8 @@ def test_read_only_output_folder_is_refused_before_the_work(tiny, tmp_path, caps
     finally:
         locked.chmod(0o755)
     err = capsys.readouterr().err
-    assert "not writable; choose another location" in err and len(err.strip().splitlines()) == 1
+    assert "not writable; give this user the permission (chmod), or choose another location" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_no_command_writes_over_a_runs_files_or_a_users_file(tmp_path, capsys):

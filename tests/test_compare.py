@@ -110,6 +110,8 @@ def test_cli_prints_the_table_and_json_and_refuses_bad_kernels(tmp_path, capsys)
     assert out.startswith("| group |") and "| 1.00 |" in out
     assert main(["compare", str(tmp_path / "r"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["layers"][0]["moved_mean"] == 1.0
+    assert main(["compare", str(tmp_path / "r"), "--kernels", "3,3"]) == 0  # round 77: its columns were printed twice
+    assert capsys.readouterr().out.splitlines()[0].count("3x3 within") == 1
     assert main(["compare", str(tmp_path / "r"), "--kernels", "3,x"]) == 2
     assert "--kernels" in capsys.readouterr().err
     for bad in ("0", "3,16", ","):  # said in the flag's own words, not as the library's tuple

@@ -858,3 +858,35 @@ def test_conversions_never_silently_wrong_a_weight_read_through_a_property_is_na
     layer.register_buffer("weight", torch.ones(1))
     layer.register_parameter("bias", nn.Parameter(torch.zeros(2)))
     assert layer.weight.tolist() == [1.0] and layer.bias.shape == (2,) and "weight" in layer.state_dict()
+
+
+def test_conversions_never_silently_wrong_a_weight_probed_and_swallowed_is_refused():
+    """Round 77: a module that read its convolution's weight by `getattr(conv, "weight", None)` (or hasattr, or an
+    except) went on without it once converted and computed something else (off by 1.7 where the CNN's largest output
+    was 0.0012), with no word; and a model of its own AttributeError after such a probe was said as a weight read."""
+
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            w = getattr(self.conv, "weight", None)
+            return self.conv(x) if w is None else self.conv(x) * w.mean()
+
+    class OwnBug(Probe):
+        def forward(self, x):
+            y = self.conv(x) * (2 if hasattr(self.conv, "weight") else 1)
+            return self.missing_attr_bug(y)
+
+    x = torch.randn(2, 3, 8, 8)
+    refused = r"^cnn_to_attention: <root> \(Probe\): ConvAttention has no `weight`"
+    with pytest.raises(AttnconvError, match=refused):
+        cnn_to_attention(Probe().eval(), example_input=x)
+    with pytest.raises(AttnconvError, match=refused):  # at the first forward, without example_input
+        cnn_to_attention(Probe().eval())(x)
+    with pytest.warns(UserWarning, match=r"will not compute as the CNN: <root> \(Probe\): ConvAttention has no"):
+        cnn_to_attention(Probe().eval(), strict=False)(x)
+    with pytest.raises(AttnconvError, match=r"failed on example_input \(AttributeError: 'OwnBug' object has no "
+                                            r"attribute 'missing_attr_bug'\)"):
+        cnn_to_attention(OwnBug().eval(), example_input=x)

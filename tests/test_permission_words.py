@@ -134,3 +134,48 @@ def test_round_76_b_a_new_run_on_a_read_only_file_system_is_said_once(tmp_path, 
     err = capsys.readouterr().err
     assert "cannot write there: it is on a read-only file system; choose another location" in err, err
     assert err.count("choose another") == 1 and not (tmp_path / "ro").exists()
+
+
+def test_round_77_a_every_output_names_the_flag_or_read_only_file_system_that_refuses_it(tmp_path, data_dir,  # noqa: F811
+                                                                                          monkeypatch, capsys):
+    """Round 77: a single-file output (export, report, plot, explore --export, learn-conv, bench) into a folder marked
+    immutable, or on a read-only file system, said only "not writable; choose another location", and a new run
+    there "permission denied: the folder ... is not writable; choose another directory", though `train --overwrite`
+    named the flag and its fix for the same folder."""
+    import attnconv.pathwords as pathwords
+
+    run, folder = tmp_path / "run", tmp_path / "im"
+    assert main(tiny_args(run, data_dir, "--max-steps", "2")) == 0
+    folder.mkdir()
+    said = f"{folder} is marked immutable (lsattr -d shows an i; chattr -i lifts it)"
+    monkeypatch.setattr(pathwords, "marked", lambda p: said if str(p) == str(folder) else "")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (str(p) == str(folder) and mode & os.W_OK)
+                        and real(p, mode, **kw))  # as the flag refuses every user, root too
+    for args in (["report", str(run), "--out", str(folder / "r.html")],
+                 ["export", str(run), "--format", "onnx", "--out", str(folder / "m.onnx")],
+                 ["bench", "--only", "matmul", "--quick", "--json", str(folder / "b.json")]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert f"not writable; {said}, or choose another location" in err, (args, err)
+    from pathlib import Path
+
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):  # as the flag refuses a folder made in it
+        if str(self).startswith(str(folder) + os.sep):
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert main(tiny_args(folder / "new", data_dir, "--max-steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert f"the folder {folder} is not writable; {said}" in err and "choose another directory" not in err, err
+    monkeypatch.setattr(pathwords, "marked", lambda p: "")
+    for overridden, fix in ((True, "not writable; choose another location"),
+                            (False, "not writable; give this user the permission (chmod), or choose another location")):
+        monkeypatch.setattr(pathwords, "modes_overridden", lambda overridden=overridden: overridden)
+        monkeypatch.setattr("attnconv.fileio.modes_overridden", lambda overridden=overridden: overridden)
+        assert main(["report", str(run), "--out", str(folder / "r.html")]) == 2
+        assert fix in capsys.readouterr().err
+    assert list(folder.iterdir()) == []

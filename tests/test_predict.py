@@ -86,6 +86,14 @@ def test_bad_images_are_one_line(folder_run, tmp_path, capsys, args, message):
     assert err.count("\n") == 1 and message.format(**names) in err
 
 
+def test_round_77_b_a_run_given_where_the_images_go_is_named(folder_run, capsys):
+    """Round 77: `predict IMAGE RUN` (the order reversed) said only "RUN: no image files in it"."""
+    out, kept, _ = folder_run
+    assert main(["predict", str(kept / "cat0.png"), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} is a run folder, given where the images go; give the run first: attnconv predict RUN IMAGE" in err
+
+
 def test_uint8_tensors_of_the_wrong_shape_are_refused(folder_run):
     run = Run(folder_run[0])
     with pytest.raises(Exception, match=r"uint8 \(N, 3, 32, 32\)"):

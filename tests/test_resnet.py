@@ -93,3 +93,12 @@ def test_round_76_a_resnet_scripts_and_traces_and_refuses_empty_images():
             other(torch.zeros(1, 1, 0, 0))
         with pytest.raises(AttnconvError, match=r"got \(16, 16\) \(one image: give x\[None\]\[None\]\)$"):
             other(torch.zeros(16, 16))
+
+
+@pytest.mark.parametrize("name", ["sa-quadratic", "sa-learned-content", "vit", "resnet18"])
+def test_round_77_a_an_empty_batch_gives_an_empty_batch(name):
+    """Round 77: the sa-* models given a batch of no images failed in torch's words ("mat1 and mat2 shapes cannot
+    be multiplied (0x1 and 4x16)": torch's PixelUnshuffle gives an empty batch another shape)."""
+    size = 32 if name == "vit" else 28
+    model = build_model(name, in_channels=1, image_size=size, num_classes=10).eval()
+    assert model(torch.zeros(0, 1, size, size)).shape == (0, 10)

@@ -219,7 +219,7 @@ def run_compare(args: argparse.Namespace) -> int:
     from attnconv.errors import AttnconvError
 
     try:
-        kernels = tuple(int(k) for k in args.kernels.split(","))
+        kernels = tuple(dict.fromkeys(int(k) for k in args.kernels.split(",")))  # 3,3: one column each
     except ValueError:
         kernels = ()
     if not kernels or not all(1 <= k <= 15 for k in kernels):

@@ -182,8 +182,7 @@ def cnn_to_attention(
 
     # 4. Convolutions that are no module (F.conv2d in a forward): one forward pass finds them.
     if example is not None:
-        found = _conv_ops_of_forward(converted, example)
-        _refuse_or_warn(found, strict)
+        _refuse_or_warn(*_conv_ops_of_forward(converted, example), strict)
     else:
         _OpCheck(strict).install(converted)
     return converted
@@ -401,9 +400,10 @@ class _ConvOpFinder(TorchDispatchMode):
         return [_label(self.paths.get(id(m), "?"), m) for m in self.found.values()]
 
 
-def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
+def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> tuple[list[str], list[str]]:
     """The modules of `model` that run a convolution op in one forward on `args` (eval mode, no
-    gradients, the CPU random state restored: the pass changes nothing in the model)."""
+    gradients, the CPU random state restored: the pass changes nothing in the model), and the reads of a converted
+    layer's weight or bias it refused and the network went on from (`_reads`)."""
     modes = {m: m.training for m in model.modules()}
     finder = _ConvOpFinder(model)
     REFUSED_READS.clear()
@@ -413,12 +413,10 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
             with finder:
                 model(*args)
     except Exception as err:
-        if isinstance(err, ConvParameterRead) or (isinstance(err, AttributeError) and REFUSED_READS):
-            # not the input's fault: a module read a replaced conv's weight (through a property, Python raised
-            # "no attribute" for the property in place of the refusal: the refusal is said, not the property)
-            reader = _innermost_module(err, model)
-            raise AttnconvError(f"cnn_to_attention: {_label(finder.paths.get(id(reader), '?'), reader)}: "
-                                f"{REFUSED_READS[0]}") from None
+        refused = _refusal_behind(err, model)
+        if refused:  # not the input's fault: a module read a replaced conv's weight
+            raise AttnconvError(f"cnn_to_attention: {_label(finder.paths.get(id(refused[1]), '?'), refused[1])}: "
+                                f"{refused[0]}") from None
         # the model's own error, named as the example's
         first = (str(err).strip().splitlines() or [""])[0]
         what = first if isinstance(err, AttnconvError) else f"{type(err).__name__}: {first}"
@@ -430,7 +428,29 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> list[str]:
         found = finder.close()
         for module, training in modes.items():
             module.training = training
-    return found
+    return found, _reads(finder.paths)
+
+
+def _reads(paths: dict[int, str]) -> list[str]:
+    """The refused reads of a forward that ran on (`getattr(conv, "weight", None)`, hasattr, an except), labelled as
+    the check's findings: the network probed a convolution's weight, and computes something else converted."""
+    return [f"{_label(paths.get(id(reader), '?'), reader) if reader is not None else '<unknown module>'}: {words}"
+            for words, reader in dict.fromkeys(REFUSED_READS)]
+
+
+def _refusal_behind(err: BaseException, model: nn.Module) -> tuple[str, nn.Module] | None:
+    """(words, the module that read) where a forward's error is a converted layer's refusal of `weight` or `bias`, or
+    Python's own "no attribute" for a property of a module whose getter met one (Python puts its error in the
+    refusal's place); None for any other error, the model's own."""
+    if not REFUSED_READS or not isinstance(err, AttributeError):
+        return None
+    reader = _innermost_module(err, model)
+    if isinstance(err, ConvParameterRead):
+        return str(err), reader
+    said = re.fullmatch(r"'\w+' object has no attribute '(\w+)'", str(err))
+    if said and isinstance(getattr(type(reader), said.group(1), None), property):
+        return REFUSED_READS[-1][0], reader
+    return None
 
 
 def _innermost_module(err: BaseException, model: nn.Module) -> nn.Module:
@@ -444,7 +464,14 @@ def _innermost_module(err: BaseException, model: nn.Module) -> nn.Module:
     return found
 
 
-def _refuse_or_warn(found: list[str], strict: bool) -> None:
+def _refuse_or_warn(found: list[str], reads: list[str], strict: bool) -> None:
+    """Refuse (`strict`) or warn of the modules that still run a convolution op, and of the reads of a converted
+    layer's weight a forward went on from (`getattr(conv, "weight", None)`: it computed something else)."""
+    if reads and strict:
+        raise AttnconvError(f"cnn_to_attention: {reads[0]}" + (f" (and {len(reads) - 1} more such reads)"
+                                                                 if len(reads) > 1 else ""))
+    for read in reads:
+        warnings.warn(f"cnn_to_attention: the converted network will not compute as the CNN: {read}", stacklevel=3)
     if not found:
         return
     if strict:
@@ -491,11 +518,14 @@ class _OpCheck:
         finder.__exit__(None, None, None)
         found = finder.close()
         failing = sys.exc_info()[1]  # the forward's own error, on its way out (torch calls this hook before it goes on)
-        if isinstance(failing, AttributeError) and not isinstance(failing, ConvParameterRead) and REFUSED_READS:
-            # a replaced conv's weight read through a property: Python said "no attribute" of the property instead
-            failing.add_note(f"attnconv: {REFUSED_READS[0]}")
-            return  # the check stays for the next forward, which fails the same way
-        if not (found and self.strict):
+        if failing is not None:
+            refused = _refusal_behind(failing, module)
+            if refused and not isinstance(failing, ConvParameterRead):
+                # a replaced conv's weight read through a property: Python said "no attribute" of the property instead
+                failing.add_note(f"attnconv: {refused[0]}")
+            return  # the check stays for the next forward
+        reads = _reads(finder.paths)
+        if not ((found or reads) and self.strict):
             for handle in self.handles:
                 handle.remove()
-        _refuse_or_warn(found, self.strict)
+        _refuse_or_warn(found, reads, self.strict)

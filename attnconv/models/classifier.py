@@ -175,6 +175,11 @@ class AttentionClassifier(nn.Module):
                 f"model expects images (B, {cfg.in_channels}, H, W) with H, W positive multiples of {cfg.downsample}, "
                 f"got {tuple(x.shape)}" + one_image_hint(x, cfg.in_channels)
             )
+        # torch's PixelUnshuffle gives an empty batch another shape: the empty batch of its own (not where torch.export,
+        # torch.compile or a trace captures the graph: a branch on the batch size would fix the batch there)
+        if not (torch.compiler.is_compiling() or torch.jit.is_tracing()) and not len(x):
+            d = cfg.downsample
+            return self.embed(x.new_zeros(0, x.shape[2] // d, x.shape[3] // d, cfg.in_channels * d * d))
         return self.embed(self.downsample(x).permute(0, 2, 3, 1))
 
     def forward_features(self, x: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from attnconv.fileio import (
     not_a_folder,
     permission_fix,
     permission_words,
+    refused_by_place,
     unreadable_folder,
     write_bytes,
 )
@@ -90,7 +91,9 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     if link is not None:  # mkdir would say "File exists"
         raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
     # A run to resume or replace stays where it is: its folder's permission is the fix, not another directory.
-    fix = permission_fix(out) if (resume or overwrite) and out.is_dir() else "choose another directory"
+    # A new run's fix is another place, unless a flag or a read-only file system refuses it there: those are named.
+    fix = permission_fix(out) if (resume or overwrite) and out.is_dir() else \
+        (refused_by_place(out) or "choose another directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()  # opens the folder to read: a folder that can be written but not read fails here
