@@ -62,3 +62,21 @@ def tiny_attention_runs(tmp_path_factory):
                            epochs=1, max_steps=2)
     del runs["data"]
     return runs
+
+
+@pytest.fixture
+def memory_asked(monkeypatch):
+    """Called (after the layers are built: their constructors check memory too), the list of the bytes each
+    `SelfAttention2d` forward's memory check asks for from then on; every check refuses (the machine is said to hold
+    one byte), so a forward stops at its check with what it counted recorded."""
+    import attnconv.limits as limits
+
+    def record() -> list[float]:
+        asked: list[float] = []
+        monkeypatch.setattr(limits, "physical_memory", lambda: 1)
+        real = limits.check_memory
+        monkeypatch.setattr("attnconv.attention.layer.check_memory",
+                            lambda need, *a, **k: asked.append(need) or real(need, *a, **k))
+        return asked
+
+    return record

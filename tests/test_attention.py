@@ -701,13 +701,12 @@ def test_round_73_a_a_forward_whose_attention_no_machine_holds_and_models_named_
         build_model(["vit"])
 
 
-def test_round_74_a_memory_estimates_defaults_and_image_dtypes(monkeypatch):
+def test_round_74_a_memory_estimates_defaults_and_image_dtypes(monkeypatch, memory_asked):
     """Round 74: the forward's memory check counted 8 bytes a token pair whatever the dtype and path (float64 dense
     peaked at 2x that, sdpa at 3.1x, a content layer at 1.5x), and one matrix for a batch on the stacked path even
     where a dropout mask per image copies it per image; `model_defaults` gave every sa-* model encoding 'quadratic'
     (so `build_model(n, **model_defaults(n))` failed); the sa-* and ViT models took images of any dtype to torch's
     first matmul ("expected m1 and m2 to have the same dtype")."""
-    import attnconv.limits as limits
     from attnconv import build_model
     from attnconv.models.registry import model_defaults
 
@@ -716,11 +715,7 @@ def test_round_74_a_memory_estimates_defaults_and_image_dtypes(monkeypatch):
              (SelfAttention2d(2, heads=3, impl="sdpa"), 4 * 4 * 2 * 3 * T2),
              (SelfAttention2d(2, heads=3, impl="stacked"), 3 * 4 * 1 * 3 * T2),
              (SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1).train(), 4 * 4 * 2 * 3 * T2)]  # round 75
-    asked = []
-    monkeypatch.setattr(limits, "physical_memory", lambda: 1)  # every check refuses: what it counted is recorded
-    real = limits.check_memory
-    monkeypatch.setattr("attnconv.attention.layer.check_memory",
-                        lambda need, *a, **k: asked.append(need) or real(need, *a, **k))
+    asked = memory_asked()  # every check refuses: what it counted is recorded
     for layer, need in cases:
         x = torch.randn(2, 2, 6, 6, dtype=layer.out.weight.dtype)
         with pytest.raises(AttnconvError, match="the attention of 6x6 tokens"):

@@ -292,23 +292,18 @@ def test_round_60_a_vmap_gradients_and_nested_images():
             attnconv.capture_attention(Patches().eval(), images)
 
 
-def test_round_75_a_stacked_dropout_estimate_resnet_images_and_converted_shapes(monkeypatch):
+def test_round_75_a_stacked_dropout_estimate_resnet_images_and_converted_shapes(monkeypatch, memory_asked):
     """Round 75: the stacked path's dropout (its transposed copy, then the mask and output beside it) peaked at 1.34x
     the forward's memory estimate of three matrices; the ResNet of `build_model` took images of any dtype, device or
     shape to torch's kernels ("expected scalar type Byte but found Float"); a converted convolution said an unbatched
     input of the wrong channels as the batch of one it makes of it, "got (1, 2, 6, 6)"."""
-    import attnconv.limits as limits
     from attnconv import SelfAttention2d, build_model, conv_to_attention
 
     T2 = float(5 * 5) ** 2
     cases = [(SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1, attn_dropout_mask="shared"), 1),
              (SelfAttention2d(2, heads=3, impl="stacked", attn_dropout=0.1), 2),
              (SelfAttention2d(2, heads=3, impl="stacked", encoding="learned-content", attn_dropout=0.1), 2)]
-    asked = []
-    monkeypatch.setattr(limits, "physical_memory", lambda: 1)  # every check refuses: what it counted is recorded
-    real = limits.check_memory
-    monkeypatch.setattr("attnconv.attention.layer.check_memory",
-                        lambda need, *a, **k: asked.append(need) or real(need, *a, **k))
+    asked = memory_asked()  # every check refuses: what it counted is recorded
     for layer, images in cases:
         for training, matrices in ((True, 4), (False, 3)):
             with pytest.raises(AttnconvError, match="the attention of 5x5 tokens"):
