@@ -182,3 +182,25 @@ def test_convert_into_a_link_to_nowhere_is_one_line_naming_it(cnn_run, tmp_path,
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err and "choose a new directory" in err, err
         assert (tmp_path / name).is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_round_78_a_convert_into_a_place_it_may_not_write_says_what_refuses_it(cnn_run, tmp_path, capsys,
+                                                                                monkeypatch):
+    """Round 78: `convert` into a folder it may not write, or on a read-only file system, gave the OS's words and
+    "choose another directory", where every other output says what refuses the place (`fileio.output_fix`)."""
+    import errno
+
+    import attnconv.runs.build as build
+
+    for err, said in ((PermissionError(errno.EACCES, "Permission denied"), "choose another location"),
+                      (OSError(errno.EROFS, "Read-only file system"), "choose another location"),
+                      (OSError(errno.ENOSPC, "No space left on device"), "No space left on device; choose another "
+                                                                         "directory")):
+        def refused(*args, err=err, **kwargs):
+            raise err
+
+        monkeypatch.setattr(build.tempfile, "mkdtemp", refused)
+        assert main(["convert", str(cnn_run), "--out", str(tmp_path / "cv"), "--no-eval"]) == 2
+        line = capsys.readouterr().err
+        assert f"--out {tmp_path / 'cv'}: cannot write there; " in line and said in line, line
+        assert line.count("choose another") == 1 and not (tmp_path / "cv").exists()

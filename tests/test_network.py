@@ -890,3 +890,31 @@ def test_conversions_never_silently_wrong_a_weight_probed_and_swallowed_is_refus
     with pytest.raises(AttnconvError, match=r"failed on example_input \(AttributeError: 'OwnBug' object has no "
                                             r"attribute 'missing_attr_bug'\)"):
         cnn_to_attention(OwnBug().eval(), example_input=x)
+
+
+def test_conversions_never_silently_wrong_another_threads_probe_is_not_the_networks():
+    """Round 78: the refused reads were one list for the process: `hasattr(layer, "weight")` of any converted layer in
+    another thread (an init loop in a server thread) while a network was checked made that clean network refused as
+    "<unknown module>: ConvAttention has no `weight`", and its first forwards raise."""
+    import threading
+
+    other = cnn_to_attention(nn.Conv2d(3, 3, 3))
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            hasattr(other, "weight")
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    clean = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+    x = torch.randn(1, 3, 8, 8)
+    try:
+        for _ in range(5):
+            cnn_to_attention(clean, example_input=x)
+            cnn_to_attention(clean)(x)
+    finally:
+        stop.set()
+        thread.join()
+    hasattr(other, "weight")  # this thread, outside the checked network: not the network's read either
+    torch.testing.assert_close(cnn_to_attention(clean, example_input=x)(x), clean(x), rtol=1e-4, atol=1e-5)

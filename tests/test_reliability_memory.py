@@ -283,3 +283,35 @@ def test_memory_a_16_bit_pgm_is_decoded_as_16_bit_grey(tmp_path):
     got = decode.decode_image(path, True, 12)
     assert got.shape == (1, 12, 12) and np.array_equal(got[0], (values.astype(np.uint16) >> 8).astype(np.uint8))
     assert decode.probe_grey(path)
+
+
+def _png(path: Path, width: int, height: int, data: bytes, interlaced: bool) -> Path:
+    """An 8-bit grey PNG of `data` (filter bytes and pixels, already laid out) under a header of width x height."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, int(interlaced))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(data))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("interlaced", [False, True])
+def test_round_78_b_a_png_whose_data_ends_before_its_last_row_is_refused(tmp_path, interlaced, capsys):
+    """Round 78: a PNG whose complete compressed stream holds fewer rows than its header states was decoded with the
+    missing rows black (Pillow says nothing), and `predict` answered for it, exit 0; a file cut short was refused."""
+    width, height = 5, 7
+    passes = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)) \
+        if interlaced else ((0, 0, 1, 1),)
+    rows = [b"\x00" + bytes(range(10, 10 + -(-(width - x0) // dx))) for x0, y0, dx, dy in passes
+            for _ in range(max(-(-(height - y0) // dy), 0)) if width > x0]
+    whole = _png(tmp_path / "whole.png", width, height, b"".join(rows), interlaced)
+    assert Image.open(whole).info.get("interlace", 0) == int(interlaced)
+    assert decode.decode_image(whole, True, 4).shape == (1, 4, 4)  # every row there: taken, by Pillow too
+    short = _png(tmp_path / "short.png", width, height, b"".join(rows[:-2]), interlaced)
+    with pytest.raises(AttnconvError, match=r"short\.png: cannot decode the image \(ValueError: its image data ends "
+                                            r"before its last row \(\d+ of the \d+ bytes its header states\)\)"):
+        decode.decode_image(short, True, 4)

@@ -12,7 +12,6 @@ q = i * W + j); `size` is always the *input* spatial size (unpadded).
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from attnconv.construct.geometry import (
     channels_last_like,
     source_index,
 )
+from attnconv.construct.reads import conv_parameter_read
 from attnconv.errors import AttnconvError
 from attnconv.limits import (
     check_memory,
@@ -556,7 +556,7 @@ class ConvAttention(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             if name in ("weight", "bias"):  # not one a user registered: the convolution's, which the layer replaced
-                _conv_parameter_read(self, name)
+                conv_parameter_read(self, name, ConvAttention)
             raise
 
     def extra_repr(self) -> str:
@@ -565,36 +565,3 @@ class ConvAttention(nn.Module):
             f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
             f"bias={self.out_bias is not None}, padding_mode={self.padding_mode!r}, alpha={self.alpha:g}"
         )
-
-
-class ConvParameterRead(AttnconvError, AttributeError):
-    """A converted layer asked for its convolution's `weight` or `bias`, which it holds as value maps instead."""
-
-
-# The refusals since a conversion's check began: (words, the module whose code read it, or None). A read through a
-# property has its error replaced by Python's, and getattr(conv, "weight", None) or hasattr swallows it: the check
-# of cnn_to_attention looks here (a network that probed its convolution's weight computes something else converted).
-REFUSED_READS: list[tuple[str, nn.Module | None]] = []
-
-
-def _reading_module(layer: ConvAttention) -> nn.Module | None:
-    """The innermost module whose code is running (a frame's `self`), other than converted layers: who read."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        module = frame.f_locals.get("self")
-        if isinstance(module, nn.Module) and not isinstance(module, ConvAttention):
-            return module
-        frame = frame.f_back
-    return None
-
-
-def _conv_parameter_read(layer: ConvAttention, name: str) -> None:
-    words = (
-        f"{type(layer).__name__} has no `{name}`: it is the attention layer that replaced a {layer.ndim}-d convolution "
-        f"({layer.in_channels} to {layer.out_channels} channels), and a module read the convolution's `{name}` (to "
-        f"compute with it itself, F.conv{layer.ndim}d(x, conv.weight) or the like, which no conversion replaces, or to "
-        "test it); make that module call its convolution (conv(x)) and read nothing of it, or convert the network "
-        "without it")
-    REFUSED_READS.append((words, _reading_module(layer)))
-    del REFUSED_READS[:-8]  # the latest few: a model probing in a loop does not grow it
-    raise ConvParameterRead(words)

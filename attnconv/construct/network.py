@@ -32,9 +32,10 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnconv.construct.bound import MAX_ALPHA
-from attnconv.construct.conv_attention import REFUSED_READS, ConvAttention, ConvParameterRead
+from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.factory import conv_to_attention, torch_compiled, unconvertible_reason
 from attnconv.construct.learnable import check_key_dim
+from attnconv.construct.reads import ConvParameterRead, refused_reads
 from attnconv.errors import AttnconvError
 from attnconv.limits import real_number
 
@@ -88,7 +89,11 @@ def cnn_to_attention(
     modules are refused like the ones above when `strict` (at its first forward: that
     forward, and every later one, raises) and named in a warning otherwise. Give
     `example_input` to have the check done at conversion and leave no hooks on the result
-    (`torch.jit.script` does not compile them).
+    (`torch.jit.script` does not compile them). The same forward finds the reads of a converted
+    layer's `weight` or `bias` (which it does not have) by the network's own modules, in the
+    checking thread: refused (or warned of) even where the network went on from them
+    (`getattr(conv, "weight", None)`). Not seen: a forward that tests its layers otherwise
+    (`isinstance(conv, nn.Conv2d)`, their parameter names); compare outputs on your inputs.
 
     `fold_bn=True` first finds each BatchNorm{1,2,3}d (or SyncBatchNorm) that directly
     consumes a convolution's output, then folds it into the converted layer,
@@ -406,7 +411,7 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> tuple[list[
     layer's weight or bias it refused and the network went on from (`_reads`)."""
     modes = {m: m.training for m in model.modules()}
     finder = _ConvOpFinder(model)
-    REFUSED_READS.clear()
+    refused_reads().clear()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model.eval()
@@ -434,22 +439,23 @@ def _conv_ops_of_forward(model: nn.Module, args: tuple[Any, ...]) -> tuple[list[
 def _reads(paths: dict[int, str]) -> list[str]:
     """The refused reads of a forward that ran on (`getattr(conv, "weight", None)`, hasattr, an except), labelled as
     the check's findings: the network probed a convolution's weight, and computes something else converted."""
-    return [f"{_label(paths.get(id(reader), '?'), reader) if reader is not None else '<unknown module>'}: {words}"
-            for words, reader in dict.fromkeys(REFUSED_READS)]
+    return [f"{_label(paths[id(reader)], reader)}: {words}"  # its own modules' reads (not another network's)
+            for words, reader in dict.fromkeys(refused_reads()) if id(reader) in paths]
 
 
 def _refusal_behind(err: BaseException, model: nn.Module) -> tuple[str, nn.Module] | None:
     """(words, the module that read) where a forward's error is a converted layer's refusal of `weight` or `bias`, or
     Python's own "no attribute" for a property of a module whose getter met one (Python puts its error in the
     refusal's place); None for any other error, the model's own."""
-    if not REFUSED_READS or not isinstance(err, AttributeError):
+    reads = refused_reads()
+    if not reads or not isinstance(err, AttributeError):
         return None
     reader = _innermost_module(err, model)
     if isinstance(err, ConvParameterRead):
         return str(err), reader
     said = re.fullmatch(r"'\w+' object has no attribute '(\w+)'", str(err))
     if said and isinstance(getattr(type(reader), said.group(1), None), property):
-        return REFUSED_READS[-1][0], reader
+        return reads[-1][0], reader
     return None
 
 
@@ -507,7 +513,7 @@ class _OpCheck:
 
     def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if self.finder is None and not _being_traced(args):
-            REFUSED_READS.clear()
+            refused_reads().clear()
             self.finder = _ConvOpFinder(module)
             self.finder.__enter__()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from attnconv.fileio import (
     interrupts_held,
     make_parents,
     open_regular,
+    output_fix,
     read_regular,
     remove_empty,
     unplaceable,
@@ -377,9 +379,10 @@ def convert_run(
             with interrupts_held():  # a temporary made is a temporary known
                 tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".attnconv-tmp", dir=out.parent))
             os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the run is a folder like any other
-        except OSError as err:
-            raise ParameterError("out", out, f": cannot write there ({err.strerror or err}); choose another "
-                                 "directory") from None
+        except OSError as err:  # what refuses the place, as every output says it (a read-only mount, a flag, modes)
+            fix = output_fix(out) if isinstance(err, PermissionError) or err.errno == errno.EROFS else \
+                f"{err.strerror or err}; choose another directory"
+            raise ParameterError("out", out, f": cannot write there; {fix}") from None
         try:
             save_weights(converted, tmp / WEIGHTS_FILE, {"converted_from": str(run_dir),
                                                          RECORD_KEY: config_record(meta)})

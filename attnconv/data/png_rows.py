@@ -1,0 +1,64 @@
+"""Whether a PNG's image data holds every row its header states.
+
+Pillow decodes a PNG whose (complete) compressed stream ends before the last row without a word, the missing rows
+black: the picture a model would see is not the file's. A file cut short is Pillow's own "image file is truncated";
+this is the other case. `short_rows` reads the header and the IDAT chunks and inflates them no further than the rows
+need (so a stream that claims more costs no more memory than the image); interlaced (Adam7) images count the seven
+passes' rows.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import BinaryIO
+
+_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # per colour type: grey, RGB, palette, grey + alpha, RGBA
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _data_bytes(width: int, height: int, depth: int, colour: int, interlaced: bool) -> int:
+    """The bytes the inflated image data must hold: a filter byte and the packed pixels of every row (of every pass)."""
+    bits = depth * _CHANNELS[colour]
+    passes = _ADAM7 if interlaced else ((0, 0, 1, 1),)
+    total = 0
+    for x0, y0, dx, dy in passes:
+        w, h = -(-(width - x0) // dx), -(-(height - y0) // dy)
+        if w > 0 and h > 0:
+            total += h * (1 + -(-(w * bits) // 8))
+    return total
+
+
+def short_rows(f: BinaryIO) -> tuple[int, int] | None:
+    """(bytes of image data found, bytes the header states) where the PNG read from `f` (at its start) holds fewer
+    than its header states; None where it holds them all, or where this cannot tell (not a PNG it can parse: Pillow's
+    own checks say the rest)."""
+    if f.read(8) != _SIGNATURE:
+        return None
+    need, inflate, found = None, zlib.decompressobj(), 0
+    while True:
+        head = f.read(8)
+        if len(head) < 8:
+            break
+        length, kind = struct.unpack(">I4s", head)
+        if kind == b"IHDR" and length == 13:
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", f.read(13))
+            if colour not in _CHANNELS:
+                return None
+            need = _data_bytes(width, height, depth, colour, interlace == 1)
+            f.seek(4, 1)  # its CRC
+            continue
+        if kind == b"IDAT" and need is not None:
+            try:
+                found += len(inflate.decompress(f.read(length), max(need - found, 0) + 1))
+            except zlib.error:
+                return None  # a damaged stream: Pillow says so
+            f.seek(4, 1)
+            continue
+        if kind == b"IEND":
+            break
+        f.seek(length + 4, 1)  # another chunk, and its CRC
+    if need is None or found >= need:
+        return None
+    return found, need
