@@ -91,7 +91,9 @@ def test_round_77_b_a_run_given_where_the_images_go_is_named(folder_run, capsys)
     out, kept, _ = folder_run
     assert main(["predict", str(kept / "cat0.png"), str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"{out} is a run folder, given where the images go; give the run first: attnconv predict RUN IMAGE" in err
+    assert f"{out} is a run folder, given where the images go: attnconv predict takes one run, then image files" in err
+    assert main(["predict", str(out), str(out)]) == 2  # a run given first, and again where the images go
+    assert "takes one run, then image files or folders" in capsys.readouterr().err
 
 
 def test_uint8_tensors_of_the_wrong_shape_are_refused(folder_run):

@@ -43,8 +43,8 @@ def image_files(args: list[str]) -> list[tuple[Path, bool]]:
                 raise AttnconvError(f"{_dangling(dangling)}; fix or remove the link, or name the images one by one")
             found = sorted(p for p in named if p.is_file())
             if not found and (path / "config.json").is_file():  # `predict IMAGE RUN`: the run was given second
-                raise AttnconvError(f"{path} is a run folder, given where the images go; give the run first: "
-                                    "attnconv predict RUN IMAGE [IMAGE ...]")
+                raise AttnconvError(f"{path} is a run folder, given where the images go: attnconv predict takes one "
+                                    "run, then image files or folders (attnconv predict RUN IMAGE [IMAGE ...])")
             if not found:
                 raise AttnconvError(f"{path}: no image files in it ({', '.join(IMAGE_EXTENSIONS)})")
             files += [(p, True) for p in found]
