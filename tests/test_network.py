@@ -918,3 +918,24 @@ def test_conversions_never_silently_wrong_another_threads_probe_is_not_the_netwo
         thread.join()
     hasattr(other, "weight")  # this thread, outside the checked network: not the network's read either
     torch.testing.assert_close(cnn_to_attention(clean, example_input=x)(x), clean(x), rtol=1e-4, atol=1e-5)
+
+
+def test_conversions_never_silently_wrong_a_first_forward_inside_an_except_block_is_checked():
+    """The first-forward check took an exception the caller was handling (`except ...: model(x)`) for the forward's
+    own failure, and let that forward's refusal wait for the next one."""
+
+    class Direct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("k", torch.ones(4, 3, 1, 1))
+
+        def forward(self, x):
+            return F.conv2d(nn.functional.relu(x), self.k)
+
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), Direct())
+    converted = cnn_to_attention(model)
+    try:
+        raise ValueError("the caller's own")
+    except ValueError:
+        with pytest.raises(AttnconvError, match=r"still run a convolution|calls a convolution op"):
+            converted(torch.randn(1, 3, 4, 4))

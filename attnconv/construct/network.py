@@ -523,7 +523,9 @@ class _OpCheck:
             return
         finder.__exit__(None, None, None)
         found = finder.close()
-        failing = sys.exc_info()[1]  # the forward's own error, on its way out (torch calls this hook before it goes on)
+        # the forward's own error, on its way out (torch calls this hook with no output before it goes on); not an error
+        # the caller is handling around a forward that returned
+        failing = sys.exc_info()[1] if output is None else None
         if failing is not None:
             refused = _refusal_behind(failing, module)
             if refused and not isinstance(failing, ConvParameterRead):
