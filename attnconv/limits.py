@@ -234,11 +234,11 @@ def weights_with_values(weights: torch.Tensor, owner: str = "the layer", then: s
                             f"({owner.split()[-1]}.to_empty(device='{device}'), then load_state_dict){then}")
 
 
-def one_image_hint(x: torch.Tensor, channels: int) -> str:
+def one_image_hint(x: torch.Tensor, channels: int, name: str = "x") -> str:
     """` (one image: give x[None])` where a model that takes batches only was given one unbatched image (x[None][None]
-    for one image of one channel without its channel axis), else ''."""
+    for one image of one channel without its channel axis), else ''; `name`: the argument's."""
     axes = 1 if x.ndim == 3 and x.shape[0] == channels else 2 if x.ndim == 2 and channels == 1 else 0
-    return f" (one image: give x{'[None]' * axes})" if axes else ""
+    return f" (one image: give {name}{'[None]' * axes})" if axes else ""
 
 
 def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",

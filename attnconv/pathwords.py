@@ -156,7 +156,8 @@ def marked(path: str | os.PathLike) -> str:
         import fcntl
         import struct
 
-        if not stat.S_ISREG(os.lstat(path).st_mode) and not stat.S_ISDIR(os.lstat(path).st_mode):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
             return ""  # a device or a FIFO is not opened to ask (opening some has effects), nor a link followed
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except (OSError, ImportError):
@@ -169,7 +170,7 @@ def marked(path: str | os.PathLike) -> str:
         os.close(fd)
     for bit, name, letter in _FLAGS:
         if flags & bit:
-            return f"{path} is marked {name} (lsattr{' -d' * os.path.isdir(path)} shows an {letter}; chattr -{letter} " \
+            return f"{path} is marked {name} (lsattr{' -d' * stat.S_ISDIR(mode)} shows an {letter}; chattr -{letter} " \
                    "lifts it)"
     return ""
 

@@ -38,6 +38,8 @@ from attnconv.runs.files import read_config, trained_here
 from attnconv.runs.logs_record import with_last_line
 from attnconv.tables import format_table
 
+MAX_KERNEL = 15  # the largest grid K the centers are matched against (`compare_groups`, `attnconv compare`)
+
 
 def group_runs(group: str | os.PathLike) -> list[Path]:
     """The run directories of a group: its `seed*/` folders with a metrics.csv, or the folder itself. A metrics.csv
@@ -237,8 +239,9 @@ def compare_groups(groups: list[str | os.PathLike], *, epoch: int | None = None,
     if bad:
         raise AttnconvError(f"groups holds {shown_value(bad[0])}: give each group as a folder's path")
     if not isinstance(kernels, (list, tuple)) or not kernels or any(
-            isinstance(k, bool) or not isinstance(k, int) or k < 1 or k > 15 for k in kernels):
-        raise AttnconvError(f"kernels {shown_value(kernels)} is invalid: give kernel sizes from 1 to 15, e.g. (3,)")
+            isinstance(k, bool) or not isinstance(k, int) or k < 1 or k > MAX_KERNEL for k in kernels):
+        raise AttnconvError(f"kernels {shown_value(kernels)} is invalid: give kernel sizes from 1 to {MAX_KERNEL}, "
+                            "e.g. (3,)")
     owner: dict[str, str | os.PathLike] = {}
     for g in groups:  # one run in two columns is no comparison (`table` refuses it too)
         for run in group_runs(g):

@@ -214,7 +214,7 @@ def run_compare(args: argparse.Namespace) -> int:
     import json
 
     from attnconv.analysis import json_ready
-    from attnconv.analysis.compare import compare_groups, format_comparison
+    from attnconv.analysis.compare import MAX_KERNEL, compare_groups, format_comparison
     from attnconv.cli import escaped
     from attnconv.errors import AttnconvError
 
@@ -222,8 +222,8 @@ def run_compare(args: argparse.Namespace) -> int:
         kernels = tuple(dict.fromkeys(int(k) for k in args.kernels.split(",")))  # 3,3: one column each
     except ValueError:
         kernels = ()
-    if not kernels or not all(1 <= k <= 15 for k in kernels):
-        raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated kernel sizes from 1 to 15, "
+    if not kernels or not all(1 <= k <= MAX_KERNEL for k in kernels):
+        raise AttnconvError(f"--kernels {args.kernels!r}: give comma-separated kernel sizes from 1 to {MAX_KERNEL}, "
                             "e.g. 3,4")
     rows = compare_groups(args.groups, epoch=args.epoch, kernels=kernels)
     if args.json:

@@ -75,7 +75,7 @@ def _negative_number(parser: argparse.ArgumentParser, arg: str) -> bool:
 
 
 def misplaced(argv: list[str], chosen: list[argparse.ArgumentParser], args: argparse.Namespace,
-               extra: str) -> argparse.ArgumentParser | None:
+              extra: str) -> argparse.ArgumentParser | None:
     """The chosen (sub)command whose option `extra` is, where `extra` stands in `argv` before that command's name
     (and before any `--`, after which every argument is a value); None where it stands elsewhere."""
     end = argv.index("--") if "--" in argv else len(argv)

@@ -31,7 +31,7 @@ def refused_reads() -> list[tuple[str, nn.Module | None]]:
 
 def _reading_module(converted: type) -> nn.Module | None:
     """The innermost module whose code is running (a frame's `self`), other than converted layers: who read."""
-    frame = sys._getframe(3)
+    frame = sys._getframe(3)  # past this function, conv_parameter_read and the layer's __getattr__: the reader's
     while frame is not None:
         module = frame.f_locals.get("self")
         if isinstance(module, nn.Module) and not isinstance(module, converted):

@@ -51,9 +51,11 @@ def short_rows(f: BinaryIO) -> tuple[int, int] | None:
             continue
         if kind == b"IDAT" and need is not None:
             try:
-                found += len(inflate.decompress(f.read(length), max(need - found, 0) + 1))
+                found += len(inflate.decompress(f.read(length), need - found))
             except zlib.error:
                 return None  # a damaged stream: Pillow says so
+            if found >= need:
+                return None  # every row there: the rest of the stream is not inflated
             f.seek(4, 1)
             continue
         if kind == b"IEND":

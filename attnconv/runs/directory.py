@@ -90,21 +90,24 @@ def claim_run_dir(out: Path, lock: DirectoryLock, *, resume: bool, overwrite: bo
     link = dangling_link(out)
     if link is not None:  # mkdir would say "File exists"
         raise ParameterError("out", out, f": {link}; give the run's folder itself, or fix the link")
-    # A run to resume or replace stays where it is: its folder's permission is the fix, not another directory.
-    # A new run's fix is another place, unless a flag or a read-only file system refuses it there: those are named.
-    fix = permission_fix(out) if (resume or overwrite) and out.is_dir() else \
-        (refused_by_place(out) or "choose another directory")
+    kept = (resume or overwrite) and out.is_dir()
+
+    def fix() -> str:  # asked of the file system only when something is refused
+        # A run to resume or replace stays where it is: its folder's permission is the fix, not another directory.
+        # A new run's fix is another place, unless a flag or a read-only file system refuses it there: those are named.
+        return permission_fix(out) if kept else (refused_by_place(out) or "choose another directory")
+
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock.acquire()  # opens the folder to read: a folder that can be written but not read fails here
     except PermissionError:
-        raise ParameterError("out", out, f": {permission_words(out)}; {fix}") from None
+        raise ParameterError("out", out, f": {permission_words(out)}; {fix()}") from None
     except OSError as err:  # a read-only file system, a flag: its words carry the fix; else the OS's, and another place
         why = f": cannot write there: {permission_fix(out)}" if err.errno in (errno.EROFS, errno.EPERM) else \
             f": cannot write there ({describe_os_error(err)}); choose another directory"
         raise ParameterError("out", out, why) from None
     if not os.access(out, os.W_OK | os.X_OK):
-        raise ParameterError("out", out, f": not writable; {fix}")
+        raise ParameterError("out", out, f": not writable; {fix()}")
     flag = marked(out)  # append-only: files can be made there, but none renamed into place, moved aside or removed
     if flag:
         raise ParameterError("out", out, f": {flag}; a run's files are written whole and put in place, which it "

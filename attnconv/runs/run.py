@@ -18,7 +18,7 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
-from attnconv.limits import is_whole, shown_value, tensor_argument, whole_number
+from attnconv.limits import is_whole, one_image_hint, shown_value, tensor_argument, whole_number
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.modes import eval_mode
 from attnconv.pathwords import resume_command
@@ -362,9 +362,8 @@ class Run:
             if raw.dtype != torch.uint8:
                 wrong.append(f"{str(raw.dtype).replace('torch.', '')} where uint8 (0..255) is read")
             if raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
-                shape = tuple(raw.shape)
-                axes = 1 if shape == (channels, size, size) else 2 if channels == 1 and shape == (size, size) else 0
-                wrong.append(f"shape {shape}" + (f" (one image: give images{'[None]' * axes})" if axes else ""))
+                image = tuple(raw.shape[-2:]) == (size, size)  # one image of the run's size, without the batch axis
+                wrong.append(f"shape {tuple(raw.shape)}" + (one_image_hint(raw, channels, "images") if image else ""))
             raise AttnconvError(f"images must be uint8 (N, {channels}, {size}, {size}) for this run, got "
                                 + " and ".join(wrong))
         # On the device and in the dtype of the model's weights as they are now (a user may have cast or moved it)
