@@ -299,6 +299,42 @@ def _png(path: Path, width: int, height: int, data: bytes, interlaced: bool) -> 
     return path
 
 
+def test_images_within_a_memory_budget_the_png_row_check_inflates_a_chunk_at_a_time(tmp_path):
+    """The row check of a PNG ran before the decoding budget and inflated the stream up to the bytes its header states
+    in one call: a 100 KB file of 8000 x 8000 zeros (under Pillow's bomb limit) made it hold 64 MB at once, a 16-bit
+    RGBA one 512 MB, so every decoding thread of a folder could go far over the budget before a pixel was counted."""
+    import struct
+    import tracemalloc
+    import zlib
+
+    from attnconv.data.png_rows import short_rows
+
+    side = 8000
+    squeeze, parts = zlib.compressobj(), []
+    for _ in range(side - 1):  # one row short of the header's
+        parts.append(squeeze.compress(bytes(side + 1)))
+    data = b"".join(parts) + squeeze.flush()
+    assert len(data) < 200_000
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+    path = tmp_path / "bomb.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    tracemalloc.start()
+    try:
+        with path.open("rb") as f:
+            found = short_rows(f)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == ((side - 1) * (side + 1), side * (side + 1))  # still counted right, row by row
+    assert peak < 8 << 20, f"the row check held {peak / 2**20:.0f} MiB at once"
+    with pytest.raises(AttnconvError, match=r"bomb\.png: cannot decode the image \(ValueError: its image data ends"):
+        decode.decode_image(path, True, 28)
+
+
 @pytest.mark.parametrize("interlaced", [False, True])
 def test_round_78_b_a_png_whose_data_ends_before_its_last_row_is_refused(tmp_path, interlaced, capsys):
     """Round 78: a PNG whose complete compressed stream holds fewer rows than its header states was decoded with the

@@ -3,8 +3,8 @@
 Pillow decodes a PNG whose (complete) compressed stream ends before the last row without a word, the missing rows
 black: the picture a model would see is not the file's. A file cut short is Pillow's own "image file is truncated";
 this is the other case. `short_rows` reads the header and the IDAT chunks and inflates them no further than the rows
-need (so a stream that claims more costs no more memory than the image); interlaced (Adam7) images count the seven
-passes' rows.
+need, a megabyte at a time and kept only as a count (it runs before the decoding budget is reserved: what it holds is
+set neither by the stream nor by the header); interlaced (Adam7) images count the seven passes' rows.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # per colour type: grey, RGB, palette, grey + alpha, RGBA
+_CHUNK = 1 << 20  # inflated bytes held at once
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 
 
@@ -28,6 +29,16 @@ def _data_bytes(width: int, height: int, depth: int, colour: int, interlaced: bo
         if w > 0 and h > 0:
             total += h * (1 + -(-(w * bits) // 8))
     return total
+
+
+def _inflated(inflate, data: bytes, room: int) -> int:
+    """The bytes `data` inflates to, `room` at most, counted a chunk at a time: memory of one chunk, whatever the
+    stream or the header claims (this runs before the decoding budget is reserved)."""
+    n = 0
+    while data and n < room:
+        n += len(inflate.decompress(data, min(_CHUNK, room - n)))
+        data = inflate.unconsumed_tail
+    return n
 
 
 def short_rows(f: BinaryIO) -> tuple[int, int] | None:
@@ -51,7 +62,7 @@ def short_rows(f: BinaryIO) -> tuple[int, int] | None:
             continue
         if kind == b"IDAT" and need is not None:
             try:
-                found += len(inflate.decompress(f.read(length), need - found))
+                found += _inflated(inflate, f.read(length), need - found)
             except zlib.error:
                 return None  # a damaged stream: Pillow says so
             if found >= need:
