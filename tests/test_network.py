@@ -920,6 +920,52 @@ def test_conversions_never_silently_wrong_another_threads_probe_is_not_the_netwo
     torch.testing.assert_close(cnn_to_attention(clean, example_input=x)(x), clean(x), rtol=1e-4, atol=1e-5)
 
 
+def test_conversions_never_silently_wrong_two_threads_run_the_first_forward_at_once():
+    """The first-forward check of a network converted without `example_input` was one finder for every thread: a
+    second thread's forward, run while the first thread's was checked, ended the first thread's dispatch mode from its
+    own thread ("RuntimeError: trying to pop from empty mode stack") and left it on the first thread's stack. The check
+    belongs to the thread that started it; the other thread's forward runs unchecked and right."""
+    import threading
+
+    inside, done = threading.Event(), threading.Event()
+
+    class Waits(nn.Module):  # the first thread waits in its forward until the second thread's forward is over
+        def forward(self, x):
+            if threading.current_thread().name == "first":
+                inside.set()
+                assert done.wait(10)
+            return F.conv2d(x, torch.ones(4, 1, 1, 1), groups=4)  # a conv op the check must still name
+
+    torch.manual_seed(0)
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), Waits(), nn.Conv2d(4, 4, 3, padding=1)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    net = cnn_to_attention(cnn, strict=False)
+    outs, errors = {}, []
+
+    def run(name):
+        try:
+            outs[name] = net(x)
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion
+            errors.append(e)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = threading.Thread(target=run, args=("first",), name="first")
+        first.start()
+        assert inside.wait(10)
+        second = threading.Thread(target=run, args=("second",), name="second")
+        second.start()
+        second.join()
+        done.set()
+        first.join()
+    assert errors == []
+    for out in outs.values():
+        torch.testing.assert_close(out, cnn(x), rtol=1e-4, atol=1e-5)
+    assert any("Waits" in str(w.message) for w in seen)  # the first thread's forward was checked
+    assert torch._C._len_torch_dispatch_stack() == 0
+    torch.testing.assert_close(net(x), cnn(x), rtol=1e-4, atol=1e-5)
+
+
 def test_conversions_never_silently_wrong_a_first_forward_inside_an_except_block_is_checked():
     """The first-forward check took an exception the caller was handling (`except ...: model(x)`) for the forward's
     own failure, and let that forward's refusal wait for the next one."""

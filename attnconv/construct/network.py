@@ -20,6 +20,7 @@ import copy
 import math
 import re
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -378,6 +379,7 @@ class _ConvOpFinder(TorchDispatchMode):
         self.paths = _module_paths(root)
         self.stack: list[nn.Module] = [root]
         self.found: dict[int, nn.Module] = {}
+        self.thread = threading.get_ident()  # the forward it watches; another thread's calls of the modules are not
         self.handles = []
         for module in root.modules():
             if module is not root:
@@ -385,10 +387,11 @@ class _ConvOpFinder(TorchDispatchMode):
                 self.handles.append(module.register_forward_hook(self._leave, always_call=True))
 
     def _enter(self, module: nn.Module, args: Any) -> None:
-        self.stack.append(module)
+        if threading.get_ident() == self.thread:
+            self.stack.append(module)
 
     def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if len(self.stack) > 1 and self.stack[-1] is module:
+        if threading.get_ident() == self.thread and len(self.stack) > 1 and self.stack[-1] is module:
             self.stack.pop()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -497,13 +500,15 @@ class _OpCheck:
 
     A forward pre-hook and an always-called forward hook on the network: the first forward not
     being traced runs under a `_ConvOpFinder`; then the hooks remove themselves, unless `strict`
-    and a module ran a convolution: that forward raises, and so does every later one.
+    and a module ran a convolution: that forward raises, and so does every later one. The check belongs to the thread
+    whose forward started it (a dispatch mode is the thread's own): forwards other threads run meanwhile go unchecked.
     """
 
     def __init__(self, strict: bool):
         self.strict = strict
         self.finder: _ConvOpFinder | None = None
         self.handles: tuple[Any, ...] = ()
+        self.lock = threading.Lock()
 
     def install(self, root: nn.Module) -> None:
         self.handles = (
@@ -512,15 +517,21 @@ class _OpCheck:
         )
 
     def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        if self.finder is None and not _being_traced(args):
-            refused_reads().clear()
+        if _being_traced(args):
+            return
+        with self.lock:
+            if self.finder is not None:
+                return  # another thread's forward is being checked
             self.finder = _ConvOpFinder(module)
-            self.finder.__enter__()
+        refused_reads().clear()
+        self.finder.__enter__()
 
     def after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        finder, self.finder = self.finder, None
-        if finder is None:
-            return
+        with self.lock:
+            finder = self.finder
+            if finder is None or finder.thread != threading.get_ident():
+                return
+            self.finder = None
         finder.__exit__(None, None, None)
         found = finder.close()
         # the forward's own error, on its way out (torch calls this hook with no output before it goes on); not an error
