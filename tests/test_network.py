@@ -897,6 +897,7 @@ def test_conversions_never_silently_wrong_another_threads_probe_is_not_the_netwo
     another thread (an init loop in a server thread) while a network was checked made that clean network refused as
     "<unknown module>: ConvAttention has no `weight`", and its first forwards raise."""
     import threading
+    import time
 
     other = cnn_to_attention(nn.Conv2d(3, 3, 3))
     stop = threading.Event()
@@ -904,6 +905,7 @@ def test_conversions_never_silently_wrong_another_threads_probe_is_not_the_netwo
     def probe():
         while not stop.is_set():
             hasattr(other, "weight")
+            time.sleep(0.0002)  # a probe every fraction of a millisecond, leaving the conversions their time
 
     thread = threading.Thread(target=probe)
     thread.start()
@@ -923,8 +925,8 @@ def test_conversions_never_silently_wrong_another_threads_probe_is_not_the_netwo
 def test_conversions_never_silently_wrong_two_threads_run_the_first_forward_at_once():
     """The first-forward check of a network converted without `example_input` was one finder for every thread: a
     second thread's forward, run while the first thread's was checked, ended the first thread's dispatch mode from its
-    own thread ("RuntimeError: trying to pop from empty mode stack") and left it on the first thread's stack. The check
-    belongs to the thread that started it; the other thread's forward runs unchecked and right."""
+    own thread ("RuntimeError: trying to pop from empty mode stack") and left it on the first thread's stack, and
+    went unchecked. Each thread's first forward is checked under its own finder."""
     import threading
 
     inside, done = threading.Event(), threading.Event()
@@ -961,9 +963,64 @@ def test_conversions_never_silently_wrong_two_threads_run_the_first_forward_at_o
     assert errors == []
     for out in outs.values():
         torch.testing.assert_close(out, cnn(x), rtol=1e-4, atol=1e-5)
-    assert any("Waits" in str(w.message) for w in seen)  # the first thread's forward was checked
+    assert sum("Waits" in str(w.message) for w in seen) == 2  # both threads' forwards were checked
     assert torch._C._len_torch_dispatch_stack() == 0
     torch.testing.assert_close(net(x), cnn(x), rtol=1e-4, atol=1e-5)
+    assert not net._forward_hooks and not net._forward_pre_hooks  # passed: the check is gone
+
+
+def test_conversions_never_silently_wrong_a_probe_in_first_forwards_of_several_threads_is_refused_in_each():
+    """Threads running a probing network's first forward at once: one was refused (or met torch's error), the others
+    took the converted branch and answered something else without a word."""
+    import threading
+
+    class Probes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, padding=1)
+
+        def forward(self, x):
+            return x * 0 if hasattr(self.conv, "weight") else self.conv(x)
+
+    net, x = cnn_to_attention(Probes()), torch.randn(2, 1, 8, 8)
+    start, results = threading.Barrier(4), []
+
+    def run():
+        start.wait()
+        try:
+            net(x)
+            results.append("answered")
+        except AttnconvError as e:
+            results.append(str(e).split(":")[0] + ":" + str(e).split(":")[1])
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["cnn_to_attention: <root> (Probes)"] * 4
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_conversions_never_silently_wrong_a_forward_returning_none_inside_an_except_block_is_checked():
+    """A forward that keeps its result and returns None, called first inside the caller's own except block, was taken
+    for a failing forward (no output, an exception in sys.exc_info): it answered from the converted branch and was
+    refused only at the next call."""
+
+    class Keeps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.out = nn.Conv2d(1, 2, 3, padding=1), None
+
+        def forward(self, x):
+            self.out = x * 0 if hasattr(self.conv, "weight") else self.conv(x)
+
+    net = cnn_to_attention(Keeps())
+    try:
+        raise KeyError("the caller's own")
+    except KeyError:
+        with pytest.raises(AttnconvError, match=r"<root> \(Keeps\): ConvAttention has no `weight`"):
+            net(torch.randn(2, 1, 8, 8))
 
 
 def test_conversions_never_silently_wrong_a_first_forward_inside_an_except_block_is_checked():

@@ -500,13 +500,16 @@ class _OpCheck:
 
     A forward pre-hook and an always-called forward hook on the network: the first forward not
     being traced runs under a `_ConvOpFinder`; then the hooks remove themselves, unless `strict`
-    and a module ran a convolution: that forward raises, and so does every later one. The check belongs to the thread
-    whose forward started it (a dispatch mode is the thread's own): forwards other threads run meanwhile go unchecked.
+    and a module ran a convolution: that forward raises, and so does every later one. Each thread's forward is
+    checked under its own finder (a dispatch mode is the thread's own), so first forwards several threads run at once
+    are each checked; the hooks go once one has passed and none is still being checked.
     """
 
     def __init__(self, strict: bool):
         self.strict = strict
-        self.finder: _ConvOpFinder | None = None
+        self.checking: dict[int, tuple[_ConvOpFinder, BaseException | None, int]] = {}  # per thread: (finder, the
+        # exception being handled around the forward, nested forwards of the root)
+        self.passed = False
         self.handles: tuple[Any, ...] = ()
         self.lock = threading.Lock()
 
@@ -519,32 +522,44 @@ class _OpCheck:
     def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if _being_traced(args):
             return
+        thread = threading.get_ident()
         with self.lock:
-            if self.finder is not None:
-                return  # another thread's forward is being checked
-            self.finder = _ConvOpFinder(module)
+            if thread in self.checking:  # the root's forward called again inside its own
+                finder, handled, depth = self.checking[thread]
+                self.checking[thread] = (finder, handled, depth + 1)
+                return
+            if self.passed:
+                return
+            finder = _ConvOpFinder(module)
+            self.checking[thread] = (finder, sys.exc_info()[1], 0)
         refused_reads().clear()
-        self.finder.__enter__()
+        finder.__enter__()
 
     def after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        thread = threading.get_ident()
         with self.lock:
-            finder = self.finder
-            if finder is None or finder.thread != threading.get_ident():
+            if thread not in self.checking:
                 return
-            self.finder = None
+            finder, handled, depth = self.checking[thread]
+            if depth:
+                self.checking[thread] = (finder, handled, depth - 1)
+                return
+            del self.checking[thread]
         finder.__exit__(None, None, None)
         found = finder.close()
-        # the forward's own error, on its way out (torch calls this hook with no output before it goes on); not an error
-        # the caller is handling around a forward that returned
+        # the forward's own error, on its way out (torch calls this hook with no output before it goes on); not the
+        # error a caller was handling around the forward (an except block calling it), whatever the forward returned
         failing = sys.exc_info()[1] if output is None else None
-        if failing is not None:
+        if failing is not None and failing is not handled:
             refused = _refusal_behind(failing, module)
             if refused and not isinstance(failing, ConvParameterRead):
                 # a replaced conv's weight read through a property: Python said "no attribute" of the property instead
                 failing.add_note(f"attnconv: {refused[0]}")
             return  # the check stays for the next forward
         reads = _reads(finder.paths)
-        if not ((found or reads) and self.strict):
-            for handle in self.handles:
-                handle.remove()
+        with self.lock:
+            self.passed = self.passed or not ((found or reads) and self.strict)
+            if self.passed and not self.checking:
+                for handle in self.handles:
+                    handle.remove()
         _refuse_or_warn(found, reads, self.strict)
