@@ -34,6 +34,7 @@ from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
+from attnconv.limits import flag_argument
 from attnconv.modes import eval_mode
 from attnconv.runs import WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
 from attnconv.runs.logs_record import TRAINED_COLUMNS, content_digest, logs_digest  # noqa: F401  (their names here too)
@@ -195,6 +196,8 @@ def describe_run(
     Besides the numbers: `seed`, and `setup`, what `group_runs` compares (`run_setup`); "converted_from", the source
     run's folder, for a run `attnconv convert` wrote that has no steps of its own.
     """
+    recompute, allow_data_change = flag_argument(recompute, "recompute"), flag_argument(allow_data_change,
+                                                                                        "allow_data_change")
     if not isinstance(run, Run):
         run = Run(run, device, data_dir=data_dir, dataset=dataset, allow_nonfinite=True,  # NaN weights: a warning
                   warn_data_change=False)  # changed data: refused below, or measured with its own warning

@@ -70,7 +70,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
                                  flags={"fmt": "format"})
     run = as_run(run)
     suffix = FORMATS[fmt]
-    out = check_output_file(run.path / f"model{suffix}" if out is None else Path(out), "out", (suffix,),
+    out = check_output_file(run.path / f"model{suffix}" if out is None else out, "out", (suffix,),
                             overwrite=overwrite)
     metadata = recorded_metadata(run.path / WEIGHTS_FILE)
     if recorded_unfinished(metadata):  # said, as eval says it: the export holds a checkpoint, not the trained model

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from attnconv.errors import DamagedFile, ParameterError
+from attnconv.limits import flag_argument, path_argument
 
 # What a path is, in words (`attnconv.pathwords`): also this module's names, which its users import here.
 from attnconv.pathwords import (  # noqa: F401
@@ -273,7 +274,7 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
     `suffixes`: the allowed file name endings. Errors are ParameterErrors naming the parameter `name` (the
     CLI's flag: `flag`, default the name with dashes).
     """
-    path = Path(path).expanduser()
+    path = path_argument(path, name, "a file path").expanduser()
 
     def bad(rest: str) -> ParameterError:
         return ParameterError(name, path, rest, flags={name: flag} if flag else None)
@@ -491,6 +492,7 @@ def check_output_file(path: str | os.PathLike, name: str, suffixes: tuple[str, .
     file that attnconv did not write (`written_by_attnconv`), or that is a link or not a regular
     file, only with `overwrite` (the command's --overwrite). Errors name the parameter `name`.
     """
+    overwrite = flag_argument(overwrite, "overwrite")
     path = check_writable_file(path, name, suffixes, flag=flag)
 
     def bad(rest: str) -> ParameterError:

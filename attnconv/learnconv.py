@@ -49,7 +49,7 @@ from attnconv.analysis.grid import match_to_grid
 from attnconv.attention import SelfAttention2d
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import SIGNATURE, atomic_write_all, check_output_file, not_a_folder
-from attnconv.limits import check_memory
+from attnconv.limits import check_memory, flag_argument, path_argument, whole_number
 from attnconv.plots import figure_writer, learn_conv_figure
 
 SOURCES = ("fmnist", "random")
@@ -141,6 +141,10 @@ def learn_conv(
     on this 2-core machine, under load, 2 threads took 0.30 s a step against 0.008 s for one.
     Returns the numbers written to learn-conv.json.
     """
+    if threads is not None:
+        threads = whole_number(threads, "threads", "a number of threads", most=1024)
+    seed = whole_number(seed, "seed", "a random seed", least=0, most=2**63 - 1)
+    progress, overwrite = flag_argument(progress, "progress"), flag_argument(overwrite, "overwrite")
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -161,11 +165,15 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         raise ParameterError("kernel", kernel, ": give an odd kernel size (an even kernel has no center tap)")
     if not (math.isfinite(lr) and lr > 0):
         raise ParameterError("lr", lr, "is invalid: give a positive number")
-    if record_every is not None and record_every < 1:
-        raise ParameterError("record_every", record_every, "is invalid: give a whole number >= 1")
+    if record_every is not None:
+        record_every = whole_number(record_every, "record_every", "steps between records", most=math.inf)
     if source is not None and source not in SOURCES:
         raise ParameterError("source", source, f": choose one of {', '.join(SOURCES)}", shown=repr(source))
-    why = None if data_dir is None else not_a_folder(Path(data_dir).expanduser())
+    if out is not None:
+        out = path_argument(out, "out", "a folder for learn-conv.json and learn-conv.png")
+    if data_dir is not None:
+        data_dir = path_argument(data_dir, "data_dir", "the folder holding Fashion-MNIST's files")
+    why = None if data_dir is None else not_a_folder(data_dir.expanduser())
     if why:
         raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding Fashion-MNIST's files")
     if out is not None and Path(out).exists() and not Path(out).is_dir():

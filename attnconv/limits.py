@@ -18,8 +18,10 @@ import math
 import numbers
 import operator
 import os
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -239,6 +241,24 @@ def one_image_hint(x: torch.Tensor, channels: int, name: str = "x") -> str:
     for one image of one channel without its channel axis), else ''; `name`: the argument's."""
     axes = 1 if x.ndim == 3 and x.shape[0] == channels else 2 if x.ndim == 2 and channels == 1 else 0
     return f" (one image: give {name}{'[None]' * axes})" if axes else ""
+
+
+def flag_argument(value: Any, name: str) -> bool:
+    """`value`, the on/off argument `name` of a public function, as a bool: True or False (numpy's too, and the ints
+    1 and 0). Anything else is one AttnconvError naming it: Python takes the string "no" for true (`overwrite="no"`
+    would replace a run) and a tensor of two values has no truth at all."""
+    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
+        return bool(value)
+    raise AttnconvError(f"{name} {shown_value(value)} is invalid: give True or False")
+
+
+def path_argument(value: Any, name: str, what: str) -> Path:
+    """`value`, the path argument `name` of a public function (`what` it names, for the fix), as a Path: one
+    AttnconvError naming it unless it is a str or an os.PathLike (pathlib would say "expected str, bytes or
+    os.PathLike object, not int" from its own code, naming neither)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a str or a path")
+    return Path(value)
 
 
 def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",

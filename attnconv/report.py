@@ -57,7 +57,7 @@ from attnconv.analysis import analyze_sites, grid_likeness, head_geometry
 from attnconv.errors import AttnconvError, ParameterError, attnconv_warning
 from attnconv.evaluate import confusion_matrix, describe_run, per_class_accuracy, predict_all, runs_table
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file, not_a_folder
-from attnconv.limits import whole_number
+from attnconv.limits import path_argument, whole_number
 from attnconv.models.sites import NoAttentionLayers, needs_inputs
 from attnconv.plots import centers_figure, distance_figure, maps_of_run, snapshot_geometry, spread_epochs
 from attnconv.plots.figures import figure_png
@@ -425,7 +425,7 @@ def build_report(
 ) -> str:
     """The HTML text of a run's report (see the module docstring for its sections)."""
     images = whole_number(images, "images", "a number of test images")
-    run_dir = Path(run_dir)
+    run_dir = path_argument(run_dir, "run_dir", "the run's directory")
     why = not_a_folder(run_dir)
     if why:
         raise AttnconvError(f"{run_dir}: not a run directory ({why}); give the --out of `attnconv train`")
@@ -479,7 +479,8 @@ def write_report(
     `out` is checked first, before the report is built: an .html name, not a directory, its
     folder writable, not one of a run's own files, and not an existing file that attnconv did
     not write (unless `overwrite`)."""
-    out = Path(run_dir) / REPORT_FILE if out is None else Path(out)
+    run_dir = path_argument(run_dir, "run_dir", "the run's directory")
+    out = run_dir / REPORT_FILE if out is None else path_argument(out, "out", "a file path")
     if out.is_dir():
         raise ParameterError("out", out, f"is a directory; give a file name such as {out / REPORT_FILE}")
     if not_a_folder(run_dir) is None:  # else build_report names the missing run directory

@@ -25,7 +25,14 @@ from attnconv.limits import (
     whole_number,
 )
 from attnconv.models.capture import CapturedAttention
-from attnconv.models.sites import AttentionSite, attention_sites, captured_sites, needs_inputs, site_probs
+from attnconv.models.sites import (
+    AttentionSite,
+    attention_sites,
+    captured_sites,
+    check_records,
+    needs_inputs,
+    site_probs,
+)
 from attnconv.runs import Run, as_run
 
 UNIFORM_ALPHA = 1e-2
@@ -269,6 +276,8 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
     (training passes the first `SNAPSHOT_IMAGES` test images, see there).
     Costs a forward of x through the model at most; the model's mode is kept.
     """
+    if not isinstance(model, nn.Module):
+        raise AttnconvError(f"head_snapshot takes an nn.Module, got {type(model).__name__}")
     _check_given(x, None)
     sites = attention_sites(model)
     size = sites[0].size
@@ -335,6 +344,7 @@ def analyze_captured(records: Sequence[CapturedAttention]) -> dict[str, Any]:
     (a class token's share left out; `CapturedAttention.extra_mass` keeps it); conv-likeness where the
     value maps are known (`nn.MultiheadAttention`, modules with `value_maps()`), else None.
     """
+    check_records(records)
     if not records:
         raise AttnconvError("capture_attention saw no attention computation: nothing to analyze")
     sites, probs = captured_sites(records)

@@ -37,6 +37,7 @@ from attnconv.limits import (
     MAX_SIDE,
     AllocationLimit,
     check_memory,
+    flag_argument,
     is_whole,
     parameter_limit,
     positive_ints,
@@ -124,6 +125,7 @@ class SelfAttention2d(nn.Module):
         attn_dropout = real_number(attn_dropout, "attn_dropout", "SelfAttention2d's attention dropout rate", low=0,
                                    high=1, high_open=True)
         check_pos_init(pos_init)
+        bias = flag_argument(bias, "bias")  # Python takes the string "no" for true
         if attn_dropout_mask not in DROPOUT_MASKS:
             raise AttnconvError(
                 f"unknown attn_dropout_mask {attn_dropout_mask!r}; choose one of: {', '.join(DROPOUT_MASKS)}"

@@ -32,6 +32,7 @@ from attnconv.construct.reads import conv_parameter_read
 from attnconv.errors import AttnconvError
 from attnconv.limits import (
     check_memory,
+    flag_argument,
     positive_ints,
     real_number,
     shown_value,
@@ -143,7 +144,7 @@ class ConvAttention(nn.Module):
         super().__init__()
         in_channels = whole_number(in_channels, "in_channels", "the input channels")
         out_channels = whole_number(out_channels, "out_channels", "the output channels")
-        groups = whole_number(groups, "groups", "the channel groups")
+        groups, bias = whole_number(groups, "groups", "the channel groups"), flag_argument(bias, "bias")
         self.kernel_size = positive_ints(kernel_size, None, "kernel_size", "the kernel's size per axis (1 to 3 axes)")
         ndim = len(self.kernel_size)
         if ndim > 3:

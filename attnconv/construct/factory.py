@@ -13,6 +13,7 @@ from attnconv.construct.bound import default_alpha
 from attnconv.construct.conv_attention import ConvAttention
 from attnconv.construct.learnable import LearnableConvAttention, check_key_dim
 from attnconv.errors import AttnconvError
+from attnconv.limits import flag_argument
 
 __all__ = ["conv_to_attention", "unconvertible_reason"]
 
@@ -158,6 +159,7 @@ def conv_to_attention(
         )
     weight = conv.weight.detach()  # (C_out, C_in / groups, *K)
     ndim = weight.dim() - 2
+    learnable = flag_argument(learnable, "learnable")
     key_dim = check_key_dim(key_dim, learnable)
     extra = {"key_dim": key_dim} if learnable else {}
     layer = (LearnableConvAttention if learnable else ConvAttention)(

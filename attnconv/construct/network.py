@@ -38,7 +38,7 @@ from attnconv.construct.factory import conv_to_attention, torch_compiled, unconv
 from attnconv.construct.learnable import check_key_dim
 from attnconv.construct.reads import ConvParameterRead, refused_reads
 from attnconv.errors import AttnconvError
-from attnconv.limits import real_number
+from attnconv.limits import flag_argument, real_number
 
 __all__ = ["cnn_to_attention"]
 
@@ -135,6 +135,8 @@ def cnn_to_attention(
     if alpha is not None:
         alpha = real_number(alpha, "alpha", "the heads' softmax sharpness (None: the dtype's default)", low=0,
                             low_open=True, high=MAX_ALPHA)
+    fold_bn, strict = flag_argument(fold_bn, "fold_bn"), flag_argument(strict, "strict")
+    learnable = flag_argument(learnable, "learnable")
     key_dim = check_key_dim(key_dim, learnable)  # here too: a model of 1x1 convs only never passes it on
     example = _example_args(example_input)
     converted = copy.deepcopy(model)
@@ -536,6 +538,8 @@ class _OpCheck:
         finder.__enter__()
 
     def after(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not self.checking:  # no check in flight; and a forward torch.compile traces, which no thread call may reach
+            return
         thread = threading.get_ident()
         with self.lock:
             if thread not in self.checking:

@@ -32,6 +32,7 @@ from attnconv.data.imageset import ImageSet
 from attnconv.data.info import DatasetInfo
 from attnconv.data.sources import cache_dir
 from attnconv.errors import AttnconvError
+from attnconv.limits import shown_value
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ _CHUNK = 256  # images decoded per round of the thread pool
 
 def folder_path(name: str) -> Path | None:
     """The folder of a ``folder:PATH`` dataset name (absolute, ``~`` expanded), or None for other names."""
+    if not isinstance(name, str):  # every dataset name passes here first: one line, not str's missing .strip
+        hint = f" (a folder: 'folder:{os.fspath(name)}')" if isinstance(name, os.PathLike) else ""
+        raise AttnconvError(f"dataset {shown_value(name)} is invalid: give a dataset's name (fashion-mnist, cifar10) "
+                            f"or 'folder:PATH', a str{hint}")
     if not name.strip().lower().startswith(FOLDER_PREFIX):
         return None
     raw = name.strip()[len(FOLDER_PREFIX):]

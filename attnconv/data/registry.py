@@ -9,13 +9,13 @@ only its own size.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from attnconv.data.cifar import load_cifar
 from attnconv.data.fashion import load_fashion
 from attnconv.data.folder import (
     DEFAULT_IMAGE_SIZE,
     FOLDER_PREFIX,
+    check_image_size,
     folder_info,
     folder_path,
     load_folder,
@@ -24,6 +24,7 @@ from attnconv.data.imageset import ImageSet
 from attnconv.data.info import DatasetInfo, builtin_info
 from attnconv.data.sources import search_dirs
 from attnconv.errors import AttnconvError
+from attnconv.limits import flag_argument, path_argument
 
 
 def _builtin(name: str, image_size: int | None) -> DatasetInfo:
@@ -31,7 +32,7 @@ def _builtin(name: str, image_size: int | None) -> DatasetInfo:
         info = builtin_info(name)
     except AttnconvError as e:
         raise AttnconvError(f"{e}, or {FOLDER_PREFIX}PATH for a folder of images (PATH/train/<class>/...)") from None
-    if image_size is not None and image_size != info.size:
+    if image_size is not None and check_image_size(image_size) != info.size:
         raise AttnconvError(
             f"image size {image_size} does not apply to {info.name}, whose images are {info.size}x{info.size}; "
             f"leave it out (image sizes are for {FOLDER_PREFIX}PATH datasets)"
@@ -75,8 +76,10 @@ def load_dataset(
     folder = folder_path(name)
     if folder is not None:
         return load_folder(folder, DEFAULT_IMAGE_SIZE if image_size is None else image_size)
+    download = flag_argument(download, "download")
     info = _builtin(name, image_size)
-    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+    if data_dir is not None and not path_argument(data_dir, "data_dir", "the folder holding the dataset's files"
+                                                  ).expanduser().is_dir():
         raise AttnconvError(f"data directory {data_dir} does not exist (or is not a directory)")
     dirs = search_dirs(info.name, data_dir)
     if info.name == "fashion-mnist":

@@ -47,7 +47,7 @@ import attnconv
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.explorer.server import Explorer
 from attnconv.fileio import SIGNATURE, atomic_write, check_output_file
-from attnconv.limits import format_bytes
+from attnconv.limits import format_bytes, path_argument
 
 __all__ = ["EXPORT_LIMIT", "FORMAT", "build_export", "export_data", "write_export"]
 
@@ -146,7 +146,7 @@ def write_export(
 
     `out` is checked before the model is loaded: an .html name, its folder writable, and not an
     existing file that attnconv did not write (unless `overwrite`)."""
-    if Path(run_dir).is_dir():  # else Explorer names the missing run directory
+    if path_argument(run_dir, "run_dir", "the run's directory").is_dir():  # else Explorer names the missing run
         out = check_output_file(out, "out", (".html", ".htm"), overwrite=overwrite, flag="export")
     text = build_export(Explorer(run_dir, images=images, data_dir=data_dir, dataset=dataset, device=device))
     atomic_write(out, lambda tmp: tmp.write_text(text, encoding="utf-8"))

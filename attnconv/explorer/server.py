@@ -65,7 +65,6 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -73,7 +72,7 @@ import torch
 
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
-from attnconv.limits import whole_number
+from attnconv.limits import path_argument, whole_number
 from attnconv.models.sites import query_on_site, site_inputs, site_maps, site_terms
 from attnconv.plots import MASSES, gaussian_ellipse, snapshot_geometry
 from attnconv.runs import Run
@@ -116,7 +115,7 @@ class Explorer:
         device: str = "cpu",
     ):
         images = whole_number(images, "images", "a number of test images")
-        self.run_dir = Path(run_dir)
+        self.run_dir = path_argument(run_dir, "run_dir", "the run's directory")
         why = not_a_folder(self.run_dir)
         if why:
             raise AttnconvError(f"{run_dir}: not a run directory ({why}); give the --out of `attnconv train`")

@@ -48,7 +48,7 @@ from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.construct.factory import torch_compiled
 from attnconv.errors import AttnconvError, caller_warning, user_frame
-from attnconv.limits import format_bytes
+from attnconv.limits import flag_argument, format_bytes
 from attnconv.models.capture_numbers import (
     check_grid,
     check_images,
@@ -527,7 +527,7 @@ def capture_attention(model: nn.Module, images: Tensor, grid: Sequence[int] | No
     grid = check_grid(grid)
     leading, trailing = check_leading(leading, grid), check_leading(trailing, grid, "trailing")
     check_images(images, grid)
-    max_bytes = whole_bytes(max_bytes)
+    max_bytes, scores = whole_bytes(max_bytes), flag_argument(scores, "scores")
     check_capturable(model, "capture_attention")
     return capture_pass(model, images, grid, max_bytes, scores, native_probs=True, leading=leading, trailing=trailing)
 

@@ -19,7 +19,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError, caller_warning, user_frame
-from attnconv.limits import check_memory, positive_ints, tensor_argument, whole_number
+from attnconv.limits import check_memory, positive_ints, shown_value, tensor_argument, whole_number
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -114,6 +114,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
     `CapturedLayer`s (their probabilities come from running the model: `site_probs`). A TorchScript
     or torch.compile'd model is refused in words (`capture.check_capturable`).
     """
+    if not isinstance(model, nn.Module):
+        raise AttnconvError(f"attention_sites takes an nn.Module, got {type(model).__name__}")
     layers = getattr(model, "attention_layers", None)
     if layers:
         grid = model.config.grid
@@ -188,12 +190,20 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
         "(sa-quadratic, sa-quadratic-aniso, sa-learned, sa-learned-content, vit) or of a CNN converted to attention")
 
 
+def check_records(records: Any) -> None:
+    """One AttnconvError unless `records` is a sequence of `CapturedAttention` (what capture_attention returns)."""
+    if isinstance(records, (str, bytes, torch.Tensor)) or not isinstance(records, Sequence) \
+            or not all(isinstance(r, CapturedAttention) for r in records):
+        raise AttnconvError(f"records {shown_value(records)} is invalid: give the list capture_attention returns")
+
+
 def captured_sites(records: Sequence[CapturedAttention]) -> tuple[list[AttentionSite], list[Tensor]]:
     """`capture_attention`'s records as attention sites and their probabilities, for `analysis.analyze_sites`,
     `head_geometry` and the figures: (sites, probs (heads, T_out, T_in) each). Native layers keep their own
     probabilities; captured computations give theirs over the image positions, renormalized
     (`CapturedAttention.image_probs`). A record whose queries and keys are not one image grid (cross-attention,
     tokens on no grid) is one AttnconvError naming it."""
+    check_records(records)
     sites, probs = [], []
     for r in records:
         if r.kind in ("SelfAttention2d", "ConvAttention"):  # strided layers have fewer queries than keys

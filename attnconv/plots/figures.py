@@ -16,7 +16,14 @@ import numpy as np
 from torch import Tensor
 
 from attnconv.errors import AttnconvError, ParameterError
-from attnconv.limits import positive_ints, probabilities_argument, real_number, shown_value, whole_number
+from attnconv.limits import (
+    path_argument,
+    positive_ints,
+    probabilities_argument,
+    real_number,
+    shown_value,
+    whole_number,
+)
 from attnconv.tables import significant
 
 MASSES = (0.5, 0.9)  # contour masses: solid, dotted
@@ -35,7 +42,7 @@ def check_out(path: str | os.PathLike, name: str = "out", *, overwrite: bool = F
     name the parameter `name` (the CLI: its flag)."""
     from attnconv.fileio import check_output_file
 
-    path = Path(path)
+    path = path_argument(path, name, "a file path")
     if path.suffix.lower() not in FORMATS:
         raise ParameterError(name, path, f": give a file name ending in {', '.join(FORMATS)}")
     if path.exists() and path.is_dir():

@@ -10,7 +10,7 @@ from pathlib import Path
 from attnconv.analysis import head_geometry
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import not_a_folder
-from attnconv.limits import MAX_SIDE, positive_ints, probabilities_argument, shown_value, whole_number
+from attnconv.limits import MAX_SIDE, path_argument, positive_ints, probabilities_argument, shown_value, whole_number
 from attnconv.models.sites import query_on_site, records_heads, site_probs
 from attnconv.plots.figures import (
     centers_figure,
@@ -33,6 +33,7 @@ def _folder(run: Run | str | os.PathLike) -> Path:
     """The run's folder, checked before its output path is (a missing folder or a file is one clear error)."""
     if isinstance(run, Run):
         return run.path
+    run = path_argument(run, "run", "the run's directory")
     why = not_a_folder(run)
     if why:
         raise AttnconvError(f"{run}: not a run directory ({why}); give the --out of `attnconv train`")
@@ -276,7 +277,7 @@ def plot_figures(
     Returns the two paths; a run without attention (a CNN) raises AttnconvError. overwrite:
     replace existing files that attnconv did not write (see `fileio.check_output_file`).
     """
-    prefix = Path(prefix)
+    prefix = path_argument(prefix, "prefix", "a path to begin the figures' names with")
     run = _run(run, device, data_dir, dataset)  # loaded once for both figures
     return [plot_centers(run, prefix.with_name(prefix.name + "-centers.png"), images=images, overwrite=overwrite),
             plot_maps(run, prefix.with_name(prefix.name + "-maps.png"), zoom=None, images=images,

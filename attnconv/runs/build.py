@@ -31,9 +31,10 @@ from attnconv.fileio import (
     remove_empty,
     unplaceable,
 )
-from attnconv.limits import AllocationLimit, format_bytes, parameter_limit
+from attnconv.limits import AllocationLimit, flag_argument, format_bytes, parameter_limit, path_argument
 from attnconv.models import build_model
 from attnconv.pathwords import resume_command
+from attnconv.precision import check_device
 from attnconv.runs.directory import replaced_run_line, set_aside_pending
 from attnconv.runs.files import (
     CONFIG_FILE,
@@ -64,7 +65,9 @@ def load_run(run_dir: str | os.PathLike, device: str | torch.device = "cpu", *,
     holding NaN or inf (a diverged run) unless `allow_nonfinite` (then `nonfinite_tensor`
     of the model's state_dict names the first such tensor).
     """
-    run_dir = Path(run_dir)
+    run_dir = path_argument(run_dir, "run_dir", "the run's directory")
+    check_device(str(device))  # torch's own words otherwise, from model.to(device) after the load
+    allow_nonfinite = flag_argument(allow_nonfinite, "allow_nonfinite")
     meta = read_config(run_dir)
     config = TrainConfig.from_dict(meta["config"])
     try:
@@ -350,7 +353,8 @@ def convert_run(
     be loaded or converted; `out` must not exist yet. The directory is assembled in a
     uniquely named temporary folder next to `out` and renamed into place whole.
     """
-    run_dir, out = Path(run_dir), Path(out)
+    run_dir, out = path_argument(run_dir, "run_dir", "the run's directory"), path_argument(out, "out", "a new folder")
+    fold_bn = flag_argument(fold_bn, "fold_bn")
     if out.exists():
         raise ParameterError("out", out, "already exists; choose a new directory for the converted run")
     if link := dangling_link(out):  # the run is renamed into place: over a link that would fail with "Not a directory"

@@ -18,7 +18,15 @@ from attnconv import data as D
 from attnconv.config import TrainConfig
 from attnconv.data.decode import decode_image
 from attnconv.errors import AttnconvError, DamagedFile, ParameterError, caller_warning, user_frame
-from attnconv.limits import is_whole, one_image_hint, shown_value, tensor_argument, whole_number
+from attnconv.limits import (
+    flag_argument,
+    is_whole,
+    one_image_hint,
+    path_argument,
+    shown_value,
+    tensor_argument,
+    whole_number,
+)
 from attnconv.models.sites import AttentionSite, attention_sites, needs_inputs, records_heads, site_probs
 from attnconv.modes import eval_mode
 from attnconv.pathwords import resume_command
@@ -86,19 +94,19 @@ class Run:
     def __init__(self, path: str | os.PathLike, device: str | torch.device = "cpu", *,
                  data_dir: str | os.PathLike | None = None, dataset: str | None = None,
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
-        if not isinstance(path, (str, os.PathLike)):
-            raise AttnconvError(f"run {shown_value(path)} is invalid: give the run's directory, a str or a path")
+        # absolute: the weights, logs and test data are read later, after the caller may have changed directory
+        self.path = path_argument(path, "run", "the run's directory").absolute()
         check_device(str(device))  # "meta" holds no values; a device this machine lacks fails here, not in a load
-        self.path = Path(path)
         check_not_replaced(self.path)  # an --overwrite before its first checkpoint: the old run is set aside
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
         check_record(self.path, self.meta)  # config.json as the weights record it: not edited, not another run's
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
-        self.data_dir = data_dir
+        self.data_dir = None if data_dir is None else path_argument(
+            data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute()
         self.dataset = dataset
-        self.allow_nonfinite = allow_nonfinite
-        self.warn_data_change = warn_data_change
+        self.allow_nonfinite = flag_argument(allow_nonfinite, "allow_nonfinite")
+        self.warn_data_change = flag_argument(warn_data_change, "warn_data_change")
         if dataset is not None:
             check_other_dataset(self.config, dataset, self.meta.get("data"))
 
@@ -340,6 +348,7 @@ class Run:
         folder: the files were found in a folder the caller gave (the fix of one that cannot be decoded is then to
         remove it from the folder; else to leave it out).
         """
+        folder = flag_argument(folder, "folder")
         data = self.meta.get("data") or data_fingerprint(self.info)
         size, channels = int(data["size"]), int(data["channels"])
         if isinstance(images, (str, os.PathLike)):
@@ -379,7 +388,7 @@ class Run:
                 ) -> list[list[tuple[str, float]]]:
         """The `top` most probable classes of each image, as (class name, probability), best first (`folder`: see
         `transform`)."""
-        top = whole_number(top, "top", "how many classes to give for each image")
+        top, folder = whole_number(top, "top", "how many classes to give for each image"), flag_argument(folder, "folder")
         data = self.meta.get("data") or data_fingerprint(self.info)
         classes = list(data["classes"])
         x = self.transform(images, folder=folder)

@@ -30,6 +30,7 @@ from attnconv.config import TrainConfig
 from attnconv.data.folder_layout import scan_folder
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import dangling_link, not_a_folder
+from attnconv.limits import path_argument
 from attnconv.runs.values import shortened
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
@@ -46,7 +47,7 @@ def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None)
     folder still exists, else None (`load_dataset` then searches the usual places). A given
     `data_dir` that is not a folder is an AttnconvError (a typo must not fall back silently)."""
     if data_dir is not None:
-        why = not_a_folder(Path(data_dir).expanduser())
+        why = not_a_folder(path_argument(data_dir, "data_dir", "the folder holding the dataset's files").expanduser())
         if why:
             raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding the dataset's files")
         return str(data_dir)
@@ -198,7 +199,8 @@ def other_test_set(config: TrainConfig, dataset: str, info: D.DatasetInfo,
     if other.size != info.size:
         raise ParameterError("dataset", dataset, f": its images are {other.size}x{other.size}, the run's "
                              f"{info.size}x{info.size}; give a folder:PATH dataset (decoded at the run's size)")
-    why = None if data_dir is None or folder else not_a_folder(Path(data_dir).expanduser())
+    why = None if data_dir is None or folder else not_a_folder(
+        path_argument(data_dir, "data_dir", "the folder holding the dataset's files").expanduser())
     if why:
         raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding {dataset}'s files")
     test = D.load_dataset(dataset, None if folder else data_dir, download=True, image_size=size)[1]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 from attnconv import data as D
 from attnconv.config import RESUMABLE_CHANGES, TrainConfig
 from attnconv.errors import AttnconvError, ParameterError, attnconv_warning
 from attnconv.fileio import dangling_link, same_path
-from attnconv.limits import AllocationLimit, parameter_limit
+from attnconv.limits import AllocationLimit, flag_argument, parameter_limit, path_argument, shown_value
 from attnconv.models import build_model
 from attnconv.models.registry import model_defaults
 from attnconv.pathwords import resume_command
@@ -27,6 +28,19 @@ from attnconv.runs import (
 from attnconv.runs.files import STATE_MOVE_FIX
 from attnconv.runs.logs_file import CHECKPOINT_GONE, checkpointed_once
 from attnconv.runs.values import path_kind, short_value
+
+
+def train_arguments(config: TrainConfig, out: str | os.PathLike, *flags: Any) -> tuple[Any, ...]:
+    """`train`'s config, run directory and flags (resume, overwrite, allow_data_change, progress, tensorboard), of the
+    types it takes: (out as a Path, the flags as bools), or one error naming the argument; then `check_run_flags`."""
+    if not isinstance(config, TrainConfig):
+        raise AttnconvError(f"config {shown_value(config)} is invalid: give a TrainConfig (make_config(...), or "
+                            "TrainConfig(**fields))")
+    out = path_argument(out, "out", "the run's directory")
+    names = ("resume", "overwrite", "allow_data_change", "progress", "tensorboard")
+    flags = tuple(flag_argument(value, name) for value, name in zip(flags, names, strict=True))
+    check_run_flags(*flags[:3])
+    return (out, *flags)
 
 
 def check_run_flags(resume: bool, overwrite: bool, allow_data_change: bool) -> None:

@@ -77,13 +77,13 @@ from attnconv.training.checks import (
     check_folder_there,
     check_resumable,
     check_resume_point,
-    check_run_flags,
     check_same_config,
     check_test_split,
     kept_normalization,
     recorded_log_every,
     resolve_overrides,
     sound_run,
+    train_arguments,
 )
 from attnconv.training.distributed import Dist, init_distributed
 from attnconv.training.logs import HeadsLog, StepsLog
@@ -129,16 +129,16 @@ def train(
     the `tensorboard` package; checked first).
     Launched by torchrun, trains with DDP.
     """
-    if resume and dataset is None and (Path(out) / CONFIG_FILE).is_file():  # before validate scans it as new data
-        check_folder_there(Path(out), config)
+    out, resume, overwrite, allow_data_change, progress, tensorboard = train_arguments(
+        config, out, resume, overwrite, allow_data_change, progress, tensorboard)
+    if resume and dataset is None and (out / CONFIG_FILE).is_file():  # before validate scans it as new data
+        check_folder_there(out, config)
     config.validate()
     if D.folder_path(config.dataset) is not None:  # folder:PATH recorded absolute (readers run from anywhere)
         config = dataclasses.replace(config, dataset=D.canonical_name(config.dataset))
     if log_every is not None and (isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1):
         raise ParameterError("log_every", log_every, "is invalid: give a number of steps >= 1")
     writer_class = summary_writer_class() if tensorboard else None
-    check_run_flags(resume, overwrite, allow_data_change)
-    out = Path(out)
     fresh = not out.exists()
     new_parents = [p for p in reversed(out.parents) if not p.exists()]  # `claim_run_dir` makes them with out
     d = init_distributed(config)

@@ -1,0 +1,260 @@
+"""Every path and every on/off argument the public API takes goes through one check (attnconv.limits: path_argument,
+flag_argument): a path that is no str or os.PathLike (an int, a list, bytes) is one AttnconvError naming the argument,
+never pathlib's "expected str, bytes or os.PathLike object, not int" from its own code; a flag that is not True or
+False ("no", 2, a tensor, None) is one AttnconvError naming it: Python takes the string "no" for true, so
+`overwrite="no"` replaced a run, and a tensor of two values has no truth at all (torch's RuntimeError).
+
+The table below names a call for every path and flag parameter of the public callables and methods of `attnconv`,
+`attnconv.analysis`, `attnconv.construct`, `attnconv.plots`, `attnconv.models`, `attnconv.training`, `attnconv.report`,
+`attnconv.learnconv` and `attnconv.explorer`, with `export_run` and `convert_run`; the coverage test fails when one
+gains such a parameter the table does not try.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import typing
+
+import pytest
+import torch
+from test_public_numbers import _refused  # one line naming the argument, said as the numbers' table says it
+from torch import nn
+
+import attnconv
+from attnconv.errors import AttnconvError
+
+MODULES = ("attnconv", "attnconv.analysis", "attnconv.construct", "attnconv.plots", "attnconv.models",
+           "attnconv.training", "attnconv.report", "attnconv.learnconv", "attnconv.explorer")
+# Fields of the configs (their validate() says each: test_public_numbers), image lists (test_public_tensors), and
+# a helper handed a flag its callers have checked.
+NOT_ARGUMENTS = {("TrainConfig.__init__", "*"), ("ClassifierConfig.__init__", "*"), ("ViTConfig.__init__", "*"),
+                 ("Run.predict", "images"), ("Run.transform", "images"), ("check_key_dim", "learnable")}
+PATHS = (5, ["run"], b"run", 2.5)
+FLAGS = ("no", 2, torch.zeros(2), None, 0.5)
+
+
+def public_parameters() -> set[tuple[str, str]]:
+    """(callable, parameter) for every parameter annotated as a path (os.PathLike) or a flag (bool) of the public
+    functions, and of the public methods the public classes define themselves, with export_run and convert_run."""
+    from attnconv.export import export_run
+    from attnconv.runs import convert_run
+
+    found: set[tuple[str, str]] = set()
+    objects = [(name, getattr(importlib.import_module(module), name)) for module in MODULES
+               for name in importlib.import_module(module).__all__]
+    for name, obj in objects + [("export_run", export_run), ("convert_run", convert_run)]:
+        if inspect.isclass(obj):
+            members = [(f"{name}.{m}", fn) for m, fn in inspect.getmembers(obj, inspect.isfunction)
+                       if (not m.startswith("_") or m == "__init__") and fn.__module__.startswith("attnconv")]
+        elif callable(obj) and getattr(obj, "__module__", "").startswith("attnconv"):
+            members = [(name, obj)]
+        else:
+            continue
+        for qual, fn in members:
+            try:
+                parameters = inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            if any(qual == q and p == "*" for q, p in NOT_ARGUMENTS):
+                continue
+            found.update((qual, p.name) for p in parameters
+                         if "PathLike" in str(p.annotation) or str(p.annotation) == "bool")
+    return found
+
+
+def cases(run_dir, tmp) -> dict[tuple[str, str], tuple[typing.Callable, str, tuple]]:
+    """(callable, parameter) -> (call taking the value, the name its error says, the values it must refuse)."""
+    from attnconv import analysis as A
+    from attnconv import plots as P
+    from attnconv.explorer import Explorer, write_export
+    from attnconv.export import export_run
+    from attnconv.learnconv import learn_conv
+    from attnconv.report import build_report, write_report
+    from attnconv.runs import convert_run
+
+    conv = nn.Conv2d(2, 3, 3, padding=1)
+    # a dataset that is not there: were a flag taken, train would stop at once on it, not train
+    config = attnconv.make_config(preset="fmnist-sa-quadratic", dataset="folder:/no-such-attnconv-folder", max_steps=1)
+
+    def run() -> attnconv.Run:  # read when a case is tried (`cases_keys` builds the table without a run)
+        return attnconv.Run(run_dir)
+
+    def out(name: str) -> str:
+        return os.path.join(str(tmp), name)
+
+    plots = {"plot_centers": P.plot_centers, "plot_maps": P.plot_maps, "plot_distance": P.plot_distance,
+             "plot_centers_history": P.plot_centers_history}
+    table = {
+        ("Run.__init__", "path"): (attnconv.Run, "run", PATHS),
+        ("Run.__init__", "data_dir"): (lambda v: attnconv.Run(run_dir, data_dir=v), "data_dir", PATHS),
+        ("Run.__init__", "allow_nonfinite"): (lambda v: attnconv.Run(run_dir, allow_nonfinite=v), "allow_nonfinite",
+                                              FLAGS),
+        ("Run.__init__", "warn_data_change"): (lambda v: attnconv.Run(run_dir, warn_data_change=v),
+                                               "warn_data_change", FLAGS),
+        ("Run.predict", "folder"): (lambda v: run().predict(torch.zeros(1, 1, 28, 28, dtype=torch.uint8), folder=v),
+                                    "folder", FLAGS),
+        ("Run.transform", "folder"): (lambda v: run().transform(torch.zeros(1, 1, 28, 28, dtype=torch.uint8),
+                                                                folder=v), "folder", FLAGS),
+        ("load_run", "run_dir"): (attnconv.load_run, "run_dir", PATHS),
+        ("load_run", "allow_nonfinite"): (lambda v: attnconv.load_run(run_dir, allow_nonfinite=v), "allow_nonfinite",
+                                          FLAGS),
+        ("SelfAttention2d.__init__", "bias"): (lambda v: attnconv.SelfAttention2d(2, heads=2, max_size=8, bias=v),
+                                               "bias", FLAGS),
+        ("ConvAttention.__init__", "bias"): (
+            lambda v: attnconv.ConvAttention(2, 3, (3, 3), stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1),
+                                             groups=1, bias=v, alpha=1.0), "bias", FLAGS),
+        ("capture_attention", "scores"): (
+            lambda v: attnconv.capture_attention(nn.Sequential(attnconv.SelfAttention2d(2, heads=2, max_size=8)),
+                                                 torch.randn(1, 2, 8, 8), scores=v), "scores", FLAGS),
+        ("conv_to_attention", "learnable"): (lambda v: attnconv.conv_to_attention(conv, learnable=v), "learnable",
+                                             FLAGS),
+        **{("cnn_to_attention", flag): ((lambda f: lambda v: attnconv.cnn_to_attention(nn.Sequential(conv),
+                                                                                        **{f: v}))(flag), flag, FLAGS)
+           for flag in ("fold_bn", "learnable", "strict")},
+        ("train", "out"): (lambda v: attnconv.train(config, v), "out", PATHS),
+        **{("train", flag): ((lambda f: lambda v: attnconv.train(config, out("new-run"), **{f: v}))(flag), flag,
+                             FLAGS)
+           for flag in ("resume", "overwrite", "allow_data_change", "progress", "tensorboard")},
+        ("analyze_run", "run"): (A.analyze_run, "run", PATHS),
+        ("analyze_run", "data_dir"): (lambda v: A.analyze_run(run_dir, data_dir=v), "data_dir", PATHS),
+        ("Explorer.__init__", "run_dir"): (Explorer, "run_dir", PATHS),
+        ("Explorer.__init__", "data_dir"): (lambda v: Explorer(run_dir, data_dir=v), "data_dir", PATHS),
+        ("write_export", "run_dir"): (lambda v: write_export(v, out("e.html")), "run_dir", PATHS),
+        ("write_export", "out"): (lambda v: write_export(run_dir, v), "out", PATHS),
+        ("write_export", "data_dir"): (lambda v: write_export(run_dir, out("e.html"), data_dir=v), "data_dir", PATHS),
+        ("write_export", "overwrite"): (lambda v: write_export(run_dir, out("e.html"), overwrite=v), "overwrite",
+                                        FLAGS),
+        ("build_report", "run_dir"): (build_report, "run_dir", PATHS),
+        ("build_report", "data_dir"): (lambda v: build_report(run_dir, data_dir=v), "data_dir", PATHS),
+        ("write_report", "run_dir"): (lambda v: write_report(v, out("r.html")), "run_dir", PATHS),
+        ("write_report", "out"): (lambda v: write_report(run_dir, v), "out", PATHS),
+        ("write_report", "data_dir"): (lambda v: write_report(run_dir, out("r.html"), data_dir=v), "data_dir", PATHS),
+        ("write_report", "overwrite"): (lambda v: write_report(run_dir, out("r.html"), overwrite=v), "overwrite",
+                                        FLAGS),
+        ("learn_conv", "out"): (lambda v: learn_conv(steps=1, source="random", out=v), "out", PATHS),
+        ("learn_conv", "data_dir"): (lambda v: learn_conv(steps=1, source="random", data_dir=v), "data_dir", PATHS),
+        ("learn_conv", "overwrite"): (lambda v: learn_conv(steps=1, source="random", overwrite=v), "overwrite",
+                                      FLAGS),
+        ("learn_conv", "progress"): (lambda v: learn_conv(steps=1, source="random", progress=v), "progress",
+                                     FLAGS),
+        ("export_run", "run"): (lambda v: export_run(v, "onnx", out("m.onnx")), "run", PATHS),
+        ("export_run", "out"): (lambda v: export_run(run_dir, "onnx", v), "out", PATHS),
+        ("export_run", "overwrite"): (lambda v: export_run(run_dir, "onnx", out("m.onnx"), overwrite=v), "overwrite",
+                                      FLAGS),
+        ("convert_run", "run_dir"): (lambda v: convert_run(v, out("converted")), "run_dir", PATHS),
+        ("convert_run", "out"): (lambda v: convert_run(run_dir, v), "out", PATHS),
+        ("convert_run", "fold_bn"): (lambda v: convert_run(run_dir, out("converted"), fold_bn=v), "fold_bn", FLAGS),
+        ("check_out", "path"): (P.check_out, "out", PATHS),
+        ("check_out", "overwrite"): (lambda v: P.check_out(out("f.png"), overwrite=v), "overwrite", FLAGS),
+        ("save_figure", "path"): (lambda v: P.save_figure(None, v), "out", PATHS),
+        ("save_figure", "overwrite"): (lambda v: P.save_figure(None, out("f.png"), overwrite=v), "overwrite", FLAGS),
+        ("plot_figures", "run"): (lambda v: P.plot_figures(v, out("p")), "run", PATHS),
+        ("plot_figures", "prefix"): (lambda v: P.plot_figures(run_dir, v), "prefix", PATHS),
+        ("plot_figures", "data_dir"): (lambda v: P.plot_figures(run_dir, out("p"), data_dir=v), "data_dir", PATHS),
+        ("plot_figures", "overwrite"): (lambda v: P.plot_figures(run_dir, out("p"), overwrite=v), "overwrite", FLAGS),
+    }
+    for name, plot in plots.items():
+        table[(name, "run")] = ((lambda f: lambda v: f(v, out("f.png")))(plot), "run", PATHS)
+        table[(name, "out")] = ((lambda f: lambda v: f(run_dir, v))(plot), "out", PATHS)
+        table[(name, "overwrite")] = ((lambda f: lambda v: f(run_dir, out("f.png"), overwrite=v))(plot), "overwrite",
+                                      FLAGS)
+        if "data_dir" in inspect.signature(plot).parameters:
+            table[(name, "data_dir")] = ((lambda f: lambda v: f(run_dir, out("f.png"), data_dir=v))(plot),
+                                        "data_dir", PATHS)
+    return table
+
+
+def cases_keys() -> set[tuple[str, str]]:
+    return set(cases(None, None))
+
+
+def test_every_path_and_flag_parameter_of_the_public_api_is_tried():
+    missing = sorted(public_parameters() - cases_keys() - NOT_ARGUMENTS)
+    assert not missing, f"public path and flag parameters no case tries (add them to the table in this file): {missing}"
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    return tmp_path_factory.mktemp("outputs")
+
+
+@pytest.mark.parametrize("key", sorted(cases_keys()), ids="-".join)
+def test_public_paths_and_flags_refused_in_one_line_naming_the_argument(key, tiny_attention_runs, outputs):
+    call, name, bad = cases(tiny_attention_runs["sa-quadratic"], outputs)[key]
+    for value in bad:
+        _refused(call, value, name)
+    assert not any(outputs.iterdir()), sorted(p.name for p in outputs.iterdir())  # refused before writing a thing
+
+
+def test_round_79_b_a_run_keeps_the_folder_it_was_made_from(tiny_attention_runs, tmp_path, monkeypatch):
+    """Round 79: a Run made from a relative path read config.json at once and its weights later, from whatever folder
+    the path named then: after os.chdir, predict and export_run answered with another run's weights under the first
+    run's config (same settings, another seed: no check fired)."""
+    import shutil
+
+    source = tiny_attention_runs["sa-quadratic"]
+    for side in ("a", "b"):
+        shutil.copytree(source, tmp_path / side / "run")
+    other = attnconv.Run(tmp_path / "b" / "run")
+    with torch.no_grad():  # b's run: other weights under the same config and record
+        from attnconv.runs import recorded_metadata
+        from attnconv.runs.files import save_weights
+
+        weights = tmp_path / "b" / "run" / "model.safetensors"
+        model = other.model
+        for p in model.parameters():
+            p.add_(1.0)
+        save_weights(model, weights, recorded_metadata(weights))
+    x = torch.full((1, 1, 28, 28), 100, dtype=torch.uint8)
+    monkeypatch.chdir(tmp_path / "a")
+    run = attnconv.Run("run")
+    assert run.path == tmp_path / "a" / "run"
+    own = attnconv.Run("run").predict(x, top=3)
+    monkeypatch.chdir(tmp_path / "b")
+    assert run.predict(x, top=3) == own
+    assert attnconv.Run("run").predict(x, top=3) != own  # the other run does answer otherwise
+
+
+def test_round_79_b_dataset_names_and_models_of_another_type_are_one_line(tiny_attention_runs):
+    """Round 79: load_dataset(5), load_dataset(Path(...)), dataset_info(None) failed on str's missing .strip;
+    head_snapshot("m") and attention_sites("m") on .modules; analyze_captured([1, 2]) on .kind; a tensor of records
+    on its truth; load_run(device="cuda") on a CPU build in torch's AssertionError."""
+    from pathlib import Path
+
+    from attnconv import data as D
+    from attnconv.analysis import analyze_captured, head_snapshot
+
+    for value in (5, None, ["fashion-mnist"]):
+        for call in (D.load_dataset, D.dataset_info):
+            with pytest.raises(AttnconvError, match=r"^dataset .* is invalid: give a dataset's name \(fashion-mnist, "
+                                                    r"cifar10\) or 'folder:PATH', a str$"):
+                call(value)
+    with pytest.raises(AttnconvError, match=r"a str \(a folder: 'folder:imgs'\)$"):
+        D.load_dataset(Path("imgs"))
+    for call, name in ((head_snapshot, "head_snapshot"), (attnconv.attention_sites, "attention_sites")):
+        with pytest.raises(AttnconvError, match=rf"^{name} takes an nn.Module, got str$"):
+            call("m")
+    for records in ([1, 2], "m", torch.zeros(2), iter([])):
+        for call in (analyze_captured, attnconv.captured_sites):
+            with pytest.raises(AttnconvError, match=r"^records .* is invalid: give the list capture_attention returns"):
+                call(records)
+    if not torch.cuda.is_available():
+        with pytest.raises(AttnconvError, match=r"CUDA is not available here"):
+            attnconv.load_run(tiny_attention_runs["sa-quadratic"], device="cuda")
+    for device in (5, "gpu"):
+        with pytest.raises(AttnconvError, match=r"device"):
+            attnconv.load_run(tiny_attention_runs["sa-quadratic"], device=device)
+
+
+def test_flags_take_what_python_code_passes():
+    """What the flag check takes: bools, numpy's bools, and the ints 1 and 0 (a flag computed as `int(x > 0)`)."""
+    import numpy as np
+
+    from attnconv.limits import flag_argument
+
+    for value, want in ((True, True), (False, False), (np.bool_(True), True), (1, True), (0, False)):
+        got = flag_argument(value, "flag")
+        assert got is want
+    assert attnconv.SelfAttention2d(2, heads=2, max_size=8, bias=np.False_).out.bias is None
