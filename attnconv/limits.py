@@ -256,9 +256,13 @@ def path_argument(value: Any, name: str, what: str) -> Path:
     """`value`, the path argument `name` of a public function (`what` it names, for the fix), as a Path: one
     AttnconvError naming it unless it is a str or an os.PathLike (pathlib would say "expected str, bytes or
     os.PathLike object, not int" from its own code, naming neither)."""
-    if not isinstance(value, (str, os.PathLike)):
+    try:
+        text = os.fspath(value) if isinstance(value, os.PathLike) else value  # an __fspath__ may give bytes, or fail
+    except Exception:  # noqa: BLE001 - a user's __fspath__: its failure is the argument's
+        text = None
+    if not isinstance(text, str):
         raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a str or a path")
-    return Path(value)
+    return Path(text)
 
 
 def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",

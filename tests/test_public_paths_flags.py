@@ -31,7 +31,14 @@ MODULES = ("attnconv", "attnconv.analysis", "attnconv.construct", "attnconv.plot
 # a helper handed a flag its callers have checked.
 NOT_ARGUMENTS = {("TrainConfig.__init__", "*"), ("ClassifierConfig.__init__", "*"), ("ViTConfig.__init__", "*"),
                  ("Run.predict", "images"), ("Run.transform", "images"), ("check_key_dim", "learnable")}
-PATHS = (5, ["run"], b"run", 2.5)
+class _BytesPath(os.PathLike):
+    """A path object whose __fspath__ gives bytes (os.PathLike allows it; pathlib refuses it in its own words)."""
+
+    def __fspath__(self):
+        return b"run"
+
+
+PATHS = (5, ["run"], b"run", 2.5, _BytesPath())
 FLAGS = ("no", 2, torch.zeros(2), None, 0.5)
 
 
