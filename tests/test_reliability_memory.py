@@ -307,7 +307,7 @@ def test_images_within_a_memory_budget_the_png_row_check_inflates_a_chunk_at_a_t
     import tracemalloc
     import zlib
 
-    from attnconv.data.png_rows import short_rows
+    from attnconv.data.png_rows import png_problem
 
     side = 8000
     squeeze, parts = zlib.compressobj(), []
@@ -325,14 +325,37 @@ def test_images_within_a_memory_budget_the_png_row_check_inflates_a_chunk_at_a_t
     tracemalloc.start()
     try:
         with path.open("rb") as f:
-            found = short_rows(f)
+            found = png_problem(f)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert found == ((side - 1) * (side + 1), side * (side + 1))  # still counted right, row by row
+    assert found == (f"its image data ends before its last row ({(side - 1) * (side + 1)} of the {side * (side + 1)} "
+                     "bytes its header states)")  # still counted right, row by row
     assert peak < 8 << 20, f"the row check held {peak / 2**20:.0f} MiB at once"
     with pytest.raises(AttnconvError, match=r"bomb\.png: cannot decode the image \(ValueError: its image data ends"):
         decode.decode_image(path, True, 28)
+
+
+def test_round_79_a_a_palette_png_without_its_palette_is_refused(tmp_path):
+    """Round 79: a palette PNG without its PLTE chunk was decoded with Pillow's default palette, without a word. What
+    Pillow writes (palette, 16-bit, 1-bit, optimized) is taken as before."""
+    import io
+
+    rng = np.random.default_rng(0)
+    for mode, options in (("P", {}), ("L", {}), ("RGB", {}), ("RGBA", {"optimize": True}),
+                          ("I;16", {}), ("1", {})):
+        img = Image.fromarray(rng.integers(0, 255, (40, 30, 3), dtype=np.uint8)).convert(mode)
+        block = io.BytesIO()
+        img.save(block, "PNG", **options)
+        (tmp_path / f"{mode.replace(';', '')}.png").write_bytes(block.getvalue())
+        assert decode.decode_image(tmp_path / f"{mode.replace(';', '')}.png", mode != "RGB", 16).shape[1:] == (16, 16)
+    data = (tmp_path / "P.png").read_bytes()
+    start = data.index(b"PLTE") - 4
+    length = int.from_bytes(data[start:start + 4], "big")
+    (tmp_path / "nopalette.png").write_bytes(data[:start] + data[start + 12 + length:])
+    with pytest.raises(AttnconvError, match=r"nopalette\.png: cannot decode the image \(ValueError: a palette image "
+                                            r"without its palette"):
+        decode.decode_image(tmp_path / "nopalette.png", False, 16)
 
 
 @pytest.mark.parametrize("interlaced", [False, True])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnconv.data.png_rows import short_rows
+from attnconv.data.png_rows import png_problem
 from attnconv.errors import AttnconvError, warnings_ignored
 from attnconv.fileio import open_regular
 
@@ -219,12 +219,11 @@ def decode_image(path: Path, grey: bool, size: int, *, budget: DecodeBudget | No
         w, h = img.size
         if min(w, h) == 0:
             raise _fail(path, ValueError("the image is empty (0 pixels wide or high)"), in_folder)
-        if img.format == "PNG":  # its stream may end before its last row: Pillow fills the rest with black
+        if img.format == "PNG":  # rows missing, damaged data, no palette: what Pillow decodes without a word
             with open_regular(path, "give an image file") as f:
-                short = short_rows(f)
-            if short:
-                raise _fail(path, ValueError(f"its image data ends before its last row ({short[0]} of the "
-                                             f"{short[1]} bytes its header states)"), in_folder)
+                problem = png_problem(f)
+            if problem:
+                raise _fail(path, ValueError(problem), in_folder)
         img.draft("L" if grey else "RGB", (size, size))  # JPEG: decode at the smallest scale still >= size
         need = decode_bytes(img.mode, *img.size, grey, size, img.format or "")
         with (budget or DecodeBudget()).reserve(need, path, f"{w}x{h} {img.mode}", in_folder):

@@ -1,10 +1,12 @@
-"""Whether a PNG's image data holds every row its header states.
+"""Whether a PNG's image data is what its header states.
 
 Pillow decodes a PNG whose (complete) compressed stream ends before the last row without a word, the missing rows
 black: the picture a model would see is not the file's. A file cut short is Pillow's own "image file is truncated";
-this is the other case. `short_rows` reads the header and the IDAT chunks and inflates them no further than the rows
+this is the other case. `png_problem` reads the header and the IDAT chunks and inflates them no further than the rows
 need, a megabyte at a time and kept only as a count (it runs before the decoding budget is reserved: what it holds is
-set neither by the stream nor by the header); interlaced (Adam7) images count the seven passes' rows.
+set neither by the stream nor by the header); interlaced (Adam7) images count the seven passes' rows. Pillow
+gives a palette image without its PLTE chunk a default palette: refused here too, as a damaged file. (A flipped bit
+in the compressed pixels is Pillow's own "broken data stream": zlib's checksum.)
 """
 
 from __future__ import annotations
@@ -41,13 +43,14 @@ def _inflated(inflate, data: bytes, room: int) -> int:
     return n
 
 
-def short_rows(f: BinaryIO) -> tuple[int, int] | None:
-    """(bytes of image data found, bytes the header states) where the PNG read from `f` (at its start) holds fewer
-    than its header states; None where it holds them all, or where this cannot tell (not a PNG it can parse: Pillow's
-    own checks say the rest)."""
+def png_problem(f: BinaryIO) -> str | None:
+    """What Pillow would decode without a word in the PNG read from `f` (at its start), in words; None where there is
+    nothing, or where this cannot tell (not a PNG it can parse: Pillow's own checks say the rest):
+    - image data that ends before the last row its header states (Pillow fills the rest with black);
+    - a palette image without its palette (Pillow uses a default one)."""
     if f.read(8) != _SIGNATURE:
         return None
-    need, inflate, found = None, zlib.decompressobj(), 0
+    need, inflate, found, colour, palette = None, zlib.decompressobj(), 0, None, False
     while True:
         head = f.read(8)
         if len(head) < 8:
@@ -60,7 +63,11 @@ def short_rows(f: BinaryIO) -> tuple[int, int] | None:
             need = _data_bytes(width, height, depth, colour, interlace == 1)
             f.seek(4, 1)  # its CRC
             continue
+        if kind == b"PLTE":
+            palette = True
         if kind == b"IDAT" and need is not None:
+            if colour == 3 and not palette:
+                return "a palette image without its palette (no PLTE chunk before its image data)"
             try:
                 found += _inflated(inflate, f.read(length), need - found)
             except zlib.error:
@@ -74,4 +81,4 @@ def short_rows(f: BinaryIO) -> tuple[int, int] | None:
         f.seek(length + 4, 1)  # another chunk, and its CRC
     if need is None or found >= need:
         return None
-    return found, need
+    return f"its image data ends before its last row ({found} of the {need} bytes its header states)"
