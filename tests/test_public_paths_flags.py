@@ -12,7 +12,6 @@ gains such a parameter the table does not try.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import typing
@@ -20,6 +19,7 @@ import typing
 import pytest
 import torch
 from test_public_numbers import _refused  # one line naming the argument, said as the numbers' table says it
+from test_public_tensors import public_callables
 from torch import nn
 
 import attnconv
@@ -49,25 +49,15 @@ def public_parameters() -> set[tuple[str, str]]:
     from attnconv.runs import convert_run
 
     found: set[tuple[str, str]] = set()
-    objects = [(name, getattr(importlib.import_module(module), name)) for module in MODULES
-               for name in importlib.import_module(module).__all__]
-    for name, obj in objects + [("export_run", export_run), ("convert_run", convert_run)]:
-        if inspect.isclass(obj):
-            members = [(f"{name}.{m}", fn) for m, fn in inspect.getmembers(obj, inspect.isfunction)
-                       if (not m.startswith("_") or m == "__init__") and fn.__module__.startswith("attnconv")]
-        elif callable(obj) and getattr(obj, "__module__", "").startswith("attnconv"):
-            members = [(name, obj)]
-        else:
+    for qual, fn in public_callables(MODULES, (("export_run", export_run), ("convert_run", convert_run))):
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
             continue
-        for qual, fn in members:
-            try:
-                parameters = inspect.signature(fn).parameters.values()
-            except (TypeError, ValueError):
-                continue
-            if any(qual == q and p == "*" for q, p in NOT_ARGUMENTS):
-                continue
-            found.update((qual, p.name) for p in parameters
-                         if "PathLike" in str(p.annotation) or str(p.annotation) == "bool")
+        if any(qual == q and p == "*" for q, p in NOT_ARGUMENTS):
+            continue
+        found.update((qual, p.name) for p in parameters
+                     if "PathLike" in str(p.annotation) or str(p.annotation) == "bool")
     return found
 
 

@@ -34,30 +34,34 @@ NOT_ARGUMENTS = {("CapturedAttention.__init__", "*"), ("ConvLikeness.__init__", 
                  ("EffectiveKernel.__init__", "*"), ("AttentionLayer.attention_probs", "x")}
 
 
+def public_callables(modules, extra=()) -> list[tuple[str, typing.Callable]]:
+    """(qualified name, function) for the public functions of `modules` (their `__all__`) and `extra` ((name, object)
+    pairs), and the public methods (and `__init__`) the public classes among them define themselves (not nn.Module's)."""
+    objects = [(name, getattr(importlib.import_module(module), name)) for module in modules
+               for name in importlib.import_module(module).__all__]
+    found = []
+    for name, obj in [*objects, *extra]:
+        if inspect.isclass(obj):
+            found += [(f"{name}.{m}", fn) for m, fn in inspect.getmembers(obj, inspect.isfunction)
+                      if (not m.startswith("_") or m == "__init__") and fn.__module__.startswith("attnconv")]
+        elif callable(obj) and getattr(obj, "__module__", "").startswith("attnconv"):
+            found.append((name, obj))
+    return found
+
+
 def public_tensor_parameters() -> set[tuple[str, str]]:
     """(callable, parameter) for every parameter annotated with Tensor of the public functions, and of the public
     methods the public classes define themselves (not nn.Module's)."""
     found = set()
-    for module in MODULES:
-        mod = importlib.import_module(module)
-        for name in mod.__all__:
-            obj = getattr(mod, name)
-            if inspect.isclass(obj):
-                members = [(f"{name}.{m}", fn) for m, fn in inspect.getmembers(obj, inspect.isfunction)
-                           if (not m.startswith("_") or m == "__init__") and fn.__module__.startswith("attnconv")]
-            elif callable(obj) and getattr(obj, "__module__", "").startswith("attnconv"):
-                members = [(name, obj)]
-            else:
-                continue
-            for qual, fn in members:
-                try:
-                    parameters = inspect.signature(fn).parameters.values()
-                except (TypeError, ValueError):
-                    continue
-                tensors = [p.name for p in parameters if "Tensor" in str(p.annotation)]
-                if tensors and (qual, "*") in NOT_ARGUMENTS:
-                    continue
-                found.update((qual, p) for p in tensors)
+    for qual, fn in public_callables(MODULES):
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        tensors = [p.name for p in parameters if "Tensor" in str(p.annotation)]
+        if tensors and (qual, "*") in NOT_ARGUMENTS:
+            continue
+        found.update((qual, p) for p in tensors)
     return found
 
 
