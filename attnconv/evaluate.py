@@ -36,7 +36,7 @@ from attnconv.errors import AttnconvError, ParameterError
 from attnconv.flops import count_flops
 from attnconv.limits import flag_argument
 from attnconv.modes import eval_mode
-from attnconv.runs import WEIGHTS_FILE, Run, nonfinite_tensor, recorded_metadata
+from attnconv.runs import WEIGHTS_FILE, Run, as_run, nonfinite_tensor, recorded_metadata
 from attnconv.runs.logs_record import TRAINED_COLUMNS, content_digest, logs_digest  # noqa: F401  (their names here too)
 from attnconv.runs.record import recorded_step
 from attnconv.tables import format_table
@@ -162,7 +162,7 @@ def describe_run(
     run: Run | str | os.PathLike,
     *,
     recompute: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     data_dir: str | None = None,
     dataset: str | None = None,
     batch_size: int = 500,
@@ -199,8 +199,11 @@ def describe_run(
     recompute, allow_data_change = flag_argument(recompute, "recompute"), flag_argument(allow_data_change,
                                                                                         "allow_data_change")
     if not isinstance(run, Run):
-        run = Run(run, device, data_dir=data_dir, dataset=dataset, allow_nonfinite=True,  # NaN weights: a warning
+        run = Run(run, "cpu" if device is None else device, data_dir=data_dir, dataset=dataset,
+                  allow_nonfinite=True,  # NaN weights: a warning
                   warn_data_change=False)  # changed data: refused below, or measured with its own warning
+    as_run(run, device, data_dir=data_dir, dataset=dataset)  # a Run given: none of its own settings given otherwise
+    device = run.device
     run_dir, meta, config, info, rows = run.path, run.meta, run.config, run.info, run.metrics
     model = run.model if recompute else run.architecture
     flops = count_flops(model, run.input_shape)  # the shape it was trained on, whatever its folder holds now

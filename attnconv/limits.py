@@ -244,10 +244,10 @@ def one_image_hint(x: torch.Tensor, channels: int, name: str = "x") -> str:
 
 
 def flag_argument(value: Any, name: str) -> bool:
-    """`value`, the on/off argument `name` of a public function, as a bool: True or False (numpy's too, and the ints
-    1 and 0). Anything else is one AttnconvError naming it: Python takes the string "no" for true (`overwrite="no"`
-    would replace a run) and a tensor of two values has no truth at all."""
-    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
+    """`value`, the on/off argument `name` of a public function, as a bool: True or False, or the ints 1 and 0 (numpy's
+    too). Anything else is one AttnconvError naming it: Python takes the string "no" for true (`overwrite="no"` would
+    replace a run) and a tensor of two values has no truth at all."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Integral) and value in (0, 1)):
         return bool(value)
     raise AttnconvError(f"{name} {shown_value(value)} is invalid: give True or False")
 
@@ -262,6 +262,8 @@ def path_argument(value: Any, name: str, what: str) -> Path:
         text = None
     if not isinstance(text, str):
         raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a str or a path")
+    if "\0" in text:  # every OS call would say "embedded null byte", naming neither
+        raise AttnconvError(f"{name} {text!r} is invalid: a path holds no NUL character; give {what}")
     return Path(text)
 
 

@@ -38,8 +38,8 @@ class _BytesPath(os.PathLike):
         return b"run"
 
 
-PATHS = (5, ["run"], b"run", 2.5, _BytesPath())
-FLAGS = ("no", 2, torch.zeros(2), None, 0.5)
+PATHS = (5, ["run"], b"run", 2.5, _BytesPath(), "ru\0n")  # NUL: every OS call says "embedded null byte"
+FLAGS = ("no", 2, torch.zeros(2), torch.tensor(True), None, 0.5)
 
 
 def public_parameters() -> set[tuple[str, str]]:
@@ -255,3 +255,87 @@ def test_flags_take_what_python_code_passes():
         got = flag_argument(value, "flag")
         assert got is want
     assert attnconv.SelfAttention2d(2, heads=2, max_size=8, bias=np.False_).out.bias is None
+
+
+def test_round_80_a_a_run_reads_on_only_while_its_folder_is_the_run_it_read(tiny_attention_runs, tmp_path):
+    """Round 80: a Run read its logs and weights when first asked: a folder renamed or removed since gave [] for its
+    metrics and heads, and one replaced by another run gave that run's metrics and network under this run's config."""
+    import shutil
+
+    source = tiny_attention_runs["sa-quadratic"]
+    other = tiny_attention_runs["sa-learned"]
+    refused = r"not the run this Run read \(its folder was moved, removed or replaced, or its config.json changed " \
+              r"since\); make a new Run of the run where it is now"
+    for change in ("moved", "removed", "replaced", "edited"):
+        folder = tmp_path / change
+        shutil.copytree(source, folder)
+        run = attnconv.Run(folder)
+        if change == "moved":
+            folder.rename(tmp_path / "elsewhere")
+        elif change == "removed":
+            shutil.rmtree(folder)
+        elif change == "replaced":
+            shutil.rmtree(folder)
+            shutil.copytree(other, folder)
+        else:
+            (folder / "config.json").write_text((folder / "config.json").read_text().replace('"epochs": 1', '"epochs": 2'))
+        for read in ("metrics", "heads", "model", "logs_metadata"):
+            with pytest.raises(AttnconvError, match=refused):
+                getattr(run, read)
+    run = attnconv.Run(source)  # unchanged: read as ever
+    assert run.metrics and run.heads and run.model is not None
+
+
+def test_round_80_a_a_run_given_with_other_settings_is_refused_not_dropped(tiny_attention_runs, tmp_path):
+    """Round 80: analyze_run and the run figures given a Run with data_dir, dataset or device dropped them without a
+    word (even data_dir=5 or device="meta"); the same values given as the Run's own are taken."""
+    from attnconv import plots as P
+    from attnconv.analysis import analyze_run
+
+    run = attnconv.Run(tiny_attention_runs["sa-quadratic"])
+    for kwargs, said in (({"data_dir": 5}, r"^data_dir 5 is invalid"), ({"device": "meta"}, r"device"),
+                         ({"dataset": "cifar10"}, r"^dataset=cifar10 given with a Run, which reads with its own "
+                                                  r"\(device=cpu, data_dir=None, dataset=None\); give them to "
+                                                  r"Run\(\.\.\.\), or give the run's folder instead$")):
+        for call, args in ((analyze_run, {"images": 2}), (P.plot_centers, {"out": tmp_path / "c.png"})):
+            with pytest.raises(AttnconvError, match=said):
+                call(run, **args, **kwargs)
+    assert analyze_run(run, images=2, device="cpu")["run"] == str(run.path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_round_80_a_a_run_holds_its_folder_dataset_absolute(tmp_path, monkeypatch):
+    """Round 80: Run(..., dataset="folder:ds") kept the folder relative: after os.chdir the Run read another ds."""
+    from fixtures_data import write_class_folder
+
+    write_class_folder(tmp_path / "ds")
+    monkeypatch.chdir(tmp_path)
+    config = attnconv.make_config(model="sa-quadratic", dataset="folder:ds", max_steps=1, batch_size=2, workers=1,
+                                  epochs=1, augment=False, model_overrides={"hidden": 8, "layers": 1, "image_size": 8})
+    attnconv.train(config, tmp_path / "run", progress=False)
+    run = attnconv.Run("run", dataset="folder:ds")
+    assert run.dataset == f"folder:{tmp_path / 'ds'}"
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert len(run.test_set) == len(attnconv.Run(tmp_path / "run").test_set)
+
+
+def test_round_80_a_head_snapshot_of_a_converted_network_says_what_to_use():
+    """Round 80: head_snapshot of a network cnn_to_attention converted said its layers "need its input shape (C, H,
+    W)", which head_snapshot cannot take, images given or not."""
+    from attnconv.analysis import head_snapshot
+
+    converted = attnconv.cnn_to_attention(nn.Sequential(nn.Conv2d(1, 2, 3)).eval())
+    for x in (None, torch.randn(1, 1, 8, 8)):
+        with pytest.raises(AttnconvError, match=r"^head_snapshot takes an attention classifier .* analysed by "
+                                                r"analyze_layer, or by capture_attention and analyze_captured$"):
+            head_snapshot(converted, x)
+
+
+def test_round_80_a_a_run_path_reads_tilde_as_its_data_dir_does(tiny_attention_runs, tmp_path, monkeypatch):
+    """Round 80 (a note): Run("~/run") read "~" as a folder of that name, while its data_dir expanded it."""
+    import shutil
+
+    shutil.copytree(tiny_attention_runs["sa-quadratic"], tmp_path / "run")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert attnconv.Run("~/run").path == tmp_path / "run"

@@ -183,6 +183,23 @@ def test_resume_without_a_checkpoint_starts_again_and_writes_the_logs_anew(tmp_p
             [{k: v for k, v in r.items() if k not in drop} for r in read(ref)]
 
 
+def test_round_80_b_resume_where_no_run_is_names_the_folder_and_says_a_new_run_starts(tmp_path, data_dir,  # noqa: F811
+                                                                                        capsys):
+    """Round 80: `train --resume --out DIR` where DIR is missing or empty said "missing --model and --dataset"
+    (the folder was the mistake); with those given, a new run started there without a word."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out, where in ((tmp_path / "typo", "no such directory"), (empty, "no config.json in it")):
+        assert main(["train", "--resume", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"error: --out {out} holds no run to resume ({where}); give the folder of the run to resume, "
+                       "or --model and --dataset (or a --preset) to start a new run there"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and not any(empty.iterdir())
+    assert main(one_epoch(tmp_path / "new", data_dir, "--resume")) == 0
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'new'}: no run to resume (no such directory): a new run starts there" in err, err
+
+
 def test_atomic_write_all_replaces_a_pair_whole_or_not_at_all(tmp_path, monkeypatch):
     """learn-conv wrote its JSON, then its PNG: a full disk (or Ctrl-C) in between left the new result beside the
     old figure. `atomic_write_all` writes every temporary first; a failure keeps the old pair, and a Ctrl-C during

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from attnconv.analysis.grid import grid_likeness
-from attnconv.construct import EffectiveKernel, conv_likeness, effective_kernel
+from attnconv.attention import SelfAttention2d
+from attnconv.construct import ConvAttention, EffectiveKernel, conv_likeness, effective_kernel
 from attnconv.errors import AttnconvError
 from attnconv.limits import (
     is_whole,
@@ -278,6 +279,12 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
     """
     if not isinstance(model, nn.Module):
         raise AttnconvError(f"head_snapshot takes an nn.Module, got {type(model).__name__}")
+    if not getattr(model, "attention_layers", None) and any(isinstance(m, (ConvAttention, SelfAttention2d))
+                                                            for m in model.modules()):
+        raise AttnconvError("head_snapshot takes an attention classifier (build_model's sa-* models) or a model whose "
+                            "attention is captured (a ViT), as training records them; this network's own attention "
+                            "layers (a CNN converted by cnn_to_attention, say) are analysed by analyze_layer, or by "
+                            "capture_attention and analyze_captured")
     _check_given(x, None)
     sites = attention_sites(model)
     size = sites[0].size
@@ -352,7 +359,7 @@ def analyze_captured(records: Sequence[CapturedAttention]) -> dict[str, Any]:
 
 
 def analyze_run(run: Run | str | os.PathLike, images: int = 100, *, data_dir: str | os.PathLike | None = None,
-                dataset: str | None = None, device: str = "cpu") -> dict[str, Any]:
+                dataset: str | None = None, device: str | None = None) -> dict[str, Any]:
     """`analyze_sites` of a run's trained model (content layers over `images` test images sampled across
     the classes, `Run.test_images`), plus the grid-likeness over training from heads.jsonl ("history"; [] where
     the run recorded none, a CNN or a run trained before heads.jsonl: the same keys for every run). Layers and heads

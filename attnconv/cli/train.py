@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
             raise ParameterError("out", out, f": {CONFIG_FILE} is {gone or 'missing'}, while {', '.join(found)} show a run was "
                                  "trained here; --resume needs it: restore it from a copy of the run, or train into "
                                  "a new {out}", mentions=("out",))
+    nothing = args.resume and base is None and args.init_from is None  # --resume where no run is: a new one starts
+    where = "no such directory" if not os.path.lexists(out) else "no config.json in it"
     overrides = {name: getattr(args, dest) for _, name, dest in _model_fields()}
     changes = {f.name: getattr(args, f.name) for f in option_fields(TrainConfig)
                if f.metadata["cli"] or f.name in ("model", "dataset", "milestones")}
@@ -170,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
         preset, base = dataset_preset(args.model, args.dataset, image_size=args.image_size, device=args.device or "cpu")
     if args.preset is None and base is None:
         missing = [f"--{k}" for k in ("model", "dataset") if changes[k] is None]
+        if missing and nothing:  # the folder is what is wrong (a typo, a run not started yet), not the flags
+            raise ParameterError("out", out, f"holds no run to resume ({where}); give the folder of the run to "
+                                 f"resume, or {' and '.join(missing)} (or a --preset) to start a new run there")
         if missing:
             them = "them" if len(missing) > 1 else "it"
             raise AttnconvError(f"missing {' and '.join(missing)}: give {them}, or a --preset ({', '.join(PRESETS)})")
@@ -179,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     config.validate()  # a bad flag is one error line, before anything else is printed
     announce = None if preset is None else \
         f"preset: {preset}, with your flags on top: {describe(config)} (--preset NAME for another)"
+    if nothing:  # the same command again after an interruption before the run's first file: said, not silent
+        announce = "\n".join(filter(None, (f"{out}: no run to resume ({where}): a new run starts there", announce)))
     if args.log_every is not None and args.log_every < 1:
         raise AttnconvError(f"--log-every {args.log_every} is invalid: give a number of steps >= 1")
     row = train(config, out, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress,

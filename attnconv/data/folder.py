@@ -51,6 +51,8 @@ def folder_path(name: str) -> Path | None:
     if not name.strip().lower().startswith(FOLDER_PREFIX):
         return None
     raw = name.strip()[len(FOLDER_PREFIX):]
+    if "\0" in raw:
+        raise AttnconvError(f"dataset {name!r} is invalid: a path holds no NUL character; write {FOLDER_PREFIX}PATH")
     if not raw:
         raise AttnconvError(f"dataset {name!r} names no folder; write {FOLDER_PREFIX}PATH, e.g. folder:~/my-images")
     return Path(os.path.abspath(os.path.expanduser(raw)))

@@ -40,7 +40,7 @@ def _folder(run: Run | str | os.PathLike) -> Path:
     return Path(run)
 
 
-def _run(run: Run | str | os.PathLike, device: str = "cpu", data_dir: str | os.PathLike | None = None,
+def _run(run: Run | str | os.PathLike, device: str | None = None, data_dir: str | os.PathLike | None = None,
          dataset: str | None = None) -> Run:
     _folder(run)
     return as_run(run, device, data_dir=data_dir, dataset=dataset)
@@ -63,7 +63,7 @@ def plot_centers(
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
     dataset: str | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Figure 4 / 12 / 14 for a run: each head's center and 50% / 90% contours per attention layer.
@@ -229,7 +229,7 @@ def plot_maps(
     image: int | None = None,
     data_dir: str | os.PathLike | None = None,
     dataset: str | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Figures 5 / 6 for a run: attention probabilities of `query` per layer and head (`maps_of_run`).
@@ -264,7 +264,7 @@ def plot_figures(
     images: int = 100,
     data_dir: str | os.PathLike | None = None,
     dataset: str | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     overwrite: bool = False,
 ) -> list[Path]:
     """The paper-style figures of one attention run: PREFIX-centers.png and PREFIX-maps.png.

@@ -95,16 +95,18 @@ class Run:
                  data_dir: str | os.PathLike | None = None, dataset: str | None = None,
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
         # absolute: the weights, logs and test data are read later, after the caller may have changed directory
-        self.path = path_argument(path, "run", "the run's directory").absolute()
+        self.path = path_argument(path, "run", "the run's directory").expanduser().absolute()
         check_device(str(device))  # "meta" holds no values; a device this machine lacks fails here, not in a load
         check_not_replaced(self.path)  # an --overwrite before its first checkpoint: the old run is set aside
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
+        self._folder = _folder_id(self.path)  # the folder it read: its logs and weights are read later (`same_run`)
         check_record(self.path, self.meta)  # config.json as the weights record it: not edited, not another run's
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
         self.data_dir = None if data_dir is None else path_argument(
             data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute()
-        self.dataset = dataset
+        folder = None if dataset is None else D.folder_path(dataset)  # absolute too, as the run path and data_dir
+        self.dataset = dataset if folder is None else f"{D.FOLDER_PREFIX}{folder}"
         self.allow_nonfinite = flag_argument(allow_nonfinite, "allow_nonfinite")
         self.warn_data_change = flag_argument(warn_data_change, "warn_data_change")
         if dataset is not None:
@@ -118,10 +120,23 @@ class Run:
         """Written by `attnconv convert`: a CNN's convolutions as attention layers."""
         return "converted" in self.meta
 
+    def same_run(self) -> None:
+        """One AttnconvError unless the folder is still the run this Run read: its logs and weights are read when first
+        asked for, and a folder moved, removed or replaced by another run since gave [] for its logs, or the other
+        run's logs and network under this run's config."""
+        try:
+            same = _folder_id(self.path) == self._folder and read_config(self.path) == self.meta
+        except (OSError, AttnconvError):
+            same = False
+        if not same:
+            raise AttnconvError(f"{self.path}: not the run this Run read (its folder was moved, removed or replaced, "
+                                "or its config.json changed since); make a new Run of the run where it is now")
+
     @functools.cached_property
     def metrics(self) -> list[dict[str, float]]:
         """metrics.csv's rows (`runs.read_metrics`), none past the run's epochs in config.json. (Its steps are not
         bounded by config.json's total_steps: a resume with `allow_data_change` may change a run's length.)"""
+        self.same_run()
         try:
             rows = read_metrics(self.path)
         except DamagedFile as err:
@@ -175,6 +190,7 @@ class Run:
     def logs_metadata(self) -> dict[str, str]:
         """What the run's last checkpoint records of its logs (`runs.logs_record.checkpoint_logs`: model.safetensors'
         metadata, from its header alone, else state.pt's record)."""
+        self.same_run()
         return checkpoint_logs(self.path)
 
     @functools.cached_property
@@ -184,6 +200,7 @@ class Run:
         What reads a Run (figures, report, explorer, analyze) needs only some of them: damaged lines
         are skipped (`runs.logs_record.judged_heads`) with one AttnconvWarning saying how many; a file with
         no sound line left is one AttnconvError."""
+        self.same_run()
         records, skipped, problem = judged_heads(self.path, self.logs_metadata)
         if skipped and not records:  # nothing left to use: one error, not a warning and then an error
             raise DamagedFile(f"{self.path / HEADS_FILE}: corrupt heads file (no sound snapshot in it: every line "
@@ -254,6 +271,7 @@ class Run:
     @functools.cached_property
     def model(self) -> nn.Module:
         """The trained network: weights loaded, on `device`, eval mode."""
+        self.same_run()
         model = load_run(self.path, self.device, allow_nonfinite=self.allow_nonfinite)[0]
         self._loaded = model  # what predict tells from a model a user put in its place
         return model
@@ -417,10 +435,31 @@ class Run:
         return [[(classes[int(i)], float(v)) for v, i in zip(vals, idx)] for vals, idx in zip(best.values, best.indices)]
 
 
-def as_run(run: Run | str | os.PathLike, device: str | torch.device = "cpu", *,
+def as_run(run: Run | str | os.PathLike, device: str | torch.device | None = None, *,
            data_dir: str | os.PathLike | None = None, dataset: str | None = None) -> Run:
-    """`run` itself, or the Run of a run directory (a command given a path)."""
-    return run if isinstance(run, Run) else Run(run, device, data_dir=data_dir, dataset=dataset)
+    """`run` itself, or the Run of a run directory (a command given a path; `device` None: cpu). A Run has its own
+    device, data_dir and dataset: one given with it that is not its own is one AttnconvError (it was dropped)."""
+    if not isinstance(run, Run):
+        return Run(run, "cpu" if device is None else device, data_dir=data_dir, dataset=dataset)
+    if device is not None:
+        check_device(str(device))
+    given = {"device": None if device is None else str(device),
+             "data_dir": None if data_dir is None else path_argument(
+                 data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute(),
+             "dataset": None if dataset is None else (f"{D.FOLDER_PREFIX}{D.folder_path(dataset)}"
+                                                      if D.folder_path(dataset) is not None else dataset)}
+    own = {"device": str(run.device), "data_dir": run.data_dir, "dataset": run.dataset}
+    differ = [f"{name}={value}" for name, value in given.items() if value is not None and value != own[name]]
+    if differ:
+        held = ", ".join(f"{name}={value}" for name, value in own.items())
+        raise AttnconvError(f"{', '.join(differ)} given with a Run, which reads with its own ({held}); give them to "
+                            "Run(...), or give the run's folder instead")
+    return run
+
+
+def _folder_id(path: Path) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
 
 
 def _layers_text(heads: list[int]) -> str:
