@@ -302,6 +302,10 @@ def test_round_80_a_a_run_given_with_other_settings_is_refused_not_dropped(tiny_
                 call(run, **args, **kwargs)
     assert analyze_run(run, images=2, device="cpu")["run"] == str(run.path)
     assert not list(tmp_path.iterdir())
+    from attnconv.runs import as_run
+
+    spelled = attnconv.Run(run.path, dataset="Fashion_MNIST")  # its own dataset, spelled otherwise: the same
+    assert as_run(spelled, dataset="fashion-mnist", data_dir=None) is spelled
 
 
 def test_round_80_a_a_run_holds_its_folder_dataset_absolute(tmp_path, monkeypatch):

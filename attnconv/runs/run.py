@@ -446,15 +446,24 @@ def as_run(run: Run | str | os.PathLike, device: str | torch.device | None = Non
     given = {"device": None if device is None else str(device),
              "data_dir": None if data_dir is None else path_argument(
                  data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute(),
-             "dataset": None if dataset is None else (f"{D.FOLDER_PREFIX}{D.folder_path(dataset)}"
-                                                      if D.folder_path(dataset) is not None else dataset)}
-    own = {"device": str(run.device), "data_dir": run.data_dir, "dataset": run.dataset}
+             "dataset": None if dataset is None else _dataset_key(dataset)}
+    own = {"device": str(run.device), "data_dir": run.data_dir,
+           "dataset": None if run.dataset is None else _dataset_key(run.dataset)}
     differ = [f"{name}={value}" for name, value in given.items() if value is not None and value != own[name]]
     if differ:
         held = ", ".join(f"{name}={value}" for name, value in own.items())
         raise AttnconvError(f"{', '.join(differ)} given with a Run, which reads with its own ({held}); give them to "
                             "Run(...), or give the run's folder instead")
     return run
+
+
+def _dataset_key(name: str) -> str:
+    """A dataset name as its canonical one (`Fashion_MNIST` is `fashion-mnist`, `folder:~/x` the absolute folder), for
+    comparing two spellings; an unknown name as given (`Run` refuses it in its own words)."""
+    try:
+        return D.canonical_name(name)
+    except AttnconvError:
+        return name
 
 
 def _folder_id(path: Path) -> tuple[int, int]:
