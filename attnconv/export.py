@@ -38,7 +38,15 @@ import torch
 
 import attnconv
 from attnconv.errors import AttnconvError, ParameterError, attnconv_warning, warnings_held, warnings_ignored
-from attnconv.fileio import EXPORT_MARK, SIGNATURE, atomic_write, check_output_file, describe_os_error, write_bytes
+from attnconv.fileio import (
+    EXPORT_MARK,
+    SIGNATURE,
+    atomic_write,
+    check_output_file,
+    describe_os_error,
+    interrupts_held,
+    write_bytes,
+)
 from attnconv.limits import format_bytes
 from attnconv.modes import eval_mode
 from attnconv.pathwords import resume_command
@@ -69,6 +77,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
             raise ParameterError("fmt", fmt, f"needs {' and '.join(missing)}: pip install {' '.join(missing)}",
                                  flags={"fmt": "format"})
     run = as_run(run)
+    run.same_run()  # a Run whose folder was replaced since: its network is not what the folder holds now
     suffix = FORMATS[fmt]
     out = check_output_file(run.path / f"model{suffix}" if out is None else out, "out", (suffix,),
                             overwrite=overwrite)
@@ -96,6 +105,7 @@ def export_run(run: Run | str | os.PathLike, fmt: str = "exported", out: str | o
     example = torch.randn(2, *run.input_shape, **like)
     record = {"generator": f"{SIGNATURE} {attnconv.__version__}", "run": str(run.path.resolve()),
               "model": run.config.model, "format": fmt}
+    exporter_imported(fmt)
     with torch.no_grad(), eval_mode(model), _quiet(), _interruptible():
         try:
             data = _serialize(fmt, model, example, record)
@@ -136,6 +146,22 @@ class _Logits(torch.nn.Module):
 # Set once a Ctrl-C stopped an export in this process: an import it cut short (sympy, torch._dynamo) stays
 # half-done, so a later export's failure names that as the likely cause instead of torch's AttributeError alone.
 _INTERRUPTED = False
+
+# What each format's exporter imports on first use: imported whole before an export starts (`exporter_imported`).
+EXPORTER_MODULES = {"exported": ("sympy", "torch.export"), "torchscript": (),
+                    "onnx": ("sympy", "torch.export", "onnx", "onnxscript", "torch.onnx")}
+
+
+def exporter_imported(fmt: str) -> None:
+    """Import what the `fmt` exporter imports, with Ctrl-C held until every import is done (`fileio.interrupts_held`):
+    a first export interrupted while torch imported onnxscript or sympy left a package half made for the rest of the
+    process, and every later export in it failed ("module 'sympy' has no attribute 'core'; try another fmt")."""
+    with interrupts_held():
+        for name in EXPORTER_MODULES[fmt]:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # the exporter says what is missing in its own words, as before
+                pass
 
 
 @contextlib.contextmanager

@@ -295,7 +295,7 @@ def test_round_80_a_a_run_given_with_other_settings_is_refused_not_dropped(tiny_
     run = attnconv.Run(tiny_attention_runs["sa-quadratic"])
     for kwargs, said in (({"data_dir": 5}, r"^data_dir 5 is invalid"), ({"device": "meta"}, r"device"),
                          ({"dataset": "cifar10"}, r"^dataset=cifar10 given with a Run, which reads with its own "
-                                                  r"\(device=cpu, data_dir=None, dataset=None\); give them to "
+                                                  r"\(device=cpu, data_dir=None, dataset=fashion-mnist\); give them to "
                                                   r"Run\(\.\.\.\), or give the run's folder instead$")):
         for call, args in ((analyze_run, {"images": 2}), (P.plot_centers, {"out": tmp_path / "c.png"})):
             with pytest.raises(AttnconvError, match=said):
@@ -343,3 +343,61 @@ def test_round_80_a_a_run_path_reads_tilde_as_its_data_dir_does(tiny_attention_r
     shutil.copytree(tiny_attention_runs["sa-quadratic"], tmp_path / "run")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert attnconv.Run("~/run").path == tmp_path / "run"
+
+
+def test_round_81_b_a_stale_run_is_not_exported_into_what_its_folder_holds_now(tiny_attention_runs, tmp_path):
+    """Round 81: export_run of a Run whose folder was replaced (by a --overwrite, another run's copy) or moved since
+    wrote the old network into the folder (a moved one made again holding only the export), and its check passed,
+    comparing it with the old network."""
+    import shutil
+
+    from attnconv.export import export_run
+
+    folder = tmp_path / "run"
+    shutil.copytree(tiny_attention_runs["sa-quadratic"], folder)
+    run = attnconv.Run(folder)
+    assert run.model is not None  # loaded before the change, as a notebook holds it
+    shutil.rmtree(folder)
+    shutil.copytree(tiny_attention_runs["sa-learned"], folder)
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(AttnconvError, match=r"not the run this Run read"):
+        export_run(run, "torchscript")
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_round_81_b_an_exporters_imports_finish_before_a_ctrl_c_is_delivered(monkeypatch):
+    """Round 81: a Ctrl-C during a process's first ONNX export, while torch imported onnxscript or sympy, left the
+    package half made, and every later export in the process failed ("module 'sympy' has no attribute 'core'; try
+    another fmt"). The exporter's imports run whole first, the Ctrl-C held until they are done."""
+    import importlib
+    import signal
+
+    from attnconv import export as E
+
+    done = []
+    real = importlib.import_module
+
+    def interrupted(name, *args):
+        if not done:
+            signal.raise_signal(signal.SIGINT)  # a Ctrl-C as the first import starts
+        done.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        E.exporter_imported("onnx")
+    wanted = E.EXPORTER_MODULES["onnx"]  # (the packages import_module some more themselves)
+    assert [name for name in done if name in wanted] == list(wanted)  # every import done before the Ctrl-C came
+
+
+def test_round_81_a_head_snapshot_of_a_model_without_a_config_takes_its_images():
+    """Round 81 (a note): head_snapshot of a user's CNN asked for an input shape it cannot take."""
+    from attnconv.analysis import head_snapshot
+    from attnconv.models.sites import NoAttentionLayers
+
+    cnn = nn.Sequential(nn.Conv2d(1, 2, 3))
+    with pytest.raises(AttnconvError, match=r"^head_snapshot: Sequential has no config saying its input shape: give "
+                                            r"its images x \(N, C, H, W\)"):
+        head_snapshot(cnn)
+    with pytest.raises(NoAttentionLayers):
+        head_snapshot(cnn, torch.randn(1, 1, 8, 8))

@@ -286,7 +286,14 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
                             "layers (a CNN converted by cnn_to_attention, say) are analysed by analyze_layer, or by "
                             "capture_attention and analyze_captured")
     _check_given(x, None)
-    sites = attention_sites(model)
+    try:  # a model of no config of its own (a user's, a CNN) is probed on the shape of x
+        sites = attention_sites(model, None if x is None or getattr(model, "config", None) is not None
+                                else tuple(x.shape[1:]))
+    except AttnconvError as err:
+        if "give its input shape" not in str(err):
+            raise
+        raise AttnconvError(f"head_snapshot: {type(model).__name__} has no config saying its input shape: give its "
+                            "images x (N, C, H, W), on which its attention is found") from None
     size = sites[0].size
     combined = site_probs(model, sites, x)
     position = site_probs(model, sites, x, term="position") if needs_inputs(sites) else combined

@@ -447,8 +447,8 @@ def as_run(run: Run | str | os.PathLike, device: str | torch.device | None = Non
              "data_dir": None if data_dir is None else path_argument(
                  data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute(),
              "dataset": None if dataset is None else _dataset_key(dataset)}
-    own = {"device": str(run.device), "data_dir": run.data_dir,
-           "dataset": None if run.dataset is None else _dataset_key(run.dataset)}
+    own = {"device": str(run.device), "data_dir": run.data_dir,  # its dataset: the one given to it, else the run's own
+           "dataset": _dataset_key(run.config.dataset if run.dataset is None else run.dataset)}
     differ = [f"{name}={value}" for name, value in given.items() if value is not None and value != own[name]]
     if differ:
         held = ", ".join(f"{name}={value}" for name, value in own.items())
