@@ -148,8 +148,8 @@ class _Logits(torch.nn.Module):
 _INTERRUPTED = False
 
 # What each format's exporter imports on first use: imported whole before an export starts (`exporter_imported`).
-EXPORTER_MODULES = {"exported": ("sympy", "torch.export"), "torchscript": (),
-                    "onnx": ("sympy", "torch.export", "onnx", "onnxscript", "torch.onnx")}
+EXPORTER_MODULES = {"exported": ("sympy", "torch._dynamo", "torch.export"), "torchscript": (),
+                    "onnx": ("sympy", "torch._dynamo", "torch.export", "onnx", "onnxscript", "torch.onnx")}
 
 
 def exporter_imported(fmt: str) -> None:

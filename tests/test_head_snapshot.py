@@ -130,3 +130,25 @@ def test_grid_likeness_counts_heads_near_distinct_offsets_only():
         for perm in itertools.permutations([[r, c] for r in (-1, 0, 1) for c in (-1, 0, 1)], 4)
     )
     assert layer["mean_distance"] == pytest.approx(brute / 4)
+
+
+def test_round_82_a_head_snapshot_of_a_model_whose_config_was_replaced_or_images_of_another_size():
+    """Round 82: an sa-* model whose `config` a user replaced (a dict, None) or deleted failed in Python's words
+    ("'dict' object has no attribute 'grid'"), and sa-learned-content given images of another size than its config's
+    (which its forward takes) failed inside torch (an IndexError, a size mismatch)."""
+    from attnconv.errors import AttnconvError
+
+    for config in ({"input_shape": (3, 32, 32)}, None):
+        model = build_model("sa-quadratic")
+        model.config = config
+        with pytest.raises(AttnconvError, match=r"^AttentionClassifier.config is .*, not the config build_model gave "
+                                                r"it, whose grid says its attention layers' grids; leave model.config "
+                                                r"as built$"):
+            head_snapshot(model, torch.randn(2, 3, 32, 32))
+    model = build_model("sa-learned-content")
+    for shape in ((2, 3, 16, 16), (2, 3, 30, 30)):
+        assert model(torch.randn(*shape)).shape == (2, 10)
+        with pytest.raises(AttnconvError, match=rf"^x is \({shape[0]}, 3, {shape[2]}, {shape[3]}\): head_snapshot "
+                                                r"takes images of the model's own shape \(N, 3, 32, 32\)"):
+            head_snapshot(model, torch.randn(*shape))
+    assert len(head_snapshot(model, torch.randn(2, 3, 32, 32))) == len(model.attention_layers)

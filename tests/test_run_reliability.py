@@ -561,6 +561,12 @@ def test_background_writers_fail_as_one_line_a_file_where_the_folder_should_be( 
     assert main(tiny_args(out, data_dir, "--max-steps", "1", "--resume", "--tensorboard")) == 2
     _one_error(capsys, "--tensorboard: ", f"tensorboard is a link to {tmp_path / 'nowhere'}, which does not exist, not a "
                "folder")
+    (tmp_path / "nowhere").mkdir()  # round 82: a link to a folder: a failed run left its event file there
+    before = tree(tmp_path / "nowhere")
+    assert main(tiny_args(out, data_dir, "--max-steps", "1", "--resume", "--tensorboard")) == 2
+    _one_error(capsys, "--tensorboard: ", f"tensorboard is a link to {tmp_path / 'nowhere'}, and a run's event files go "
+               "in a folder of its own")
+    assert tree(tmp_path / "nowhere") == before
 
 
 FAILING_WRITES = """

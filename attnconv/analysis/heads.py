@@ -19,6 +19,7 @@ from attnconv.construct import ConvAttention, EffectiveKernel, conv_likeness, ef
 from attnconv.errors import AttnconvError
 from attnconv.limits import (
     is_whole,
+    one_image_hint,
     positive_ints,
     probabilities_argument,
     shown_value,
@@ -286,9 +287,14 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
                             "layers (a CNN converted by cnn_to_attention, say) are analysed by analyze_layer, or by "
                             "capture_attention and analyze_captured")
     _check_given(x, None)
+    config = getattr(model, "config", None)
+    sized = hasattr(config, "in_channels") and hasattr(config, "image_size")  # build_model's: its own input shape
+    if x is not None and sized and tuple(x.shape[1:]) != (config.in_channels, config.image_size, config.image_size):
+        raise AttnconvError(f"x is {tuple(x.shape)}: head_snapshot takes images of the model's own shape (N, "
+                            f"{config.in_channels}, {config.image_size}, {config.image_size}), on whose grid training "
+                            f"records the heads{one_image_hint(x, config.in_channels)}")
     try:  # a model of no config of its own (a user's, a CNN) is probed on the shape of x
-        sites = attention_sites(model, None if x is None or getattr(model, "config", None) is not None
-                                else tuple(x.shape[1:]))
+        sites = attention_sites(model, None if x is None or sized else tuple(x.shape[1:]))
     except AttnconvError as err:
         if "give its input shape" not in str(err):
             raise

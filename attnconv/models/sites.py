@@ -27,7 +27,15 @@ from torch import Tensor, nn
 from attnconv.attention import SelfAttention2d
 from attnconv.construct import ConvAttention
 from attnconv.errors import AttnconvError, caller_warning, user_frame
-from attnconv.limits import check_memory, positive_ints, shown_value, tensor_argument, whole_number
+from attnconv.limits import (
+    MAX_SIDE,
+    check_memory,
+    is_whole,
+    positive_ints,
+    shown_value,
+    tensor_argument,
+    whole_number,
+)
 from attnconv.models.capture import (
     MAX_BYTES,
     CapturedAttention,
@@ -118,7 +126,11 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
         raise AttnconvError(f"attention_sites takes an nn.Module, got {type(model).__name__}")
     layers = getattr(model, "attention_layers", None)
     if layers:
-        grid = model.config.grid
+        config = getattr(model, "config", None)
+        grid = getattr(config, "grid", None)
+        if not is_whole(grid, 1, MAX_SIDE):  # a user's own config put in its place, or none left
+            raise AttnconvError(f"{type(model).__name__}.config is {shown_value(config)}, not the config build_model "
+                                "gave it, whose grid says its attention layers' grids; leave model.config as built")
         return [AttentionSite(f"layers.{i}.attention", layer, (grid, grid)) for i, layer in enumerate(layers)]
     config = getattr(model, "config", None)
     if input_shape is None and hasattr(config, "in_channels") and hasattr(config, "image_size"):

@@ -32,8 +32,14 @@ def summary_writer_class() -> Callable[..., Any]:
 
 
 def check_board_folder(out: Path) -> None:
-    """Before any work: out/tensorboard/ is a folder, or does not exist yet (a file there is a user's)."""
+    """Before any work: out/tensorboard/ is a folder of the run's own, or does not exist yet (a file there is a user's;
+    a link, to a folder too, leads out of the run, where its event files are not the run's to remove)."""
     board = out / TENSORBOARD_DIR
+    if board.is_symlink() and board.is_dir():  # a run's event files are removed when it fails: never through a link
+        raise ParameterError("tensorboard", True, f": {board} is a link to {os.path.realpath(board)}, and a run's "
+                             "event files go in a folder of its own (a run that fails removes them, which it does not "
+                             "do through a link); replace the link by a folder, or drop {tensorboard}", shown="",
+                             mentions=("tensorboard",))
     if (board.exists() or board.is_symlink()) and not board.is_dir():
         kind = "a file" if board.is_file() else path_kind(board)  # a broken link, a FIFO, a device
         raise ParameterError("tensorboard", True, f": {board} is {kind}, not a folder, so the event files "
