@@ -152,3 +152,31 @@ def test_round_82_a_head_snapshot_of_a_model_whose_config_was_replaced_or_images
                                                 r"takes images of the model's own shape \(N, 3, 32, 32\)"):
             head_snapshot(model, torch.randn(*shape))
     assert len(head_snapshot(model, torch.randn(2, 3, 32, 32))) == len(model.attention_layers)
+
+
+def test_round_83_a_head_snapshot_of_a_model_whose_edited_config_breaks_its_forward():
+    """Round 83: a config a user replaced that still has a whole-number grid (a namespace, a dataclasses.replace with
+    other channels) reached the model's forward, which failed in Python's or torch's words; a ViT whose config is None
+    was told to give the input shape it had been given."""
+    import dataclasses
+    import types
+
+    from attnconv.errors import AttnconvError
+
+    x = torch.randn(2, 1, 28, 28)
+    model = build_model("sa-learned-content", in_channels=1, image_size=28, hidden=16, layers=1)
+    model.config = types.SimpleNamespace(in_channels=1, image_size=28, grid=14)
+    with pytest.raises(AttnconvError, match=r"^head_snapshot: AttentionClassifier's forward failed \(AttributeError: "
+                                            r".*\); a model computes as it was built, and its config replaced or "
+                                            r"edited since is not followed: build the model again, or mend its "
+                                            r"forward$"):
+        head_snapshot(model, x)
+    model = build_model("sa-learned-content", in_channels=1, image_size=28, hidden=16, layers=1)
+    model.config = dataclasses.replace(model.config, in_channels=3)
+    with pytest.raises(AttnconvError, match=r"^head_snapshot: AttentionClassifier's forward failed \(RuntimeError"):
+        head_snapshot(model, torch.randn(2, 3, 28, 28))
+    vit = build_model("vit", in_channels=1, image_size=28)
+    vit.config = None
+    with pytest.raises(AttnconvError, match=r"failed \(AttributeError: .*\); give the input shape it takes, or, if it "
+                                            r"takes this one, mend what makes its forward fail"):
+        head_snapshot(vit, x)

@@ -301,8 +301,16 @@ def head_snapshot(model: nn.Module, x: Tensor | None = None) -> list[list[dict[s
         raise AttnconvError(f"head_snapshot: {type(model).__name__} has no config saying its input shape: give its "
                             "images x (N, C, H, W), on which its attention is found") from None
     size = sites[0].size
-    combined = site_probs(model, sites, x)
-    position = site_probs(model, sites, x, term="position") if needs_inputs(sites) else combined
+    try:
+        combined = site_probs(model, sites, x)
+        position = site_probs(model, sites, x, term="position") if needs_inputs(sites) else combined
+    except AttnconvError:
+        raise
+    except Exception as err:  # the model's own forward: a config replaced or edited after building, say
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise AttnconvError(f"head_snapshot: {type(model).__name__}'s forward failed ({type(err).__name__}: {first}); "
+                            "a model computes as it was built, and its config replaced or edited since is not followed: "
+                            "build the model again, or mend its forward") from None
     keys = _grid(size).double()  # (T, 2)
     distance = torch.cdist(keys, keys)  # (T, T): ||k - q|| in tokens
     mid = (size[0] // 2) * size[1] + size[1] // 2

@@ -178,7 +178,8 @@ def attention_sites(model: nn.Module, input_shape: Sequence[int] | None = None,
         raise NoAttentionLayers(
             f"{type(model).__name__}: no attention layers were found: a forward pass of {tuple(input_shape)} "
             f"images (two, then one), to find its attention, failed ({type(err).__name__}: {first}); give the input "
-            "shape it takes") from None
+            "shape it takes, or, if it takes this one, mend what makes its forward fail (a config replaced or edited "
+            "after building: build it again)") from None
     sites, seen = [], set()
     for r in records:
         if native_layer(r.module):
