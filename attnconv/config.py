@@ -13,7 +13,6 @@ import json
 import types
 import typing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from attnconv import data as D
@@ -22,6 +21,7 @@ from attnconv.fileio import not_a_folder
 from attnconv.limits import as_real, plain_number, shown_value
 from attnconv.models import list_models
 from attnconv.options import FieldError, check_fields, option
+from attnconv.pathwords import expanded
 from attnconv.precision import check_device
 
 SCHEDULES = ("warmup-cosine", "multistep", "constant")
@@ -118,7 +118,7 @@ class TrainConfig:
             raise FieldError("model_overrides", self.model_overrides, "give a dict of model options")
         self.check_values()
         check_device(self.device)
-        why = None if self.data_dir is None else not_a_folder(Path(self.data_dir).expanduser())
+        why = None if self.data_dir is None else not_a_folder(expanded(self.data_dir))
         if why:
             raise ParameterError("data_dir", self.data_dir, f": {why}; give the folder holding the dataset's files")
 

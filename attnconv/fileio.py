@@ -274,7 +274,7 @@ def check_writable_file(path: str | os.PathLike, name: str, suffixes: tuple[str,
     `suffixes`: the allowed file name endings. Errors are ParameterErrors naming the parameter `name` (the
     CLI's flag: `flag`, default the name with dashes).
     """
-    path = path_argument(path, name, "a file path").expanduser()
+    path = path_argument(path, name, "a file path")
 
     def bad(rest: str) -> ParameterError:
         return ParameterError(name, path, rest, flags={name: flag} if flag else None)

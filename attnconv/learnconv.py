@@ -173,7 +173,7 @@ def _learn_conv(kernel, heads, steps, channels, size, seed, source, batch_size, 
         out = path_argument(out, "out", "a folder for learn-conv.json and learn-conv.png")
     if data_dir is not None:
         data_dir = path_argument(data_dir, "data_dir", "the folder holding Fashion-MNIST's files")
-    why = None if data_dir is None else not_a_folder(data_dir.expanduser())
+    why = None if data_dir is None else not_a_folder(data_dir)
     if why:
         raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding Fashion-MNIST's files")
     if out is not None and Path(out).exists() and not Path(out).is_dir():

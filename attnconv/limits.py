@@ -253,7 +253,8 @@ def flag_argument(value: Any, name: str) -> bool:
 
 
 def path_argument(value: Any, name: str, what: str) -> Path:
-    """`value`, the path argument `name` of a public function (`what` it names, for the fix), as a Path: one
+    """`value`, the path argument `name` of a public function (`what` it names, for the fix), as a Path (`~`
+    expanded; `Path.expanduser` raises RuntimeError for a user that does not exist, os.path's leaves it): one
     AttnconvError naming it unless it is a str or an os.PathLike (pathlib would say "expected str, bytes or
     os.PathLike object, not int" from its own code, naming neither)."""
     try:
@@ -264,7 +265,7 @@ def path_argument(value: Any, name: str, what: str) -> Path:
         raise AttnconvError(f"{name} {shown_value(value)} is invalid: give {what}, a str or a path")
     if "\0" in text:  # every OS call would say "embedded null byte", naming neither
         raise AttnconvError(f"{name} {text!r} is invalid: a path holds no NUL character; give {what}")
-    return Path(text)
+    return Path(os.path.expanduser(text))  # `~` and `~user` as the shell reads them; an unknown user's left as written
 
 
 def tensor_argument(value: Any, name: str, what: str, *, like: torch.Tensor | None = None, owner: str = "the layer",

@@ -39,11 +39,19 @@ def dangling_link(path: str | os.PathLike) -> str | None:
     return f"a link to {target}, which {why}"
 
 
+def expanded(path: str | os.PathLike) -> Path:
+    """`path` with `~` expanded as the shell reads it (`Path.expanduser` raises RuntimeError for `~nouser`; this leaves
+    a user that does not exist as written, a path that then names nothing)."""
+    return Path(os.path.expanduser(os.fspath(path)))
+
+
 def not_a_folder(path: str | os.PathLike, missing: str = "no such directory") -> str | None:
     """Why `path` is not a folder, in words, or None for a folder (or a link to one): `missing` when nothing is
     there, the link's words when it leads nowhere (`dangling_link`), else what is there ("it is a file", "a link
     to /dev/null, which is a character device"): a path that exists is never called missing. A path below a folder
     that cannot be entered is an AttnconvError (`unreadable_folder`)."""
+    if "\0" in os.fspath(path):  # every OS call would say "embedded null byte"
+        return "a path holds no NUL character"
     mode, words = _what_is(Path(path), missing)
     return None if mode is not None and stat.S_ISDIR(mode) else words
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 import typing
+from pathlib import Path
 
 import pytest
 import torch
@@ -401,3 +402,48 @@ def test_round_81_a_head_snapshot_of_a_model_without_a_config_takes_its_images()
         head_snapshot(cnn)
     with pytest.raises(NoAttentionLayers):
         head_snapshot(cnn, torch.randn(1, 1, 8, 8))
+
+
+def test_round_84_a_tilde_paths_of_unknown_users_and_of_new_runs(tiny_attention_runs, tmp_path, monkeypatch, capsys):
+    """Round 84: a path beginning with `~nouser/` (a user that does not exist) was pathlib's traceback, "Could not
+    determine home directory", from every command that reads a run and from every output; `train --out '~/x'` made a
+    folder named `~` while every reader of the run read `~` as the home folder, so `eval` of the printed path found
+    another run, or none; a dataset of another type, or unknown, given with a Run was said as "given with a Run"."""
+    from attnconv.analysis import analyze_run
+    from attnconv.cli import main
+
+    from PIL import Image
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    Image.new("L", (28, 28)).save(tmp_path / "x.png")
+    for argv in (["eval", "~nouser-attnconv/run"], ["predict", "~nouser-attnconv/run", "x.png"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "~nouser-attnconv" in err, err
+    # an output there is a path as written, as the shell leaves it (its parent made, as an output's is)
+    assert main(["report", str(tiny_attention_runs["sa-quadratic"]), "--out", "~nouser-attnconv/r.html"]) == 0
+    assert (tmp_path / "~nouser-attnconv" / "r.html").is_file()
+    with pytest.raises(AttnconvError, match=r"not a run directory"):
+        attnconv.Run("~nouser-attnconv/run")
+    config = attnconv.make_config(preset="fmnist-sa-quadratic", dataset="folder:/no-such-attnconv-folder")
+    with pytest.raises(AttnconvError, match=r"no-such-attnconv-folder"):
+        attnconv.train(config, "~/new")  # refused on its data before anything is made, but `out` read first
+    run = attnconv.Run(tiny_attention_runs["sa-quadratic"])
+    for dataset, said in ((Path("fashion-mnist"), r"^dataset PosixPath\('fashion-mnist'\) is invalid: give a "
+                                                  r"dataset's name"),
+                          (5, r"^dataset 5 is invalid"), ("mnist9", r"^unknown dataset 'mnist9'")):
+        with pytest.raises(AttnconvError, match=said):
+            analyze_run(run, images=2, dataset=dataset)
+    assert not (tmp_path / "~").exists() and not (tmp_path / "home").exists()
+
+
+def test_round_84_a_train_out_reads_tilde_as_the_run_s_readers_do(tmp_path, monkeypatch, capsys):
+    """Round 84: `train --out '~/x'` wrote ./~/x and then printed `attnconv eval '~/x'`, which read $HOME/x."""
+    from attnconv.limits import path_argument
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert path_argument("~/x", "out", "a path") == tmp_path / "home" / "x"
+    assert path_argument("./~/x", "out", "a path") == Path("./~/x")  # a folder named ~, written so, stays one
+    assert path_argument("~nouser-attnconv/x", "out", "a path") == Path("~nouser-attnconv/x")

@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import os
 import sys
-from pathlib import Path
 
 from attnconv.errors import AttnconvError
 
@@ -114,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from attnconv.config import PRESETS, TrainConfig, make_config
     from attnconv.errors import ParameterError
     from attnconv.fileio import dangling_link, not_a_folder
+    from attnconv.limits import path_argument
     from attnconv.options import option_fields
     from attnconv.runs.directory import resumed_folder, run_config
     from attnconv.runs.files import CONFIG_FILE, trained_here
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     check_run_flags(args.resume, args.overwrite, args.allow_data_change)
     if args.tensorboard:
         summary_writer_class()  # a missing tensorboard package is the first thing said, before any other work
-    out = Path(args.out)
+    out = path_argument(args.out, "out", "the run's directory")  # `~` read as every reader of the run reads it
     base = None
     link = dangling_link(out)
     if link is not None:  # before a resume of "nothing" asks for --model and --dataset, and mkdir says File exists

@@ -79,7 +79,7 @@ def load_dataset(
     download = flag_argument(download, "download")
     info = _builtin(name, image_size)
     if data_dir is not None and not path_argument(data_dir, "data_dir", "the folder holding the dataset's files"
-                                                  ).expanduser().is_dir():
+                                                  ).is_dir():
         raise AttnconvError(f"data directory {data_dir} does not exist (or is not a directory)")
     dirs = search_dirs(info.name, data_dir)
     if info.name == "fashion-mnist":

@@ -24,6 +24,8 @@ from pathlib import Path
 from attnconv.data.info import DatasetInfo, builtin_info
 from attnconv.errors import AttnconvError
 from attnconv.fileio import not_a_file, unreadable_folder
+from attnconv.limits import path_argument
+from attnconv.pathwords import expanded
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +67,9 @@ def search_dirs(name: str, data_dir: str | os.PathLike | None = None) -> list[Pa
     info = builtin_info(name)
     dirs: list[Path] = []
     if data_dir is not None:
-        dirs.append(Path(data_dir).expanduser())
+        dirs.append(expanded(path_argument(data_dir, "data_dir", "the folder holding the dataset's files")))
     if os.environ.get("ATTNCONV_DATA"):
-        dirs.append(Path(os.environ["ATTNCONV_DATA"]).expanduser())
+        dirs.append(expanded(os.environ["ATTNCONV_DATA"]))
     dirs.append(cache_dir())
     dirs.extend(SYSTEM_DIRS.get(info.name, ()))
     return dirs

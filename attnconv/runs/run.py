@@ -95,7 +95,7 @@ class Run:
                  data_dir: str | os.PathLike | None = None, dataset: str | None = None,
                  allow_nonfinite: bool = False, warn_data_change: bool = True):
         # absolute: the weights, logs and test data are read later, after the caller may have changed directory
-        self.path = path_argument(path, "run", "the run's directory").expanduser().absolute()
+        self.path = path_argument(path, "run", "the run's directory").absolute()
         check_device(str(device))  # "meta" holds no values; a device this machine lacks fails here, not in a load
         check_not_replaced(self.path)  # an --overwrite before its first checkpoint: the old run is set aside
         self.meta = read_config(self.path)  # checked first: a file or a folder that is no run fails here
@@ -104,7 +104,7 @@ class Run:
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
         self.data_dir = None if data_dir is None else path_argument(
-            data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute()
+            data_dir, "data_dir", "the folder holding the dataset's files").absolute()
         folder = None if dataset is None else D.folder_path(dataset)  # absolute too, as the run path and data_dir
         self.dataset = dataset if folder is None else f"{D.FOLDER_PREFIX}{folder}"
         self.allow_nonfinite = flag_argument(allow_nonfinite, "allow_nonfinite")
@@ -445,8 +445,8 @@ def as_run(run: Run | str | os.PathLike, device: str | torch.device | None = Non
         check_device(str(device))
     given = {"device": None if device is None else str(device),
              "data_dir": None if data_dir is None else path_argument(
-                 data_dir, "data_dir", "the folder holding the dataset's files").expanduser().absolute(),
-             "dataset": None if dataset is None else _dataset_key(dataset)}
+                 data_dir, "data_dir", "the folder holding the dataset's files").absolute(),
+             "dataset": None if dataset is None else D.canonical_name(dataset)}  # checked: a str, a known name
     own = {"device": str(run.device), "data_dir": run.data_dir,  # its dataset: the one given to it, else the run's own
            "dataset": _dataset_key(run.config.dataset if run.dataset is None else run.dataset)}
     differ = [f"{name}={value}" for name, value in given.items() if value is not None and value != own[name]]

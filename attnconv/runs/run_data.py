@@ -31,6 +31,7 @@ from attnconv.data.folder_layout import scan_folder
 from attnconv.errors import AttnconvError, ParameterError
 from attnconv.fileio import dangling_link, not_a_folder
 from attnconv.limits import path_argument
+from attnconv.pathwords import expanded
 from attnconv.runs.values import shortened
 
 # The seed of `sample_across_classes`: the explorer, the report, `plot` and `analyze` show the same images.
@@ -47,11 +48,11 @@ def run_data_dir(config: TrainConfig, data_dir: str | os.PathLike | None = None)
     folder still exists, else None (`load_dataset` then searches the usual places). A given
     `data_dir` that is not a folder is an AttnconvError (a typo must not fall back silently)."""
     if data_dir is not None:
-        why = not_a_folder(path_argument(data_dir, "data_dir", "the folder holding the dataset's files").expanduser())
+        why = not_a_folder(path_argument(data_dir, "data_dir", "the folder holding the dataset's files"))
         if why:
             raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding the dataset's files")
         return str(data_dir)
-    if config.data_dir is not None and Path(config.data_dir).expanduser().is_dir():
+    if config.data_dir is not None and expanded(config.data_dir).is_dir():
         return config.data_dir
     return None  # the run's data folder is gone (or it had none): search the usual places
 
@@ -129,7 +130,7 @@ def run_test_set(config: TrainConfig, data_dir: str | os.PathLike | None = None,
         test = D.load_dataset(config.dataset, found, download=True, image_size=run_image_size(config))[1]
     except AttnconvError as err:
         stored = config.data_dir
-        if data_dir is None and stored is not None and not Path(stored).expanduser().is_dir():
+        if data_dir is None and stored is not None and not expanded(stored).is_dir():
             raise DataNotFound(
                 f"{config.dataset}: the run's data folder {stored} no longer exists and the dataset is not in "
                 f"the usual places either; point at it with --data-dir DIR ({err})") from None
@@ -200,7 +201,7 @@ def other_test_set(config: TrainConfig, dataset: str, info: D.DatasetInfo,
         raise ParameterError("dataset", dataset, f": its images are {other.size}x{other.size}, the run's "
                              f"{info.size}x{info.size}; give a folder:PATH dataset (decoded at the run's size)")
     why = None if data_dir is None or folder else not_a_folder(
-        path_argument(data_dir, "data_dir", "the folder holding the dataset's files").expanduser())
+        path_argument(data_dir, "data_dir", "the folder holding the dataset's files"))
     if why:
         raise ParameterError("data_dir", data_dir, f": {why}; give the folder holding {dataset}'s files")
     test = D.load_dataset(dataset, None if folder else data_dir, download=True, image_size=size)[1]
