@@ -447,3 +447,16 @@ def test_round_84_a_train_out_reads_tilde_as_the_run_s_readers_do(tmp_path, monk
     assert path_argument("~/x", "out", "a path") == tmp_path / "home" / "x"
     assert path_argument("./~/x", "out", "a path") == Path("./~/x")  # a folder named ~, written so, stays one
     assert path_argument("~nouser-attnconv/x", "out", "a path") == Path("~nouser-attnconv/x")
+
+
+def test_round_84_run_predict_reads_tilde_in_image_paths(tiny_attention_runs, tmp_path, monkeypatch):
+    """A round-79 note: Run.predict(["~/x.png"]) did not expand `~`, while every other path did."""
+    from PIL import Image
+
+    (tmp_path / "home").mkdir()
+    Image.new("L", (28, 28), 200).save(tmp_path / "home" / "x.png")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = attnconv.Run(tiny_attention_runs["sa-quadratic"])
+    assert run.predict(["~/x.png"]) == run.predict([tmp_path / "home" / "x.png"])
+    with pytest.raises(AttnconvError, match=r"^images 'x\\x00.png' is invalid: a path holds no NUL character"):
+        run.predict(["x\0.png"])

@@ -382,8 +382,9 @@ class Run:
             if not images:
                 raise AttnconvError("give at least one image file")
             budget = D.decode_budget()  # an image too large to decode is refused from its header
-            raw = torch.from_numpy(np.stack([decode_image(Path(p), channels == 1, size, budget=budget, in_folder=folder)
-                                             for p in images]))
+            paths = [path_argument(p, "images", "image files") for p in images]  # `~` as every path reads it
+            raw = torch.from_numpy(np.stack([decode_image(p, channels == 1, size, budget=budget, in_folder=folder)
+                                             for p in paths]))
         if raw.dtype != torch.uint8 or raw.ndim != 4 or tuple(raw.shape[1:]) != (channels, size, size):
             wrong = []  # what is wrong, and only that
             if raw.dtype != torch.uint8:
