@@ -409,10 +409,10 @@ def test_round_84_a_tilde_paths_of_unknown_users_and_of_new_runs(tiny_attention_
     determine home directory", from every command that reads a run and from every output; `train --out '~/x'` made a
     folder named `~` while every reader of the run read `~` as the home folder, so `eval` of the printed path found
     another run, or none; a dataset of another type, or unknown, given with a Run was said as "given with a Run"."""
+    from PIL import Image
+
     from attnconv.analysis import analyze_run
     from attnconv.cli import main
-
-    from PIL import Image
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
