@@ -103,8 +103,7 @@ class Run:
         check_record(self.path, self.meta)  # config.json as the weights record it: not edited, not another run's
         self.config = TrainConfig.from_dict(self.meta["config"])
         self.device = device
-        self.data_dir = None if data_dir is None else path_argument(
-            data_dir, "data_dir", "the folder holding the dataset's files").absolute()
+        self.data_dir = _data_dir(data_dir)
         folder = None if dataset is None else D.folder_path(dataset)  # absolute too, as the run path and data_dir
         self.dataset = dataset if folder is None else f"{D.FOLDER_PREFIX}{folder}"
         self.allow_nonfinite = flag_argument(allow_nonfinite, "allow_nonfinite")
@@ -407,7 +406,7 @@ class Run:
                 ) -> list[list[tuple[str, float]]]:
         """The `top` most probable classes of each image, as (class name, probability), best first (`folder`: see
         `transform`)."""
-        top, folder = whole_number(top, "top", "how many classes to give for each image"), flag_argument(folder, "folder")
+        top = whole_number(top, "top", "how many classes to give for each image")  # `folder`: checked by transform
         data = self.meta.get("data") or data_fingerprint(self.info)
         classes = list(data["classes"])
         x = self.transform(images, folder=folder)
@@ -445,8 +444,7 @@ def as_run(run: Run | str | os.PathLike, device: str | torch.device | None = Non
     if device is not None:
         check_device(str(device))
     given = {"device": None if device is None else str(device),
-             "data_dir": None if data_dir is None else path_argument(
-                 data_dir, "data_dir", "the folder holding the dataset's files").absolute(),
+             "data_dir": _data_dir(data_dir),
              "dataset": None if dataset is None else D.canonical_name(dataset)}  # checked: a str, a known name
     own = {"device": str(run.device), "data_dir": run.data_dir,  # its dataset: the one given to it, else the run's own
            "dataset": _dataset_key(run.config.dataset if run.dataset is None else run.dataset)}
@@ -456,6 +454,12 @@ def as_run(run: Run | str | os.PathLike, device: str | torch.device | None = Non
         raise AttnconvError(f"{', '.join(differ)} given with a Run, which reads with its own ({held}); give them to "
                             "Run(...), or give the run's folder instead")
     return run
+
+
+def _data_dir(data_dir: str | os.PathLike | None) -> Path | None:
+    """A `data_dir` given to a Run, or with one to `as_run`, as the Run holds it: checked, absolute."""
+    return None if data_dir is None else path_argument(data_dir, "data_dir", "the folder holding the dataset's files"
+                                                       ).absolute()
 
 
 def _dataset_key(name: str) -> str:
